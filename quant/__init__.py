@@ -1,0 +1,1 @@
+"""genie_rt.quant."""

@@ -1,0 +1,55 @@
+"""Test configuration shared by every test module.
+
+Three kinds of kernel tests live side by side:
+- simulator tests: the real kernels run by Numba's CUDA simulator at tiny shapes. On a
+  machine without a GPU the simulator is switched on here, before anything imports
+  numba.cuda; on a GPU machine the same tests run on the device.
+- PTX tests: every kernel compiled for sm_87 and sm_90 in a subprocess without the
+  simulator (compile_ptx needs only NVRTC/NVVM from the cu12/cu13 wheels).
+- GPU tests (marker `gpu`): real shapes on a real device, skipped without one.
+"""
+import ctypes.util
+import os
+import pathlib
+import shutil
+
+import pytest
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures"
+
+
+def _has_cuda_gpu() -> bool:
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return False
+    if ctypes.util.find_library("cuda") is None and shutil.which("nvidia-smi") is None:
+        return False
+    try:
+        from numba import cuda
+        return cuda.is_available()
+    except Exception:
+        return False
+
+
+HAS_GPU = _has_cuda_gpu()
+if not HAS_GPU:
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m gpu on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def fixture_gguf() -> pathlib.Path:
+    return FIXTURES / "qwen3-micro-q4km.gguf"
+
+
+@pytest.fixture(scope="session")
+def llamacpp_logits():
+    import numpy as np
+    return np.load(FIXTURES / "qwen3-micro-llamacpp-logits.npz")
