@@ -1,0 +1,123 @@
+"""Model and run-time configuration.
+
+`ModelConfig` is built only from GGUF metadata and never changes after loading; it
+derives the sizes every other module needs (head_dim, kv_dim, group size). Run-time
+choices (back-end, context length, KV dtype, memory reserve) live in `EngineConfig`;
+nothing writes back into a `ModelConfig`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from .gguf_file import GGUFError, GGUFFile
+
+SUPPORTED_ARCHITECTURES = ("qwen3",)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str                 # general.architecture, e.g. "qwen3"
+    name: str                 # general.name (informational)
+    n_layers: int             # {arch}.block_count
+    n_embd: int               # hidden size, {arch}.embedding_length
+    n_ff: int                 # FFN inner size, {arch}.feed_forward_length
+    n_head: int               # query heads
+    n_head_kv: int            # key/value heads (GQA)
+    head_dim: int             # {arch}.attention.key_length (Qwen3: 128, not n_embd / n_head)
+    rope_base: float          # {arch}.rope.freq_base
+    rms_eps: float            # {arch}.attention.layer_norm_rms_epsilon
+    n_ctx_train: int          # {arch}.context_length
+    vocab_size: int           # rows of token_embd
+    tied_embeddings: bool     # no output.weight: logits use token_embd
+    bos_id: int | None
+    eos_id: int | None
+    chat_template: str | None = field(repr=False)
+    file_type: int | None     # general.file_type (15 = MOSTLY_Q4_K_M)
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    @property
+    def n_group(self) -> int:
+        """Query heads per KV head."""
+        return self.n_head // self.n_head_kv
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile) -> "ModelConfig":
+        arch = g.require("general.architecture")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise GGUFError(f"{g.path}: architecture '{arch}' is not supported "
+                            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+
+        def num(key: str, kind=int, default=None):
+            full = f"{arch}.{key}"
+            value = g.get(full, default)
+            if value is None:
+                raise GGUFError(f"{g.path}: metadata key '{full}' is missing")
+            try:
+                value = kind(value)
+            except (TypeError, ValueError):
+                raise GGUFError(f"{g.path}: metadata '{full}' = {value!r} is not a {kind.__name__}") from None
+            if value <= 0 or (kind is int and value > 1 << 24) or value != value:
+                raise GGUFError(f"{g.path}: metadata '{full}' = {value!r} is out of range")
+            return value
+
+        n_embd = num("embedding_length")
+        n_head = num("attention.head_count")
+        n_head_kv = num("attention.head_count_kv", default=n_head)
+        head_dim = num("attention.key_length", default=n_embd // n_head)
+        value_dim = num("attention.value_length", default=head_dim)
+        if value_dim != head_dim:
+            raise GGUFError(f"{g.path}: key_length {head_dim} != value_length {value_dim} is not supported")
+        if n_head % n_head_kv:
+            raise GGUFError(f"{g.path}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+        if head_dim % 2:
+            raise GGUFError(f"{g.path}: head dimension {head_dim} must be even for RoPE")
+        emb = g.tensors.get("token_embd.weight")
+        if emb is None:
+            raise GGUFError(f"{g.path}: tensor 'token_embd.weight' is missing")
+        vocab = len(g.get("tokenizer.ggml.tokens") or []) or emb.shape[0]
+        template = g.get("tokenizer.chat_template")
+        return cls(
+            arch=arch,
+            name=str(g.get("general.name", g.path.stem)),
+            n_layers=num("block_count"),
+            n_embd=n_embd,
+            n_ff=num("feed_forward_length"),
+            n_head=n_head,
+            n_head_kv=n_head_kv,
+            head_dim=head_dim,
+            rope_base=num("rope.freq_base", float, 10000.0),
+            rms_eps=num("attention.layer_norm_rms_epsilon", float, 1e-6),
+            n_ctx_train=num("context_length", default=4096),
+            vocab_size=int(vocab),
+            tied_embeddings="output.weight" not in g.tensors,
+            bos_id=g.get("tokenizer.ggml.bos_token_id"),
+            eos_id=g.get("tokenizer.ggml.eos_token_id"),
+            chat_template=template if isinstance(template, str) else None,
+            file_type=g.get("general.file_type"),
+        )
+
+
+KVDType = Literal["int8", "f16", "f32"]
+
+
+@dataclass
+class EngineConfig:
+    """Run-time settings chosen by the user (CLI flags, server options)."""
+
+    backend: Literal["auto", "cpu", "cuda"] = "auto"
+    n_ctx: int | None = None            # None: as much as fits, capped at the training context
+    kv_dtype: KVDType = "int8"
+    reserve_bytes: int | None = None    # memory left for the rest of the system; None: default
+    prefill_chunk: int = 512            # prompt tokens per prefill pass
+    kv_cache_dir: str | None = None     # persistent per-conversation KV files
+    kv_cache_budget: int = 1 << 30      # bytes on disk for conversation caches
+    seed: int | None = None
+    extra: dict = field(default_factory=dict)

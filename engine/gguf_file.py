@@ -1,0 +1,269 @@
+"""Open a GGUF file safely: a bounded structural check, then the `gguf` package's reader.
+
+A GGUF file is (all little-endian):
+
+    offset  field
+    0       magic "GGUF" (4 bytes)
+    4       version: uint32 (2 or 3)
+    8       tensor_count: uint64
+    16      kv_count: uint64
+    24      kv_count x { key: string, value_type: uint32, value }
+            tensor_count x { name: string, n_dims: uint32, ne: uint64[n_dims],
+                             type: uint32, offset: uint64 (relative to the data section) }
+            padding to `general.alignment` (default 32)
+            data section: each tensor at its offset, ne[0] fastest-varying
+
+    string  = uint64 byte length + UTF-8 bytes (no terminator)
+    array   = element type uint32 + count uint64 + elements
+
+`gguf.GGUFReader` trusts every length it reads; a hostile file (a count of 2**62, a
+string running past the end, a tensor whose data is cut off) makes it hang, allocate
+without bound or fail deep inside numpy. So `open_gguf` first walks the header with
+every length checked against the bytes that remain - reading nothing but lengths -
+and only then hands the file to the reader. Errors are `GGUFError`, naming the file,
+the field or tensor, and what is wrong.
+
+This module knows the container, not the model: which tensors a model needs and what
+their shapes must be is checked by the architecture (engine/qwen3.py).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4
+
+# value type -> (struct format, size) for fixed-size scalars
+_SCALARS = {
+    0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
+    6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
+}
+_STRING, _ARRAY = 8, 9
+
+
+class GGUFError(ValueError):
+    """A GGUF file that cannot be used; the message names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of the file, as stored.
+
+    shape is numpy order (rows, cols) - the reverse of GGUF's ne order - so a weight
+    matrix `W` of `y = W @ x` has shape (n_out, n_in). data is a read-only memory-mapped
+    uint8 view of its bytes, (rows, row_bytes) for matrices.
+    """
+
+    name: str
+    qtype: GGMLQuantizationType
+    shape: tuple[int, ...]
+    data: np.ndarray  # uint8 (rows, row_bytes) or (nbytes,) for 1-D; memory-mapped
+    offset: int       # absolute byte offset in the file
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+
+@dataclass
+class GGUFFile:
+    """An opened GGUF file: metadata as Python values and tensors by name."""
+
+    path: Path
+    version: int
+    metadata: dict[str, Any]
+    tensors: dict[str, TensorInfo]
+    file_size: int
+    data_offset: int
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def require(self, key: str) -> Any:
+        if key not in self.metadata:
+            raise GGUFError(f"{self.path}: metadata key '{key}' is missing; "
+                            "the file was not written by a converter that supports this model")
+        return self.metadata[key]
+
+    def fingerprint_bytes(self) -> bytes:
+        """The header bytes (metadata + tensor table): identifies the exact model file
+        together with the file size. Used by the persistent KV cache."""
+        with open(self.path, "rb") as f:
+            return f.read(self.data_offset)
+
+
+class _Walker:
+    """Bounds-checked cursor over the header bytes."""
+
+    def __init__(self, buf: mmap.mmap | bytes, path: Path):
+        self.buf, self.path, self.pos, self.end = buf, path, 0, len(buf)
+
+    def fail(self, what: str) -> GGUFError:
+        return GGUFError(f"{self.path}: {what} (at byte {self.pos} of {self.end}); "
+                         "the file is truncated or corrupt - download or convert it again")
+
+    def take(self, n: int, what: str) -> int:
+        if n < 0 or self.pos + n > self.end:
+            raise self.fail(f"{what} runs past the end of the file")
+        start = self.pos
+        self.pos += n
+        return start
+
+    def unpack(self, fmt: str, size: int, what: str):
+        start = self.take(size, what)
+        return struct.unpack_from(fmt, self.buf, start)[0]
+
+    def string(self, what: str) -> str:
+        n = self.unpack("<Q", 8, f"length of {what}")
+        start = self.take(n, what)
+        raw = bytes(self.buf[start:start + n])
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what} is not valid UTF-8") from None
+
+    def skip_value(self, vtype: int, what: str, depth: int = 0) -> None:
+        if vtype in _SCALARS:
+            self.take(_SCALARS[vtype][1], what)
+        elif vtype == _STRING:
+            n = self.unpack("<Q", 8, f"length of {what}")
+            self.take(n, what)
+        elif vtype == _ARRAY:
+            if depth > 2:
+                raise self.fail(f"{what}: arrays nested too deeply")
+            etype = self.unpack("<I", 4, f"element type of {what}")
+            count = self.unpack("<Q", 8, f"element count of {what}")
+            if etype in _SCALARS:
+                self.take(count * _SCALARS[etype][1], f"{count} elements of {what}")
+            elif etype in (_STRING, _ARRAY):
+                # each element needs at least 8 bytes: reject absurd counts before looping
+                if count * 8 > self.end - self.pos:
+                    raise self.fail(f"{what} claims {count} elements, more than the file can hold")
+                for i in range(count):
+                    self.skip_value(etype, f"{what}[{i}]", depth + 1)
+            else:
+                raise self.fail(f"{what}: unknown array element type {etype}")
+        else:
+            raise self.fail(f"{what}: unknown value type {vtype}")
+
+
+def _tensor_nbytes(path: Path, name: str, qtype_raw: int, ne: list[int]) -> tuple[GGMLQuantizationType, int]:
+    try:
+        qtype = GGMLQuantizationType(qtype_raw)
+    except ValueError:
+        raise GGUFError(f"{path}: tensor '{name}' has unknown type id {qtype_raw}") from None
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    if any(d <= 0 for d in ne):
+        raise GGUFError(f"{path}: tensor '{name}' has a zero or negative dimension {ne}")
+    if ne[0] % block:
+        raise GGUFError(f"{path}: tensor '{name}' ({qtype.name}) has {ne[0]} columns, "
+                        f"not a multiple of its block size {block}")
+    n_rows = 1
+    for d in ne[1:]:
+        n_rows *= d
+    return qtype, n_rows * (ne[0] // block) * type_size
+
+
+def _prescan(buf: mmap.mmap, path: Path) -> tuple[int, int, int]:
+    """Walk the header with bounds checks; return (version, data_offset, alignment)."""
+    w = _Walker(buf, path)
+    if len(buf) < 24 or bytes(buf[:4]) != GGUF_MAGIC:
+        raise GGUFError(f"{path}: not a GGUF file (it does not start with the magic 'GGUF'); "
+                        "pass a .gguf model file")
+    w.pos = 4
+    version = w.unpack("<I", 4, "version")
+    if version not in SUPPORTED_VERSIONS:
+        if version & 0xFFFF == 0:
+            raise GGUFError(f"{path}: big-endian GGUF files are not supported")
+        raise GGUFError(f"{path}: GGUF version {version} is not supported (supported: 2, 3)")
+    n_tensors = w.unpack("<Q", 8, "tensor count")
+    n_kv = w.unpack("<Q", 8, "metadata count")
+    # Every metadata entry needs >= 8+4+1 bytes, every tensor entry >= 8+4+8+4+8.
+    if n_kv * 13 > w.end - w.pos or n_tensors * 32 > w.end - w.pos:
+        raise w.fail(f"header claims {n_kv} metadata entries and {n_tensors} tensors, "
+                     "more than the file can hold")
+    alignment = DEFAULT_ALIGNMENT
+    for i in range(n_kv):
+        key = w.string(f"metadata key #{i}")
+        vtype = w.unpack("<I", 4, f"type of '{key}'")
+        if key == "general.alignment":
+            if vtype != 4:
+                raise w.fail("general.alignment must be a uint32")
+            alignment = w.unpack("<I", 4, "general.alignment")
+            if alignment == 0 or alignment & (alignment - 1):
+                raise w.fail(f"general.alignment {alignment} is not a power of two")
+        else:
+            w.skip_value(vtype, f"'{key}'")
+    extents = []
+    for i in range(n_tensors):
+        name = w.string(f"tensor name #{i}")
+        n_dims = w.unpack("<I", 4, f"dimension count of '{name}'")
+        if not 1 <= n_dims <= MAX_DIMS:
+            raise w.fail(f"tensor '{name}' has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+        ne = [w.unpack("<Q", 8, f"dimensions of '{name}'") for _ in range(n_dims)]
+        qtype_raw = w.unpack("<I", 4, f"type of '{name}'")
+        offset = w.unpack("<Q", 8, f"offset of '{name}'")
+        qtype, nbytes = _tensor_nbytes(path, name, qtype_raw, ne)
+        extents.append((name, offset, nbytes))
+    data_offset = -(-w.pos // alignment) * alignment
+    for name, offset, nbytes in extents:
+        if offset % alignment:
+            raise GGUFError(f"{path}: tensor '{name}' offset {offset} is not aligned to {alignment}")
+        if data_offset + offset + nbytes > w.end:
+            raise GGUFError(f"{path}: tensor '{name}' needs bytes up to {data_offset + offset + nbytes} "
+                            f"but the file has {w.end}; the file is truncated - download it again")
+    return version, data_offset, alignment
+
+
+def _field_value(field) -> Any:
+    value = field.contents()
+    if isinstance(value, np.generic):
+        value = value.item()
+    return value
+
+
+def open_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Open `path`, validate its structure, and return metadata and memory-mapped tensors."""
+    path = Path(path)
+    if not path.exists():
+        raise GGUFError(f"{path}: no such file")
+    if path.is_dir():
+        raise GGUFError(f"{path}: is a directory, not a GGUF file")
+    size = path.stat().st_size
+    if size < 24:
+        raise GGUFError(f"{path}: {size} bytes is too small to be a GGUF file")
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        version, data_offset, _ = _prescan(buf, path)
+    try:
+        reader = GGUFReader(path, "r")
+    except (ValueError, KeyError, IndexError, TypeError, OverflowError) as exc:
+        raise GGUFError(f"{path}: cannot be read as GGUF: {exc}") from exc
+    metadata = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            metadata[key] = _field_value(field)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise GGUFError(f"{path}: metadata '{key}' cannot be decoded: {exc}") from exc
+    tensors = {}
+    for t in reader.tensors:
+        if t.name in tensors:
+            raise GGUFError(f"{path}: tensor '{t.name}' appears twice")
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        data = t.data
+        if data.dtype != np.uint8:
+            data = data.view(np.uint8).reshape(*shape[:-1], -1) if len(shape) > 1 else data.view(np.uint8)
+        tensors[t.name] = TensorInfo(t.name, GGMLQuantizationType(int(t.tensor_type)), shape,
+                                     data, int(t.data_offset))
+    return GGUFFile(path, version, metadata, tensors, size, data_offset)

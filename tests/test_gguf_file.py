@@ -1,0 +1,160 @@
+"""GGUF loading: the fixture opens; broken and hostile files give clean GGUFErrors fast."""
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from genie_rt.engine.config import ModelConfig
+from genie_rt.engine.gguf_file import GGUFError, open_gguf
+from genie_rt.engine.qwen3 import check_tensors
+
+
+def test_fixture_opens(fixture_gguf):
+    g = open_gguf(fixture_gguf)
+    cfg = ModelConfig.from_gguf(g)
+    assert (cfg.arch, cfg.n_layers, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_ff) == \
+        ("qwen3", 2, 256, 4, 2, 64, 768)
+    assert cfg.vocab_size == 4122 and cfg.tied_embeddings and cfg.eos_id == 4098
+    assert cfg.rope_base == 1e6 and abs(cfg.rms_eps - 1e-6) < 1e-12
+    assert (cfg.q_dim, cfg.kv_dim, cfg.n_group) == (256, 128, 2)
+    assert "<|im_start|>" in cfg.chat_template
+    emb = g.tensors["token_embd.weight"]
+    assert emb.shape == (4122, 256) and emb.data.shape == (4122, 210) and emb.data.dtype == np.uint8
+    assert len(check_tensors(g, cfg)) == 3 + 11 * 2 - 1
+
+
+def _write(tmp_path, data: bytes, name="bad.gguf"):
+    p = tmp_path / name
+    p.write_bytes(data)
+    return p
+
+
+def _expect_error(path, *fragments):
+    t0 = time.perf_counter()
+    with pytest.raises(GGUFError) as info:
+        g = open_gguf(path)
+        check_tensors(g, ModelConfig.from_gguf(g))
+    assert time.perf_counter() - t0 < 5, "a hostile file must fail fast, not hang"
+    msg = str(info.value)
+    assert str(path) in msg
+    for f in fragments:
+        assert f in msg, msg
+    return msg
+
+
+def test_not_gguf(tmp_path):
+    _expect_error(_write(tmp_path, b"PK\x03\x04" + b"\0" * 100), "not a GGUF file")
+
+
+def test_empty_and_tiny(tmp_path):
+    _expect_error(_write(tmp_path, b""), "too small")
+    _expect_error(_write(tmp_path, b"GGUF\x03\0\0\0"), "too small")
+
+
+def test_missing_file_and_directory(tmp_path):
+    _expect_error(tmp_path / "nope.gguf", "no such file")
+    _expect_error(tmp_path, "directory")
+
+
+def test_bad_version(tmp_path):
+    _expect_error(_write(tmp_path, b"GGUF" + struct.pack("<IQQ", 99, 0, 0)), "version 99")
+
+
+def test_huge_counts_rejected_without_hanging(tmp_path):
+    _expect_error(_write(tmp_path, b"GGUF" + struct.pack("<IQQ", 3, 1 << 62, 1 << 62) + b"\0" * 64),
+                  "more than the file can hold")
+
+
+def test_huge_string_length(tmp_path):
+    data = b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1 << 60) + b"abc" * 20
+    _expect_error(_write(tmp_path, data), "runs past the end")
+
+
+def test_huge_array(tmp_path):
+    key = b"tokenizer.ggml.tokens"
+    data = (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", len(key)) + key
+            + struct.pack("<IIQ", 9, 8, 1 << 40) + b"\0" * 64)
+    _expect_error(_write(tmp_path, data), "more than the file can hold")
+
+
+def test_truncated_at_every_region(fixture_gguf, tmp_path):
+    raw = fixture_gguf.read_bytes()
+    g = open_gguf(fixture_gguf)
+    # header, metadata, tensor table, and several points inside the data section
+    cuts = [10, 30, 200, 5000, 60000, g.data_offset - 7, g.data_offset + 1000, len(raw) - 1]
+    for cut in cuts:
+        _expect_error(_write(tmp_path, raw[:cut], f"cut{cut}.gguf"))
+
+
+def test_truncated_data_names_tensor(fixture_gguf, tmp_path):
+    raw = fixture_gguf.read_bytes()
+    msg = _expect_error(_write(tmp_path, raw[:-100]), "truncated")
+    assert "tensor '" in msg
+
+
+def test_random_bytes_after_magic(tmp_path):
+    rng = np.random.default_rng(0)
+    for i in range(30):
+        body = rng.integers(0, 256, 2000, dtype=np.uint8).tobytes()
+        p = _write(tmp_path, b"GGUF" + struct.pack("<I", 3) + body, f"rand{i}.gguf")
+        with pytest.raises(GGUFError):
+            open_gguf(p)
+
+
+def test_flipped_header_bytes_never_crash(fixture_gguf, tmp_path):
+    """Corrupt single bytes of the header: either a clean GGUFError or a valid open."""
+    raw = bytearray(fixture_gguf.read_bytes())
+    g = open_gguf(fixture_gguf)
+    rng = np.random.default_rng(1)
+    for i, pos in enumerate(rng.integers(4, g.data_offset, 60)):
+        bad = bytearray(raw)
+        bad[pos] ^= 0xFF
+        p = _write(tmp_path, bytes(bad), f"flip{i}.gguf")
+        try:
+            g2 = open_gguf(p)
+            check_tensors(g2, ModelConfig.from_gguf(g2))
+        except GGUFError:
+            pass
+
+
+def _rewrite_metadata(fixture_gguf, tmp_path, key, value_bytes_fn):
+    """Copy the fixture with one metadata value replaced (same type, new bytes)."""
+    import gguf
+    r = gguf.GGUFReader(fixture_gguf)
+    f = r.fields[key]
+    raw = bytearray(fixture_gguf.read_bytes())
+    part = f.parts[f.data[0]]
+    off = part.ctypes.data - r.data.ctypes.data
+    raw[off:off + part.nbytes] = value_bytes_fn(part)
+    return _write(tmp_path, bytes(raw), "edited.gguf")
+
+
+def test_unsupported_architecture(fixture_gguf, tmp_path):
+    p = _rewrite_metadata(fixture_gguf, tmp_path, "general.architecture", lambda part: b"llama")
+    _expect_error(p, "architecture 'llama' is not supported")
+
+
+def test_inconsistent_shapes(fixture_gguf, tmp_path):
+    p = _rewrite_metadata(fixture_gguf, tmp_path, "qwen3.feed_forward_length",
+                          lambda part: struct.pack("<I", 512))
+    _expect_error(p, "has shape", "expected")
+
+
+def test_missing_tensor(fixture_gguf, tmp_path):
+    raw = bytearray(fixture_gguf.read_bytes())
+    i = raw.index(b"blk.1.ffn_up.weight")
+    raw[i:i + 5] = b"blk.9"
+    _expect_error(_write(tmp_path, bytes(raw)), "blk.1.ffn_up.weight", "missing")
+
+
+def test_unsupported_tensor_type(fixture_gguf, tmp_path):
+    import gguf
+    raw = bytearray(fixture_gguf.read_bytes())
+    name = b"blk.0.attn_q_norm.weight"
+    i = raw.index(name) + len(name)          # then n_dims, ne[1], type, offset
+    (n_dims,) = struct.unpack_from("<I", raw, i)
+    type_at = i + 4 + 8 * n_dims
+    raw[type_at:type_at + 4] = struct.pack("<I", int(gguf.GGMLQuantizationType.IQ2_XXS))
+    msg = _expect_error(_write(tmp_path, bytes(raw)))
+    assert "attn_q_norm" in msg
