@@ -1,0 +1,156 @@
+"""`genie-rt`: run, serve, bench and manage the KV cache from the command line.
+
+    genie-rt run [-m MODEL] -p PROMPT       chat-templated generation, streamed
+    genie-rt serve -m MODEL                 OpenAI-compatible HTTP server
+    genie-rt bench -m MODEL                 llama-bench-like pp/tg numbers
+    genie-rt kv list|show|rm|clear          persistent conversation caches
+
+Without -m, `run` uses the built-in micro model (random weights, 2 layers): it proves
+the install and the pipeline on any machine; its text is gibberish by design.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+BUILTIN_MODEL = Path(__file__).parent / "data" / "qwen3-micro-q4km.gguf"
+
+
+def _add_model_args(p: argparse.ArgumentParser, model_required: bool) -> None:
+    p.add_argument("-m", "--model", required=model_required, default=None if model_required else str(BUILTIN_MODEL),
+                   help="GGUF model file" + ("" if model_required else " (default: the built-in micro model)"))
+    p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("-c", "--ctx", type=int, default=None, help="context length (default: what fits, up to the model's)")
+    p.add_argument("--kv", choices=("int8", "f16", "f32"), default="int8", help="KV cache type (default int8)")
+    p.add_argument("--reserve-mb", type=int, default=None,
+                   help="memory to leave for the rest of the system, MiB (default 512; 1536 on a Jetson)")
+    p.add_argument("--kv-cache-dir", default=None, help="folder for persistent per-conversation KV caches")
+    p.add_argument("-v", "--verbose", action="store_true")
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--max-tokens", type=int, default=256)
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
+    p.add_argument("--top-k", type=int, default=40)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--min-p", type=float, default=0.05)
+    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def _engine_config(args):
+    from .config import EngineConfig
+    return EngineConfig(backend=args.backend, n_ctx=args.ctx, kv_dtype=args.kv,
+                        reserve_bytes=None if args.reserve_mb is None else args.reserve_mb << 20,
+                        kv_cache_dir=args.kv_cache_dir)
+
+
+def _load(args):
+    from .engine import Engine
+    return Engine.load(args.model, _engine_config(args))
+
+
+def cmd_run(args) -> int:
+    from .generate import Delta, Done, GenerationRequest
+    from .sampling import SamplingParams
+    engine = _load(args)
+    if args.raw:
+        prompt = engine.raw_prompt(args.prompt)
+    else:
+        messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+                   [{"role": "user", "content": args.prompt}]
+        prompt = engine.chat_prompt(messages, enable_thinking=args.think)
+    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+                            repeat_penalty=args.repeat_penalty, seed=args.seed)
+    req = GenerationRequest(prompt=prompt, params=params, max_tokens=args.max_tokens, stop=args.stop,
+                            conversation_id=args.conversation)
+    out = sys.stdout
+    for event in engine.generate(req):
+        if isinstance(event, Delta):
+            out.write(event.text)
+            out.flush()
+        elif isinstance(event, Done):
+            r = event.result
+            out.write("\n")
+            print(f"[{engine.backend.name}] prompt {r.n_prompt} tokens ({r.n_cached} reused) in "
+                  f"{r.prompt_ms:.0f} ms ({r.prompt_per_second:.1f} tok/s); generated {r.n_generated} "
+                  f"tokens at {r.gen_per_second:.1f} tok/s; finish: {r.finish_reason}", file=sys.stderr)
+    return 0
+
+
+def cmd_serve(args) -> int:
+    from genie_rt.server.app import serve
+    return serve(args, _engine_config(args))
+
+
+def cmd_bench(args) -> int:
+    from .bench import run_bench
+    return run_bench(args, _engine_config(args))
+
+
+def cmd_kv(args) -> int:
+    from genie_rt.kvcache.cli import run_kv_command
+    return run_kv_command(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="genie-rt", description="LLM inference for the edge, in Python.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="generate from a prompt, streaming to the terminal")
+    _add_model_args(run, model_required=False)
+    _add_sampling_args(run)
+    run.add_argument("-p", "--prompt", required=True)
+    run.add_argument("--system", default=None, help="system message (chat mode)")
+    run.add_argument("--raw", action="store_true", help="no chat template: the prompt is the model's input")
+    run.add_argument("--think", action="store_true", help="let a thinking model think (off by default)")
+    run.add_argument("--conversation", default=None, metavar="ID",
+                     help="persist this conversation's KV cache under --kv-cache-dir")
+    run.set_defaults(func=cmd_run)
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (llama-server drop-in)")
+    _add_model_args(serve, model_required=True)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--api-key", default=None)
+    serve.add_argument("--max-queue", type=int, default=16)
+    serve.add_argument("--alias", default=None, help="model name reported by the API")
+    serve.set_defaults(func=cmd_serve)
+
+    bench = sub.add_parser("bench", help="prompt-processing and generation speed, like llama-bench")
+    _add_model_args(bench, model_required=True)
+    bench.add_argument("-p", "--n-prompt", default="18,33,128,512", help="prompt sizes, comma separated")
+    bench.add_argument("-n", "--n-gen", default="128", help="generated tokens, comma separated")
+    bench.add_argument("-d", "--depth", default="0", help="context already filled, comma separated")
+    bench.add_argument("-r", "--repetitions", type=int, default=5)
+    bench.add_argument("--json", action="store_true")
+    bench.set_defaults(func=cmd_bench)
+
+    kv = sub.add_parser("kv", help="manage persistent conversation KV caches")
+    kv.add_argument("action", choices=("list", "show", "rm", "clear"))
+    kv.add_argument("id", nargs="?", default=None)
+    kv.add_argument("--kv-cache-dir", required=True)
+    kv.set_defaults(func=cmd_kv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from .gguf_file import GGUFError
+    from .memory import MemoryBudgetError
+    try:
+        return args.func(args)
+    except (GGUFError, MemoryBudgetError, ValueError, OSError) as exc:
+        print(f"genie-rt: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

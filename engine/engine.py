@@ -1,0 +1,213 @@
+"""The engine: load a model within its memory budget, then generate.
+
+    engine = Engine.load("model.gguf", EngineConfig(backend="auto"))
+    for event in engine.generate(GenerationRequest(prompt=ids, max_tokens=64)):
+        ...  # Delta(text, tokens) as text completes, then Done(result)
+
+Loading checks everything before allocating: the file's structure, the config, every
+tensor's presence, shape and type, then the memory budget - so a model that cannot
+fit is refused with the numbers, not killed by the OOM handler mid-sentence.
+
+The engine remembers which tokens its KV pool holds. A request reuses the longest
+common prefix with them and prefills only the rest (at least one token, for the
+logits): a stable system prompt is prefilled once. Correct because a shared prefix
+sits at the same positions and causal attention never reads past a position.
+
+One thread at a time may call `generate` (the server's worker owns the engine).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .chat import ChatTemplate
+from .config import EngineConfig, ModelConfig
+from .generate import ContextOverflowError, Delta, Done, GenerationRequest, GenerationResult, StopMatcher
+from .gguf_file import GGUFFile, open_gguf
+from .memory import MemoryPlan
+from .sampling import Sampler
+from .tokenizer import Tokenizer
+
+log = logging.getLogger("genie_rt")
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def cuda_available() -> bool:
+    try:
+        from numba import cuda
+        return bool(cuda.is_available())
+    except Exception:  # no driver, no toolkit, simulator: all mean "no GPU"
+        return False
+
+
+@dataclass
+class EngineStats:
+    requests: int = 0
+    prompt_tokens: int = 0
+    prompt_tokens_cached: int = 0
+    generated_tokens: int = 0
+    prompt_ms: float = 0.0
+    gen_ms: float = 0.0
+    prefix_hits: int = 0
+
+
+class Engine:
+    def __init__(self, gfile: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, backend, plan: MemoryPlan,
+                 tokenizer: Tokenizer, template: ChatTemplate, load_seconds: float):
+        self.gfile, self.cfg, self.ecfg = gfile, cfg, ecfg
+        self.backend, self.plan = backend, plan
+        self.tokenizer, self.template = tokenizer, template
+        self.load_seconds = load_seconds
+        self.kv_tokens: list[int] = []   # token ids whose K/V sit at positions 0..len-1
+        self.stats = EngineStats()
+        self.kv_store = None             # kvcache.persist.KVStore when --kv-cache-dir is set
+
+    @property
+    def n_ctx(self) -> int:
+        return self.backend.n_ctx
+
+    @property
+    def model_name(self) -> str:
+        return self.gfile.path.name
+
+    @classmethod
+    def load(cls, path: str | Path, ecfg: EngineConfig | None = None) -> "Engine":
+        ecfg = ecfg or EngineConfig()
+        t0 = time.perf_counter()
+        g = open_gguf(path)
+        cfg = ModelConfig.from_gguf(g)
+        tokenizer = Tokenizer.from_gguf_metadata(g.metadata)
+        template = ChatTemplate.from_gguf_metadata(g.metadata)
+        backend_name = ecfg.backend
+        if backend_name == "auto":
+            backend_name = "cuda" if cuda_available() else "cpu"
+        if ecfg.n_ctx is not None and ecfg.n_ctx > cfg.n_ctx_train:
+            log.warning("context %d exceeds the model's training context %d", ecfg.n_ctx, cfg.n_ctx_train)
+        if backend_name == "cpu":
+            from .backend_cpu import CPUBackend, cpu_budget
+            budget = cpu_budget(g, cfg, ecfg.kv_dtype, ecfg.prefill_chunk, ecfg.reserve_bytes)
+            plan = budget.plan(ecfg.n_ctx)
+            backend = CPUBackend(g, cfg, plan.n_ctx, ecfg.kv_dtype, ecfg.prefill_chunk)
+        elif backend_name == "cuda":
+            from .backend_cuda import CUDABackend, cuda_budget
+            budget = cuda_budget(g, cfg, ecfg)
+            plan = budget.plan(ecfg.n_ctx)
+            backend = CUDABackend(g, cfg, ecfg, plan)
+        else:
+            raise ValueError(f"unknown back-end '{ecfg.backend}' (use auto, cpu or cuda)")
+        engine = cls(g, cfg, ecfg, backend, plan, tokenizer, template, time.perf_counter() - t0)
+        if ecfg.kv_cache_dir:
+            from genie_rt.kvcache.persist import KVStore
+            engine.kv_store = KVStore(ecfg.kv_cache_dir, budget_bytes=ecfg.kv_cache_budget)
+        return engine
+
+    # -- prompts -----------------------------------------------------------------------
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None,
+                    add_generation_prompt: bool = True, **kwargs) -> list[int]:
+        text = self.template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs)
+        return self.tokenizer.encode(text, add_special=True, parse_special=True)
+
+    def raw_prompt(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special=True, parse_special=False)
+
+    # -- generation --------------------------------------------------------------------
+    def _restore(self, req: GenerationRequest) -> int:
+        """Reuse what the KV pool (or a conversation file) already holds; return n_reused."""
+        prompt = req.prompt
+        n_reuse = common_prefix_len(self.kv_tokens, prompt)
+        if self.kv_store is not None and req.conversation_id:
+            n_file = self.kv_store.restore(self, req.conversation_id, prompt, n_reuse)
+            if n_file > n_reuse:
+                n_reuse = n_file
+        return min(n_reuse, len(prompt) - 1)
+
+    def generate(self, req: GenerationRequest) -> Iterator[Delta | Done]:
+        prompt = list(req.prompt)
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if len(prompt) >= self.n_ctx:
+            raise ContextOverflowError(len(prompt), self.n_ctx)
+        bad = [t for t in prompt if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.cfg.vocab_size - 1})")
+        req.params.validate(self.cfg.vocab_size)
+        sampler = Sampler(req.params)
+        cancel = req.cancel
+
+        t0 = time.perf_counter()
+        n_reuse = self._restore(req)
+        self.kv_tokens = self.kv_tokens[:n_reuse]
+        token = self.backend.prefill_sample(prompt[n_reuse:], n_reuse, sampler, prompt, cancel)
+        t1 = time.perf_counter()
+        if token is None:  # cancelled between prefill chunks: the pool holds a partial prompt
+            yield Done(self._finish(req, [], "cancelled", None, n_reuse, t0, t1, t1, ""))
+            return
+        self.kv_tokens = prompt[:]
+
+        max_new = self.n_ctx - len(prompt)
+        if req.max_tokens is not None:
+            max_new = min(max_new, req.max_tokens)
+        eot = self.tokenizer.eot_ids
+        decoder = self.tokenizer.stream_decoder(skip_special=True)
+        stops = StopMatcher(req.stop)
+        generated: list[int] = []
+        history = prompt[:]
+        finish, pending, stopped = "length", [], False
+        while len(generated) < max_new:
+            if token in eot and not req.ignore_eos:
+                finish = "stop"
+                break
+            generated.append(token)
+            history.append(token)
+            pending.append(token)
+            text, stopped = stops.feed(decoder.feed(token))
+            if text or stopped:
+                yield Delta(text, pending)
+                pending = []
+            if stopped:
+                finish = "stop"
+                break
+            if len(generated) >= max_new:
+                break
+            if cancel is not None and cancel.is_set():
+                finish = "cancelled"
+                break
+            pos = len(prompt) + len(generated) - 1
+            token = self.backend.decode_sample(token, pos, sampler, history)
+            self.kv_tokens.append(generated[-1])
+        if not stopped:
+            text, stopped = stops.feed(decoder.flush())
+            if stopped:
+                finish = "stop"
+            else:
+                text += stops.flush()
+            if text or pending:
+                yield Delta(text, pending)
+        t2 = time.perf_counter()
+        result = self._finish(req, generated, finish, stops.stop_word, n_reuse, t0, t1, t2, stops.text)
+        if self.kv_store is not None and req.conversation_id:
+            self.kv_store.save(self, req.conversation_id)
+        yield Done(result)
+
+    def _finish(self, req, generated, finish, stop_word, n_reuse, t0, t1, t2, text) -> GenerationResult:
+        s = self.stats
+        s.requests += 1
+        s.prompt_tokens += len(req.prompt)
+        s.prompt_tokens_cached += n_reuse
+        s.prefix_hits += n_reuse > 0
+        s.generated_tokens += len(generated)
+        s.prompt_ms += (t1 - t0) * 1000
+        s.gen_ms += (t2 - t1) * 1000
+        return GenerationResult(text=text, tokens=generated, finish_reason=finish, stop_word=stop_word,
+                                n_prompt=len(req.prompt), n_cached=n_reuse, prompt_ms=(t1 - t0) * 1000,
+                                n_generated=len(generated), gen_ms=(t2 - t1) * 1000)

@@ -1,0 +1,115 @@
+"""Generation requests, results, and stop-string matching (no model code here).
+
+`StopMatcher` turns a stream of decoded text into text safe to emit: it holds back
+any tail that could still become a stop string, so a client never sees half of
+"</tool_call>" before the stop is recognised (llama-server does the same).
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from .sampling import SamplingParams
+
+
+class ContextOverflowError(ValueError):
+    """The prompt does not fit the context (the server answers 400 exceed_context_size_error)."""
+
+    def __init__(self, n_prompt: int, n_ctx: int):
+        super().__init__(f"the request ({n_prompt} prompt tokens) exceeds the available context "
+                         f"size ({n_ctx} tokens); shorten the prompt or start with a larger --ctx")
+        self.n_prompt_tokens = n_prompt
+        self.n_ctx = n_ctx
+
+
+@dataclass
+class GenerationRequest:
+    prompt: list[int]                          # token ids, template already applied
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None              # None: until a stop or the end of the context
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    conversation_id: str | None = None         # persistent KV (kvcache/persist.py)
+    cancel: threading.Event | None = None      # set by the client side to stop early
+
+
+@dataclass
+class Delta:
+    """Newly completed text and the token ids that produced it."""
+    text: str
+    tokens: list[int]
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    finish_reason: str          # "stop" (EOS or stop string), "length", "cancelled"
+    stop_word: str | None
+    n_prompt: int
+    n_cached: int               # prompt tokens whose KV was reused (prefix or file)
+    prompt_ms: float
+    n_generated: int
+    gen_ms: float
+
+    @property
+    def prompt_per_second(self) -> float:
+        n = self.n_prompt - self.n_cached
+        return n / (self.prompt_ms / 1000) if self.prompt_ms > 0 else 0.0
+
+    @property
+    def gen_per_second(self) -> float:
+        return self.n_generated / (self.gen_ms / 1000) if self.gen_ms > 0 else 0.0
+
+
+@dataclass
+class Done:
+    result: GenerationResult
+
+
+class StopMatcher:
+    """Finds the first stop string in generated text; holds back possible prefixes."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self.text = ""
+        self.emitted = 0            # characters of self.text already released
+        self.stop_word: str | None = None
+
+    def feed(self, piece: str) -> tuple[str, bool]:
+        """Add decoded text; return (text now safe to emit, stopped)."""
+        self.text += piece
+        if self.stops:
+            start = max(0, self.emitted - max(len(s) for s in self.stops))
+            best = None
+            for s in self.stops:
+                at = self.text.find(s, start)
+                if at >= 0 and (best is None or at < best[0]):
+                    best = (at, s)
+            if best is not None:
+                at, self.stop_word = best
+                out = self.text[self.emitted:at]
+                self.text = self.text[:at]
+                self.emitted = at
+                return out, True
+        hold = self._partial_tail()
+        end = len(self.text) - hold
+        out = self.text[self.emitted:end] if end > self.emitted else ""
+        self.emitted = max(self.emitted, end)
+        return out, False
+
+    def flush(self) -> str:
+        out = self.text[self.emitted:]
+        self.emitted = len(self.text)
+        return out
+
+    def _partial_tail(self) -> int:
+        """Length of the longest suffix of text that is a proper prefix of a stop string."""
+        best = 0
+        tail_len = len(self.text) - self.emitted
+        for s in self.stops:
+            for n in range(min(len(s) - 1, tail_len), best, -1):
+                if self.text.endswith(s[:n]):
+                    best = n
+                    break
+        return best
