@@ -1,0 +1,41 @@
+"""Device plane layout: pack/unpack round trip, alignment, byte count equals GGUF."""
+import numpy as np
+import pytest
+
+from genie_rt.quant.formats import BLOCK_SIZES, QType, dequantize, quantize, row_bytes
+from genie_rt.quant.layout import PACKABLE, pack, unpack
+
+
+@pytest.mark.parametrize("qtype", sorted(PACKABLE, key=lambda q: q.name))
+def test_round_trip_and_size(qtype):
+    rng = np.random.default_rng(0)
+    rows, cols = 5, 512
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    raw = quantize(w, qtype)
+    p = pack(raw, qtype, (rows, cols))
+    assert p.nbytes == raw.nbytes == rows * row_bytes(qtype, cols)
+    np.testing.assert_array_equal(unpack(p), raw)
+    for name, plane in p.planes.items():
+        assert plane.flags.c_contiguous and plane.shape[0] == rows
+    np.testing.assert_array_equal(dequantize(unpack(p), qtype, (rows, cols)), dequantize(raw, qtype, (rows, cols)))
+
+
+def test_q6k_planes_hold_the_right_fields():
+    rng = np.random.default_rng(1)
+    raw = quantize(rng.standard_normal((3, 256)).astype(np.float32), QType.Q6_K)
+    p = pack(raw, QType.Q6_K, (3, 256))
+    np.testing.assert_array_equal(p.planes["d"][:, 0], raw[:, 208:210].copy().view("<f2")[:, 0])
+    np.testing.assert_array_equal(p.planes["sc"].view(np.uint8), raw[:, 192:208])
+    # rows of every plane start 16-byte aligned for real shapes (cols multiple of 256)
+    p = pack(quantize(rng.standard_normal((2, 2560)).astype(np.float32), QType.Q6_K), QType.Q6_K, (2, 2560))
+    for name in ("ql", "qh", "sc"):
+        assert p.planes[name].strides[0] % 16 == 0
+
+
+def test_refuses_unknown_types_and_shapes():
+    with pytest.raises(ValueError, match="not supported"):
+        pack(np.zeros((1, 110), np.uint8), QType.Q3_K, (1, 256))
+    with pytest.raises(ValueError, match="no device layout"):
+        pack(np.zeros((1, 36), np.uint8), QType.Q4_1, (1, 64))
+    with pytest.raises(ValueError, match="not a multiple"):
+        pack(np.zeros((1, 144), np.uint8), QType.Q4_K, (1, 200))
