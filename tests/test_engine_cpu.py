@@ -1,0 +1,144 @@
+"""End to end on the CPU back-end: load, chat prompt, generate, stop, reuse, refuse."""
+import threading
+
+import numpy as np
+import pytest
+
+from genie_rt.engine.cli import main
+from genie_rt.engine.config import EngineConfig
+from genie_rt.engine.engine import Engine
+from genie_rt.engine.generate import ContextOverflowError, Delta, Done, GenerationRequest
+from genie_rt.engine.memory import MemoryBudgetError
+from genie_rt.engine.sampling import SamplingParams
+
+GREEDY = SamplingParams(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def engine(fixture_gguf):
+    return Engine.load(fixture_gguf, EngineConfig(backend="cpu", n_ctx=512, kv_dtype="f16"))
+
+
+def run(engine, req):
+    deltas, done = [], None
+    for ev in engine.generate(req):
+        if isinstance(ev, Delta):
+            deltas.append(ev)
+        else:
+            done = ev.result
+    return deltas, done
+
+
+def test_greedy_is_deterministic_and_streams_the_whole_text(engine):
+    prompt = engine.chat_prompt([{"role": "user", "content": "Turn the kitchen lights down"}])
+    d1, r1 = run(engine, GenerationRequest(prompt, GREEDY, max_tokens=20, ignore_eos=True))
+    d2, r2 = run(engine, GenerationRequest(prompt, GREEDY, max_tokens=20, ignore_eos=True))
+    assert r1.tokens == r2.tokens and len(r1.tokens) == 20 and r1.finish_reason == "length"
+    assert "".join(d.text for d in d1) == r1.text == engine.tokenizer.decode(r1.tokens, skip_special=True)
+    assert sum(len(d.tokens) for d in d1) == 20
+    assert r2.n_cached == len(prompt) - 1  # the second request reused the whole prompt but one token
+
+
+def test_greedy_matches_reference_logits(engine, fixture_gguf):
+    """The loop's first token is argmax of the reference forward's last-position logits."""
+    prompt = engine.raw_prompt("The capital of France is")
+    _, r = run(engine, GenerationRequest(prompt, GREEDY, max_tokens=1, ignore_eos=True))
+    engine.kv_tokens = []
+    logits = engine.backend.prefill(prompt, 0)
+    assert r.tokens[0] == int(np.argmax(logits))
+
+
+def test_seeded_sampling_reproducible(engine):
+    prompt = engine.raw_prompt("Once upon a time")
+    p = SamplingParams(temperature=1.0, seed=1234)
+    _, a = run(engine, GenerationRequest(prompt, p, max_tokens=16, ignore_eos=True))
+    _, b = run(engine, GenerationRequest(prompt, SamplingParams(temperature=1.0, seed=1234), max_tokens=16,
+                                         ignore_eos=True))
+    _, c = run(engine, GenerationRequest(prompt, SamplingParams(temperature=1.0, seed=99), max_tokens=16,
+                                         ignore_eos=True))
+    assert a.tokens == b.tokens and a.tokens != c.tokens
+
+
+def test_stop_string_cuts_text(engine):
+    prompt = engine.raw_prompt("Hello")
+    _, full = run(engine, GenerationRequest(prompt, GREEDY, max_tokens=30, ignore_eos=True))
+    stop = full.text[5:9]
+    assert stop
+    deltas, r = run(engine, GenerationRequest(prompt, GREEDY, max_tokens=30, stop=[stop], ignore_eos=True))
+    assert r.finish_reason == "stop" and r.stop_word == stop
+    assert r.text == full.text[:full.text.index(stop)]
+    assert "".join(d.text for d in deltas) == r.text
+
+
+def test_eos_stops(engine):
+    prompt = engine.raw_prompt("Hi")
+    eos = engine.tokenizer.eos_id
+    p = SamplingParams(temperature=0, logit_bias={eos: 1000.0})
+    _, r = run(engine, GenerationRequest(prompt, p, max_tokens=10))
+    assert r.finish_reason == "stop" and r.tokens == []
+
+
+def test_context_overflow_and_bad_tokens(engine):
+    with pytest.raises(ContextOverflowError) as info:
+        list(engine.generate(GenerationRequest([1] * 600, GREEDY)))
+    assert info.value.n_prompt_tokens == 600 and info.value.n_ctx == 512
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        list(engine.generate(GenerationRequest([1, 99999], GREEDY)))
+    with pytest.raises(ValueError, match="empty"):
+        list(engine.generate(GenerationRequest([], GREEDY)))
+    with pytest.raises(ValueError, match="top_p"):
+        list(engine.generate(GenerationRequest([1, 2], SamplingParams(top_p=2.0))))
+
+
+def test_generation_stops_at_context_end(engine):
+    prompt = engine.raw_prompt("x " * 200)[:500]
+    _, r = run(engine, GenerationRequest(prompt, GREEDY, ignore_eos=True))
+    assert r.finish_reason == "length" and len(prompt) + r.n_generated == 512
+
+
+def test_cancel_stops_promptly(engine):
+    cancel = threading.Event()
+    prompt = engine.raw_prompt("Tell me a story")
+    n = 0
+    for ev in engine.generate(GenerationRequest(prompt, GREEDY, max_tokens=200, ignore_eos=True, cancel=cancel)):
+        if isinstance(ev, Delta):
+            n += 1
+            if n == 3:
+                cancel.set()
+        else:
+            r = ev.result
+    assert r.finish_reason == "cancelled" and r.n_generated < 10
+
+
+def test_prefix_reuse_shares_system_prompt(engine):
+    system = {"role": "system", "content": "You control a smart home. Devices: " + "lamp, " * 40}
+    a = engine.chat_prompt([system, {"role": "user", "content": "Turn on the lamp"}])
+    b = engine.chat_prompt([system, {"role": "user", "content": "What is the time?"}])
+    run(engine, GenerationRequest(a, GREEDY, max_tokens=4, ignore_eos=True))
+    _, rb = run(engine, GenerationRequest(b, GREEDY, max_tokens=4, ignore_eos=True))
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    assert rb.n_cached == shared
+    # and the result equals a cold run
+    engine.kv_tokens = []
+    _, cold = run(engine, GenerationRequest(b, GREEDY, max_tokens=4, ignore_eos=True))
+    assert cold.n_cached == 0 and cold.tokens == rb.tokens
+
+
+def test_budget_refuses_before_loading(fixture_gguf):
+    cfg = EngineConfig(backend="cpu", n_ctx=4096, reserve_bytes=1 << 50)
+    with pytest.raises(MemoryBudgetError, match="reserve"):
+        Engine.load(fixture_gguf, cfg)
+
+
+def test_cli_run_builtin_model(capsys):
+    assert main(["run", "-p", "Turn the kitchen lights down", "-n", "8", "--temp", "0", "--backend", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert "tok/s" in err and "[cpu]" in err
+
+
+def test_cli_clean_error_for_bad_model(tmp_path, capsys):
+    bad = tmp_path / "x.gguf"
+    bad.write_bytes(b"not a model")
+    assert main(["run", "-m", str(bad), "-p", "hi", "--backend", "cpu"]) == 1
+    err = capsys.readouterr().err
+    assert "genie-rt: error:" in err and "too small to be a GGUF file" in err
