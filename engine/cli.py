@@ -27,6 +27,7 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool) -> None:
     p.add_argument("--reserve-mb", type=int, default=None,
                    help="memory to leave for the rest of the system, MiB (default 512; 1536 on a Jetson)")
     p.add_argument("--kv-cache-dir", default=None, help="folder for persistent per-conversation KV caches")
+    p.add_argument("--kv-cache-budget-mb", type=int, default=1024, help="disk budget of --kv-cache-dir, MiB (LRU eviction)")
     p.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -45,7 +46,7 @@ def _engine_config(args):
     from .config import EngineConfig
     return EngineConfig(backend=args.backend, n_ctx=args.ctx, kv_dtype=args.kv,
                         reserve_bytes=None if args.reserve_mb is None else args.reserve_mb << 20,
-                        kv_cache_dir=args.kv_cache_dir)
+                        kv_cache_dir=args.kv_cache_dir, kv_cache_budget=args.kv_cache_budget_mb << 20)
 
 
 def _load(args):

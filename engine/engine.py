@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from genie_rt.kvcache.persist import validate_conversation_id
+
 from .chat import ChatTemplate
 from .config import EngineConfig, ModelConfig
 from .generate import ContextOverflowError, Delta, Done, GenerationRequest, GenerationResult, StopMatcher
@@ -125,10 +127,9 @@ class Engine:
         """Reuse what the KV pool (or a conversation file) already holds; return n_reused."""
         prompt = req.prompt
         n_reuse = common_prefix_len(self.kv_tokens, prompt)
-        if self.kv_store is not None and req.conversation_id:
-            n_file = self.kv_store.restore(self, req.conversation_id, prompt, n_reuse)
-            if n_file > n_reuse:
-                n_reuse = n_file
+        if self.kv_store is not None and req.conversation_id is not None:
+            self.kv_store.restore(self, req.conversation_id, prompt, n_reuse)
+            n_reuse = common_prefix_len(self.kv_tokens, prompt)  # the store may have replaced the pool
         return min(n_reuse, len(prompt) - 1)
 
     def generate(self, req: GenerationRequest) -> Iterator[Delta | Done]:
@@ -141,6 +142,8 @@ class Engine:
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.cfg.vocab_size - 1})")
         req.params.validate(self.cfg.vocab_size)
+        if req.conversation_id is not None:
+            validate_conversation_id(req.conversation_id)   # InvalidConversationId before any work
         sampler = Sampler(req.params)
         cancel = req.cancel
 
@@ -195,9 +198,11 @@ class Engine:
                 yield Delta(text, pending)
         t2 = time.perf_counter()
         result = self._finish(req, generated, finish, stops.stop_word, n_reuse, t0, t1, t2, stops.text)
-        if self.kv_store is not None and req.conversation_id:
-            self.kv_store.save(self, req.conversation_id)
         yield Done(result)
+        # After Done, so the client has its answer before the (possibly large) file is written;
+        # every consumer (server worker, CLI) drives the generator to its end.
+        if self.kv_store is not None and req.conversation_id is not None:
+            self.kv_store.save(self, req.conversation_id)
 
     def _finish(self, req, generated, finish, stop_word, n_reuse, t0, t1, t2, text) -> GenerationResult:
         s = self.stats

@@ -10,7 +10,7 @@ Half the bytes of FP16 (plus 4 bytes per 128 values for the scale), and the same
 per-row format as the CUDA pool, so files saved by one back-end load in the other.
 
 This module holds bytes and converts them; it does not know which tokens the
-positions hold (kvcache/prefix.py tracks that) and has no GPU code.
+positions hold (the engine's `kv_tokens` tracks that) and has no GPU code.
 """
 from __future__ import annotations
 
