@@ -119,6 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None)
     serve.add_argument("--max-queue", type=int, default=16)
     serve.add_argument("--alias", default=None, help="model name reported by the API")
+    serve.add_argument("--shutdown-timeout", type=float, default=10.0,
+                       help="seconds in-flight requests get to finish on SIGTERM")
     serve.set_defaults(func=cmd_serve)
 
     bench = sub.add_parser("bench", help="prompt-processing and generation speed, like llama-bench")

@@ -114,10 +114,15 @@ class Engine:
         return engine
 
     # -- prompts -----------------------------------------------------------------------
+    def chat_prompt_text(self, messages: list[dict], tools: list[dict] | None = None,
+                         add_generation_prompt: bool = True, **kwargs) -> tuple[str, list[int]]:
+        """Render the chat template; return the text and its token ids."""
+        text = self.template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs)
+        return text, self.tokenizer.encode(text, add_special=True, parse_special=True)
+
     def chat_prompt(self, messages: list[dict], tools: list[dict] | None = None,
                     add_generation_prompt: bool = True, **kwargs) -> list[int]:
-        text = self.template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs)
-        return self.tokenizer.encode(text, add_special=True, parse_special=True)
+        return self.chat_prompt_text(messages, tools, add_generation_prompt, **kwargs)[1]
 
     def raw_prompt(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special=True, parse_special=False)

@@ -1,0 +1,211 @@
+"""OpenAI response objects and SSE chunks, shaped as llama-server shapes them.
+
+What it does
+- `ChatOutput`: the streaming state machine for one chat reply. It keeps the generated
+  text, re-parses it after every piece with engine/chat.py (`split_reasoning` for
+  `<think>`, `parse_tool_calls` for `<tool_call>`, both with partial=True while streaming)
+  and returns the differences as OpenAI deltas: reasoning_content, content, and each tool
+  call once its block is closed (name, id and complete arguments in one delta). The same
+  parse with partial=False gives the non-streamed message, so streamed and non-streamed
+  replies agree.
+- Builders for chat.completion, chat.completion.chunk, text_completion, usage (with
+  prompt_tokens_details.cached_tokens) and llama-server's `timings`.
+- SSE framing: `data: {json}\\n\\n`, `data: [DONE]\\n\\n`.
+
+What it deliberately does not do: HTTP, validation, or tool-call formats other than the
+Qwen/Hermes `<tool_call>` JSON that engine/chat.py reads.
+"""
+from __future__ import annotations
+
+import secrets
+import string
+import time
+
+from genie_rt.engine.chat import THINK_START, parse_tool_calls, split_reasoning
+
+from .errors import json_bytes
+
+_ALPHABET = string.ascii_letters + string.digits
+SSE_DONE = b"data: [DONE]\n\n"
+
+
+def random_id(n: int = 32) -> str:
+    return "".join(secrets.choice(_ALPHABET) for _ in range(n))
+
+
+def sse(obj) -> bytes:
+    return b"data: " + json_bytes(obj) + b"\n\n"
+
+
+def prompt_opens_thinking(prompt_text: str) -> bool:
+    """True when the generation prompt already opened a think block (some Qwen3 templates end
+    with '<think>\\n' when thinking is on): the reply starts inside it."""
+    return prompt_text.rstrip().endswith(THINK_START)
+
+
+# --- usage and timings ----------------------------------------------------------------------------
+def _per_second(n: int, ms: float) -> float:
+    return n / (ms / 1000) if ms > 0 else 0.0
+
+
+def _per_token_ms(n: int, ms: float) -> float:
+    return ms / n if n > 0 else 0.0
+
+
+def usage(result) -> dict:
+    return {"completion_tokens": result.n_generated, "prompt_tokens": result.n_prompt,
+            "total_tokens": result.n_generated + result.n_prompt,
+            "prompt_tokens_details": {"cached_tokens": result.n_cached}}
+
+
+def timings(result) -> dict:
+    prompt_n = result.n_prompt - result.n_cached
+    return {"cache_n": result.n_cached,
+            "prompt_n": prompt_n, "prompt_ms": result.prompt_ms,
+            "prompt_per_token_ms": _per_token_ms(prompt_n, result.prompt_ms),
+            "prompt_per_second": _per_second(prompt_n, result.prompt_ms),
+            "predicted_n": result.n_generated, "predicted_ms": result.gen_ms,
+            "predicted_per_token_ms": _per_token_ms(result.n_generated, result.gen_ms),
+            "predicted_per_second": _per_second(result.n_generated, result.gen_ms)}
+
+
+# --- chat --------------------------------------------------------------------------------------------
+class ChatOutput:
+    """Parsed view of one assistant reply as it grows."""
+
+    def __init__(self, *, parse_reasoning: bool, think_open: bool, parse_tools: bool):
+        self.parse_reasoning = parse_reasoning
+        self.think_open = think_open
+        self.parse_tools = parse_tools
+        self.text = ""
+        self._sent_reasoning = ""
+        self._sent_content = ""
+        self._call_ids: list[str] = []    # one id per call, stable between the stream and the end
+        self._n_calls_sent = 0
+
+    def parse(self, final: bool) -> tuple[str, str, list[dict]]:
+        """(reasoning, content, calls) of the text so far."""
+        partial = not final
+        if self.parse_reasoning:
+            reasoning, content = split_reasoning(self.text, partial=partial, think_open=self.think_open)
+        else:
+            reasoning, content = "", self.text
+        calls: list[dict] = []
+        if self.parse_tools:
+            content, calls = parse_tool_calls(content, partial=partial)
+        while len(self._call_ids) < len(calls):
+            self._call_ids.append(random_id())
+        calls = [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]},
+                  "id": self._call_ids[i]} for i, c in enumerate(calls)]
+        return reasoning, content, calls
+
+    def feed(self, piece: str, final: bool = False) -> list[dict]:
+        """Add generated text; return the new deltas (each one chunk's `delta`)."""
+        self.text += piece
+        reasoning, content, calls = self.parse(final)
+        deltas: list[dict] = []
+        # The parsers only ever extend reasoning and content at the end; if a reply ever broke
+        # that (text that first looked like content turned out to be reasoning), nothing already
+        # sent can be taken back, so only a clean extension is sent.
+        if len(reasoning) > len(self._sent_reasoning) and reasoning.startswith(self._sent_reasoning):
+            deltas.append({"reasoning_content": reasoning[len(self._sent_reasoning):]})
+            self._sent_reasoning = reasoning
+        if len(content) > len(self._sent_content) and content.startswith(self._sent_content):
+            deltas.append({"content": content[len(self._sent_content):]})
+            self._sent_content = content
+        for i in range(self._n_calls_sent, len(calls)):
+            call = calls[i]
+            deltas.append({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                           "function": dict(call["function"])}]})
+        self._n_calls_sent = max(self._n_calls_sent, len(calls))
+        return deltas
+
+    def message(self) -> tuple[dict, bool]:
+        """The final assistant message and whether it holds tool calls."""
+        reasoning, content, calls = self.parse(final=True)
+        msg: dict = {"role": "assistant", "content": None if (calls and not content) else content}
+        if reasoning:
+            msg["reasoning_content"] = reasoning
+        if calls:
+            msg["tool_calls"] = calls
+        return msg, bool(calls)
+
+
+def finish_reason(result, has_tool_calls: bool) -> str:
+    if result.finish_reason == "length":
+        return "length"
+    return "tool_calls" if has_tool_calls else "stop"
+
+
+class ChatFormatter:
+    """chat.completion / chat.completion.chunk objects for one request."""
+
+    def __init__(self, model: str, fingerprint: str, output: ChatOutput):
+        self.id = "chatcmpl-" + random_id()
+        self.created = int(time.time())
+        self.model = model
+        self.fingerprint = fingerprint
+        self.output = output
+
+    def _chunk(self, choices: list, **extra) -> dict:
+        return {"choices": choices, "created": self.created, "id": self.id, "model": self.model,
+                "system_fingerprint": self.fingerprint, "object": "chat.completion.chunk", **extra}
+
+    def _delta_chunk(self, delta: dict) -> dict:
+        return self._chunk([{"finish_reason": None, "index": 0, "delta": delta}])
+
+    def first_chunk(self) -> dict:
+        return self._delta_chunk({"role": "assistant", "content": None})
+
+    def text_chunks(self, piece: str) -> list[dict]:
+        return [self._delta_chunk(d) for d in self.output.feed(piece)]
+
+    def final_chunks(self, result, include_usage: bool) -> tuple[list[dict], bool]:
+        """Remaining deltas, the finish chunk, the usage chunk; timings on the last one."""
+        chunks = [self._delta_chunk(d) for d in self.output.feed("", final=True)]
+        _, has_calls = self.output.message()
+        chunks.append(self._chunk([{"finish_reason": finish_reason(result, has_calls), "index": 0, "delta": {}}]))
+        if include_usage:  # OpenAI: the usage chunk has an empty choices array
+            chunks.append(self._chunk([], usage=usage(result)))
+        chunks[-1]["timings"] = timings(result)
+        return chunks, has_calls
+
+    def response(self, result) -> tuple[dict, bool]:
+        msg, has_calls = self.output.message()
+        return {"choices": [{"finish_reason": finish_reason(result, has_calls), "index": 0, "message": msg}],
+                "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
+                "object": "chat.completion", "usage": usage(result), "id": self.id,
+                "timings": timings(result)}, has_calls
+
+
+# --- raw completions ---------------------------------------------------------------------------------
+class CompletionFormatter:
+    """text_completion objects (streamed chunks share the object name, as in llama-server)."""
+
+    def __init__(self, model: str, fingerprint: str):
+        self.id = "cmpl-" + random_id()
+        self.created = int(time.time())
+        self.model = model
+        self.fingerprint = fingerprint
+
+    def _obj(self, text: str, finish: str | None, **extra) -> dict:
+        return {"choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+                "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
+                "object": "text_completion", "id": self.id, **extra}
+
+    def text_chunk(self, piece: str) -> dict:
+        return self._obj(piece, None)
+
+    def final_chunks(self, result, include_usage: bool) -> list[dict]:
+        """The finish chunk; usage on it (llama-server) or, with include_usage, on a last chunk
+        with empty choices (OpenAI) - never on both, so clients that add usage up stay right."""
+        if include_usage:
+            chunks = [self._obj("", finish_reason(result, False)),
+                      {**self._obj("", None, usage=usage(result)), "choices": []}]
+        else:
+            chunks = [self._obj("", finish_reason(result, False), usage=usage(result))]
+        chunks[-1]["timings"] = timings(result)
+        return chunks
+
+    def response(self, text: str, result) -> dict:
+        return self._obj(text, finish_reason(result, False), usage=usage(result), timings=timings(result))

@@ -1,0 +1,421 @@
+"""Request bodies -> typed, validated parameters.
+
+What it does
+- Parses a body as strict UTF-8 JSON (no NaN/Infinity literals, bounded nesting) into a dict.
+- Reads each field llama-server's OpenAI routes accept, checks its type and range, and builds
+  the engine's `SamplingParams` plus the rest of a generation request. Every failure is an
+  `ApiError(400, invalid_request_error)` whose message names the field - never an `assert`.
+- Accepts llama-server's spellings: max_tokens / max_completion_tokens / n_predict (n_predict
+  wins, then max_completion_tokens), stop as a string or a list, logit_bias as an object
+  ({"15043": -100} or {"text": bias}) or a list ([[15043, -100], ["text", false]]), seed -1
+  (or 0xFFFFFFFF) for a random seed, top_k <= 0 for "off", thinking through
+  chat_template_kwargs.enable_thinking or `think`.
+
+What it deliberately does not do
+- Validate messages or tools in depth: engine/chat.py (normalize_messages, the template) does
+  that and its ChatTemplateError is a 400 too.
+- Honour fields that need machinery this engine lacks (n > 1, logprobs, json_schema /
+  json_object response formats, echo, suffix): they are refused with a 400 saying so, rather
+  than silently ignored. Unknown fields are ignored, as llama-server ignores them.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from genie_rt.engine.sampling import SamplingParams
+
+from .errors import bad_request
+
+MAX_INT32 = (1 << 31) - 1
+MAX_STOP_STRINGS = 64          # per request, after dropping empty strings
+MAX_STOP_CHARS = 512           # per stop string
+MAX_LOGIT_BIAS_ABS = 1e9       # |bias|; `false` means "ban" (-inf)
+MAX_LOGIT_BIAS = 4096          # entries (after text keys are tokenized); the sampler loops over them
+MAX_JSON_DEPTH = 64
+RANDOM_SEED = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: "pick one at random"
+REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
+_INT_KEY = re.compile(r"-?\d{1,12}")
+_CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+# --- JSON -------------------------------------------------------------------------------------
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _depth(obj: Any, limit: int) -> int:
+    """Nesting depth of a parsed JSON value, iteratively (no recursion on hostile input)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        value, d = stack.pop()
+        if d > deepest:
+            deepest = d
+            if deepest > limit:
+                return deepest
+        if isinstance(value, dict):
+            stack.extend((v, d + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, d + 1) for v in value)
+    return deepest
+
+
+def parse_json_body(raw: bytes) -> dict:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad_request(f"the request body is not valid UTF-8 (byte {e.start})") from None
+    if not text.strip():
+        raise bad_request("the request body is empty; send a JSON object")
+    try:
+        body = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise bad_request("invalid JSON: nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, NaN/Infinity, integers too long to convert
+        raise bad_request(f"invalid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {_kind(body)}")
+    if _depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise bad_request(f"invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
+    return body
+
+
+def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return "a number"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    return "an object"
+
+
+# --- scalar fields ------------------------------------------------------------------------------
+def get_bool(body: dict, name: str, default: bool) -> bool:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise bad_request(f"'{name}' must be a boolean, got {_kind(v)}")
+    return v
+
+
+def get_int(body: dict, name: str, default: int | None, lo: int, hi: int) -> int | None:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad_request(f"'{name}' must be an integer, got {_kind(v)}")
+    if isinstance(v, float):
+        if not math.isfinite(v) or not v.is_integer():
+            raise bad_request(f"'{name}' must be an integer, got {v!r}")
+        v = int(v)
+    if not lo <= v <= hi:
+        raise bad_request(f"'{name}' must be between {lo} and {hi}, got {v}")
+    return v
+
+
+def get_float(body: dict, name: str, default: float, lo: float, hi: float) -> float:
+    v = body.get(name)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad_request(f"'{name}' must be a number, got {_kind(v)}")
+    v = float(v) if abs(v) < 1e308 else math.inf
+    if not math.isfinite(v):
+        raise bad_request(f"'{name}' must be a finite number")
+    if not lo <= v <= hi:
+        raise bad_request(f"'{name}' must be between {lo:g} and {hi:g}, got {v:g}")
+    return v
+
+
+def get_str(body: dict, name: str, default: str | None) -> str | None:
+    v = body.get(name)
+    if v is None:
+        return default
+    if not isinstance(v, str):
+        raise bad_request(f"'{name}' must be a string, got {_kind(v)}")
+    return v
+
+
+def get_object(body: dict, name: str) -> dict:
+    v = body.get(name)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise bad_request(f"'{name}' must be an object, got {_kind(v)}")
+    return v
+
+
+# --- composite fields ---------------------------------------------------------------------------
+def parse_stop(body: dict) -> list[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    words = [v] if isinstance(v, str) else v
+    if not isinstance(words, list):
+        raise bad_request(f"'stop' must be a string or an array of strings, got {_kind(v)}")
+    out: list[str] = []
+    for k, w in enumerate(words):
+        if not isinstance(w, str):
+            raise bad_request(f"'stop[{k}]' must be a string, got {_kind(w)}")
+        if len(w) > MAX_STOP_CHARS:
+            raise bad_request(f"'stop[{k}]' is {len(w)} characters long; the limit is {MAX_STOP_CHARS}")
+        if w and w not in out:
+            out.append(w)
+    if len(out) > MAX_STOP_STRINGS:
+        raise bad_request(f"'stop' has {len(out)} strings; the limit is {MAX_STOP_STRINGS}")
+    return out
+
+
+def parse_logit_bias(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]) -> dict[int, float]:
+    v = body.get("logit_bias")
+    if v is None:
+        return {}
+    if isinstance(v, dict):
+        items = list(v.items())
+    elif isinstance(v, list):
+        items = []
+        for k, pair in enumerate(v):
+            if not isinstance(pair, list) or len(pair) != 2:
+                raise bad_request(f"'logit_bias[{k}]' must be a [token, bias] pair")
+            items.append((pair[0], pair[1]))
+    else:
+        raise bad_request(f"'logit_bias' must be an object or an array of [token, bias] pairs, got {_kind(v)}")
+    if len(items) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'logit_bias' has {len(items)} entries; the limit is {MAX_LOGIT_BIAS}")
+    out: dict[int, float] = {}
+    for key, bias in items:
+        if bias is False:
+            bias = -math.inf
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)):
+            raise bad_request(f"'logit_bias' value for {key!r} must be a number or false, got {_kind(bias)}")
+        else:
+            bias = float(bias) if abs(bias) < 1e308 else math.inf
+            if not abs(bias) <= MAX_LOGIT_BIAS_ABS:
+                raise bad_request(f"'logit_bias' value for {key!r} must be between "
+                                  f"-{MAX_LOGIT_BIAS_ABS:g} and {MAX_LOGIT_BIAS_ABS:g}")
+        if isinstance(key, bool):
+            raise bad_request("'logit_bias' keys must be token ids or text")
+        if isinstance(key, str) and _INT_KEY.fullmatch(key.strip()):
+            key = int(key)
+        if isinstance(key, int):
+            if not 0 <= key < vocab_size:
+                raise bad_request(f"'logit_bias' token id {key} is outside the vocabulary (0..{vocab_size - 1})")
+            out[key] = bias
+        elif isinstance(key, str):  # llama-server: a text key biases each of its tokens
+            for tok in tokenize(key):
+                out[tok] = bias
+        else:
+            raise bad_request(f"'logit_bias' keys must be token ids or text, got {_kind(key)}")
+    if len(out) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'logit_bias' covers {len(out)} tokens; the limit is {MAX_LOGIT_BIAS}")
+    return out
+
+
+def parse_conversation_id(body: dict) -> str | None:
+    cid = get_str(body, "conversation_id", None)
+    if cid is None:
+        return None
+    try:
+        from genie_rt.kvcache.persist import InvalidConversationId, validate_conversation_id
+    except ImportError:  # persistence not installed yet: apply the documented rule here
+        if not _CONVERSATION_ID.fullmatch(cid):
+            raise bad_request("'conversation_id' must be 1-64 characters of A-Z, a-z, 0-9, '_' or '-'") from None
+        return cid
+    try:
+        validate_conversation_id(cid)
+    except (InvalidConversationId, ValueError) as e:
+        raise bad_request(f"'conversation_id': {e}") from None
+    return cid
+
+
+def _refuse_unsupported(body: dict) -> None:
+    n = get_int(body, "n", 1, 1, MAX_INT32)
+    if n != 1:
+        raise bad_request("'n' must be 1: this server generates one choice per request")
+    for name in ("logprobs", "top_logprobs", "n_probs"):
+        v = body.get(name)
+        if v not in (None, False, 0):
+            raise bad_request(f"'{name}' is not supported by this server")
+    fmt = body.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, dict):
+            raise bad_request(f"'response_format' must be an object, got {_kind(fmt)}")
+        if fmt.get("type", "text") != "text":
+            raise bad_request(f"'response_format' type {fmt.get('type')!r} is not supported "
+                              "(no grammar-constrained sampling); use 'text'")
+    for name in ("grammar", "json_schema"):
+        if body.get(name) not in (None, ""):
+            raise bad_request(f"'{name}' is not supported by this server (no grammar-constrained sampling)")
+
+
+# --- requests -------------------------------------------------------------------------------------
+@dataclass
+class GenerationFields:
+    """What /v1/chat/completions and /v1/completions share."""
+    params: SamplingParams
+    max_tokens: int | None                 # None: until a stop or the end of the context
+    stop: list[str]
+    ignore_eos: bool
+    stream: bool
+    include_usage: bool
+    conversation_id: str | None
+
+
+@dataclass
+class ChatRequest:
+    gen: GenerationFields
+    messages: Any                          # validated by the chat template (engine/chat.py)
+    tools: list | None                     # None when absent or tool_choice is "none"
+    enable_thinking: bool
+    parse_reasoning: bool                  # reasoning_format != "none"
+    template_kwargs: dict = field(default_factory=dict)
+
+
+@dataclass
+class CompletionRequest:
+    gen: GenerationFields
+    prompt: str | list                     # text, token ids, or a mixed list of both
+
+
+def parse_generation(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]) -> GenerationFields:
+    _refuse_unsupported(body)
+    get_str(body, "model", None)  # any model name is accepted (one model per server), but it is a string
+    max_tokens = get_int(body, "max_tokens", -1, -1, MAX_INT32)
+    max_tokens = get_int(body, "max_completion_tokens", max_tokens, -1, MAX_INT32)
+    max_tokens = get_int(body, "n_predict", max_tokens, -1, MAX_INT32)
+
+    seed = get_int(body, "seed", -1, -(1 << 63), (1 << 64) - 1)
+    top_k = get_int(body, "top_k", 40, -MAX_INT32, MAX_INT32)
+    repeat_penalty = get_float(body, "repeat_penalty", 1.0, 0.0, 100.0)
+    params = SamplingParams(
+        temperature=get_float(body, "temperature", 0.8, 0.0, 100.0),
+        top_k=0 if top_k <= 0 or top_k >= vocab_size else top_k,
+        top_p=get_float(body, "top_p", 0.95, 0.0, 1.0),
+        min_p=get_float(body, "min_p", 0.05, 0.0, 1.0),
+        seed=None if seed < 0 or seed == RANDOM_SEED else seed,
+        repeat_penalty=repeat_penalty if repeat_penalty > 0 else 1.0,  # 0 means "off", never divide by 0
+        repeat_last_n=get_int(body, "repeat_last_n", 64, -1, MAX_INT32),
+        presence_penalty=get_float(body, "presence_penalty", 0.0, -100.0, 100.0),
+        frequency_penalty=get_float(body, "frequency_penalty", 0.0, -100.0, 100.0),
+        logit_bias=parse_logit_bias(body, vocab_size, tokenize),
+    )
+    try:
+        params.validate(vocab_size)
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+
+    stream = get_bool(body, "stream", False)
+    options = get_object(body, "stream_options")
+    include_usage = get_bool(options, "include_usage", False)
+    return GenerationFields(params=params, max_tokens=None if max_tokens < 0 else max_tokens,
+                            stop=parse_stop(body), ignore_eos=get_bool(body, "ignore_eos", False),
+                            stream=stream, include_usage=include_usage,
+                            conversation_id=parse_conversation_id(body))
+
+
+def parse_tools(body: dict) -> list | None:
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise bad_request(f"'tools' must be an array, got {_kind(tools)}")
+    choice = body.get("tool_choice")
+    if choice is None or choice in ("auto", "required"):
+        pass  # "required" cannot be enforced without grammar sampling; the model decides
+    elif choice == "none":
+        return None
+    elif isinstance(choice, dict):
+        fn = choice.get("function")
+        if choice.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise bad_request("'tool_choice' object must be {\"type\": \"function\", \"function\": {\"name\": ...}}")
+    else:
+        raise bad_request("'tool_choice' must be \"none\", \"auto\", \"required\" or a function object")
+    return tools or None
+
+
+def parse_thinking(body: dict, kwargs: dict) -> bool:
+    if "enable_thinking" in kwargs and kwargs["enable_thinking"] is not None:
+        if not isinstance(kwargs["enable_thinking"], bool):
+            raise bad_request("'chat_template_kwargs.enable_thinking' must be a boolean")
+        return kwargs["enable_thinking"]
+    think = get_bool(body, "think", None)
+    if think is not None:
+        return think
+    return get_bool(body, "enable_thinking", False)  # off by default (a home assistant answers fast)
+
+
+def parse_chat(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]) -> ChatRequest:
+    if "messages" not in body:
+        raise bad_request("'messages' is required")
+    kwargs = dict(get_object(body, "chat_template_kwargs"))
+    enable_thinking = parse_thinking(body, kwargs)
+    kwargs["enable_thinking"] = enable_thinking
+    for reserved in ("messages", "tools", "add_generation_prompt"):
+        kwargs.pop(reserved, None)
+    fmt = get_str(body, "reasoning_format", "auto")
+    if fmt not in REASONING_FORMATS:
+        raise bad_request(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}, got {fmt!r}")
+    messages = body["messages"]
+    if isinstance(messages, list):  # newer OpenAI clients send "developer" where they mean "system"
+        messages = [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
+                    for m in messages]
+    return ChatRequest(gen=parse_generation(body, vocab_size, tokenize), messages=messages,
+                       tools=parse_tools(body), enable_thinking=enable_thinking,
+                       parse_reasoning=fmt != "none", template_kwargs=kwargs)
+
+
+def parse_prompt(value: Any, vocab_size: int) -> str | list:
+    """A completion prompt, as llama-server reads one: a string, a list of token ids, a mixed
+    list of strings and token ids, or a one-element list holding any of those."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]
+    if isinstance(value, str):
+        if not value:
+            raise bad_request("'prompt' is empty")
+        return value
+    if isinstance(value, list):
+        if not value:
+            raise bad_request("'prompt' is empty")
+        has_text = any(isinstance(t, str) for t in value)
+        if any(isinstance(t, list) for t in value) or (has_text and all(isinstance(t, str) for t in value)):
+            raise bad_request("'prompt' must be one prompt: a string, an array of token ids, or a mixed "
+                              "array of strings and token ids (several prompts per request are not supported)")
+        if has_text:  # mixed: strings are tokenized in place, ids checked now
+            return [t if isinstance(t, str) else validate_token_ids([t], "prompt", vocab_size)[0] for t in value]
+        return validate_token_ids(value, "prompt", vocab_size)
+    raise bad_request(f"'prompt' must be a string or an array of token ids, got {_kind(value)}")
+
+
+def validate_token_ids(value: Any, name: str, vocab_size: int) -> list[int]:
+    if not isinstance(value, list):
+        raise bad_request(f"'{name}' must be an array of token ids, got {_kind(value)}")
+    out = []
+    for k, t in enumerate(value):
+        if isinstance(t, float) and t.is_integer():
+            t = int(t)
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise bad_request(f"'{name}[{k}]' must be an integer token id, got {_kind(t)}")
+        if not 0 <= t < vocab_size:
+            raise bad_request(f"'{name}[{k}]' = {t} is outside the vocabulary (0..{vocab_size - 1})")
+        out.append(t)
+    return out
+
+
+def parse_completion(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]) -> CompletionRequest:
+    if "prompt" not in body:
+        raise bad_request("'prompt' is required")
+    if get_bool(body, "echo", False):
+        raise bad_request("'echo' is not supported by this server")
+    if get_str(body, "suffix", None):
+        raise bad_request("'suffix' is not supported by this server")
+    if get_int(body, "best_of", 1, 1, MAX_INT32) != 1:
+        raise bad_request("'best_of' must be 1")
+    prompt = parse_prompt(body["prompt"], vocab_size)
+    return CompletionRequest(gen=parse_generation(body, vocab_size, tokenize), prompt=prompt)
