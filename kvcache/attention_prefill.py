@@ -1,0 +1,529 @@
+"""Causal prefill attention over the KV pool, on tensor cores (mma.sync m16n8k16 f16->f32).
+
+The math (engine/qwen3.py `attention`): n query tokens at positions start .. start+n-1
+(start = state[0], read at run time), query i attends to cache positions 0 .. start+i,
+which include earlier chunks and reused prefixes (written before this launch):
+
+    out[i, h] = softmax(q[i, h] . K[0:start+i+1, h // group]^T / sqrt(hd)) @ V[...]
+
+GQA packing. The `group` query heads of one KV head read the same K/V rows, so they are
+stacked along the M dimension of the matrix products: packed row r = token * group + g
+(token-major, so a row's causal limit grows with r). A block owns 64 packed rows (4 warps
+x 16 rows: one m16 tile each) of one KV head: at group 4 that is 16 tokens, so even a
+33-token prompt fills the tensor cores' M dimension, and each K/V tile is read from
+memory once per 64 rows instead of once per head.
+
+Per block (grid: ceil(n*group/64) x n_kv x n_splits, 128 threads), flash-attention 2:
+- Q fragments (hd/16 k-steps x 4 registers) are built once from global q, pre-scaled by
+  log2(e)/sqrt(hd) and rounded to f16; they stay in registers.
+- K/V tiles of BN keys (`block_n`: 32 at hd 128, 64 at hd 64) go global -> registers
+  (128-bit read-only loads, issued one tile ahead so they fly during the math) ->
+  shared memory as f16: int8 K as its exact integer values (the row scale multiplies the
+  scores in f32, so K loses nothing), int8 V dequantized (q * scale, f16 rounding), f16
+  rows copied. Rows are padded by 16 bytes so ldmatrix reads are conflict-free; rows past
+  the keys this block needs are zero-filled (never garbage into the products).
+- S = Q K^T: ldmatrix.x4 gives the B fragments of two 8-key tiles per k-step; scale,
+  causal mask (key > start + token -> -inf), running max / sum per row (the 4 lanes of a
+  row group combine by shuffles), rescale O.
+- O += P V: the S accumulators are already in the A-fragment layout (FA2), packed to f16;
+  V fragments come from ldmatrix.x4.trans.
+- Long contexts with few query rows (a short prompt after a long reused prefix) split the
+  key range over `n_splits` blocks; each writes (O, m, l) per row to a workspace and
+  `prefill_merge` combines them (flash-decoding).
+
+Traffic: each row block reads the K/V rows its tokens may see, at most (start + n) *
+hd * 2 bytes (int8, + 8 bytes of scales per row); over the grid that is
+ceil(n * group / 64) times the context. Useful FLOPs: `prefill_flops` (4 * hd per visible
+(query, key) pair and head). For the prompt sizes we see (33 .. 2048 tokens) the kernel
+is compute- and latency-bound, not bandwidth-bound.
+
+Output: float32 [n, n_head * hd], the O-projection's input (the prefill GEMM quantizes
+or converts its activations itself; no f16 copy is written).
+
+Deliberately not here: a SIMT path for tiny n (the tensor-core kernel at n = 5 costs
+about what one tile of loads costs), head_dim > 128 (registers: Q, O, S fragments),
+Hopper-only instructions (wgmma, TMA).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numba import cuda, float32, uint32
+
+from genie_rt.engine.qwen3 import attention as attention_reference
+from genie_rt.quant import ptx
+from genie_rt.quant.ptx import SIMULATOR
+
+from .attention import KV_DTYPES, LOG2E, NEG_INF, _byte
+from .device_pool import KVLayer
+
+FULL = 0xFFFFFFFF
+BM = 64                  # packed query rows per block
+WARPS = 4
+THREADS = 32 * WARPS
+_ALIGN = 256
+
+
+# =====================================================================================
+# numpy reference
+# =====================================================================================
+def prefill_reference(q, k, v, start):
+    """q [n, n_head, hd]; k, v float [>= start+n, n_kv, hd] (the dequantized cache) ->
+    [n, n_head * hd] float64."""
+    n = q.shape[0]
+    return attention_reference(np.asarray(q, np.float64), np.asarray(k[:start + n], np.float64),
+                               np.asarray(v[:start + n], np.float64), start)
+
+
+def prefill_flops(n, start, n_head, head_dim):
+    """Useful FLOPs: 2 matmuls x 2 flops x hd per (query, visible key) pair."""
+    pairs = n * start + n * (n + 1) // 2
+    return 4 * head_dim * pairs * n_head
+
+
+# =====================================================================================
+# kernels
+# =====================================================================================
+def block_n(head_dim: int, kv_dtype: str) -> int:
+    """Keys per tile: each thread holds 4 (int8: plus the dequantization registers) or
+    8 (f16) x 16 bytes of the next tile, K and V together; 255 registers is the budget."""
+    if kv_dtype == "int8":
+        return min(64, THREADS * 4 * 16 // (2 * head_dim))
+    return min(64, THREADS * 8 * 16 // (2 * head_dim * 2))
+
+
+@functools.lru_cache(maxsize=None)
+def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0):
+    """The prefill kernel specialised on (head_dim, group, cache dtype, keys per tile;
+    0 = block_n())."""
+    HD, G = head_dim, group
+    I8 = kv_dtype == "int8"
+    ES = 1 if I8 else 2
+    BN = bn or block_n(HD, kv_dtype)
+    CH = HD * ES // 16               # 16-byte chunks per cache row
+    NCHT = BN * CH                   # chunks per tile (K, and again V)
+    NCH = (NCHT + THREADS - 1) // THREADS      # per thread
+    assert HD % 16 == 0 and HD <= 128 and BN % 16 == 0, \
+        f"prefill: head_dim {HD} / {kv_dtype} / block_n {BN} unsupported"
+    HDW = HD // 2 + 4                # shared words per row: HD + 8 halves
+    WPR = HD * ES // 4               # global 32-bit words per cache row
+    NKS = HD // 16                   # k-steps of Q K^T
+    NNS = BN // 8                    # 8-key tiles of S
+    NKP = BN // 16                   # k-steps of P V
+    NNO = HD // 8                    # 8-dim tiles of O
+    NQF, NO, NS, NP = NKS * 4, NNO * 4, NNS * 4, NCH * 4       # local array sizes
+    QSCALE = float32(LOG2E / math.sqrt(HD))
+
+    @cuda.jit
+    def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml):
+        # q        f32 [n, n_head, HD]         queries (normed, roped)
+        # k_words  u32 [n_ctx * n_kv * WPR]    this layer's K cache as 32-bit words
+        # v_words  u32 [n_ctx * n_kv * WPR]
+        # k_scale  f32 [n_ctx, n_kv]           int8 row scales (unused for f16)
+        # v_scale  f32 [n_ctx, n_kv]
+        # state    i32 [>=1]                   state[0] = start (position of token 0)
+        # out      f32 [n, n_head * HD]        written when gridDim.z == 1
+        # part_o   f32 [S, n * n_head, HD]     per-split unnormalised O (gridDim.z > 1)
+        # part_ml  f32 [S, n * n_head, 2]      per-split (max, sum), log2 domain
+        mt = cuda.blockIdx.x
+        kvh = cuda.blockIdx.y
+        n_kv = cuda.gridDim.y
+        split = cuda.blockIdx.z
+        n_splits = cuda.gridDim.z
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        g = lane >> 2                     # mma groupID: rows g and g + 8
+        t4 = lane & 3                     # thread in group: columns 2*t4, 2*t4 + 1
+        n = q.shape[0]
+        n_head = q.shape[1]
+        n_ctx = k_words.size // (n_kv * WPR)
+        start = state[0]
+        nrows = n * G
+        row0 = mt * BM
+        tok_hi = (min(row0 + BM, nrows) - 1) // G
+        kv_len = min(start + tok_hi + 1, n_ctx)              # keys this block may need
+        total = min(start + n, n_ctx)                        # keys of the whole launch
+        tiles_total = (total + BN - 1) // BN
+        tps = (tiles_total + n_splits - 1) // n_splits        # tiles per split
+        tile_lo = split * tps
+        tile_hi = min(tile_lo + tps, (kv_len + BN - 1) // BN)
+
+        # this lane's two packed rows
+        ra = row0 + warp * 16 + g
+        rb = ra + 8
+        va = ra < nrows
+        vb = rb < nrows
+        tok_a = min(ra // G, n - 1)
+        tok_b = min(rb // G, n - 1)
+        head_a = kvh * G + ra % G
+        head_b = kvh * G + rb % G
+        lim_a = start + tok_a             # last key row a may see
+        lim_b = start + tok_b
+
+        Ks = cuda.shared.array((BN, HDW), uint32, alignment=16)   # f16 pairs
+        Vs = cuda.shared.array((BN, HDW), uint32, alignment=16)
+        sks = cuda.shared.array(BN, float32)                      # K row scales
+
+        qf = cuda.local.array(NQF, uint32)    # A fragments of Q, per k-step a0..a3
+        for ks in range(NKS):
+            for reg in range(4):
+                col = ks * 16 + 2 * t4 + 8 * (reg >> 1)
+                x0 = float32(0)
+                x1 = float32(0)
+                if reg & 1 == 0:
+                    if va:
+                        x0 = q[tok_a, head_a, col] * QSCALE
+                        x1 = q[tok_a, head_a, col + 1] * QSCALE
+                else:
+                    if vb:
+                        x0 = q[tok_b, head_b, col] * QSCALE
+                        x1 = q[tok_b, head_b, col + 1] * QSCALE
+                qf[ks * 4 + reg] = ptx.pack_half2(x0, x1)
+
+        oacc = cuda.local.array(NO, float32)  # C fragments of O
+        for x in range(NNO * 4):
+            oacc[x] = float32(0)
+        sacc = cuda.local.array(NS, float32)  # C fragments of S, then P
+        pk = cuda.local.array(NP, uint32)     # next tile's K words
+        pv = cuda.local.array(NP, uint32)     # next tile's V words
+        pvs = cuda.local.array(NCH, float32)       # V row scale of each chunk
+        psk = float32(0)                           # K row scale (threads < BN)
+        m_a = NEG_INF
+        m_b = NEG_INF
+        l_a = float32(0)                           # this lane's part of the row sums
+        l_b = float32(0)
+
+        # iteration i: issue loads of tile i, compute tile i-1 from shared memory,
+        # then move tile i into shared memory
+        i = tile_lo
+        while i <= tile_hi:
+            if i < tile_hi:
+                kb = i * BN
+                for j in range(NCH):
+                    cid = tid + j * THREADS
+                    r = cid // CH
+                    key = kb + r
+                    if key < kv_len and cid < NCHT:
+                        wi = (key * n_kv + kvh) * WPR + (cid % CH) * 4
+                        w4 = ptx.ldg_v4(k_words, wi)
+                        u4 = ptx.ldg_v4(v_words, wi)
+                        for x in range(4):
+                            pk[j * 4 + x] = w4[x]
+                            pv[j * 4 + x] = u4[x]
+                        if I8:
+                            pvs[j] = v_scale[key, kvh]
+                    else:
+                        for x in range(4):
+                            pk[j * 4 + x] = uint32(0)
+                            pv[j * 4 + x] = uint32(0)
+                        pvs[j] = float32(0)
+                if I8 and tid < BN:
+                    psk = float32(0)
+                    if kb + tid < kv_len:
+                        psk = k_scale[kb + tid, kvh]
+
+            if i > tile_lo:
+                kb = (i - 1) * BN
+                # ---- S = Q K^T (log2 domain) ----
+                for x in range(NNS * 4):
+                    sacc[x] = float32(0)
+                for ks in range(NKS):
+                    for np2 in range(NNS // 2):
+                        b = ptx.ldmatrix_x4(Ks, (np2 * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                 ks * 8 + ((lane >> 3) & 1) * 4))
+                        for h in range(2):
+                            o = (2 * np2 + h) * 4
+                            d = ptx.mma_f16_f32(qf[ks * 4], qf[ks * 4 + 1], qf[ks * 4 + 2],
+                                                qf[ks * 4 + 3], b[2 * h], b[2 * h + 1],
+                                                sacc[o], sacc[o + 1], sacc[o + 2], sacc[o + 3])
+                            for x in range(4):
+                                sacc[o + x] = d[x]
+                # ---- K scale, causal mask, running max ----
+                mxa = NEG_INF
+                mxb = NEG_INF
+                for nt in range(NNS):
+                    for e in range(4):
+                        kl = nt * 8 + 2 * t4 + (e & 1)
+                        s = sacc[nt * 4 + e]
+                        if I8:
+                            s *= sks[kl]
+                        if e < 2:
+                            if kb + kl > lim_a:
+                                s = NEG_INF
+                            mxa = max(mxa, s)
+                        else:
+                            if kb + kl > lim_b:
+                                s = NEG_INF
+                            mxb = max(mxb, s)
+                        sacc[nt * 4 + e] = s
+                mxa = max(mxa, cuda.shfl_xor_sync(FULL, mxa, 1))
+                mxa = max(mxa, cuda.shfl_xor_sync(FULL, mxa, 2))
+                mxb = max(mxb, cuda.shfl_xor_sync(FULL, mxb, 1))
+                mxb = max(mxb, cuda.shfl_xor_sync(FULL, mxb, 2))
+                mna = max(m_a, mxa)
+                mnb = max(m_b, mxb)
+                ba = mna if mna != NEG_INF else float32(0)   # a row with no key yet
+                bb = mnb if mnb != NEG_INF else float32(0)
+                alpha_a = math.exp2(m_a - ba)
+                alpha_b = math.exp2(m_b - bb)
+                m_a = mna
+                m_b = mnb
+                sa = float32(0)
+                sb = float32(0)
+                for nt in range(NNS):
+                    for e in range(4):
+                        if e < 2:
+                            p = math.exp2(sacc[nt * 4 + e] - ba)
+                            sa += p
+                        else:
+                            p = math.exp2(sacc[nt * 4 + e] - bb)
+                            sb += p
+                        sacc[nt * 4 + e] = p
+                l_a = l_a * alpha_a + sa
+                l_b = l_b * alpha_b + sb
+                for nt in range(NNO):
+                    oacc[nt * 4] *= alpha_a
+                    oacc[nt * 4 + 1] *= alpha_a
+                    oacc[nt * 4 + 2] *= alpha_b
+                    oacc[nt * 4 + 3] *= alpha_b
+                # ---- O += P V ----
+                for kp in range(NKP):
+                    o0 = 2 * kp * 4
+                    o1 = o0 + 4
+                    a0 = ptx.pack_half2(sacc[o0], sacc[o0 + 1])
+                    a1 = ptx.pack_half2(sacc[o0 + 2], sacc[o0 + 3])
+                    a2 = ptx.pack_half2(sacc[o1], sacc[o1 + 1])
+                    a3 = ptx.pack_half2(sacc[o1 + 2], sacc[o1 + 3])
+                    for dn in range(NNO // 2):
+                        b = ptx.ldmatrix_x4_trans(Vs, (kp * 16 + (lane & 15),
+                                                       dn * 8 + (lane >> 4) * 4))
+                        for h in range(2):
+                            o = (2 * dn + h) * 4
+                            d = ptx.mma_f16_f32(a0, a1, a2, a3, b[2 * h], b[2 * h + 1],
+                                                oacc[o], oacc[o + 1], oacc[o + 2], oacc[o + 3])
+                            for x in range(4):
+                                oacc[o + x] = d[x]
+
+            if i < tile_hi:
+                cuda.syncthreads()            # every warp is done reading the old tile
+                for j in range(NCH):
+                    cid = tid + j * THREADS
+                    r = cid // CH
+                    cc = cid % CH
+                    if cid >= NCHT:
+                        pass
+                    elif I8:
+                        sv = pvs[j]
+                        for x in range(4):
+                            w = pk[j * 4 + x]     # K: exact int8 values as f16
+                            Ks[r, cc * 8 + 2 * x] = ptx.pack_half2(_byte(w, 0), _byte(w, 1))
+                            Ks[r, cc * 8 + 2 * x + 1] = ptx.pack_half2(_byte(w, 2), _byte(w, 3))
+                            w = pv[j * 4 + x]     # V: dequantized
+                            Vs[r, cc * 8 + 2 * x] = ptx.pack_half2(_byte(w, 0) * sv,
+                                                                   _byte(w, 1) * sv)
+                            Vs[r, cc * 8 + 2 * x + 1] = ptx.pack_half2(_byte(w, 2) * sv,
+                                                                       _byte(w, 3) * sv)
+                    else:
+                        for x in range(4):
+                            Ks[r, cc * 4 + x] = pk[j * 4 + x]
+                            Vs[r, cc * 4 + x] = pv[j * 4 + x]
+                if I8 and tid < BN:
+                    sks[tid] = psk
+                cuda.syncthreads()            # the new tile is visible
+            i += 1
+
+        # ---- epilogue: full row sums, normalise or write the split's partials ----
+        l_a += cuda.shfl_xor_sync(FULL, l_a, 1)
+        l_a += cuda.shfl_xor_sync(FULL, l_a, 2)
+        l_b += cuda.shfl_xor_sync(FULL, l_b, 1)
+        l_b += cuda.shfl_xor_sync(FULL, l_b, 2)
+        for half in range(2):
+            valid = va if half == 0 else vb
+            if valid:
+                tok = tok_a if half == 0 else tok_b
+                head = head_a if half == 0 else head_b
+                l_row = l_a if half == 0 else l_b
+                m_row = m_a if half == 0 else m_b
+                if n_splits == 1:
+                    inv = float32(1) / l_row
+                    for nt in range(NNO):
+                        col = head * HD + nt * 8 + 2 * t4
+                        out[tok, col] = oacc[nt * 4 + 2 * half] * inv
+                        out[tok, col + 1] = oacc[nt * 4 + 2 * half + 1] * inv
+                else:
+                    prow = tok * n_head + head
+                    for nt in range(NNO):
+                        part_o[split, prow, nt * 8 + 2 * t4] = oacc[nt * 4 + 2 * half]
+                        part_o[split, prow, nt * 8 + 2 * t4 + 1] = oacc[nt * 4 + 2 * half + 1]
+                    if t4 == 0:
+                        part_ml[split, prow, 0] = m_row
+                        part_ml[split, prow, 1] = l_row
+
+    kernel.block_n = BN
+    return kernel
+
+
+@cuda.jit
+def prefill_merge(part_o, part_ml, n_splits, out):
+    # part_o  f32 [S, >= n*n_head, hd]; part_ml f32 [S, >= n*n_head, 2]
+    # n_splits i32 (<= S) splits of the launch; out f32 [n, n_head * hd]
+    # grid (n * n_head,), any block size: one row (token, head) per block
+    row = cuda.blockIdx.x
+    hd = part_o.shape[2]
+    n_head = out.shape[1] // hd
+    tok = row // n_head
+    head = row - tok * n_head
+    mx = NEG_INF
+    for s in range(n_splits):
+        mx = max(mx, part_ml[s, row, 0])
+    den = float32(0)
+    for s in range(n_splits):
+        den += math.exp2(part_ml[s, row, 0] - mx) * part_ml[s, row, 1]
+    inv = float32(1) / den
+    for d in range(cuda.threadIdx.x, hd, cuda.blockDim.x):
+        acc = float32(0)
+        for s in range(n_splits):
+            acc += math.exp2(part_ml[s, row, 0] - mx) * part_o[s, row, d]
+        out[tok, head * hd + d] = acc * inv
+
+
+PREFILL_SIGNATURE = ("void(float32[:, :, ::1], uint32[::1], uint32[::1], float32[:, ::1], "
+                     "float32[:, ::1], int32[::1], float32[:, ::1], float32[:, :, ::1], "
+                     "float32[:, :, ::1])")
+MERGE_SIGNATURE = "void(float32[:, :, ::1], float32[:, :, ::1], int32, float32[:, ::1])"
+
+
+# =====================================================================================
+# plan, workspace, launcher
+# =====================================================================================
+def _aligned(n):
+    return (n + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """Shapes fixed at load: the largest chunk (n_max tokens) and split count."""
+    n_head: int
+    n_kv: int
+    head_dim: int
+    kv_dtype: str            # "int8" | "f16"
+    n_max: int               # most query tokens per launch
+    max_splits: int = 8      # most context splits per launch (workspace size)
+    bn: int = 0              # keys per tile; 0 = block_n(head_dim, kv_dtype) (tests: small)
+
+    @property
+    def group(self) -> int:
+        return self.n_head // self.n_kv
+
+    @property
+    def block_n(self) -> int:
+        return self.bn or block_n(self.head_dim, self.kv_dtype)
+
+    def kernel(self):
+        return prefill_kernel(self.head_dim, self.group, self.kv_dtype, self.bn)
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Bytes of the split workspace (0 when max_splits == 1)."""
+        if self.max_splits <= 1:
+            return 0
+        rows = self.max_splits * self.n_max * self.n_head
+        return _aligned(rows * self.head_dim * 4) + _aligned(rows * 2 * 4)
+
+
+def plan_prefill(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_max: int,
+                 max_splits: int = 8, bn: int = 0) -> PrefillPlan:
+    if kv_dtype not in ("int8", "f16"):
+        raise ValueError(f"prefill attention supports KV dtypes int8 and f16, not '{kv_dtype}'")
+    if n_head % n_kv:
+        raise ValueError(f"n_head {n_head} is not a multiple of n_kv {n_kv}")
+    if head_dim % 16 or head_dim > 128:
+        raise ValueError(f"prefill attention needs head_dim a multiple of 16 and <= 128, "
+                         f"got {head_dim}")
+    if bn % 16 or bn > 64:
+        raise ValueError(f"block_n {bn} must be a multiple of 16 and <= 64 (0 = default)")
+    return PrefillPlan(n_head, n_kv, head_dim, kv_dtype, n_max, max(1, max_splits), bn)
+
+
+def prefill_splits(plan: PrefillPlan, n: int, start: int, sm_count: int | None = None) -> int:
+    """Context splits for a launch of n tokens at `start` (host-side choice): split only
+    when the blocks would not fill the GPU and every split keeps >= 4 key tiles."""
+    if sm_count is None:
+        sm_count = 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
+    blocks = -(-n * plan.group // BM) * plan.n_kv
+    tiles = -(-(start + n) // plan.block_n)
+    if blocks >= sm_count:
+        return 1
+    return max(1, min(plan.max_splits, -(-sm_count // blocks), tiles // 4))
+
+
+class PrefillWorkspace:
+    """Views of the split workspace: part_o f32 [max_splits, n_max * n_head, hd],
+    part_ml f32 [max_splits, n_max * n_head, 2] (placeholders when max_splits == 1)."""
+
+    def __init__(self, plan: PrefillPlan, buf=None):
+        self.plan = plan
+        nb = plan.workspace_bytes
+        if nb == 0:
+            self.part_o = cuda.device_array((1, 1, plan.head_dim), np.float32)
+            self.part_ml = cuda.device_array((1, 1, 2), np.float32)
+            return
+        if buf is None:
+            buf = cuda.device_array(nb, np.uint8)
+        if buf.dtype != np.uint8 or buf.ndim != 1 or buf.size < nb:
+            raise ValueError(f"prefill workspace must be a uint8 device buffer of >= {nb} bytes")
+        S, R, D = plan.max_splits, plan.n_max * plan.n_head, plan.head_dim
+        a = _aligned(S * R * D * 4)
+        self.part_o = buf[:S * R * D * 4].view(np.float32).reshape(S, R, D)
+        self.part_ml = buf[a:a + S * R * 2 * 4].view(np.float32).reshape(S, R, 2)
+
+
+def compile_prefill(plan: PrefillPlan) -> None:
+    """Compile the plan's kernels now (at load)."""
+    if not SIMULATOR:
+        plan.kernel().compile(PREFILL_SIGNATURE)
+        prefill_merge.compile(MERGE_SIGNATURE)
+
+
+def prefill_attention(q, layer: KVLayer, state, out, ws: PrefillWorkspace, n_splits: int = 1,
+                      stream=0):
+    """out[i] = causal attention of query i (position state[0] + i) over cache positions
+    0 .. state[0] + i. The K/V of this chunk must already be in the cache (rope_write).
+
+    q      float32 [n, n_head, hd] device (n <= plan.n_max when n_splits > 1)
+    layer  DeviceKVPool.layer(i)                         int8 or f16
+    state  int32 [>=1] device; state[0] = start          (read at run time)
+    out    float32 [n, n_head * hd]
+    ws     PrefillWorkspace; n_splits <= plan.max_splits (see prefill_splits)
+    No allocation, no synchronization."""
+    p = ws.plan
+    kv_dtype = KV_DTYPES.get(np.dtype(layer.k.dtype))
+    if kv_dtype != p.kv_dtype:
+        raise ValueError(f"prefill_attention: cache dtype {layer.k.dtype} but the plan is "
+                         f"{p.kv_dtype}")
+    if tuple(layer.k.shape[1:]) != (p.n_kv, p.head_dim):
+        raise ValueError(f"prefill_attention: cache rows {tuple(layer.k.shape[1:])} != plan "
+                         f"({p.n_kv}, {p.head_dim})")
+    if q.dtype != np.float32 or q.ndim != 3 or tuple(q.shape[1:]) != (p.n_head, p.head_dim):
+        raise ValueError(f"prefill_attention: q must be float32 [n, {p.n_head}, {p.head_dim}], "
+                         f"got {q.dtype} {tuple(q.shape)}")
+    n = q.shape[0]
+    if out.dtype != np.float32 or tuple(out.shape) != (n, p.n_head * p.head_dim):
+        raise ValueError(f"prefill_attention: out must be float32 [{n}, {p.n_head * p.head_dim}], "
+                         f"got {out.dtype} {tuple(out.shape)}")
+    if state.dtype != np.int32 or state.ndim != 1:
+        raise ValueError("prefill_attention: state must be a 1-d int32 device array")
+    if not 1 <= n_splits <= p.max_splits:
+        raise ValueError(f"prefill_attention: n_splits {n_splits} outside 1 .. {p.max_splits}")
+    if n_splits > 1 and n > p.n_max:
+        raise ValueError(f"prefill_attention: {n} tokens > plan.n_max {p.n_max} with splits")
+    grid = ((n * p.group + BM - 1) // BM, p.n_kv, n_splits)
+    p.kernel()[grid, THREADS, stream](q, layer.k_words, layer.v_words, layer.k_scale,
+                                      layer.v_scale, state, out, ws.part_o, ws.part_ml)
+    if n_splits > 1:
+        prefill_merge[n * p.n_head, 128, stream](ws.part_o, ws.part_ml, np.int32(n_splits),
+                                                 out)

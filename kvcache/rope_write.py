@@ -1,0 +1,250 @@
+"""Qwen3's QK-norm + NeoX RoPE + KV-cache write: one kernel per layer and step.
+
+The math (engine/qwen3.py, lines `q = rope_neox(rmsnorm(q, L.q_norm, eps), cos, sin)`,
+the same for k, then `kv.write(i, start, k, v)`), for n tokens at positions
+start .. start+n-1:
+
+    q[t, h]  = rope(rmsnorm(qkv[t, q_h])  * q_norm, start + t)  -> q_out (float32)
+    k[t, h]  = rope(rmsnorm(qkv[t, k_h])  * k_norm, start + t)  -> K cache row start+t
+    v[t, h]  = qkv[t, v_h]                                      -> V cache row start+t
+
+    rmsnorm(x) = x / sqrt(mean(x^2) + eps)
+    rope(x, p): pairs (i, i + hd/2) rotated by p * base^(-2i/hd), read from cos/sin tables
+
+INT8 cache rows are quantized in-kernel with kvcache/pool.py's format (scale =
+max|x| / 127 by a warp reduction, q = rint(x / scale) clipped to [-127, 127]); FP16
+rows are rounded to nearest. `start` is read from device memory (`state[0]`), so the
+decode step (n = 1) can be captured once into a CUDA graph and replayed at every
+position; prefill chunks pass the same kind of array.
+
+Who does what: grid (n, ceil(rows / 4)), 128 threads; rows = n_head + 2 * n_kv "head
+rows" of one token (q heads, then k heads, then v heads), one warp per head row. A warp
+stages its row in shared memory (the rotation pairs elements hd/2 apart), so any even
+head_dim <= 256 works. Traffic per token: (q_dim + 2 kv_dim) * 4 bytes in, q_dim * 4 +
+2 * kv_dim * (1 or 2) (+ scales) out: a few KB, launch-bound.
+
+Deliberately not here: the QKV projection (quant/ GEMV/GEMM), attention
+(kvcache/attention.py), f16 q output (the attention kernels convert q themselves).
+Positions at or past the pool's n_ctx are not written to the cache, and tokens whose
+position has no row in the cos/sin tables are skipped entirely (q_out left as it was):
+the engine never asks for either; the guards only keep a bug from faulting.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, int32
+
+from genie_rt.engine.qwen3 import rmsnorm, rope_neox, rope_tables
+from genie_rt.quant import ptx  # noqa: F401  (installs warp shuffles in the simulator)
+from genie_rt.quant.ptx import SIMULATOR
+
+from .device_pool import KVLayer
+from .pool import quantize_rows_int8
+
+NW = 4              # warps per block, one head row each
+MAX_HD = 256        # shared staging row
+FULL = 0xFFFFFFFF
+_MAGIC = float32(12582912.0)   # 1.5 * 2^23: (x + M) - M == rint(x) for |x| < 2^22 in f32
+
+
+# =====================================================================================
+# numpy reference
+# =====================================================================================
+def rope_table(n_ctx: int, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin float32 [n_ctx, head_dim/2] for positions 0 .. n_ctx-1 (float64 math)."""
+    return rope_tables(head_dim, np.arange(n_ctx), base, np.float32)
+
+
+def rope_write_reference(qkv, q_norm, k_norm, eps, cos, sin, start, n_head, n_kv):
+    """qkv float [n, q_dim + 2 kv_dim] -> q [n, n_head, hd], k [n, n_kv, hd], v [n, n_kv, hd]
+    (float32 out; pass float64 inputs for a stricter reference)."""
+    n = qkv.shape[0]
+    hd = q_norm.shape[0]
+    q_dim, kv_dim = n_head * hd, n_kv * hd
+    c, s = cos[start:start + n], sin[start:start + n]
+    q = qkv[:, :q_dim].reshape(n, n_head, hd)
+    k = qkv[:, q_dim:q_dim + kv_dim].reshape(n, n_kv, hd)
+    v = qkv[:, q_dim + kv_dim:].reshape(n, n_kv, hd)
+    q = rope_neox(rmsnorm(q, q_norm, eps), c, s)
+    k = rope_neox(rmsnorm(k, k_norm, eps), c, s)
+    return q.astype(np.float32), k.astype(np.float32), v.astype(np.float32)
+
+
+def cache_rows_reference(x, kv_dtype):
+    """What the cache holds for float rows x [..., hd]: (stored, scale or None)."""
+    if kv_dtype == "int8":
+        return quantize_rows_int8(x)
+    return np.asarray(x, np.float16), None
+
+
+# =====================================================================================
+# kernels
+# =====================================================================================
+@cuda.jit(device=True, inline=True)
+def _warp_sum(x):
+    for off in (16, 8, 4, 2, 1):
+        x += cuda.shfl_xor_sync(FULL, x, off)
+    return x
+
+
+@cuda.jit(device=True, inline=True)
+def _warp_max(x):
+    for off in (16, 8, 4, 2, 1):
+        x = max(x, cuda.shfl_xor_sync(FULL, x, off))
+    return x
+
+
+def _make_kernel(int8_cache: bool):
+    @cuda.jit
+    def kernel(qkv, q_norm, k_norm, eps, cos, sin, state, q_out, k_cache, v_cache,
+               k_scale, v_scale):
+        # qkv     f32 [n, n_head*hd + 2*n_kv*hd]  fused projection output, q | k | v
+        # q_norm  f32 [hd], k_norm f32 [hd]       QK-norm weights
+        # eps     f32                             RMSNorm epsilon
+        # cos/sin f32 [n_ctx_max, hd/2]           rope tables (row = position)
+        # state   i32 [>=1]                       state[0] = position of token 0 (start)
+        # q_out   f32 [n, n_head, hd]             normed + roped queries
+        # k_cache, v_cache  int8|f16 [n_ctx, n_kv, hd]   this layer's cache
+        # k_scale, v_scale  f32 [n_ctx, n_kv]     int8 row scales (placeholder for f16)
+        t = cuda.blockIdx.x                      # token
+        warp = cuda.threadIdx.x >> 5
+        lane = cuda.threadIdx.x & 31
+        row = cuda.blockIdx.y * NW + warp        # head row of this warp
+        n_head = q_out.shape[1]
+        hd = q_out.shape[2]
+        half = hd >> 1
+        n_kv = k_cache.shape[1]
+        n_ctx = k_cache.shape[0]
+        pos = state[0] + t
+        buf = cuda.shared.array((NW, MAX_HD), float32)
+        active = row < n_head + 2 * n_kv and pos < cos.shape[0]   # no table row: no work
+        is_q = row < n_head
+        is_v = row >= n_head + n_kv
+        base = row * hd                          # q | k | v are consecutive head rows
+        inv_rms = float32(0)
+        if active:
+            ss = float32(0)
+            for d in range(lane, hd, 32):        # coalesced row load, staged for the rotation
+                x = qkv[t, base + d]
+                buf[warp, d] = x
+                ss += x * x
+            ss = _warp_sum(ss)
+            inv_rms = float32(1) / math.sqrt(ss / float32(hd) + eps)
+        cuda.syncthreads()                       # the rotation reads other lanes' elements
+        if active and not is_v:
+            for i in range(lane, half, 32):
+                if is_q:
+                    w1 = q_norm[i]
+                    w2 = q_norm[i + half]
+                else:
+                    w1 = k_norm[i]
+                    w2 = k_norm[i + half]
+                x1 = buf[warp, i] * inv_rms * w1
+                x2 = buf[warp, i + half] * inv_rms * w2
+                c = cos[pos, i]
+                s = sin[pos, i]
+                buf[warp, i] = x1 * c - x2 * s
+                buf[warp, i + half] = x2 * c + x1 * s
+        cuda.syncthreads()
+        if not active:
+            return
+        if is_q:
+            for d in range(lane, hd, 32):
+                q_out[t, row, d] = buf[warp, d]
+            return
+        if pos >= n_ctx:                         # outside the pool: never written
+            return
+        kvh = row - n_head
+        if is_v:
+            kvh -= n_kv
+        if int8_cache:
+            amax = float32(0)
+            for d in range(lane, hd, 32):
+                amax = max(amax, abs(buf[warp, d]))
+            amax = _warp_max(amax)
+            scale = amax / float32(127)          # pool.quantize_rows_int8, op for op
+            inv = float32(0)
+            if scale > float32(0):
+                inv = float32(1) / scale
+            for d in range(lane, hd, 32):
+                r = (buf[warp, d] * inv + _MAGIC) - _MAGIC      # rint, ties to even
+                r = min(max(r, float32(-127)), float32(127))
+                if is_v:
+                    v_cache[pos, kvh, d] = int32(r)
+                else:
+                    k_cache[pos, kvh, d] = int32(r)
+            if lane == 0:
+                if is_v:
+                    v_scale[pos, kvh] = scale
+                else:
+                    k_scale[pos, kvh] = scale
+        else:
+            for d in range(lane, hd, 32):
+                if is_v:
+                    v_cache[pos, kvh, d] = buf[warp, d]
+                else:
+                    k_cache[pos, kvh, d] = buf[warp, d]
+    return kernel
+
+
+rope_write_int8 = _make_kernel(True)
+rope_write_f16 = _make_kernel(False)
+_KERNELS = {"int8": rope_write_int8, "f16": rope_write_f16}
+
+
+def signature(kv_dtype: str) -> str:
+    """The numba signature the launcher uses for this cache dtype."""
+    cache = {"int8": "int8", "f16": "float16"}[kv_dtype]
+    return ("void(float32[:, ::1], float32[::1], float32[::1], float32, float32[:, ::1], "
+            "float32[:, ::1], int32[::1], float32[:, :, ::1], "
+            f"{cache}[:, :, ::1], {cache}[:, :, ::1], float32[:, ::1], float32[:, ::1])")
+
+
+def compile_for(kv_dtype: str) -> None:
+    """Compile the kernel for this cache dtype now (at load), not on the first token."""
+    if kv_dtype not in _KERNELS:
+        raise ValueError(f"rope_write supports KV dtypes {sorted(_KERNELS)}, not '{kv_dtype}'")
+    if not SIMULATOR:
+        _KERNELS[kv_dtype].compile(signature(kv_dtype))
+
+
+# =====================================================================================
+# launcher
+# =====================================================================================
+def _check(cond, msg):
+    if not cond:
+        raise ValueError("rope_write: " + msg)
+
+
+def rope_write(qkv, q_norm, k_norm, eps, cos, sin, state, q_out, layer: KVLayer, stream=0):
+    """Norm + rope q and k of n tokens, write k, v into `layer` at state[0] .. state[0]+n-1.
+
+    qkv     float32 [n, (n_head + 2 n_kv) * hd]   device, C-contiguous
+    q_norm, k_norm float32 [hd]
+    eps     float
+    cos, sin float32 [n_ctx_max, hd/2]           rope_table(); rows >= every position used
+    state   int32 [>=1] device                   state[0] = start (read at run time)
+    q_out   float32 [n, n_head, hd]              written
+    layer   DeviceKVPool.layer(i)                 int8 or f16 cache
+    No allocation, no synchronization; `stream` is a numba stream (or 0)."""
+    kv_dtype = {np.dtype(np.int8): "int8", np.dtype(np.float16): "f16"}.get(np.dtype(layer.k.dtype))
+    _check(kv_dtype is not None, f"cache dtype {layer.k.dtype} is not supported (int8, float16)")
+    n, n_head, hd = q_out.shape
+    n_ctx, n_kv, hd_c = layer.k.shape
+    _check(hd == hd_c, f"q_out head_dim {hd} != cache head_dim {hd_c}")
+    _check(hd % 2 == 0 and hd <= MAX_HD, f"head_dim {hd} must be even and <= {MAX_HD}")
+    _check(qkv.dtype == np.float32 and q_out.dtype == np.float32, "qkv and q_out must be float32")
+    _check(qkv.shape == (n, (n_head + 2 * n_kv) * hd),
+           f"qkv shape {tuple(qkv.shape)} != (n={n}, (n_head + 2 n_kv) * hd = "
+           f"{(n_head + 2 * n_kv) * hd})")
+    _check(q_norm.shape == (hd,) and k_norm.shape == (hd,), "q_norm / k_norm must be [head_dim]")
+    _check(cos.shape == sin.shape and cos.ndim == 2 and cos.shape[1] == hd // 2,
+           f"cos/sin must be [n_ctx_max, {hd // 2}], got {tuple(cos.shape)}")
+    _check(state.dtype == np.int32 and state.ndim == 1, "state must be a 1-d int32 device array")
+    _check(n >= 1, "no tokens")
+    rows = n_head + 2 * n_kv
+    grid = (n, (rows + NW - 1) // NW)
+    _KERNELS[kv_dtype][grid, 32 * NW, stream](qkv, q_norm, k_norm, float32(eps), cos, sin, state,
+                                              q_out, layer.k, layer.v, layer.k_scale, layer.v_scale)

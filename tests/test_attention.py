@@ -1,0 +1,381 @@
+"""Tests for genie_rt.kvcache.attention (decode) and attention_prefill (causal prefill).
+
+- simulator (no GPU) or device: tiny shapes (4 q heads, 2 kv heads, head_dim 32/64,
+  n_ctx <= 64), int8 and f16 caches, against engine.qwen3.attention run in float64 on
+  the *same* (dequantized) cache, so only the kernels' arithmetic is measured;
+- PTX: every kernel compiles for sm_87 and sm_90, no float64 instructions, and the
+  prefill kernel uses mma.sync + ldmatrix;
+- GPU (`-m gpu`): Qwen3-4B shapes (32 / 8 heads, head_dim 128), contexts 1 .. 4096,
+  prefill n = 33 and 512 at start 0 and start > 0, with and without context splits.
+
+Tolerances (|got - ref| <= atol + rtol * |ref|, atol relative to max |V|):
+- decode: float32 math on exact int8/f16 values: 2e-5 * max|V| + 1e-5 * |ref|;
+- prefill: q and P are rounded to f16 for the tensor cores (relative 2^-11 each; K and V
+  are exact in f16): 4e-3 * max|V| + 4e-3 * |ref|.
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from genie_rt.kvcache.attention import (DecodeWorkspace, decode_attention, decode_reference,
+                                        plan_decode)
+from genie_rt.kvcache.device_pool import DeviceKVPool
+from genie_rt.kvcache.pool import KVShape, quantize_rows_int8
+from ptx_helpers import assert_no_f64, assert_ptx_contains, compile_in_subprocess
+
+SIM_SHAPE = dict(n_head=4, n_kv=2)
+
+
+def make_pool(n_kv, hd, n_ctx, kv_dtype, filled, seed=0, layers=2):
+    """A pool whose positions 0 .. filled-1 of every layer hold random K/V; returns the pool
+    and the float64 dequantized K, V [layers, filled, n_kv, hd] it holds."""
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((layers, filled, n_kv, hd)) * 2
+    v = rng.standard_normal((layers, filled, n_kv, hd))
+    k[..., 3] += 4                      # a few large, shared directions: peaky softmax
+    pool = DeviceKVPool(KVShape(layers, n_ctx, n_kv, hd, kv_dtype))
+    if kv_dtype == "int8":
+        kq, ks = quantize_rows_int8(k)
+        vq, vs = quantize_rows_int8(v)
+        arrays = dict(k=kq, v=vq, k_scale=ks, v_scale=vs)
+        kd = kq.astype(np.float64) * ks[..., None]
+        vd = vq.astype(np.float64) * vs[..., None]
+    else:
+        arrays = dict(k=k.astype(np.float16), v=v.astype(np.float16))
+        kd, vd = arrays["k"].astype(np.float64), arrays["v"].astype(np.float64)
+    pool.import_positions(arrays, filled)
+    return pool, kd, vd
+
+
+def assert_close(got, ref, atol, rtol, what):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    err = np.abs(got - ref)
+    bad = err > atol + rtol * np.abs(ref)
+    if bad.any():
+        i = np.unravel_index(np.argmax(err - rtol * np.abs(ref)), got.shape)
+        raise AssertionError(f"{what}: {bad.sum()} of {bad.size} elements off; worst at {i}: "
+                             f"got {got[i]:.7g} ref {ref[i]:.7g} "
+                             f"(atol {atol:.3g}, rtol {rtol:.3g})")
+
+
+def run_decode(pool, kd, vd, n_head, pos, layer=1, seed=1, **plan_kw):
+    n_kv, hd = pool.shape.n_kv_heads, pool.shape.head_dim
+    plan = plan_decode(n_head, n_kv, hd, pool.shape.dtype, pool.n_ctx, **plan_kw)
+    ws = DecodeWorkspace(plan)
+    q = np.random.default_rng(seed).standard_normal((n_head, hd)).astype(np.float32) * 2
+    out = cuda.device_array(n_head * hd, np.float32)
+    state = cuda.to_device(np.array([pos], np.int32))
+    decode_attention(cuda.to_device(q), pool.layer(layer), state, out, ws)
+    cuda.synchronize()
+    ref = decode_reference(q, kd[layer], vd[layer], pos)
+    atol = 2e-5 * np.abs(vd[layer]).max()
+    assert_close(out.copy_to_host(), ref, atol, 1e-5, f"decode pos {pos} {plan}")
+    assert not ws.tickets.copy_to_host().any(), "tickets must be zero after a launch"
+    return plan
+
+
+def _byte_perm(x, y, s):
+    """numpy __nv_byte_perm: result byte n = byte (s >> 4n) & 7 of the 8 bytes {y:x}."""
+    y = np.full_like(x, y)
+    src = [(v >> np.uint32(8 * i)) & np.uint32(0xFF) for v in (x, y) for i in range(4)]
+    out = np.zeros_like(x)
+    for n in range(4):
+        out |= src[(s >> 4 * n) & 7] << np.uint32(8 * n)
+    return out
+
+
+def test_int8_to_float_magic_is_exact():
+    # what the device _byte computes (the simulator runs the plain version)
+    from genie_rt.kvcache.attention import MAGIC_I8
+    words = np.random.default_rng(0).integers(0, 2 ** 32, 4096, dtype=np.uint64).astype(np.uint32)
+    words[:256] = np.arange(256, dtype=np.uint32) * np.uint32(0x01010101)   # every byte value
+    signed = words.view(np.int8).reshape(-1, 4).astype(np.float32)
+    for b in range(4):
+        bits = _byte_perm(words ^ np.uint32(0x80808080), np.uint32(0x4B000000), 0x7440 | b)
+        got = bits.view(np.float32) - MAGIC_I8
+        assert np.array_equal(got, signed[:, b]), b
+
+
+# ---- decode: simulator ------------------------------------------------------------------
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+@pytest.mark.parametrize("pos", [0, 40])
+def test_decode_one_split(kv_dtype, pos):
+    pool, kd, vd = make_pool(2, 64, 64, kv_dtype, 48)
+    plan = run_decode(pool, kd, vd, 4, pos, n_splits=1)
+    assert plan.n_splits == 1
+
+
+@pytest.mark.parametrize("kv_dtype,pos,n_splits", [
+    ("int8", 5, 3), ("int8", 30, 3), ("int8", 63, 64), ("f16", 30, 3), ("f16", 63, 4)])
+def test_decode_splits_merge(kv_dtype, pos, n_splits):
+    # tiny tiles (1 warp, 1 row per thread: 8 rows int8, 4 rows f16) so a 64-position
+    # pool has many tiles; splits beyond the run-time context exit at once
+    pool, kd, vd = make_pool(2, 64, 64, kv_dtype, 64, seed=pos)
+    plan = run_decode(pool, kd, vd, 4, pos, n_splits=n_splits, warps=1, rows_per_thread=1)
+    assert plan.n_splits == min(n_splits, 64 // plan.tile)
+
+
+def test_decode_head_dim_32_and_group_4():
+    pool, kd, vd = make_pool(1, 32, 32, "int8", 32)
+    run_decode(pool, kd, vd, 4, 31, n_splits=2, warps=1, rows_per_thread=2)
+
+
+def test_decode_graph_style_replay_reuses_workspace():
+    # the same workspace and launch at growing positions (what a replayed graph does)
+    pool, kd, vd = make_pool(2, 64, 64, "int8", 64, seed=5)
+    plan = plan_decode(4, 2, 64, "int8", 64, n_splits=3, warps=1, rows_per_thread=1)
+    ws = DecodeWorkspace(plan)
+    q = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
+    qd = cuda.to_device(q)
+    out = cuda.device_array(4 * 64, np.float32)
+    state = cuda.to_device(np.zeros(1, np.int32))
+    for pos in (3, 21, 63):
+        state.copy_to_device(np.array([pos], np.int32))
+        decode_attention(qd, pool.layer(0), state, out, ws)
+        ref = decode_reference(q, kd[0], vd[0], pos)
+        assert_close(out.copy_to_host(), ref, 2e-5 * np.abs(vd[0]).max(), 1e-5, f"pos {pos}")
+
+
+def test_decode_rejects_mismatched_cache():
+    pool, _, _ = make_pool(2, 64, 16, "f16", 4)
+    plan = plan_decode(4, 2, 64, "int8", 16)
+    with pytest.raises(ValueError, match="cache dtype"):
+        decode_attention(cuda.device_array(256, np.float32), pool.layer(0),
+                         cuda.to_device(np.zeros(1, np.int32)), cuda.device_array(256, np.float32),
+                         DecodeWorkspace(plan))
+    with pytest.raises(ValueError, match="not a multiple"):
+        plan_decode(6, 4, 64, "int8", 16)
+
+
+def test_plan_decode_defaults():
+    p = plan_decode(32, 8, 128, "int8", 4096, sm_count=132)
+    assert (p.tile, p.n_sub, p.heads_per_block) == (64, 1, 4)
+    assert p.n_splits == 33 and p.workspace_bytes >= 33 * 32 * 130 * 4
+    p = plan_decode(64, 8, 128, "int8", 40960, sm_count=132)       # group 8: two subgroups
+    assert (p.n_sub, p.heads_per_block) == (2, 4)
+    p = plan_decode(64, 8, 128, "f16", 100, sm_count=132)
+    assert (p.n_sub, p.heads_per_block, p.tile) == (1, 8, 32) and p.n_splits == 4
+
+
+# ---- prefill: simulator -----------------------------------------------------------------
+from genie_rt.kvcache.attention_prefill import (PrefillWorkspace, plan_prefill,  # noqa: E402
+                                                prefill_attention, prefill_reference,
+                                                prefill_splits)
+
+
+def run_prefill(pool, kd, vd, n_head, n, start, n_splits=1, layer=0, seed=2, **plan_kw):
+    n_kv, hd = pool.shape.n_kv_heads, pool.shape.head_dim
+    plan = plan_prefill(n_head, n_kv, hd, pool.shape.dtype, n_max=n, **plan_kw)
+    ws = PrefillWorkspace(plan)
+    q = np.random.default_rng(seed).standard_normal((n, n_head, hd)).astype(np.float32) * 2
+    out = cuda.device_array((n, n_head * hd), np.float32)
+    state = cuda.to_device(np.array([start], np.int32))
+    prefill_attention(cuda.to_device(q), pool.layer(layer), state, out, ws, n_splits=n_splits)
+    cuda.synchronize()
+    ref = prefill_reference(q, kd[layer], vd[layer], start)
+    vmax = np.abs(vd[layer][:start + n]).max()
+    assert_close(out.copy_to_host(), ref, 4e-3 * vmax, 4e-3,
+                 f"prefill n {n} start {start} splits {n_splits} {plan}")
+    return plan
+
+
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+@pytest.mark.parametrize("n,start", [(1, 0), (5, 9), (17, 0), (17, 9)])
+def test_prefill_small(kv_dtype, n, start):
+    pool, kd, vd = make_pool(2, 64, 64, kv_dtype, 64, seed=n)
+    run_prefill(pool, kd, vd, 4, n, start)
+
+
+@pytest.mark.parametrize("kv_dtype,hd,n,start,n_splits", [
+    ("int8", 64, 5, 40, 3),     # short chunk after a long prefix, split over the context
+    ("f16", 64, 17, 9, 2),
+    ("int8", 32, 40, 0, 1),     # 80 packed rows: two row tiles, causal mask on 3 key tiles
+    ("int8", 32, 13, 50, 4),    # uneven split: the last split has one tile
+])
+def test_prefill_tiles_and_splits(kv_dtype, hd, n, start, n_splits):
+    # 16-key tiles so a 64-position pool has several
+    pool, kd, vd = make_pool(2, hd, 64, kv_dtype, 64, seed=start)
+    run_prefill(pool, kd, vd, 4, n, start, n_splits=n_splits, max_splits=4, bn=16)
+
+
+def test_prefill_group_4():
+    pool, kd, vd = make_pool(1, 32, 32, "int8", 32, seed=7)
+    run_prefill(pool, kd, vd, 4, 7, 20, n_splits=2, max_splits=2, bn=16)
+
+
+def test_prefill_splits_heuristic():
+    plan = plan_prefill(32, 8, 128, "int8", n_max=512)
+    assert prefill_splits(plan, 512, 0, sm_count=132) == 1
+    assert prefill_splits(plan, 33, 0, sm_count=132) == 1            # one key tile
+    assert prefill_splits(plan, 33, 4000, sm_count=132) == 6         # 24 blocks -> 144
+    assert plan.workspace_bytes >= 8 * 512 * 32 * 130 * 4
+
+
+def test_prefill_rejects_bad_arguments():
+    pool, _, _ = make_pool(2, 64, 16, "int8", 4)
+    plan = plan_prefill(4, 2, 64, "int8", n_max=4, max_splits=1)
+    ws = PrefillWorkspace(plan)
+    state = cuda.to_device(np.zeros(1, np.int32))
+    q = cuda.device_array((4, 4, 64), np.float32)
+    with pytest.raises(ValueError, match="out must be"):
+        prefill_attention(q, pool.layer(0), state, cuda.device_array((4, 64), np.float32), ws)
+    with pytest.raises(ValueError, match="n_splits"):
+        prefill_attention(q, pool.layer(0), state, cuda.device_array((4, 256), np.float32), ws,
+                          n_splits=2)
+    with pytest.raises(ValueError, match="head_dim"):
+        plan_prefill(4, 2, 256, "int8", 8)
+
+
+# ---- the three kernels chained, as one layer of the engine does -----------------------------
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+def test_rope_write_then_prefill_then_decode(kv_dtype):
+    from genie_rt.kvcache.rope_write import rope_table, rope_write, rope_write_reference
+    n_head, n_kv, hd, n_ctx, prefix, n = 4, 2, 32, 32, 9, 5
+    pool, _, _ = make_pool(n_kv, hd, n_ctx, kv_dtype, prefix, layers=1)   # reused prefix
+    rng = np.random.default_rng(3)
+    qn, kn = (1 + 0.2 * rng.standard_normal((2, hd))).astype(np.float32)
+    cos, sin = rope_table(n_ctx, hd, 1e6)
+    dev = {name: cuda.to_device(a) for name, a in dict(qn=qn, kn=kn, cos=cos, sin=sin).items()}
+    state = cuda.to_device(np.array([prefix], np.int32))
+
+    def project(m, pos):   # rope_write m tokens at pos; returns device q and the numpy q
+        qkv = (rng.standard_normal((m, (n_head + 2 * n_kv) * hd)) * 2).astype(np.float32)
+        q = cuda.device_array((m, n_head, hd), np.float32)
+        state.copy_to_device(np.array([pos], np.int32))
+        rope_write(cuda.to_device(qkv), dev["qn"], dev["kn"], 1e-6, dev["cos"], dev["sin"],
+                   state, q, pool.layer(0))
+        return q, rope_write_reference(qkv.astype(np.float64), qn, kn, 1e-6, cos, sin, pos,
+                                       n_head, n_kv)[0]
+
+    q, q_ref = project(n, prefix)                     # prefill chunk: positions 9 .. 13
+    plan = plan_prefill(n_head, n_kv, hd, kv_dtype, n_max=n)
+    out = cuda.device_array((n, n_head * hd), np.float32)
+    prefill_attention(q, pool.layer(0), state, out, PrefillWorkspace(plan))
+    k_all, v_all = pool.read(0, prefix + n)           # what rope_write stored (+ the prefix)
+    vmax = np.abs(v_all).max()
+    assert_close(out.copy_to_host(), prefill_reference(q_ref, k_all, v_all, prefix),
+                 4e-3 * vmax, 4e-3, "chained prefill")
+
+    q1, q1_ref = project(1, prefix + n)               # decode: position 14
+    dplan = plan_decode(n_head, n_kv, hd, kv_dtype, n_ctx, n_splits=2, warps=1,
+                        rows_per_thread=1)
+    out1 = cuda.device_array(n_head * hd, np.float32)
+    decode_attention(q1, pool.layer(0), state, out1, DecodeWorkspace(dplan))
+    k_all, v_all = pool.read(0, prefix + n + 1)
+    assert_close(out1.copy_to_host(), decode_reference(q1_ref[0], k_all, v_all, prefix + n),
+                 1e-4 * vmax, 1e-4, "chained decode")
+
+
+# ---- PTX --------------------------------------------------------------------------------
+_PTX_SOURCE = """
+from genie_rt.kvcache.attention import decode_kernel
+from genie_rt.kvcache.attention_prefill import prefill_kernel, prefill_merge
+decode_int8 = decode_kernel(128, 4, "int8")
+decode_f16 = decode_kernel(128, 8, "f16")
+prefill_int8 = prefill_kernel(128, 4, "int8")
+prefill_f16 = prefill_kernel(128, 4, "f16")
+"""
+
+
+@pytest.fixture(scope="module")
+def ptx_text():
+    from genie_rt.kvcache.attention import DECODE_SIGNATURE
+    from genie_rt.kvcache.attention_prefill import MERGE_SIGNATURE, PREFILL_SIGNATURE
+    kernels = {name: DECODE_SIGNATURE for name in ("decode_int8", "decode_f16")}
+    kernels.update({name: PREFILL_SIGNATURE for name in ("prefill_int8", "prefill_f16")})
+    kernels["prefill_merge"] = MERGE_SIGNATURE
+    return compile_in_subprocess(_PTX_SOURCE, kernels)
+
+
+def test_ptx_all_kernels_compile_without_f64_or_local_memory(ptx_text):
+    from ptx_helpers import local_memory_bytes
+    for name, per_cc in ptx_text.items():
+        assert set(per_cc) == {(8, 7), (9, 0)}
+        for cc, text in per_cc.items():
+            where = f"{name} sm_{cc[0]}{cc[1]}"
+            assert_no_f64(text, where=where)
+            # the per-thread arrays (q slices, accumulators, fragments) must be registers
+            assert local_memory_bytes(text) == 0, f"{where}: local memory used"
+
+
+def test_ptx_decode_uses_128_bit_loads(ptx_text):
+    for name in ("decode_int8", "decode_f16"):
+        for cc, text in ptx_text[name].items():
+            assert_ptx_contains(text, "ld.global.nc.v4.u32", "atom.global.add", "membar.gl",
+                                where=f"{name} sm_{cc[0]}{cc[1]}")
+
+
+def test_ptx_prefill_uses_tensor_cores(ptx_text):
+    for name in ("prefill_int8", "prefill_f16"):
+        for cc, text in ptx_text[name].items():
+            assert_ptx_contains(text, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                                "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+                                "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+                                "ld.global.nc.v4.u32", where=f"{name} sm_{cc[0]}{cc[1]}")
+
+
+# ---- GPU: Qwen3-4B shapes ---------------------------------------------------------------
+QWEN3_4B = dict(n_head=32, n_kv=8, hd=128)
+
+
+@pytest.fixture(scope="module", params=["int8", "f16"])
+def pool_4b(request):
+    """One layer of 4096 + 64 positions, all filled."""
+    return make_pool(QWEN3_4B["n_kv"], QWEN3_4B["hd"], 4096 + 64, request.param, 4096 + 64,
+                     seed=11, layers=1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pos", [0, 1, 63, 64, 100, 1023, 2500, 4095])
+def test_gpu_decode_qwen3_4b(pool_4b, pos):
+    from genie_rt.kvcache.attention import compile_decode
+    pool, kd, vd = pool_4b
+    compile_decode(plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx))
+    run_decode(pool, kd, vd, 32, pos, layer=0, seed=pos)                # default splits
+    run_decode(pool, kd, vd, 32, pos, layer=0, seed=pos, n_splits=1)    # one block per head
+    plan = plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx)
+    assert len(plan.kernel().overloads) == 1, "a launch recompiled: signature mismatch"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n,start", [(33, 0), (33, 1000), (33, 4000), (512, 0), (512, 3000)])
+def test_gpu_prefill_qwen3_4b(pool_4b, n, start):
+    from genie_rt.kvcache.attention_prefill import compile_prefill
+    pool, kd, vd = pool_4b
+    plan = plan_prefill(32, 8, 128, pool.shape.dtype, n_max=n)
+    compile_prefill(plan)
+    run_prefill(pool, kd, vd, 32, n, start, seed=n + start)
+    splits = max(2, prefill_splits(plan, n, start))
+    run_prefill(pool, kd, vd, 32, n, start, n_splits=min(splits, 8), seed=n + start)
+    from genie_rt.kvcache.attention_prefill import prefill_merge
+    assert len(plan.kernel().overloads) == 1, "a launch recompiled: signature mismatch"
+    assert len(prefill_merge.overloads) == 1, "a launch recompiled: signature mismatch"
+
+
+@pytest.mark.gpu
+def test_gpu_decode_in_a_cuda_graph(pool_4b):
+    """Capture one launch, replay it at several positions by writing state[0] only."""
+    from cuda.bindings import driver
+    pool, kd, vd = pool_4b
+    plan = plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx)
+    ws = DecodeWorkspace(plan)
+    q = np.random.default_rng(5).standard_normal((32, 128)).astype(np.float32)
+    qd = cuda.to_device(q)
+    out = cuda.device_array(32 * 128, np.float32)
+    state = cuda.to_device(np.array([10], np.int32))
+    stream = cuda.stream()
+    decode_attention(qd, pool.layer(0), state, out, ws, stream=stream)    # compile outside
+    stream.synchronize()
+    hs = driver.CUstream(int(stream.handle))
+    driver.cuStreamBeginCapture(hs, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+    decode_attention(qd, pool.layer(0), state, out, ws, stream=stream)
+    err, graph = driver.cuStreamEndCapture(hs)
+    assert err == driver.CUresult.CUDA_SUCCESS, err
+    err, gexec = driver.cuGraphInstantiate(graph, 0)
+    assert err == driver.CUresult.CUDA_SUCCESS, err
+    for pos in (0, 77, 4095, 5, 2048):
+        state.copy_to_device(np.array([pos], np.int32), stream=stream)
+        driver.cuGraphLaunch(gexec, hs)
+        stream.synchronize()
+        ref = decode_reference(q, kd[0], vd[0], pos)
+        assert_close(out.copy_to_host(), ref, 2e-5 * np.abs(vd[0]).max(), 1e-5, f"graph pos {pos}")
