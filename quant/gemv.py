@@ -1,0 +1,445 @@
+"""Decode GEMV: y = W x (+ r), for quantized weights in the planar device layout.
+
+Decode is bandwidth-bound: each token streams every weight once and does ~2 flops per
+weight, so a GEMV is as fast as it reads W. One launch reads a [rows, cols] weight in
+its file-sized planes (`layout.py`) with 128-bit loads, decodes the block scales once
+per 16-byte unit and accumulates in fp32; the result of each row is reduced with warp
+shuffles. Lesson with the memory-traffic and roofline math: docs/kernels/gemv.md.
+
+This file has three parts, in order:
+1. numpy references (`gemv_reference`, `swiglu_reference`, `quantize_q8_reference`)
+   and the error bound the tests and the benchmark use (`error_bound`);
+2. `prepare_weight`: a PackedWeight with device planes -> a `GemvWeight` (flat uint32 /
+   uint16 views of the same memory, checked once at load; no copy);
+3. launchers (`quantize_q8`, `gemv`, `gemv_qkv`, `gemv_swiglu`) and their eager
+   compilers (`compile_*`). The kernels are in `gemv_kernels.py`; the benchmark in
+   `gemv_bench.py` (`python -m genie_rt.quant.gemv`).
+
+Formats: Q4_K, Q6_K, Q8_0, Q5_0 (x quantized to q8, `dp4a`) and F16 (float x). Q4_K and
+Q6_K also have an "f32" mode (dequantize to float, fp32 dot) for comparison;
+`DEFAULT_MODE` says which one a weight gets unless `prepare_weight(..., mode=)` says.
+Batches: x is float32 [n_tok, cols] with 1 <= n_tok <= 8; y is float32 [n_tok, rows].
+
+Graph capture: launchers never allocate, copy or synchronize; they take every buffer
+from the caller (device arrays, e.g. arena views) and a numba stream, and their
+kernels can be compiled at load with `compile_gemv` / `compile_qkv` / `compile_swiglu` /
+`compile_quantize_q8`, so capturing a decode step compiles nothing.
+
+What it deliberately does not do: batches above 8 tokens (that is the MMQ GEMM),
+Q4_0/Q4_1/Q5_1/Q5_K/Q2_K/Q3_K weights, RMSNorm (the engine fuses the q8 quantization of
+x into its norm kernel where it can; `quantize_q8` is the stand-alone version).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import gemv_kernels as K
+from .formats import QType, dequantize
+from .layout import PackedWeight, unpack
+
+MAX_TOKENS = 8                  # n_tok per launch: accumulators live in registers
+Q8_BLOCK = 32                   # activation values per q8 scale
+Q8_FLOATS = 4                   # floats of xs per 32 values: d and three pre-scaled sums
+SUPPORTED = tuple(K.MODES)      # Q4_K, Q6_K, Q8_0, Q5_0, F16
+DEFAULT_MODE = {QType.Q4_K: "dp4a", QType.Q6_K: "dp4a", QType.Q8_0: "dp4a",
+                QType.Q5_0: "dp4a", QType.F16: "f32"}
+
+# =====================================================================================
+# 1. Numpy references
+# =====================================================================================
+
+
+def dequantize_weight(w: PackedWeight) -> np.ndarray:
+    """PackedWeight with host planes -> float32 [rows, cols] (bit-exact llama.cpp values)."""
+    return dequantize(unpack(w), w.qtype, (w.rows, w.cols))
+
+
+def gemv_reference(W: np.ndarray, x: np.ndarray, residual: np.ndarray | None = None) -> np.ndarray:
+    """y = x @ W.T (+ residual) in float64: W float32 [rows, cols], x [n_tok, cols].
+
+    Memory traffic of the real thing, per token batch: rows * row_bytes(W) (all of W, once)
+    + n_tok * cols * 4 (x) + n_tok * rows * 4 (y): W dominates whenever rows >> n_tok."""
+    y = np.asarray(x, np.float64) @ np.asarray(W, np.float64).T
+    return y if residual is None else y + residual
+
+
+def swiglu_reference(Wg: np.ndarray, Wu: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """h = silu(x @ Wg.T) * (x @ Wu.T) in float64 (Qwen/Llama feed-forward input)."""
+    g = gemv_reference(Wg, x)
+    return g / (1.0 + np.exp(-g)) * gemv_reference(Wu, x)
+
+
+def quantize_q8_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x float32 [n, cols] -> (xq int8 [n, cols], xs float32 [n, cols // 8]), exactly what
+    the kernel computes. Per 32 values: d = amax / 127, q = rint(x * (127 / amax)), and
+    xs holds 4 floats (d, d * sum q[0:16], d * sum q[16:32], d * sum q[0:32]): the sums
+    let the kernels apply Q4_K's mins and the -32 / -16 offsets of Q6_K / Q5_0 per run
+    of 16 or 32 weights instead of per weight."""
+    x = np.asarray(x, np.float32)
+    n, cols = x.shape
+    blocks = x.reshape(n, cols // Q8_BLOCK, Q8_BLOCK)
+    amax = np.abs(blocks).max(axis=2, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(blocks * inv).astype(np.int32)
+    d = (amax[:, :, 0] / np.float32(127)).astype(np.float32)
+    xs = np.empty((n, cols // Q8_BLOCK, Q8_FLOATS), np.float32)
+    xs[:, :, 0] = d
+    xs[:, :, 1] = d * q[:, :, :16].sum(axis=2).astype(np.float32)
+    xs[:, :, 2] = d * q[:, :, 16:].sum(axis=2).astype(np.float32)
+    xs[:, :, 3] = d * q.sum(axis=2).astype(np.float32)
+    return q.astype(np.int8).reshape(n, cols), xs.reshape(n, cols // Q8_BLOCK * Q8_FLOATS)
+
+
+def dequantize_q8(xq: np.ndarray, xs: np.ndarray) -> np.ndarray:
+    """(xq, xs) -> the float32 activations the dp4a kernels really multiply by."""
+    n, cols = xq.shape
+    d = xs[:, ::Q8_FLOATS]
+    return (xq.reshape(n, -1, Q8_BLOCK).astype(np.float32) * d[:, :, None]).reshape(n, cols)
+
+
+EPS_F32 = 1e-5      # fp32 accumulation + dequantization rounding, relative to |W| @ |x|
+ATOL = 1e-30
+
+
+def error_bound(W: np.ndarray, x: np.ndarray, mode: str, xs: np.ndarray | None = None) -> np.ndarray:
+    """Largest |y_kernel - gemv_reference(W, x)| allowed, per element [n_tok, rows].
+
+    A dot product's rounding error scales with the sum of |terms|, not with |result|
+    (which can cancel to ~0), so the scale is |W| @ |x|:
+      f32:  EPS_F32 * |W| @ |x|
+      dp4a: that, plus the q8 rounding of x: |x - xs * xq| <= xs / 2 per value, so
+            |W (x - x~)| <= |W| @ (xs / 2) (xs of x's block, broadcast over its 32 values).
+    """
+    Wa = np.abs(np.asarray(W, np.float64))
+    bound = EPS_F32 * (np.abs(np.asarray(x, np.float64)) @ Wa.T) + ATOL
+    if mode == "dp4a":
+        if xs is None:
+            xs = quantize_q8_reference(x)[1]
+        half_step = np.repeat(np.asarray(xs, np.float64)[:, ::Q8_FLOATS] / 2, Q8_BLOCK, axis=1)
+        bound += (half_step @ Wa.T) * (1 + 1e-6)
+    return bound
+
+
+# =====================================================================================
+# 2. Weights prepared for the kernels
+# =====================================================================================
+
+
+@dataclass(frozen=True, eq=False)
+class GemvWeight:
+    """A weight ready for the GEMV kernels: flat views of its device planes (no copy).
+
+    Slots (the kernels' wa, wb, wc: uint32 words; wd: uint16 fp16 bits):
+        Q4_K  wa = qs, wb = hdr            Q6_K  wa = ql, wb = qh, wc = sc, wd = d
+        Q8_0  wa = qs, wd = d              Q5_0  wa = qs, wb = qh, wd = d
+        F16   wa = w
+    Unused slots hold another view of the same memory (never read)."""
+    qtype: QType
+    mode: str               # "dp4a" (x as q8) or "f32" (x as float32)
+    rows: int
+    cols: int
+    units: int              # 16-byte units of the bulk plane per row
+    wa: object
+    wb: object
+    wc: object
+    wd: object
+    nbytes: int             # bytes one GEMV streams (the GGUF tensor size)
+
+    @property
+    def spec(self) -> tuple:
+        return (self.qtype, self.mode)
+
+
+def _is_device(a) -> bool:
+    return hasattr(a, "__cuda_array_interface__") or type(a).__name__ == "FakeCUDAArray"
+
+
+def _address(a) -> int:
+    cai = getattr(a, "__cuda_array_interface__", None)
+    return int(cai["data"][0]) if cai is not None else int(a.ctypes.data)
+
+
+def _flat(a, dtype=None):
+    """1-D view of a C-contiguous device array (optionally reinterpreted as dtype)."""
+    a = a.reshape(a.size)
+    return a if dtype is None else a.view(dtype)
+
+
+def prepare_weight(w: PackedWeight, mode: str | None = None) -> GemvWeight:
+    """Check a PackedWeight whose planes are device arrays and make the kernels' views.
+
+    Call once at load (not per launch). Raises ValueError for formats, modes or shapes
+    the kernels cannot read, and for planes that are host arrays or misaligned."""
+    qtype = QType(w.qtype)
+    if qtype not in K.MODES:
+        raise ValueError(f"gemv: no kernel for {qtype.name} weights; supported: "
+                         f"{', '.join(q.name for q in SUPPORTED)}")
+    mode = DEFAULT_MODE[qtype] if mode is None else mode
+    if mode not in K.MODES[qtype]:
+        raise ValueError(f"gemv: {qtype.name} supports modes {K.MODES[qtype]}, not {mode!r}")
+    rows, cols = int(w.rows), int(w.cols)
+    if cols % K.UNIT_WEIGHTS[qtype] or (mode == "dp4a" and cols % Q8_BLOCK) or cols % 8:
+        raise ValueError(f"gemv: {qtype.name} weight with {cols} columns; need a multiple of "
+                         f"{max(K.UNIT_WEIGHTS[qtype], 8)}{' and of 32' if mode == 'dp4a' else ''}")
+    for name, plane in w.planes.items():
+        if not _is_device(plane):
+            raise ValueError(f"gemv: plane {name!r} of the {qtype.name} weight is a host array; "
+                             f"copy the planes to the device once at load (cuda.to_device or arena views)")
+        if not plane.flags["C_CONTIGUOUS"]:
+            raise ValueError(f"gemv: plane {name!r} must be C-contiguous")
+    u32, u16 = np.uint32, np.uint16
+    p = w.planes
+    if qtype == QType.Q4_K:
+        wa, wb = _flat(p["qs"], u32), _flat(p["hdr"], u32)
+        wc, wd = wa, wa.view(u16)
+    elif qtype == QType.Q6_K:
+        wa, wb, wc, wd = _flat(p["ql"], u32), _flat(p["qh"], u32), _flat(p["sc"], u32), _flat(p["d"], u16)
+    elif qtype == QType.Q8_0:
+        wa, wd = _flat(p["qs"], u32), _flat(p["d"], u16)
+        wb = wc = wa
+    elif qtype == QType.Q5_0:
+        wa, wb, wd = _flat(p["qs"], u32), _flat(p["qh"], u32), _flat(p["d"], u16)
+        wc = wa
+    else:  # F16
+        wa, wd = _flat(p["w"], u32), _flat(p["w"], u16)
+        wb = wc = wa
+    for name, a in (("wa", wa), ("wb", wb), ("wc", wc)):
+        if _address(a) % 16:
+            raise ValueError(f"gemv: {qtype.name} plane ({name}) starts at {_address(a):#x}, not "
+                             f"16-byte aligned: keep arena offsets at multiples of 16")
+    units = cols // K.UNIT_WEIGHTS[qtype]
+    return GemvWeight(qtype, mode, rows, cols, units, wa, wb, wc, wd, int(w.nbytes))
+
+
+def to_device(w: PackedWeight, stream=0) -> PackedWeight:
+    """Host PackedWeight -> one with device planes (allocates: load time only)."""
+    from numba import cuda
+    return PackedWeight(w.qtype, w.rows, w.cols,
+                        {k: cuda.to_device(np.ascontiguousarray(v), stream=stream) for k, v in w.planes.items()})
+
+
+def needs_q8(*weights: GemvWeight) -> bool:
+    """True if any of these weights multiplies q8 activations (call quantize_q8 first)."""
+    return any(w.mode == "dp4a" for w in weights)
+
+
+# =====================================================================================
+# 3. Launchers
+# =====================================================================================
+_kernels: dict = {}
+_sm_count_cache: list = []
+
+
+def _sm_count() -> int:
+    if not _sm_count_cache:
+        try:
+            from numba import cuda
+            _sm_count_cache.append(int(cuda.get_current_device().MULTIPROCESSOR_COUNT))
+        except Exception:            # the simulator has no SM count
+            _sm_count_cache.append(1)
+    return _sm_count_cache[0]
+
+
+def choose_ksplit(total_rows: int, units: int) -> int:
+    """Warps per row: split a row over 2 or 4 warps only when there are too few rows to
+    give every SM ~32 warps (8 blocks) and each part keeps >= 2 units per lane."""
+    target = 32 * _sm_count()
+    ks = 1
+    while ks < 4 and total_rows * ks < target and units >= 64 * ks:
+        ks *= 2
+    return ks
+
+
+def _get(key, make):
+    k = _kernels.get(key)
+    if k is None:
+        k = _kernels[key] = make()
+    return k
+
+
+def _gemv_kernel(spec, n_tok, ks, resid):
+    return _get(("gemv", spec, n_tok, ks, resid), lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid))
+
+
+def _qkv_kernel(specs, n_tok, ks):
+    return _get(("qkv", specs, n_tok, ks), lambda: K.qkv_kernel(specs, n_tok, ks))
+
+
+def _swiglu_kernel(g, u, n_tok, ks):
+    return _get(("swiglu", g, u, n_tok, ks), lambda: K.swiglu_kernel(g, u, n_tok, ks))
+
+
+def _blocks(rows: int, ks: int) -> int:
+    return -(-rows * ks // K.WARPS)
+
+
+_W = "uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64"       # wa wb wc wd nu
+_X = "float32[::1], uint32[::1], float32[::1], int64"                  # xf xq xs cols
+SIG_GEMV = f"void({_W}, int64, {_X}, float32[::1], float32[::1])"
+SIG_QKV = f"void({_W}, int64, {_W}, int64, {_W}, int64, int64, int64, {_X}, float32[::1])"
+SIG_SWIGLU = f"void({_W}, {_W}, int64, {_X}, float32[::1])"
+SIG_QUANTIZE = "void(float32[::1], int8[::1], float32[::1], int64)"
+
+
+def _compile(kernel, sig):
+    if not K.ptx.SIMULATOR:
+        kernel.compile(sig)
+    return kernel
+
+
+def _check_array(a, what, dtype, shape):
+    if not _is_device(a):
+        raise TypeError(f"gemv: {what} must be a device array (cuda.device_array / an arena view), "
+                        f"got {type(a).__name__}: a host array would be copied on every launch")
+    if a.dtype != dtype or tuple(a.shape) != tuple(shape):
+        raise ValueError(f"gemv: {what} must be {np.dtype(dtype).name} {list(shape)}, "
+                         f"got {a.dtype} {list(a.shape)}")
+    if not a.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"gemv: {what} must be C-contiguous")
+    if _address(a) % 16:
+        raise ValueError(f"gemv: {what} must start 16-byte aligned (got {_address(a):#x})")
+
+
+def _activations(weights, x, xq, xs):
+    """Check x (and xq/xs when a weight needs q8); return flat (xf, xq, xs, n_tok, cols)."""
+    if not _is_device(x) or len(x.shape) != 2:
+        raise TypeError(f"gemv: x must be a 2-D float32 device array [n_tok, cols], got "
+                        f"{type(x).__name__} {getattr(x, 'shape', '')}")
+    n_tok, cols = int(x.shape[0]), int(x.shape[1])
+    if not 1 <= n_tok <= MAX_TOKENS:
+        raise ValueError(f"gemv: n_tok = {n_tok}; the GEMV takes 1..{MAX_TOKENS} tokens "
+                         f"(larger batches: the MMQ GEMM)")
+    for w in weights:
+        if w.cols != cols:
+            raise ValueError(f"gemv: x has {cols} columns but the {w.qtype.name} weight "
+                             f"[{w.rows}, {w.cols}] needs {w.cols}")
+    _check_array(x, "x", np.float32, (n_tok, cols))
+    xf = _flat(x)
+    if needs_q8(*weights):
+        if xq is None or xs is None:
+            raise ValueError("gemv: these weights multiply q8 activations: pass xq and xs, "
+                             "filled by quantize_q8(x, xq, xs) (or by a fused norm kernel)")
+        _check_array(xq, "xq", np.int8, (n_tok, cols))
+        _check_array(xs, "xs", np.float32, (n_tok, cols // Q8_BLOCK * Q8_FLOATS))
+        return xf, _flat(xq, np.uint32), _flat(xs), n_tok, cols
+    return xf, xf.view(np.uint32), xf, n_tok, cols      # unused slots: views of x
+
+
+def _check_out(y, what, n_tok, n, x):
+    _check_array(y, what, np.float32, (n_tok, n))
+    xa, ya = _address(x), _address(y)
+    if xa < ya + y.size * 4 and ya < xa + x.size * 4:
+        raise ValueError(f"gemv: {what} overlaps x (x is read through the read-only cache)")
+
+
+def _w_args(w: GemvWeight):
+    return (w.wa, w.wb, w.wc, w.wd, w.units)
+
+
+def _prepared(w):
+    return w if isinstance(w, GemvWeight) else prepare_weight(w)
+
+
+def quantize_q8(x, xq, xs, *, stream=0):
+    """x float32 [n, cols] -> xq int8 [n, cols] + xs float32 [n, cols // 8] (q8 per 32 values:
+    the layout is quantize_q8_reference's)."""
+    if not _is_device(x) or len(x.shape) != 2:
+        raise TypeError("quantize_q8: x must be a 2-D float32 device array")
+    n, cols = int(x.shape[0]), int(x.shape[1])
+    if cols % Q8_BLOCK:
+        raise ValueError(f"quantize_q8: cols = {cols} is not a multiple of {Q8_BLOCK}")
+    _check_array(x, "x", np.float32, (n, cols))
+    _check_array(xq, "xq", np.int8, (n, cols))
+    _check_array(xs, "xs", np.float32, (n, cols // Q8_BLOCK * Q8_FLOATS))
+    total = n * cols
+    K.quantize_q8_kernel[-(-total // K.BLOCK), K.BLOCK, stream](_flat(x), _flat(xq), _flat(xs), total)
+
+
+def compile_quantize_q8():
+    return _compile(K.quantize_q8_kernel, SIG_QUANTIZE)
+
+
+def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None):
+    """y[t] = W x[t] (+ residual[t]) for the n_tok rows t of x.
+
+    w: GemvWeight [rows, cols] (prepare_weight; a PackedWeight works too, prepared per call)
+    x: float32 [n_tok, cols], 1 <= n_tok <= 8
+    y: float32 [n_tok, rows]                      residual: float32 [n_tok, rows] or None;
+       may be y itself (y += W x, in place on the residual stream)
+    xq, xs: q8 activations of x (quantize_q8), needed when w.mode == "dp4a"
+    ksplit: warps per row (1, 2, 4); None picks by rows and SM count (choose_ksplit)."""
+    w = _prepared(w)
+    xf, xqf, xsf, n_tok, cols = _activations((w,), x, xq, xs)
+    _check_out(y, "y", n_tok, w.rows, x)
+    if residual is not None and residual is not y:
+        _check_out(residual, "residual", n_tok, w.rows, x)
+    ks = choose_ksplit(w.rows, w.units) if ksplit is None else ksplit
+    kern = _gemv_kernel(w.spec, n_tok, ks, residual is not None)
+    yf = _flat(y)
+    res = yf if residual is None or residual is y else _flat(residual)
+    kern[_blocks(w.rows, ks), K.BLOCK, stream](*_w_args(w), w.rows, xf, xqf, xsf, cols, yf, res)
+
+
+def compile_gemv(w, n_tok=1, residual=False, ksplit=None):
+    """Compile (at load) the kernel gemv(w, x[n_tok], ..., residual=...) will launch."""
+    w = _prepared(w)
+    ks = choose_ksplit(w.rows, w.units) if ksplit is None else ksplit
+    return _compile(_gemv_kernel(w.spec, n_tok, ks, bool(residual)), SIG_GEMV)
+
+
+def gemv_qkv(wq, wk, wv, x, y, *, xq=None, xs=None, stream=0, ksplit=None):
+    """y = [Wq x | Wk x | Wv x] in one launch: y float32 [n_tok, rows_q + rows_k + rows_v].
+
+    The three weights may have different formats (e.g. attn_v Q6_K, attn_q/k Q4_K):
+    each block owns rows of one weight only, so the format branch is uniform per block.
+    Take q/k/v as column slices of y (or let the next kernel index y directly)."""
+    ws = tuple(_prepared(w) for w in (wq, wk, wv))
+    xf, xqf, xsf, n_tok, cols = _activations(ws, x, xq, xs)
+    total = sum(w.rows for w in ws)
+    _check_out(y, "y", n_tok, total, x)
+    ks = choose_ksplit(total, min(w.units for w in ws)) if ksplit is None else ksplit
+    kern = _qkv_kernel(tuple(w.spec for w in ws), n_tok, ks)
+    b1 = _blocks(ws[0].rows, ks)
+    b2 = b1 + _blocks(ws[1].rows, ks)
+    grid = b2 + _blocks(ws[2].rows, ks)
+    args = []
+    for w in ws:
+        args += [*_w_args(w), w.rows]
+    kern[grid, K.BLOCK, stream](*args, b1, b2, xf, xqf, xsf, cols, _flat(y))
+
+
+def compile_qkv(wq, wk, wv, n_tok=1, ksplit=None):
+    ws = tuple(_prepared(w) for w in (wq, wk, wv))
+    total = sum(w.rows for w in ws)
+    ks = choose_ksplit(total, min(w.units for w in ws)) if ksplit is None else ksplit
+    return _compile(_qkv_kernel(tuple(w.spec for w in ws), n_tok, ks), SIG_QKV)
+
+
+def gemv_swiglu(wg, wu, x, h, *, xq=None, xs=None, stream=0, ksplit=None):
+    """h = silu(Wg x) * (Wu x) in one launch: h float32 [n_tok, rows].
+
+    Wg and Wu must have the same shape; their formats may differ (the kernel then runs
+    two different row loops one after the other, still one launch)."""
+    wg, wu = _prepared(wg), _prepared(wu)
+    if (wg.rows, wg.cols) != (wu.rows, wu.cols):
+        raise ValueError(f"gemv_swiglu: gate {wg.rows}x{wg.cols} and up {wu.rows}x{wu.cols} differ")
+    xf, xqf, xsf, n_tok, cols = _activations((wg, wu), x, xq, xs)
+    _check_out(h, "h", n_tok, wg.rows, x)
+    ks = choose_ksplit(wg.rows, min(wg.units, wu.units)) if ksplit is None else ksplit
+    kern = _swiglu_kernel(wg.spec, wu.spec, n_tok, ks)
+    kern[_blocks(wg.rows, ks), K.BLOCK, stream](*_w_args(wg), *_w_args(wu), wg.rows,
+                                               xf, xqf, xsf, cols, _flat(h))
+
+
+def compile_swiglu(wg, wu, n_tok=1, ksplit=None):
+    wg, wu = _prepared(wg), _prepared(wu)
+    ks = choose_ksplit(wg.rows, min(wg.units, wu.units)) if ksplit is None else ksplit
+    return _compile(_swiglu_kernel(wg.spec, wu.spec, n_tok, ks), SIG_SWIGLU)
+
+
+if __name__ == "__main__":
+    from .gemv_bench import main
+    raise SystemExit(main())

@@ -1,0 +1,340 @@
+"""Tests for genie_rt.quant.gemv: the decode GEMV kernels against numpy, three ways.
+
+- simulator tests (no GPU; on a GPU machine the same tests run on the device): tiny
+  shapes with awkward sizes (rows not a multiple of the rows per block, rows shorter than
+  a warp's 32 units, rows longer than one trip of the row loop, n_tok 1/3/7/8, KSPLIT
+  1/2/4), every format x mode, residual (separate and in place), fused QKV with mixed
+  formats, fused gate/up + SiLU with mixed formats, q8 activation quantization;
+- PTX tests: every kernel kind compiled for sm_87 and sm_90 in one subprocess, checking
+  128-bit loads, dp4a, no float64 and no local memory;
+- GPU tests (`-m gpu`): Qwen3-4B shapes on fresh random weights.
+
+Error bounds (gemv.error_bound, defined once): a dot product's rounding error scales
+with sum |w x|, so the scale is |W| @ |x|, not |y|:
+    f32 mode:  |y - W x| <= 1e-5 * |W| @ |x|
+    dp4a mode: compared with W x~ (x~ = the q8 activations the kernel multiplies) within
+               the f32 bound, and with W x within that plus |W| @ (d / 2): each q8 value
+               is within half a step d = amax / 127 of x (d of its 32-value block).
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from genie_rt.quant import gemv as G
+from genie_rt.quant import gemv_kernels as K
+from genie_rt.quant.formats import QType, quantize
+from genie_rt.quant.gemv_bench import random_weight, rows_of
+from genie_rt.quant.layout import pack
+from ptx_helpers import assert_no_f64, assert_ptx_contains, assert_ptx_lacks, compile_in_subprocess, \
+    local_memory_bytes
+
+Q4, Q6, Q8, Q5, F16 = QType.Q4_K, QType.Q6_K, QType.Q8_0, QType.Q5_0, QType.F16
+VARIANTS = [(q, m) for q, modes in K.MODES.items() for m in modes]   # 7 (format, mode) pairs
+
+
+# =====================================================================================
+# Helpers
+# =====================================================================================
+def weight(qtype, mode, rows, cols, seed=0):
+    """(W float32 [rows, cols] reference values, GemvWeight on the device)."""
+    hw = random_weight(qtype, rows, cols, np.random.default_rng(seed))
+    return G.dequantize_weight(hw), G.prepare_weight(G.to_device(hw), mode)
+
+
+def activations(n_tok, cols, seed=1):
+    """x float32 [n_tok, cols] (host), and device x, xq, xs after quantize_q8."""
+    x = np.random.default_rng(seed).standard_normal((n_tok, cols)).astype(np.float32)
+    dx = cuda.to_device(x)
+    xq = cuda.device_array((n_tok, cols), np.int8)
+    xs = cuda.device_array((n_tok, cols // 8), np.float32)
+    G.quantize_q8(dx, xq, xs)
+    return x, dx, xq, xs
+
+
+def assert_within(what, got, ref, bound):
+    """|got - ref| <= bound everywhere, else fail with the worst element and a few pairs."""
+    got = np.asarray(got, np.float64)
+    err = np.abs(got - ref)
+    ratio = err / bound
+    if np.all(ratio <= 1):
+        return float(ratio.max())
+    worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
+    bad = np.argwhere(ratio > 1)[:5]
+    pairs = ", ".join(f"{tuple(int(i) for i in b)}: {got[tuple(b)]:.6g} vs {ref[tuple(b)]:.6g}" for b in bad)
+    pytest.fail(f"{what}: {int((ratio > 1).sum())} of {ratio.size} elements outside the bound; worst at "
+                f"{worst}: got {got[worst]:.8g}, ref {ref[worst]:.8g}, |err| {err[worst]:.3g} > "
+                f"bound {bound[worst]:.3g}. First: {pairs}")
+
+
+def check_gemv(what, y, W, x, mode, xq, xs, residual=None):
+    """y (host) against numpy for weight values W and activations x (see module doc)."""
+    if mode == "dp4a":
+        xt = G.dequantize_q8(xq.copy_to_host(), xs.copy_to_host())
+        assert_within(f"{what} vs W @ q8(x)", y, G.gemv_reference(W, xt, residual), G.error_bound(W, xt, "f32"))
+    assert_within(f"{what} vs W @ x", y, G.gemv_reference(W, x, residual),
+                  G.error_bound(W, x, mode, xs.copy_to_host() if mode == "dp4a" else None))
+
+
+# =====================================================================================
+# Simulator (or device) tests at tiny shapes
+# =====================================================================================
+def test_quantize_q8_matches_reference_bit_for_bit():
+    x = np.random.default_rng(3).standard_normal((3, 256)).astype(np.float32)
+    x[0, 32:64] = 0                                    # an all-zero block: d = 0, q = 0
+    x[1, :32] *= 1e-30                                 # tiny values
+    x[2, 64:96] = np.linspace(-1, 1, 32)               # exact ties after scaling
+    dx = cuda.to_device(x)
+    xq = cuda.device_array((3, 256), np.int8)
+    xs = cuda.device_array((3, 32), np.float32)
+    G.quantize_q8(dx, xq, xs)
+    rq, rs = G.quantize_q8_reference(x)
+    np.testing.assert_array_equal(xq.copy_to_host(), rq)
+    np.testing.assert_array_equal(xs.copy_to_host(), rs)
+    # the bound the dp4a tests rely on: every value within half a step of its block's d
+    d = np.repeat(rs[:, ::4], 32, axis=1)
+    assert np.all(np.abs(G.dequantize_q8(rq, rs) - x) <= d / 2 * (1 + 1e-6))
+
+
+# (rows, cols, n_tok, ksplit): rows not a multiple of the 4 / KSPLIT rows of a block;
+# the K-quant rows of 256 columns have 8 units (24 of 32 lanes idle); 1280 columns are
+# 40 units (lanes 0-7 take a second unit: the clamped-load path)
+CASES = {Q4: [(5, 512, 1, 1), (7, 256, 3, 2), (3, 1280, 1, 1)],
+         Q6: [(5, 512, 1, 1), (7, 256, 3, 2), (3, 1280, 1, 1)],
+         Q8: [(6, 256, 1, 1), (5, 512, 3, 2)],
+         Q5: [(5, 256, 1, 1), (6, 512, 3, 2), (2, 1280, 1, 1)],
+         F16: [(5, 256, 1, 1), (3, 512, 3, 2)]}
+
+
+@pytest.mark.parametrize("qtype,mode", VARIANTS, ids=[f"{q.name}-{m}" for q, m in VARIANTS])
+def test_gemv_matches_reference(qtype, mode):
+    for i, (rows, cols, n_tok, ks) in enumerate(CASES[qtype]):
+        if mode == "f32" and i == 1 and qtype in (Q4, Q6):
+            ks = 4                                     # the f32 kernels take the 4-warp split
+        W, w = weight(qtype, mode, rows, cols, seed=i)
+        x, dx, xq, xs = activations(n_tok, cols, seed=10 + i)
+        y = cuda.device_array((n_tok, rows), np.float32)
+        G.gemv(w, dx, y, xq=xq, xs=xs, ksplit=ks)
+        check_gemv(f"{qtype.name} {mode} {rows}x{cols} n_tok={n_tok} ksplit={ks}",
+                   y.copy_to_host(), W, x, mode, xq, xs)
+
+
+@pytest.mark.parametrize("n_tok", [7, 8])
+def test_gemv_large_batches(n_tok):
+    for qtype in (Q4, Q6):
+        W, w = weight(qtype, "dp4a", 3, 256, seed=n_tok)
+        x, dx, xq, xs = activations(n_tok, 256, seed=n_tok)
+        y = cuda.device_array((n_tok, 3), np.float32)
+        G.gemv(w, dx, y, xq=xq, xs=xs)
+        check_gemv(f"{qtype.name} n_tok={n_tok}", y.copy_to_host(), W, x, "dp4a", xq, xs)
+
+
+def test_gemv_residual_separate_and_in_place():
+    W, w = weight(Q6, "dp4a", 6, 256, seed=4)
+    x, dx, xq, xs = activations(3, 256, seed=5)
+    r = np.random.default_rng(6).standard_normal((3, 6)).astype(np.float32)
+    dr = cuda.to_device(r)
+    y = cuda.device_array((3, 6), np.float32)
+    G.gemv(w, dx, y, xq=xq, xs=xs, residual=dr, ksplit=2)
+    check_gemv("y = W x + r", y.copy_to_host(), W, x, "dp4a", xq, xs, residual=r)
+    np.testing.assert_array_equal(dr.copy_to_host(), r)              # r untouched
+    G.gemv(w, dx, dr, xq=xq, xs=xs, residual=dr)                      # r += W x
+    check_gemv("r += W x (in place)", dr.copy_to_host(), W, x, "dp4a", xq, xs, residual=r)
+
+
+@pytest.mark.parametrize("specs,ks", [
+    (((Q4, "dp4a"), (Q4, "dp4a"), (Q6, "dp4a")), 1),     # Qwen3 Q4_K_M: attn_v Q6_K
+    (((F16, "f32"), (Q8, "dp4a"), (Q5, "dp4a")), 2),     # float and q8 activations in one launch
+], ids=["q4k-q4k-q6k", "f16-q80-q50-ks2"])
+def test_qkv_mixed_formats(specs, ks):
+    rows = (5, 3, 6)
+    ws = [weight(q, m, r, 256, seed=20 + i) for i, ((q, m), r) in enumerate(zip(specs, rows))]
+    x, dx, xq, xs = activations(3, 256, seed=21)
+    y = cuda.device_array((3, sum(rows)), np.float32)
+    G.gemv_qkv(*(w for _, w in ws), dx, y, xq=xq, xs=xs, ksplit=ks)
+    got = y.copy_to_host()
+    lo = 0
+    for (W, w), r in zip(ws, rows):
+        check_gemv(f"qkv segment {w.qtype.name} {w.mode}", got[:, lo:lo + r], W, x, w.mode, xq, xs)
+        lo += r
+
+
+def _check_swiglu(what, h, Wg, Wu, x, xq, xs, modes):
+    """silu(g) * u with g and u each inside their bounds, propagated to first order."""
+    def operand(W, mode):
+        xt = G.dequantize_q8(xq.copy_to_host(), xs.copy_to_host()) if mode == "dp4a" else x
+        return G.gemv_reference(W, xt), G.error_bound(W, xt, "f32")
+    (g, bg), (u, bu) = operand(Wg, modes[0]), operand(Wu, modes[1])
+    sg = 1 / (1 + np.exp(-g))
+    bound = np.abs(sg * (1 + g * (1 - sg)) * u) * bg + np.abs(g * sg) * bu
+    assert_within(what, h, g * sg * u, 2 * bound + 1e-30)
+
+
+@pytest.mark.parametrize("gate,up,n_tok,ks", [
+    ((Q4, "dp4a"), (Q4, "dp4a"), 1, 1),
+    ((Q4, "dp4a"), (Q6, "f32"), 3, 2),                  # mixed formats and modes: two row loops
+], ids=["q4k-q4k", "q4k-q6k-mixed-ks2"])
+def test_swiglu(gate, up, n_tok, ks):
+    Wg, wg = weight(*gate, 5, 256, seed=30)
+    Wu, wu = weight(*up, 5, 256, seed=31)
+    x, dx, xq, xs = activations(n_tok, 256, seed=32)
+    h = cuda.device_array((n_tok, 5), np.float32)
+    G.gemv_swiglu(wg, wu, dx, h, xq=xq, xs=xs, ksplit=ks)
+    _check_swiglu("swiglu", h.copy_to_host(), Wg, Wu, x, xq, xs, (gate[1], up[1]))
+
+
+def test_real_quantizer_output_too():
+    """Blocks from the project's own quantizer (not random bytes) give the same answers."""
+    rng = np.random.default_rng(7)
+    w32 = (rng.standard_normal((5, 512)) * 0.02).astype(np.float32)
+    for qtype in (Q4, Q6):
+        hw = pack(quantize(w32, qtype), qtype, (5, 512))
+        W, w = G.dequantize_weight(hw), G.prepare_weight(G.to_device(hw))
+        x, dx, xq, xs = activations(1, 512, seed=8)
+        y = cuda.device_array((1, 5), np.float32)
+        G.gemv(w, dx, y, xq=xq, xs=xs)
+        check_gemv(f"{qtype.name} quantized", y.copy_to_host(), W, x, "dp4a", xq, xs)
+
+
+def test_launchers_refuse_what_they_cannot_handle():
+    W, w = weight(Q4, "dp4a", 4, 256)
+    x, dx, xq, xs = activations(1, 256)
+    y = cuda.device_array((1, 4), np.float32)
+    with pytest.raises(TypeError, match="device array"):
+        G.gemv(w, dx, np.zeros((1, 4), np.float32), xq=xq, xs=xs)
+    with pytest.raises(ValueError, match="pass xq and xs"):
+        G.gemv(w, dx, y)
+    with pytest.raises(ValueError, match="1..8 tokens"):
+        G.gemv(w, cuda.to_device(np.zeros((9, 256), np.float32)), y, xq=xq, xs=xs)
+    with pytest.raises(ValueError, match="columns"):
+        G.gemv(w, cuda.to_device(np.zeros((1, 512), np.float32)), y, xq=xq, xs=xs)
+    with pytest.raises(ValueError, match="must be float32"):
+        G.gemv(w, dx, cuda.device_array((1, 5), np.float32), xq=xq, xs=xs)
+    big = cuda.device_array((1, 512), np.float32)
+    with pytest.raises(ValueError, match="overlaps x"):            # x is read through .nc loads
+        G.gemv(weight(Q4, "dp4a", 256, 256)[1], big[:, :256], big[:, 128:384], xq=xq, xs=xs)
+    with pytest.raises(ValueError, match="no kernel for Q4_0"):
+        G.prepare_weight(pack(quantize(np.zeros((1, 32), np.float32), QType.Q4_0), QType.Q4_0, (1, 32)))
+    with pytest.raises(ValueError, match="modes"):
+        G.prepare_weight(G.to_device(random_weight(Q8, 1, 32, np.random.default_rng(0))), "f32")
+    with pytest.raises(ValueError, match="host array"):
+        G.prepare_weight(random_weight(Q4, 1, 256, np.random.default_rng(0)))
+    with pytest.raises(ValueError, match="differ"):
+        G.gemv_swiglu(w, weight(Q4, "dp4a", 3, 256)[1], dx, y, xq=xq, xs=xs)
+
+
+def test_choose_ksplit():
+    G._sm_count_cache[:] = [132]                       # an H200
+    try:
+        assert G.choose_ksplit(151936, 80) == 1        # output projection: rows enough
+        assert G.choose_ksplit(6144, 80) == 1          # fused QKV
+        assert G.choose_ksplit(2560, 128) == 2         # attn_output 4096 -> 2560
+        assert G.choose_ksplit(2560, 304) == 2         # ffn_down 9728 -> 2560
+        assert G.choose_ksplit(1024, 80) == 2          # attn_k alone: 2 warps per row
+        assert G.choose_ksplit(1024, 40) == 1          # too few units (1280 columns) to split
+        assert G.choose_ksplit(512, 1024) == 4
+    finally:
+        G._sm_count_cache[:] = []
+
+
+# =====================================================================================
+# PTX: every kernel kind for sm_87 and sm_90, in one subprocess
+# =====================================================================================
+_PTX_SOURCE = '''
+# numba-cuda compiles a kernel's @cuda.jit(device=True) callees for the *current
+# device's* compute capability, and there is no device here. The callees are linked
+# into the kernel as LLVM IR and compiled with it for the kernel's target, so any cc
+# works; give them sm_80.
+import numba.cuda.dispatcher as _dispatcher
+class _NoDevice:
+    compute_capability = (8, 0)
+_dispatcher.get_current_device = lambda: _NoDevice()
+
+from genie_rt.quant import gemv_kernels as K
+from genie_rt.quant.formats import QType as Q
+for _q, _modes in K.MODES.items():
+    for _m in _modes:
+        globals()[f"gemv_{_q.name}_{_m}"] = K.gemv_kernel(_q, _m, 1, 1, False)
+gemv_Q4_K_dp4a_nt3_ks2_resid = K.gemv_kernel(Q.Q4_K, "dp4a", 3, 2, True)
+qkv_mixed = K.qkv_kernel(((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), (Q.Q6_K, "dp4a")), 1, 1)
+swiglu_mixed_ks2 = K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q6_K, "f32"), 2, 2)
+quantize_q8_kernel = K.quantize_q8_kernel
+'''
+PTX_KERNELS = {**{f"gemv_{q.name}_{m}": G.SIG_GEMV for q, m in VARIANTS},
+               "gemv_Q4_K_dp4a_nt3_ks2_resid": G.SIG_GEMV, "qkv_mixed": G.SIG_QKV,
+               "swiglu_mixed_ks2": G.SIG_SWIGLU, "quantize_q8_kernel": G.SIG_QUANTIZE}
+
+
+@pytest.fixture(scope="module")
+def ptx_text():
+    return compile_in_subprocess(_PTX_SOURCE, PTX_KERNELS)
+
+
+@pytest.mark.parametrize("name", sorted(PTX_KERNELS))
+def test_ptx(ptx_text, name):
+    for cc, text in ptx_text[name].items():
+        where = f"{name} sm_{cc[0]}{cc[1]}"
+        assert_no_f64(text, where)
+        assert local_memory_bytes(text) == 0, f"{where}: local memory (a spilled array or tuple[variable])"
+        assert "call.uni" not in text, f"{where}: a device function was not inlined"
+        if name == "quantize_q8_kernel":
+            assert_ptx_contains(text, "shfl.sync.bfly", where=where)
+            continue
+        assert_ptx_contains(text, "ld.global.nc.v4.u32", "shfl.sync.bfly", where=where)
+        if "dp4a" in name or name in ("qkv_mixed", "swiglu_mixed_ks2"):
+            assert_ptx_contains(text, "dp4a.s32.s32", where=where)
+        else:
+            assert_ptx_lacks(text, "dp4a", where=where)
+        if "ks2" in name:
+            assert_ptx_contains(text, "bar.sync", where=where)   # the k-split reduction
+
+
+# =====================================================================================
+# GPU: Qwen3-4B shapes on fresh random weights (H200 test machine)
+# =====================================================================================
+QWEN3_4B = [("attn_q", Q4, 4096, 2560), ("attn_k", Q4, 1024, 2560), ("attn_output", Q4, 2560, 4096),
+            ("ffn_up", Q4, 9728, 2560), ("ffn_down", Q4, 2560, 9728), ("ffn_down", Q6, 2560, 9728),
+            ("output", Q6, 151936, 2560)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,qtype,rows,cols", QWEN3_4B, ids=[f"{n}-{q.name}-{r}" for n, q, r, _ in QWEN3_4B])
+@pytest.mark.parametrize("mode", ["dp4a", "f32"])
+@pytest.mark.parametrize("n_tok", [1, 8])
+def test_gpu_qwen3_4b_shapes(name, qtype, rows, cols, mode, n_tok):
+    """Bound: gemv.error_bound on a random sample of 1024 rows (numpy on all 389M weights
+    of the output projection would take minutes). Also prints the relative error."""
+    rng = np.random.default_rng(rows + cols + n_tok)
+    hw = random_weight(qtype, rows, cols, rng)
+    w = G.prepare_weight(G.to_device(hw), mode)
+    x, dx, xq, xs = activations(n_tok, cols, seed=rows)
+    y = cuda.device_array((n_tok, rows), np.float32)
+    G.gemv(w, dx, y, xq=xq, xs=xs)
+    idx = np.sort(rng.choice(rows, min(rows, 1024), replace=False))
+    W = G.dequantize_weight(rows_of(hw, idx))
+    got = y.copy_to_host()[:, idx]
+    check_gemv(f"{name} {qtype.name} {mode}", got, W, x, mode, xq, xs)
+    ref = G.gemv_reference(W, x)
+    print(f"{name} {qtype.name} {mode} n_tok={n_tok}: max |y - Wx| / max |Wx| = "
+          f"{np.abs(got - ref).max() / np.abs(ref).max():.2e}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_tok", [1, 8])
+def test_gpu_fused_qwen3_4b(n_tok):
+    rng = np.random.default_rng(n_tok)
+    hs = [random_weight(q, r, 2560, rng) for q, r in ((Q4, 4096), (Q4, 1024), (Q6, 1024))]
+    ws = [G.prepare_weight(G.to_device(h)) for h in hs]
+    x, dx, xq, xs = activations(n_tok, 2560, seed=n_tok)
+    y = cuda.device_array((n_tok, 6144), np.float32)
+    G.gemv_qkv(*ws, dx, y, xq=xq, xs=xs)
+    got, lo = y.copy_to_host(), 0
+    for h in hs:
+        idx = np.sort(rng.choice(h.rows, 256, replace=False))
+        check_gemv("qkv", got[:, lo + idx], G.dequantize_weight(rows_of(h, idx)), x, "dp4a", xq, xs)
+        lo += h.rows
+    hg, hu = random_weight(Q4, 9728, 2560, rng), random_weight(Q4, 9728, 2560, rng)
+    h = cuda.device_array((n_tok, 9728), np.float32)
+    G.gemv_swiglu(G.prepare_weight(G.to_device(hg)), G.prepare_weight(G.to_device(hu)), dx, h, xq=xq, xs=xs)
+    idx = np.sort(rng.choice(9728, 512, replace=False))
+    _check_swiglu("swiglu", h.copy_to_host()[:, idx], G.dequantize_weight(rows_of(hg, idx)),
+                  G.dequantize_weight(rows_of(hu, idx)), x, xq, xs, ("dp4a", "dp4a"))
