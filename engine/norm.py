@@ -1,0 +1,306 @@
+"""RMSNorm, fused residual + RMSNorm, and SwiGLU on the GPU (float32 math).
+
+The math (engine/qwen3.py is the reference):
+
+    rmsnorm(x) * w       = x / sqrt(mean(x^2) + eps) * w          rows of x: [n, d]
+    add_rmsnorm          : x += delta (in place); h = rmsnorm(x) * w   one pass over x
+    swiglu(g, u)         = silu(g) * u = g / (1 + exp(-g)) * u    [n, n_ff]
+
+Who does what: one block per row for the norms (thread t owns elements t, t + B, ...,
+coalesced; sum of squares reduced by warp shuffles, then across warps through shared
+memory); a 2-D grid for SwiGLU (blockIdx.y = row, threads over columns). Outputs are
+float32, or float16 for a tensor-core GEMM input (the cast is the last operation).
+The per-element formula is the reference's, op for op (x / s * w, not x * (1/s) * w):
+results differ from numpy only by the order of the sum of squares.
+
+Traffic per row of d floats: rmsnorm reads 4d bytes and writes 4d (2d for float16);
+add_rmsnorm reads 8d (x, delta) and writes 8d (x, h). Decode (n = 1) is latency-bound
+(~a few us); prefill streams at memory bandwidth.
+
+Deliberately not here: activation quantization for dp4a GEMVs, QK-norm fused with RoPE
+(other kernels own those); rmsnorm over heads works by viewing q as [n*heads, head_dim].
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from genie_rt.quant import ptx   # simulator: installs warp shuffles
+
+SIMULATOR = ptx.SIMULATOR
+FULL = 0xFFFFFFFF
+
+
+# =====================================================================================
+# numpy reference
+# =====================================================================================
+def rmsnorm_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x[..., d] / sqrt(mean(x^2) + eps) * w[d], float32 (engine/qwen3.py's rmsnorm)."""
+    x = np.asarray(x, np.float32)
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    return x / np.sqrt(ms + np.float32(eps)) * np.asarray(w, np.float32)
+
+
+def swiglu_reference(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """silu(g) * u, float32 (engine/qwen3.py's silu)."""
+    g = np.asarray(g, np.float32)
+    return g / (np.float32(1) + np.exp(-g)) * np.asarray(u, np.float32)
+
+
+# =====================================================================================
+# Kernels
+# =====================================================================================
+@cuda.jit(device=True)
+def _block_sum(v, sh):
+    """Block-wide float32 sum; every thread gets it. sh: shared float32[32]."""
+    lane = cuda.threadIdx.x & 31
+    nw = cuda.blockDim.x >> 5
+    off = 16
+    while off > 0:
+        v += cuda.shfl_xor_sync(FULL, v, off)
+        off >>= 1
+    if nw == 1:
+        return v
+    if lane == 0:
+        sh[cuda.threadIdx.x >> 5] = v
+    cuda.syncthreads()
+    v = sh[lane] if lane < nw else float32(0)
+    off = 16
+    while off > 0:
+        v += cuda.shfl_xor_sync(FULL, v, off)
+        off >>= 1
+    cuda.syncthreads()                 # sh may be reused right after
+    return v
+
+
+@cuda.jit
+def _rmsnorm_kernel(x, w, out, eps):
+    """Block r normalises row r. x float32[n, d], w float32[d], out float32 or
+    float16 [n, d], eps float32."""
+    sh = cuda.shared.array(32, float32)
+    r = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    bdim = cuda.blockDim.x
+    d = x.shape[1]
+    ss = float32(0)
+    for i in range(tid, d, bdim):
+        v = x[r, i]
+        ss += v * v
+    ss = _block_sum(ss, sh)
+    s = math.sqrt(ss / float32(d) + eps)
+    for i in range(tid, d, bdim):
+        out[r, i] = x[r, i] / s * w[i]
+
+
+@cuda.jit
+def _add_rmsnorm_kernel(x, delta, w, out, eps):
+    """Block r: x[r] += delta[r] (written back), out[r] = rmsnorm(x[r]) * w.
+    x, delta float32[n, d], w float32[d], out float32 or float16 [n, d]."""
+    sh = cuda.shared.array(32, float32)
+    r = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    bdim = cuda.blockDim.x
+    d = x.shape[1]
+    ss = float32(0)
+    for i in range(tid, d, bdim):
+        v = x[r, i] + delta[r, i]
+        x[r, i] = v                    # each element is owned by one thread: re-read below
+        ss += v * v
+    ss = _block_sum(ss, sh)
+    s = math.sqrt(ss / float32(d) + eps)
+    for i in range(tid, d, bdim):
+        out[r, i] = x[r, i] / s * w[i]
+
+
+@cuda.jit
+def _swiglu_kernel(g, g_col, u, u_col, out):
+    """out[r, j] = silu(g[r, g_col + j]) * u[r, u_col + j] for j < out.shape[1]; grid
+    (ceil(n_ff / B), n). g and u may be one [n, 2*n_ff] array (gate then up)."""
+    r = cuda.blockIdx.y
+    j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if j < out.shape[1]:
+        a = g[r, g_col + j]
+        out[r, j] = a / (float32(1) + math.exp(-a)) * u[r, u_col + j]
+
+
+# =====================================================================================
+# Launchers
+# =====================================================================================
+KERNEL_SIGNATURES = {
+    "_rmsnorm_kernel": [
+        "void(float32[:, ::1], float32[::1], float32[:, ::1], float32)",
+        "void(float32[:, ::1], float32[::1], float16[:, ::1], float32)"],
+    "_add_rmsnorm_kernel": [
+        "void(float32[:, ::1], float32[:, ::1], float32[::1], float32[:, ::1], float32)",
+        "void(float32[:, ::1], float32[:, ::1], float32[::1], float16[:, ::1], float32)"],
+    "_swiglu_kernel": [
+        "void(float32[:, ::1], int32, float32[:, ::1], int32, float32[:, ::1])",
+        "void(float32[:, ::1], int32, float32[:, ::1], int32, float16[:, ::1])"],
+}
+_compiled = False
+
+
+def compile_kernels() -> None:
+    """Compile every kernel for the current GPU now (at load). No-op in the simulator."""
+    global _compiled
+    if _compiled or SIMULATOR:
+        return
+    for name, sigs in KERNEL_SIGNATURES.items():
+        for sig in sigs:
+            globals()[name].compile(sig)
+    _compiled = True
+
+
+def _is_device_array(a) -> bool:
+    return hasattr(a, "copy_to_host") and not isinstance(a, np.ndarray)
+
+
+def _check2d(name, a, dtypes, shape=None):
+    if not _is_device_array(a):
+        raise TypeError(f"{name} must be a device array, got {type(a).__name__}")
+    if a.ndim != 2 or a.dtype not in [np.dtype(t) for t in dtypes]:
+        raise TypeError(f"{name} must be a 2-d {'/'.join(np.dtype(t).name for t in dtypes)} "
+                        f"array, got {a.dtype} {a.shape}")
+    if shape is not None and tuple(a.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(a.shape)}")
+    if a.strides[1] != a.dtype.itemsize or a.strides[0] != a.shape[1] * a.dtype.itemsize:
+        raise ValueError(f"{name} must be C-contiguous")
+
+
+def _check_weight(w, d):
+    if not _is_device_array(w):
+        raise TypeError(f"w must be a device array, got {type(w).__name__}")
+    if w.ndim != 1 or w.dtype != np.float32 or w.shape[0] != d:
+        raise ValueError(f"w must be float32[{d}], got {w.dtype} {w.shape}")
+
+
+def norm_block(d: int) -> int:
+    """Threads per row: one per 4 elements, a multiple of 32, at most 1024."""
+    return int(min(1024, max(32, 32 * -(-d // 128))))
+
+
+_OUT = (np.float32, np.float16)
+
+
+def rmsnorm(x, w, out, eps: float, stream=0, block: int | None = None) -> None:
+    """out[n, d] = rmsnorm(x[n, d]) * w[d] (out float32 or float16)."""
+    _check2d("x", x, (np.float32,))
+    n, d = x.shape
+    _check_weight(w, d)
+    _check2d("out", out, _OUT, (n, d))
+    if n == 0:
+        return
+    _rmsnorm_kernel[n, block or norm_block(d), stream](x, w, out, np.float32(eps))
+
+
+def add_rmsnorm(x, delta, w, out, eps: float, stream=0, block: int | None = None) -> None:
+    """x += delta (in place); out = rmsnorm(x) * w. All [n, d]; out float32 or float16."""
+    _check2d("x", x, (np.float32,))
+    n, d = x.shape
+    _check2d("delta", delta, (np.float32,), (n, d))
+    _check_weight(w, d)
+    _check2d("out", out, _OUT, (n, d))
+    if n == 0:
+        return
+    _add_rmsnorm_kernel[n, block or norm_block(d), stream](x, delta, w, out, np.float32(eps))
+
+
+def _swiglu_launch(g, g_col, u, u_col, out, stream, block):
+    n, n_ff = out.shape
+    if n == 0 or n_ff == 0:
+        return
+    grid = (-(-n_ff // block), n)
+    _swiglu_kernel[grid, block, stream](g, np.int32(g_col), u, np.int32(u_col), out)
+
+
+def swiglu(gate, up, out, stream=0, block: int = 256) -> None:
+    """out[n, n_ff] = silu(gate) * up, gate and up float32[n, n_ff]."""
+    _check2d("out", out, _OUT)
+    _check2d("gate", gate, (np.float32,), out.shape)
+    _check2d("up", up, (np.float32,), out.shape)
+    _swiglu_launch(gate, 0, up, 0, out, stream, block)
+
+
+def swiglu_fused(gate_up, out, stream=0, block: int = 256) -> None:
+    """out[n, n_ff] = silu(gate_up[:, :n_ff]) * gate_up[:, n_ff:] (one GEMM's output
+    with the gate rows first, then the up rows)."""
+    _check2d("out", out, _OUT)
+    n, n_ff = out.shape
+    _check2d("gate_up", gate_up, (np.float32,), (n, 2 * n_ff))
+    _swiglu_launch(gate_up, 0, gate_up, n_ff, out, stream, block)
+
+
+# =====================================================================================
+# Benchmark: python -m genie_rt.engine.norm
+# =====================================================================================
+def _bench(d: int = 2560, n_ff: int = 9728, ns=(1, 33, 512), reps: int = 200) -> list[tuple]:
+    rng = np.random.default_rng(0)
+    eps = 1e-6
+    stream = cuda.stream()
+    compile_kernels()
+    rows = []
+    w_h = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+    w = cuda.to_device(w_h)
+    for n in ns:
+        x_h = rng.standard_normal((n, d)).astype(np.float32)
+        dl_h = rng.standard_normal((n, d)).astype(np.float32)
+        x, dl = cuda.to_device(x_h), cuda.to_device(dl_h)
+        o32 = cuda.device_array((n, d), np.float32)
+        o16 = cuda.device_array((n, d), np.float16)
+        # validate first
+        rmsnorm(x, w, o32, eps)
+        ref = rmsnorm_reference(x_h, w_h, eps)
+        err = float(np.max(np.abs(o32.copy_to_host() - ref) / (1e-6 + np.abs(ref))))
+        assert err < 1e-4, f"rmsnorm n={n}: relative error {err}"
+        add_rmsnorm(x, dl, w, o16, eps)
+        ref16 = rmsnorm_reference(x_h + dl_h, w_h, eps).astype(np.float16)
+        assert np.allclose(o16.copy_to_host().astype(np.float32), ref16.astype(np.float32), rtol=2e-3, atol=1e-3)
+        gu_h = rng.standard_normal((n, 2 * n_ff)).astype(np.float32)
+        gu = cuda.to_device(gu_h)
+        h = cuda.device_array((n, n_ff), np.float32)
+        swiglu_fused(gu, h)
+        ref = swiglu_reference(gu_h[:, :n_ff], gu_h[:, n_ff:])
+        assert np.allclose(h.copy_to_host(), ref, rtol=1e-5, atol=1e-6)
+        cases = [("rmsnorm f32", lambda: rmsnorm(x, w, o32, eps, stream), 8 * n * d),
+                 ("rmsnorm ->f16", lambda: rmsnorm(x, w, o16, eps, stream), 6 * n * d),
+                 ("add_rmsnorm", lambda: add_rmsnorm(x, dl, w, o32, eps, stream), 16 * n * d),
+                 ("swiglu_fused", lambda: swiglu_fused(gu, h, stream), 12 * n * n_ff)]
+        for name, fn, nbytes in cases:
+            us = _time_us(fn, stream, reps)
+            rows.append((name, n, us, nbytes / us / 1e3))
+    return rows
+
+
+def _time_us(fn, stream, reps):
+    """Median per-launch device time over `reps` launches in a CUDA graph (so launch
+    overhead does not count), from CUDA events."""
+    fn()
+    stream.synchronize()
+    try:
+        from .cuda_graph import CUDAGraph
+        g = CUDAGraph(stream)
+        with g.capture():
+            for _ in range(20):
+                fn()
+        run, per = g.replay, 20
+    except Exception:                  # no graph support: plain launches
+        run, per = fn, 1
+    times = []
+    for _ in range(max(3, reps // per)):
+        a, b = cuda.event(), cuda.event()
+        a.record(stream)
+        run()
+        b.record(stream)
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / per)
+    return float(np.median(times))
+
+
+if __name__ == "__main__":
+    dev = cuda.get_current_device()
+    print(f"# engine/norm.py on {dev.name.decode() if isinstance(dev.name, bytes) else dev.name}")
+    print(f"{'kernel':<16} {'rows':>5} {'us':>9} {'GB/s':>8}")
+    for name, n, us, gbs in _bench():
+        print(f"{name:<16} {n:>5} {us:>9.2f} {gbs:>8.1f}")
