@@ -79,3 +79,11 @@ class CPUBackend:
 
     def decode_sample(self, token: int, pos: int, sampler: Sampler, history: list[int]) -> int:
         return sampler.sample(self.decode(token, pos), history)
+
+    def decode_tokens(self, token: int, pos: int, sampler: Sampler, history: list[int]):
+        """Yield the tokens after `token` (at `pos`), one decode step per next(); the caller
+        appends each yielded token to `history` before asking for the next."""
+        while True:
+            token = self.decode_sample(token, pos, sampler, history)
+            pos += 1
+            yield token

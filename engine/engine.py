@@ -171,28 +171,33 @@ class Engine:
         generated: list[int] = []
         history = prompt[:]
         finish, pending, stopped = "length", [], False
-        while len(generated) < max_new:
-            if token in eot and not req.ignore_eos:
-                finish = "stop"
-                break
-            generated.append(token)
-            history.append(token)
-            pending.append(token)
-            text, stopped = stops.feed(decoder.feed(token))
-            if text or stopped:
-                yield Delta(text, pending)
-                pending = []
-            if stopped:
-                finish = "stop"
-                break
-            if len(generated) >= max_new:
-                break
-            if cancel is not None and cancel.is_set():
-                finish = "cancelled"
-                break
-            pos = len(prompt) + len(generated) - 1
-            token = self.backend.decode_sample(token, pos, sampler, history)
-            self.kv_tokens.append(generated[-1])
+        # the back-end yields the token after each one fed to it (the CUDA back-end runs a
+        # step ahead); a token is appended to history before the next is asked for
+        steps = self.backend.decode_tokens(token, len(prompt), sampler, history)
+        try:
+            while len(generated) < max_new:
+                if token in eot and not req.ignore_eos:
+                    finish = "stop"
+                    break
+                generated.append(token)
+                history.append(token)
+                pending.append(token)
+                text, stopped = stops.feed(decoder.feed(token))
+                if text or stopped:
+                    yield Delta(text, pending)
+                    pending = []
+                if stopped:
+                    finish = "stop"
+                    break
+                if len(generated) >= max_new:
+                    break
+                if cancel is not None and cancel.is_set():
+                    finish = "cancelled"
+                    break
+                token = next(steps)
+                self.kv_tokens.append(generated[-1])
+        finally:
+            steps.close()
         if not stopped:
             text, stopped = stops.feed(decoder.flush())
             if stopped:
