@@ -755,6 +755,8 @@ else:
         from numba.cuda.np import numpy_support
         return numpy_support.as_dtype(dtype) if isinstance(dtype, _types.Type) else np.dtype(dtype)
 
+    _shared_lock = threading.Lock()
+
     def _shared_array(self, shape, dtype, alignment=None):
         """FakeCUDAShared.array that accepts alignment=. Without it, the array is placed at an
         address that is only dtype-aligned (what PTX guarantees: `.shared .align <itemsize>`),
@@ -766,15 +768,16 @@ else:
             return np.frombuffer(self._dynshared.data, dtype=dtype, count=count)
         frame = sys._getframe(1)
         caller = (frame.f_code.co_filename, frame.f_lineno)  # one allocation per source line
-        res = self._allocations.get(caller)
-        if res is None:
-            if alignment is None:
-                misalign = dtype.itemsize if dtype.itemsize < 16 else 0
-                res = _aligned_empty(shape, dtype, 16, misalign)
-            else:
-                res = _aligned_empty(shape, dtype, max(int(alignment), dtype.itemsize))
-            _register_shared(res)
-            self._allocations[caller] = res
+        with _shared_lock:  # the threads of a block race to allocate: all must get one array
+            res = self._allocations.get(caller)
+            if res is None:
+                if alignment is None:
+                    misalign = dtype.itemsize if dtype.itemsize < 16 else 0
+                    res = _aligned_empty(shape, dtype, 16, misalign)
+                else:
+                    res = _aligned_empty(shape, dtype, max(int(alignment), dtype.itemsize))
+                _register_shared(res)
+                self._allocations[caller] = res
         return res
 
     def _local_array(self, shape, dtype, alignment=None):

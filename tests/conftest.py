@@ -33,6 +33,10 @@ def _has_cuda_gpu() -> bool:
 HAS_GPU = _has_cuda_gpu()
 if not HAS_GPU:
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+    # Simulated threads hand the GIL over every 5 ms by default, so each barrier costs
+    # ~10 ms; a short switch interval makes it ~1 ms (only the simulator runs threads here).
+    import sys
+    sys.setswitchinterval(5e-5)
 
 
 def pytest_collection_modifyitems(config, items):

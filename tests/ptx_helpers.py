@@ -39,6 +39,13 @@ import importlib, importlib.util, json, os, sys, traceback
 req = json.load(open(sys.argv[1]))
 os.environ.pop("NUMBA_ENABLE_CUDASIM", None)
 from numba import cuda
+if not cuda.is_available():
+    # numba compiles @cuda.jit(device=True) callees for the *current* device's compute
+    # capability; without a GPU there is none. The callee is compiled into each kernel
+    # for the kernel's own target, so any sm_80+ answer is harmless here.
+    import types
+    import numba.cuda.dispatcher as _dispatcher
+    _dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(8, 0))
 
 def load(source):
     kind, value = source

@@ -78,8 +78,6 @@ def test_refusals():
 
 # ---- PTX --------------------------------------------------------------------------
 PTX_SOURCE = f"""
-import types, numba.cuda.dispatcher as _d
-_d.get_current_device = lambda: types.SimpleNamespace(compute_capability=(8, 0))
 from genie_rt.quant.embed import {', '.join(embed.KERNEL_SIGNATURES)}
 """
 

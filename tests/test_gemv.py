@@ -240,15 +240,6 @@ def test_choose_ksplit():
 # PTX: every kernel kind for sm_87 and sm_90, in one subprocess
 # =====================================================================================
 _PTX_SOURCE = '''
-# numba-cuda compiles a kernel's @cuda.jit(device=True) callees for the *current
-# device's* compute capability, and there is no device here. The callees are linked
-# into the kernel as LLVM IR and compiled with it for the kernel's target, so any cc
-# works; give them sm_80.
-import numba.cuda.dispatcher as _dispatcher
-class _NoDevice:
-    compute_capability = (8, 0)
-_dispatcher.get_current_device = lambda: _NoDevice()
-
 from genie_rt.quant import gemv_kernels as K
 from genie_rt.quant.formats import QType as Q
 for _q, _modes in K.MODES.items():

@@ -30,47 +30,6 @@ gpu = pytest.mark.gpu
 # =====================================================================================
 # Helpers
 # =====================================================================================
-def _lock_sim_shared_arrays():
-    """The simulator (and quant/ptx.py's replacement) allocate a cuda.shared.array on a
-    thread's first call without a lock: two threads of one block can race and get
-    different arrays. Serialise the allocation (same keying: the caller's line)."""
-    from numba.cuda.simulator import kernelapi
-    current = kernelapi.FakeCUDAShared.array
-    if getattr(current, "_genie_locked", False):
-        return
-    lock = threading.Lock()
-
-    def array(self, shape, dtype, alignment=None):
-        if shape == 0:
-            return current(self, shape, dtype, alignment)
-        f = sys._getframe(1)
-        caller = (f.f_code.co_filename, f.f_lineno)
-        with lock:
-            res = self._allocations.get(caller)
-            if res is None:
-                res = current(self, shape, dtype, alignment)
-                for k in [k for k, v in self._allocations.items() if v is res]:
-                    del self._allocations[k]     # stored under this wrapper's line
-                self._allocations[caller] = res
-            return res
-    array._genie_locked = True
-    kernelapi.FakeCUDAShared.array = array
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _simulator_speed():
-    """Simulated threads hand the GIL over every 5 ms by default; barriers then cost
-    ~10 ms each. A shorter switch interval makes them ~1 ms."""
-    if not SIM:
-        yield
-        return
-    _lock_sim_shared_arrays()
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(5e-5)
-    yield
-    sys.setswitchinterval(old)
-
-
 class _CaptureRng:
     """Stands in for Sampler.rng: records the probabilities of the first draw and
     returns a chosen position, so every candidate of the host chain can be listed."""
@@ -407,8 +366,6 @@ def test_set_request_refuses_what_the_kernels_cannot_do(rig):
 # compute capability, which needs a driver; on a CPU-only machine give it one to ask
 # (the callees are linked into the kernel as IR and codegen'd for the kernel's target).
 PTX_SOURCE = f"""
-import types, numba.cuda.dispatcher as _d
-_d.get_current_device = lambda: types.SimpleNamespace(compute_capability=(8, 0))
 from genie_rt.engine.gpu_sampling import {', '.join(gs.KERNEL_SIGNATURES)}
 """
 

@@ -156,8 +156,6 @@ def test_block_size_choice():
 
 # ---- PTX --------------------------------------------------------------------------
 PTX_SOURCE = f"""
-import types, numba.cuda.dispatcher as _d
-_d.get_current_device = lambda: types.SimpleNamespace(compute_capability=(8, 0))
 from genie_rt.engine.norm import {', '.join(norm.KERNEL_SIGNATURES)}
 """
 

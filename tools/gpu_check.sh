@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Everything a GPU check needs, in one command (for the lent H200 or any CUDA machine):
+#
+#   tools/gpu_check.sh STAGE [STAGE ...]     results under $OUT (default ./out)
+#
+# Stages:
+#   kernels   pytest -m gpu over every kernel family (real shapes against numpy)
+#   micro     kernel microbenchmarks: gemv, attention, sampling, embed, norm, mmq
+#   engine    pytest -m gpu for the back-end (parity with the CPU back-end, engine end to end)
+#   bench     synthetic Qwen3-4B Q4_K_M file, then genie-rt bench (pp18/33/128/512, tg128, depth)
+#   prefix    tools/bench_prefix.py on the GPU
+# Setup: wheels in .whl/ are installed to /tmp/site when present (machines without a
+# package index); the package is put on the path through a symlink farm, no install.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+mkdir -p /tmp/gr/genie_rt
+for p in engine quant kvcache server; do ln -sfn "$PWD/$p" /tmp/gr/genie_rt/$p; done
+export PYTHONPATH=/tmp/gr:${PYTHONPATH:-} PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+date -u | tee -a "$OUT/gpu.txt"
+
+stage() { echo; echo "===== $1 ($(date -u +%T))"; }
+MODEL4B=/tmp/qwen3-4b-q4km.gguf
+
+for s in "$@"; do
+  case "$s" in
+    kernels)
+      stage kernels
+      timeout 420 $PY -m pytest -q -m gpu -p no:cacheprovider -x --durations=10 \
+        tests/test_ptx.py tests/test_gemv.py tests/test_mmq.py tests/test_attention.py \
+        tests/test_rope_write.py tests/test_device_pool.py tests/test_embed.py tests/test_norm.py \
+        tests/test_gpu_sampling.py 2>&1 | tee "$OUT/kernels.txt" | tail -30 ;;
+    micro)
+      stage micro
+      for m in genie_rt.quant.gemv genie_rt.quant.mmq genie_rt.kvcache.attention; do
+        timeout 240 $PY -m $m --json "$OUT/${m##*.}.json" 2>&1 | tee "$OUT/${m##*.}.txt" | tail -40
+      done
+      for m in genie_rt.engine.gpu_sampling genie_rt.quant.embed genie_rt.engine.norm; do
+        timeout 120 $PY -m $m 2>&1 | tee "$OUT/${m##*.}.txt" | tail -15
+      done ;;
+    engine)
+      stage engine
+      timeout 420 $PY -m pytest -q -m gpu -p no:cacheprovider --durations=10 \
+        tests/test_backend_cuda.py 2>&1 | tee "$OUT/engine.txt" | tail -30 ;;
+    bench)
+      stage bench
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
+      timeout 480 $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,128,512 -n 128 -r 3 --kv int8 \
+        --ctx 2048 2>&1 | tee "$OUT/bench.txt" | tail -25 ;;
+    prefix)
+      stage prefix
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
+      timeout 240 $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | tee "$OUT/prefix.txt" | tail -15 ;;
+    *) echo "unknown stage $s"; exit 2 ;;
+  esac
+done
+echo "===== done ($(date -u +%T))"
