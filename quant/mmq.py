@@ -1,0 +1,562 @@
+"""MMQ: the prefill GEMM  Y = X W^T  for quantized weights, on tensor cores (mma.sync).
+
+Prefill multiplies N prompt tokens by every weight matrix of a layer. Each weight is
+read once and used N times, so from N of a few hundred on the GEMM is compute-bound;
+at the N = 18..33 of a home-assistant command it is still bound by reading the weights
+once. One kernel family serves both: weights stay in the GGUF bits in global memory
+(the planar layout of quant/layout.py), are staged raw into shared memory with cp.async,
+and each warp dequantizes them straight into fp16 mma fragments in registers.
+
+    W   PackedWeight [rows, cols], Q4_K / Q6_K / Q8_0, planes on the device
+    X   float32 [N, cols] activations (the RMSNorm output)
+        -> prepare_x -> x16 float16 [N, cols] in "MMQ order" + xscale float32 [N]
+    Y   float32 [N, rows]:  mode "store"   Y  = X W^T
+                            mode "add"     Y += X W^T        (residual stream)
+                            mode "swiglu"  Y  = silu(X G^T) * (X U^T), W = [G; U] stacked
+                                           by rows (2 I rows -> Y [N, I])
+
+Public API (all launchers: no allocation, no synchronisation, any numba stream):
+    prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps=1e-6)   (+ fused RMSNorm)
+    mmq(w, x16, xscale, y, mode="store", workspace=None, stream=0, config=None, splits=None)
+    workspace_bytes(w, n, mode="store", config=None) -> int
+    compile_for(weights, n_values, modes) -> None                eager compile at load
+    plan(qtype, rows_out, cols, n, mode, config=None, splits=None) -> Plan   what mmq launches
+Host side (numpy): reference(w, x, mode, y0, rows) (float64), error_bound(...) (the
+guaranteed bound the tests use), prepare_x_reference(x, norm_weight, eps),
+random_weight(qtype, rows, cols, rng) (valid random blocks), stack_rows(gate, up).
+
+Why fp16 mma and not int8 (llama.cpp's MMQ quantizes X to q8_1 and uses s8 mma): the
+k-quant scales change every 16 or 32 weights, so the int8 path converts and rescales
+its int32 partial sums after every k32 step (4 cvt + 8 FMA per mma per lane), and Q4_K's
+mins need a second sum. With fp16, scales and mins are folded into the weights once
+(2 fp16x2 FMAs per pair of weights, per warp) and the accumulators never leave the
+tensor cores. tools/mmq_variants/ has the int8 variant to measure against.
+
+What this module does not do: attention, the F16/F32/Q5_K/legacy-4-bit formats (the
+launcher refuses them with a message), decode (N = 1 is the GEMV's job, although MMQ
+accepts it), or picking fused QKV layouts for the engine.
+
+Numbers: docs/kernels/mmq.md (the lesson and the measured table); the benchmark is
+`python -m genie_rt.quant.mmq`.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .formats import QType, dequantize, unpack_q4_k_scales
+from .layout import PackedWeight, pack, unpack
+from . import mmq_kernels as K
+from . import mmq_prep as P
+
+SUPPORTED = {QType.Q4_K: K.Q4_K, QType.Q6_K: K.Q6_K, QType.Q8_0: K.Q8_0}
+MODES = {"store": K.EPI_STORE, "add": K.EPI_ADD, "swiglu": K.EPI_SWIGLU}
+COL_MULTIPLE = 256      # K must be whole super-blocks (and 8-block groups for Q8_0)
+
+
+# =====================================================================================
+# numpy reference
+# =====================================================================================
+def _host_planes(w: PackedWeight) -> PackedWeight:
+    planes = {k: (v.copy_to_host() if hasattr(v, "copy_to_host") else np.asarray(v))
+              for k, v in w.planes.items()}
+    return PackedWeight(w.qtype, w.rows, w.cols, planes)
+
+
+def dequantize_weight(w: PackedWeight, rows=None) -> np.ndarray:
+    """float64 [len(rows), cols] dequantized weight rows (all rows by default)."""
+    hw = _host_planes(w)
+    raw = unpack(hw)
+    if rows is not None:
+        raw = raw[np.asarray(rows)]
+    return dequantize(raw, hw.qtype, (raw.shape[0], hw.cols)).astype(np.float64)
+
+
+def _weight_abs(w: PackedWeight, rows=None) -> np.ndarray:
+    """|terms| of each weight before cancellation: |s q| + |m| (Q4_K), |w| otherwise."""
+    wd = dequantize_weight(w, rows)
+    if w.qtype != QType.Q4_K:
+        return np.abs(wd)
+    raw = unpack(_host_planes(w))
+    if rows is not None:
+        raw = raw[np.asarray(rows)]
+    blocks = raw.reshape(-1, 144)
+    _, dmin, _, m = unpack_q4_k_scales(blocks)
+    mins = np.repeat((dmin[:, None] * m.astype(np.float32)).astype(np.float64), 32, axis=1)
+    mins = mins.reshape(wd.shape)
+    return np.abs(wd + mins) + mins
+
+
+def _split_swiglu(w: PackedWeight, rows):
+    """Rows of the stacked [gate; up] weight for output rows `rows`."""
+    half = w.rows // 2
+    rows = np.arange(half) if rows is None else np.asarray(rows)
+    return rows, rows + half
+
+
+def reference(w: PackedWeight, x: np.ndarray, mode: str = "store", y0=None, rows=None) -> np.ndarray:
+    """float64 [N, len(rows)] reference of mmq for output rows `rows` (default: all).
+
+    x is the float32 activation [N, cols] that prepare_x receives; y0 the residual [N, rows]
+    for mode "add". SwiGLU: w stacks gate (rows 0..I-1) and up (I..2I-1)."""
+    x64 = np.asarray(x, np.float64)
+    if mode == "swiglu":
+        rg, ru = _split_swiglu(w, rows)
+        gate = x64 @ dequantize_weight(w, rg).T
+        up = x64 @ dequantize_weight(w, ru).T
+        return gate / (1.0 + np.exp(-gate)) * up
+    y = x64 @ dequantize_weight(w, rows).T
+    if mode == "add":
+        y0 = np.asarray(y0, np.float64)
+        y = y + (y0 if rows is None else y0[:, np.asarray(rows)])
+    return y
+
+
+# Error model of the kernel, per product x * w (u = 2^-11, fp16 unit roundoff):
+#   x -> fp16 (scaled by a power of two: exact scaling)        |x| u
+#   Q4_K: s = fp16(d sc), m = fp16(dmin mn), w16 = fp16(q s - m)  (|s q| + |m|) 2u + |w| u
+#   Q6_K: s = fp16(d sc), w16 = fp16(q s); Q8_0: s = d (exact)   |w| 2u
+#   products exact in f32; sums in f32 inside the tensor core (truncating adds allowed)
+# plus fp16 subnormals (below 2^-14 the spacing is 2^-24, absolute): half a spacing on
+# s (times |q| <= QMAX), m, w16 and x:
+# |y - ref| <= (3u + cols 2^-22) sum_k |x_k| W_abs_k
+#              + 2^-25 ((QMAX + 2) sum_k |x_k| + sum_k |w_k|)
+F16_U = 2.0 ** -11
+_QMAX = {QType.Q4_K: 15, QType.Q6_K: 32, QType.Q8_0: 0}
+
+
+def error_bound(w: PackedWeight, x: np.ndarray, mode: str = "store", y0=None, rows=None) -> np.ndarray:
+    """Elementwise bound on |mmq - reference| (float64 [N, len(rows)])."""
+    ax = np.abs(np.asarray(x, np.float64))
+    acc_eps = w.cols * 2.0 ** -22
+    qmax = _QMAX[QType(w.qtype)]
+
+    def gemm_bound(r):
+        wabs = _weight_abs(w, r)
+        sub = 2.0 ** -25 * ((qmax + 2) * ax.sum(axis=1)[:, None] + np.abs(dequantize_weight(w, r)).sum(axis=1)[None, :])
+        return ax @ ((3 * F16_U + acc_eps) * wabs).T + sub + 1e-30
+
+    if mode == "swiglu":
+        rg, ru = _split_swiglu(w, rows)
+        x64 = np.asarray(x, np.float64)
+        g = x64 @ dequantize_weight(w, rg).T
+        u = x64 @ dequantize_weight(w, ru).T
+        eg, eu = gemm_bound(rg), gemm_bound(ru)
+        sg = 1.0 / (1.0 + np.exp(-g))
+        # |d silu/dg| <= 1.1; silu(g)*u evaluated in float32 adds a few ulps
+        return 1.1 * (np.abs(u) + eu) * eg + np.abs(g * sg) * eu + 1e-6 * np.abs(g * sg * u)
+    b = gemm_bound(rows)
+    if mode == "add":
+        y0 = np.abs(np.asarray(y0, np.float64))
+        b = b + 2.0 ** -23 * (y0 if rows is None else y0[:, np.asarray(rows)])
+    return b
+
+
+def random_weight(qtype, rows: int, cols: int, rng: np.random.Generator) -> PackedWeight:
+    """A PackedWeight of valid random blocks (host planes): random bits for quants and
+    packed scales, fp16 super-block scales of realistic size (|w| mostly below ~0.5)."""
+    qtype = QType[qtype] if isinstance(qtype, str) else QType(qtype)
+    if qtype == QType.Q4_K:
+        nb = cols // 256
+        raw = rng.integers(0, 256, (rows, nb, 144), dtype=np.uint8)
+        dd = rng.uniform(1e-4, 6e-4, (rows, nb, 2)).astype(np.float16)
+        raw[:, :, 0:4] = dd.view(np.uint8).reshape(rows, nb, 4)
+    elif qtype == QType.Q6_K:
+        nb = cols // 256
+        raw = rng.integers(0, 256, (rows, nb, 210), dtype=np.uint8)
+        d = rng.uniform(2e-5, 1e-4, (rows, nb, 1)).astype(np.float16)
+        raw[:, :, 208:210] = d.view(np.uint8).reshape(rows, nb, 2)
+    elif qtype == QType.Q8_0:
+        nb = cols // 32
+        raw = rng.integers(0, 256, (rows, nb, 34), dtype=np.uint8)
+        d = rng.uniform(1e-4, 1e-3, (rows, nb, 1)).astype(np.float16)
+        raw[:, :, 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
+    else:
+        raise ValueError(f"random_weight: {qtype.name} not supported")
+    return pack(raw.reshape(rows, -1), qtype, (rows, cols))
+
+
+def stack_rows(a: PackedWeight, b: PackedWeight) -> PackedWeight:
+    """[a; b] by rows (host planes): the gate/up weight the "swiglu" mode expects."""
+    if a.qtype != b.qtype or a.cols != b.cols:
+        raise ValueError(f"stack_rows: {a.qtype.name}[{a.rows},{a.cols}] and "
+                         f"{b.qtype.name}[{b.rows},{b.cols}] differ in type or columns")
+    ha, hb = _host_planes(a), _host_planes(b)
+    planes = {k: np.concatenate([ha.planes[k], hb.planes[k]], axis=0) for k in ha.planes}
+    return PackedWeight(a.qtype, a.rows + b.rows, a.cols, planes)
+
+
+# =====================================================================================
+# Tile configurations and the launch plan
+# =====================================================================================
+@dataclass(frozen=True)
+class TileConfig:
+    """Block = wm x wn warps; a warp owns mt m16 tiles (16 mt weight rows) x nt n8 tiles
+    (8 nt tokens); stages = depth of the cp.async ring (2..4)."""
+    wm: int
+    wn: int
+    mt: int
+    nt: int
+    stages: int = 3
+
+    @property
+    def threads(self):
+        return 32 * self.wm * self.wn
+
+    @property
+    def bm(self):                       # weight rows staged per block
+        return 16 * self.mt * self.wm
+
+    @property
+    def bn(self):                       # tokens per block
+        return 8 * self.nt * self.wn
+
+    @property
+    def name(self):
+        return f"{self.bm}x{self.bn}/{self.wm}x{self.wn}w/s{self.stages}"
+
+    def smem_bytes(self, fmt):
+        return K.smem_bytes(fmt, self.wm, self.wn, self.mt, self.nt, self.stages)
+
+
+SMALL_NT = (1, 2, 3, 4, 5, 6, 8)        # token widths (x8) compiled for N <= 64
+
+
+def small_config(n: int) -> TileConfig:
+    """N <= 64: all tokens in one tile, 4 warps side by side over 128 weight rows."""
+    need = -(-n // 8)
+    nt = next(v for v in SMALL_NT if v >= need)
+    return TileConfig(wm=4, wn=1, mt=2, nt=nt, stages=3)
+
+
+LARGE = TileConfig(wm=4, wn=2, mt=2, nt=8, stages=3)       # 128 rows x 128 tokens, 8 warps
+CANDIDATES_LARGE = (LARGE, replace(LARGE, stages=2), TileConfig(wm=2, wn=2, mt=4, nt=8, stages=3),
+                    TileConfig(wm=4, wn=2, mt=4, nt=8, stages=2))
+
+
+@dataclass(frozen=True)
+class Plan:
+    fmt: int
+    epi: int
+    config: TileConfig
+    rows_out: int
+    n: int
+    grid: tuple
+    splits: int
+    stages_per_split: int
+    n_stages: int
+    smem: int
+    workspace: int                      # bytes (0 without split-K)
+    counters: int                       # int32 counters at the start of the workspace
+
+
+_DEVICE = {}
+
+
+def device_limits():
+    """(SM count, max dynamic shared memory per block) of the current device."""
+    if "limits" not in _DEVICE:
+        if K.SIMULATOR:
+            _DEVICE["limits"] = (132, 227 * 1024)
+        else:
+            from numba import cuda
+            dev = cuda.get_current_device()
+            _DEVICE["limits"] = (dev.MULTIPROCESSOR_COUNT, dev.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+    return _DEVICE["limits"]
+
+
+def _blocks_per_sm(cfg, smem, smem_limit, epi):
+    """Resident blocks per SM: shared memory (an SM has ~1 KB more than one block may
+    take, and reserves 1 KB per block), threads, registers (128 per thread when capped,
+    see mmq_kernels.register_capped; up to 255 otherwise)."""
+    per_sm = smem_limit + 1024
+    regs = K.MAX_REGISTERS if K.register_capped(cfg.mt, cfg.nt, cfg.threads, epi) else 255
+    return max(1, min(per_sm // (smem + 1024), 2048 // cfg.threads, 65536 // (cfg.threads * regs), 32))
+
+
+def _fit(cfg, fmt, smem_limit):
+    """cfg with stages reduced until one block fits the shared memory limit (or None)."""
+    while cfg.smem_bytes(fmt) > smem_limit and cfg.stages > 2:
+        cfg = replace(cfg, stages=cfg.stages - 1)
+    return cfg if cfg.smem_bytes(fmt) <= smem_limit else None
+
+
+def _split(n_stages, splits):
+    """(splits, stages per split): whole super-blocks per split, no empty split."""
+    splits = max(1, min(int(splits), n_stages // 2))
+    sps = -(-n_stages // splits)
+    sps += sps & 1
+    return -(-n_stages // sps), sps
+
+
+@functools.lru_cache(maxsize=4096)
+def plan(qtype, rows_out: int, cols: int, n: int, mode: str = "store", config: TileConfig = None,
+         splits: int = None, num_sms: int = None, smem_limit: int = None) -> Plan:
+    """What mmq launches for this shape: tile config, grid, split-K, shared memory, workspace.
+
+    N <= 64 (bandwidth-bound): small_config(N), one tile covers every token; K is split
+    until the grid fills one wave (blocks per SM x SMs), so every SM keeps several
+    stages of weights in flight, but into no fewer than 4 stages per split (a split's
+    partial tile, 128 x 8 nt floats, costs about 2 stages of Q4_K weight bytes in L2).
+    N > 64 (compute-bound): LARGE with 3 or 2 stages and a split of K (only if the tiles
+    alone do not fill a wave), whichever a wave model finds fastest: time ~ waves x
+    (blocks per SM) x (stages per block + 2 if split), where a wave is SMs x resident
+    blocks per SM (2-stage blocks fit twice on an SM).
+    Stages drop until the block fits the device's shared memory (Orin: 163 KB)."""
+    qtype = QType[qtype] if isinstance(qtype, str) else QType(qtype)
+    if qtype not in SUPPORTED:
+        raise ValueError(f"mmq: {qtype.name} weights are not supported (supported: "
+                         f"{', '.join(q.name for q in SUPPORTED)})")
+    if mode not in MODES:
+        raise ValueError(f"mmq: mode must be one of {sorted(MODES)}, got {mode!r}")
+    if cols % COL_MULTIPLE:
+        raise ValueError(f"mmq: cols = {cols} must be a multiple of {COL_MULTIPLE}")
+    if n < 1 or rows_out < 1:
+        raise ValueError(f"mmq: need N >= 1 and rows >= 1, got N = {n}, rows = {rows_out}")
+    fmt, epi = SUPPORTED[qtype], MODES[mode]
+    sms, limit = device_limits()
+    num_sms = num_sms or sms
+    smem_limit = smem_limit or limit
+    n_stages = cols // K.STAGE_K
+    if config is not None:
+        candidates = [config]
+    elif n <= 64:
+        candidates = [small_config(n)]
+    else:
+        candidates = [LARGE, replace(LARGE, stages=2)]
+    best = None
+    for cfg in candidates:
+        if epi == K.EPI_SWIGLU and cfg.mt % 2:
+            raise ValueError(f"mmq: mode 'swiglu' needs an even mt, config {cfg.name} has mt = {cfg.mt}")
+        fitted = _fit(cfg, fmt, smem_limit)
+        if fitted is None:
+            raise ValueError(f"mmq: config {cfg.name} needs {cfg.smem_bytes(fmt)} B of shared "
+                             f"memory, the device allows {smem_limit}; use a smaller tile")
+        cfg = fitted
+        smem = cfg.smem_bytes(fmt)
+        bm_out = cfg.bm // 2 if epi == K.EPI_SWIGLU else cfg.bm
+        row_tiles, tok_tiles = -(-rows_out // bm_out), -(-n // cfg.bn)
+        tiles = row_tiles * tok_tiles
+        per_sm = _blocks_per_sm(cfg, smem, smem_limit, epi)
+        wave = num_sms * per_sm
+        if splits is not None:
+            options = [_split(n_stages, splits)]
+        elif n <= 64:                   # >= 4 stages per split: partial tiles stay < 1/2 of the weight bytes
+            options = [_split(n_stages, max(1, min(wave // tiles, n_stages // 4)))]
+        else:                           # split only a grid that does not fill a wave
+            options = sorted({_split(n_stages, s) for s in range(1, 9) if tiles * s <= max(wave, tiles)})
+        for sp, sps in options:
+            # a split costs about two stages: its partial tile out to L2 and back
+            cost = -(-tiles * sp // wave) * per_sm * (sps + (2 if sp > 1 else 0))
+            key = (cost, sp, -cfg.stages)
+            if best is None or key < best[0]:
+                best = (key, cfg, smem, (row_tiles, tok_tiles, sp), sps, tiles)
+    _, cfg, smem, grid, sps, tiles = best
+    sp = grid[2]
+    ws, counters = 0, 0
+    if sp > 1:
+        counters = -(-tiles // 4) * 4
+        ws = 4 * counters + 4 * tiles * sp * cfg.threads * cfg.mt * cfg.nt * 4
+    return Plan(fmt, epi, cfg, rows_out, n, grid, sp, sps, n_stages, smem, ws, counters)
+
+
+def _rows_out(w: PackedWeight, mode: str) -> int:
+    if mode == "swiglu":
+        if w.rows % 2:
+            raise ValueError(f"mmq: mode 'swiglu' needs the stacked [gate; up] weight (even "
+                             f"rows), got {w.rows} rows")
+        return w.rows // 2
+    return w.rows
+
+
+def workspace_bytes(w: PackedWeight, n: int, mode: str = "store", config: TileConfig = None) -> int:
+    """Bytes of workspace mmq(w, ...) needs for N = n (0: none). Allocate once, zero once:
+    the kernels leave the counters at zero. Do not share one workspace between launches
+    that may run at the same time (two streams)."""
+    return plan(w.qtype, _rows_out(w, mode), w.cols, n, mode, config).workspace
+
+
+# =====================================================================================
+# Launchers
+# =====================================================================================
+_KERNELS = {}
+
+
+def _kernel(fmt, cfg: TileConfig, epi):
+    key = (fmt, cfg, epi)
+    if key not in _KERNELS:
+        _KERNELS[key] = K.build_mmq_kernel(fmt, cfg.wm, cfg.wn, cfg.mt, cfg.nt, cfg.stages, epi)
+    return _KERNELS[key]
+
+
+_PLANE_TYPES = {   # fmt -> kernel plane slots p0..p3: (plane name, numba dtype)
+    K.Q4_K: (("qs", "uint8"), ("hdr", "uint8"), ("qs", "uint8"), ("qs", "uint8")),
+    K.Q6_K: (("ql", "uint8"), ("qh", "uint8"), ("sc", "int8"), ("d", "float16")),
+    K.Q8_0: (("qs", "int8"), ("d", "float16"), ("qs", "int8"), ("qs", "int8")),
+}
+_REST_SIG = ("float16[:, ::1], float32[::1], float32[:, ::1], float32[::1], int32[::1], "
+             "int64, int64, int64, int64, int64")
+
+
+def kernel_signature(fmt) -> str:
+    planes = ", ".join(f"{dt}[:, ::1]" for _, dt in _PLANE_TYPES[fmt])
+    return f"void({planes}, {_REST_SIG})"
+
+
+PREPARE_X_SIGNATURE = "void(float32[:, ::1], float32[::1], uint32[:, ::1], float32[::1], int64, float32, int64)"
+_READY = set()
+
+
+def _ensure_compiled(kern, fmt):
+    """Compile for the one signature the launcher uses and allow > 48 KB of dynamic
+    shared memory (cuFuncSetAttribute; numba has no option for it)."""
+    if K.SIMULATOR:
+        return
+    from numba import cuda
+    dev = cuda.get_current_device().id
+    key = (id(kern), dev)
+    if key in _READY:
+        return
+    compiled = kern.compile(kernel_signature(fmt))
+    from cuda.bindings import driver as binding
+    from numba.cuda.cudadrv.driver import driver
+    cufunc = compiled._codelibrary.get_cufunc()
+    _, limit = device_limits()
+    attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    driver.cuKernelSetAttribute(attr, int(limit), cufunc.handle, dev)
+    _READY.add(key)
+
+
+def _check(cond, msg):
+    if not cond:
+        raise ValueError("mmq: " + msg)
+
+
+def _c_contig(a):
+    if hasattr(a, "is_c_contiguous"):                  # numba device arrays (and simulated)
+        return bool(a.is_c_contiguous())
+    return bool(a.flags.c_contiguous)
+
+
+def compile_for(weights, n_values=(18, 33, 128, 512), modes=("store",)) -> None:
+    """Compile at load, before the first request, every kernel mmq will launch for these
+    weights (PackedWeights: their exact plans; QTypes: every candidate config), token
+    counts and modes; also prepare_x. A kernel takes a few seconds to compile; anything
+    not compiled here compiles on first use. No-op under the simulator."""
+    if K.SIMULATOR:
+        return
+    keys = set()
+    for item in weights:
+        for n in n_values:
+            for mode in modes:
+                if isinstance(item, PackedWeight):
+                    qtype = item.qtype
+                    if mode == "swiglu" and item.rows % 2:
+                        continue
+                    cfgs = [plan(qtype, _rows_out(item, mode), item.cols, n, mode).config]
+                else:
+                    qtype = QType(item)
+                    cfgs = [small_config(n)] if n <= 64 else [LARGE, replace(LARGE, stages=2)]
+                for cfg in cfgs:
+                    keys.add((SUPPORTED[QType(qtype)], cfg, MODES[mode]))
+    for fmt, cfg, epi in sorted(keys, key=str):
+        _ensure_compiled(_kernel(fmt, cfg, epi), fmt)
+    P.prepare_x_kernel.compile(PREPARE_X_SIGNATURE)
+
+
+def prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps: float = 1e-6) -> None:
+    """x float32 [N, cols] -> x16 float16 [N, cols] (MMQ order), xscale float32 [N].
+
+    With norm_weight (float32 [cols]) the RMSNorm is fused in: the values converted are
+    x / sqrt(mean(x^2) + eps) * norm_weight (engine/qwen3.py's rmsnorm), so the residual
+    stream feeds MMQ in one kernel. xscale[t] is 1 unless max|v[t]| > 16384, then the
+    power of two that brings the row below it (fp16 overflows at 65504; mmq multiplies
+    it back in its epilogue)."""
+    _check(len(x.shape) == 2 and x.dtype == np.float32 and _c_contig(x),
+           f"x must be a C-contiguous float32 [N, cols], got {x.dtype}{tuple(x.shape)}")
+    n, cols = x.shape
+    _check(cols % 16 == 0, f"cols = {cols} must be a multiple of 16")
+    _check(tuple(x16.shape) == (n, cols) and x16.dtype == np.float16 and _c_contig(x16),
+           f"x16 must be a C-contiguous float16 [{n}, {cols}], got {x16.dtype}{tuple(x16.shape)}")
+    _check(tuple(xscale.shape) == (n,) and xscale.dtype == np.float32,
+           f"xscale must be float32 [{n}], got {xscale.dtype}{tuple(xscale.shape)}")
+    if norm_weight is not None:
+        _check(tuple(norm_weight.shape) == (cols,) and norm_weight.dtype == np.float32,
+               f"norm_weight must be float32 [{cols}], got {norm_weight.dtype}{tuple(norm_weight.shape)}")
+        w, has_norm = norm_weight, 1
+    else:
+        w, has_norm = xscale, 0                          # never read
+    P.prepare_x_kernel[n, P.PREP_THREADS, stream](x, w, x16.view(np.uint32), xscale, cols,
+                                                  np.float32(eps), has_norm)
+
+
+def prepare_x_reference(x, norm_weight=None, eps: float = 1e-6):
+    """numpy twin of prepare_x: (x16 float16 [N, cols] in MMQ order, xscale float32 [N])."""
+    v = np.asarray(x, np.float32)
+    if norm_weight is not None:
+        ms = (v.astype(np.float64) ** 2).mean(axis=1, keepdims=True)
+        v = (v / np.sqrt(ms + eps) * norm_weight).astype(np.float32)
+    amax = np.abs(v).max(axis=1)
+    scale = np.ones(v.shape[0], np.float32)
+    while np.any(big := (amax / scale > P.X_LIMIT) & np.isfinite(amax)):
+        scale[big] *= 2
+    x16 = np.ascontiguousarray((v / scale[:, None])[:, P.mmq_order(v.shape[1])], np.float16)
+    return x16, scale
+
+
+def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, stream=0,
+        config: TileConfig = None, splits: int = None) -> None:
+    """Y = X W^T on the tensor cores (see the module docstring for the modes).
+
+    w          PackedWeight, planes are device arrays ([rows, bytes], C-contiguous rows)
+    x16        float16 [N, cols] from prepare_x; xscale float32 [N] from prepare_x
+    y          float32 [N, rows] ("store", "add": read and written), [N, rows/2] ("swiglu")
+    workspace  uint8 device array >= workspace_bytes(w, N, mode) bytes (zeroed once after
+               allocation), or None when that is 0
+    stream     numba stream (or 0); config/splits override the automatic plan (benchmarks)
+    """
+    _check(w.qtype in SUPPORTED, f"{QType(w.qtype).name} weights are not supported "
+           f"(supported: {', '.join(q.name for q in SUPPORTED)})")
+    _check(len(x16.shape) == 2 and x16.dtype == np.float16 and _c_contig(x16),
+           f"x16 must be a C-contiguous float16 [N, cols] from prepare_x, got "
+           f"{x16.dtype}{tuple(x16.shape)}")
+    n, cols = x16.shape
+    _check(cols == w.cols, f"x16 has {cols} columns, the weight {w.cols}")
+    _check(tuple(xscale.shape) == (n,) and xscale.dtype == np.float32,
+           f"xscale must be float32 [{n}], got {xscale.dtype}{tuple(xscale.shape)}")
+    rows_out = _rows_out(w, mode)
+    _check(tuple(y.shape) == (n, rows_out) and y.dtype == np.float32 and _c_contig(y),
+           f"y must be a C-contiguous float32 [{n}, {rows_out}] for mode {mode!r}, got "
+           f"{y.dtype}{tuple(y.shape)}")
+    p = plan(w.qtype, rows_out, cols, n, mode, config, splits)
+    fmt = p.fmt
+    slots = []
+    for name, dt in _PLANE_TYPES[fmt]:
+        plane = w.planes.get(name)
+        _check(plane is not None, f"{QType(w.qtype).name} weight lacks plane {name!r}")
+        _check(len(plane.shape) == 2 and plane.shape[0] == w.rows and plane.dtype == np.dtype(dt)
+               and _c_contig(plane), f"plane {name!r} must be a C-contiguous {dt} [{w.rows}, *], "
+               f"got {plane.dtype}{tuple(plane.shape)}")
+        slots.append(plane)
+    if p.splits > 1:
+        _check(workspace is not None and workspace.dtype == np.uint8 and len(workspace.shape) == 1
+               and workspace.shape[0] >= p.workspace,
+               f"this shape splits K {p.splits} ways and needs a uint8 workspace of "
+               f"{p.workspace} bytes (workspace_bytes(w, {n}, {mode!r}))")
+        cnt = workspace[:4 * p.counters].view(np.int32)
+        ws = workspace[4 * p.counters:p.workspace].view(np.float32)
+    else:
+        flat = y.reshape(y.shape[0] * y.shape[1])        # never touched with one split
+        ws, cnt = flat, flat.view(np.int32)
+    kern = _kernel(fmt, p.config, p.epi)
+    _ensure_compiled(kern, fmt)
+    kern[p.grid, p.config.threads, stream, p.smem](
+        slots[0], slots[1], slots[2], slots[3], x16, xscale, y, ws, cnt,
+        n, rows_out, p.n_stages, p.stages_per_split, p.splits)
+
+
+if __name__ == "__main__":
+    from .mmq_bench import main
+    main()

@@ -1,0 +1,115 @@
+"""MMQ helper kernels: prepare_x (activations -> fp16 in MMQ order) and the mma.sync
+peak probe used by the benchmark. The GEMM itself is in mmq_kernels.py; the launchers
+and the numpy twins are in mmq.py.
+"""
+import math
+
+import numpy as np
+from numba import cuda, float32, uint32
+
+from .ptx import mma_f16_f32, pack_half2
+
+U = np.uint32
+
+# =====================================================================================
+# prepare_x: float32 activations -> float16 in MMQ order + per-token power-of-two scale.
+# =====================================================================================
+PREP_THREADS = 128
+X_LIMIT = 16384.0       # |x / scale| stays below this: fp16 max is 65504, and the products
+                        # of the mma are summed in float32, so only the inputs must fit.
+
+
+@cuda.jit
+def prepare_x_kernel(x, norm_w, out, xscale, cols, eps, has_norm):
+    """One block per token row: optional RMSNorm, per-token scale, fp16 in MMQ order.
+
+    x       float32 [N, cols]   activations (residual stream if has_norm, else normed)
+    norm_w  float32 [cols]      RMSNorm weight (read only if has_norm)
+    out     uint32 [N, cols/2]  the float16 [N, cols] output viewed as pairs, MMQ order:
+            word q of a row holds v[p], v[p + 2], p = 16 (q >> 3) + 4 (q & 3) + ((q >> 2) & 1)
+    xscale  float32 [N]         power of two s with max|v| / s <= X_LIMIT (1 for normal rows)
+    v = x / sqrt(mean(x^2) + eps) * norm_w  (has_norm)  or  v = x
+    Two passes over the row (the second from L1/L2): reduce sum(x^2) and max|x * w|, then
+    convert and write 4-byte words (coalesced).
+    """
+    red_max = cuda.shared.array(PREP_THREADS, float32)
+    red_ss = cuda.shared.array(PREP_THREADS, float32)
+    row = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    m = float32(0.0)
+    ss = float32(0.0)
+    k = tid
+    while k < cols:
+        v = x[row, k]
+        if has_norm:
+            ss += v * v
+            v *= norm_w[k]
+        m = max(m, abs(v))
+        k += PREP_THREADS
+    red_max[tid] = m
+    red_ss[tid] = ss
+    cuda.syncthreads()
+    step = PREP_THREADS // 2
+    while step > 0:
+        if tid < step:
+            red_max[tid] = max(red_max[tid], red_max[tid + step])
+            red_ss[tid] += red_ss[tid + step]
+        cuda.syncthreads()
+        step //= 2
+    rinv = float32(1.0)
+    if has_norm:
+        rinv = float32(1.0) / math.sqrt(red_ss[0] / float32(cols) + float32(eps))
+    amax = red_max[0] * rinv
+    scale = float32(1.0)
+    inv = float32(1.0)
+    # powers of two keep v / scale exact; a non-finite row keeps scale 1 (and stays inf/nan)
+    while amax * inv > float32(X_LIMIT) and scale < float32(1e30):
+        scale *= float32(2.0)
+        inv *= float32(0.5)
+    if tid == 0:
+        xscale[row] = scale
+    q = tid
+    half_cols = cols >> 1
+    while q < half_cols:
+        p = ((q >> 3) << 4) + ((q & 3) << 2) + ((q >> 2) & 1)
+        v0 = x[row, p]
+        v1 = x[row, p + 2]
+        if has_norm:
+            v0 = v0 * rinv * norm_w[p]
+            v1 = v1 * rinv * norm_w[p + 2]
+        out[row, q] = pack_half2(v0 * inv, v1 * inv)
+        q += PREP_THREADS
+
+
+def mmq_order(cols):
+    """Permutation: x_mmq = x[..., mmq_order(cols)] (the value each fp16 slot holds)."""
+    s = np.arange(cols)
+    grp, s16 = s >> 4, s & 15
+    return 16 * grp + 4 * ((s16 & 7) >> 1) + 2 * (s16 & 1) + (s16 >> 3)
+
+
+# =====================================================================================
+# Tensor-core peak probe: back-to-back independent mma.sync from registers.
+# =====================================================================================
+@cuda.jit
+def mma_peak_kernel(out, iters):
+    """Each warp runs 8 independent m16n8k16 accumulator chains for `iters` rounds."""
+    lane = uint32(cuda.threadIdx.x) & U(31)
+    a0 = pack_half2(float32(lane) * float32(1e-3), float32(1e-3))
+    a1 = a0 ^ U(0x00010000)
+    acc = cuda.local.array((8, 4), float32)
+    for c in range(8):
+        for e in range(4):
+            acc[c, e] = float32(0.0)
+    for _ in range(iters):
+        for c in range(8):
+            r = mma_f16_f32(a0, a1, a0, a1, a1, a0, acc[c, 0], acc[c, 1], acc[c, 2], acc[c, 3])
+            acc[c, 0] = r[0]
+            acc[c, 1] = r[1]
+            acc[c, 2] = r[2]
+            acc[c, 3] = r[3]
+    s = float32(0.0)
+    for c in range(8):
+        for e in range(4):
+            s += acc[c, e]
+    out[cuda.grid(1)] = s

@@ -1,0 +1,345 @@
+"""Tests for genie_rt.quant.mmq (prefill GEMM on tensor cores), three ways.
+
+- simulator (default without a GPU; on a GPU machine the same tests run on the device):
+  tiny shapes (16..48 rows, 256..1024 columns, N in {1, 7, 9, 33}) against the float64
+  numpy reference, every format, every epilogue, split-K, several token tiles;
+- PTX: representative kernels compiled for sm_87 and sm_90 (mma.sync, ldmatrix, cp.async,
+  fp16x2 FMA present; no float64; local memory reported and required to be zero);
+- GPU (`-m gpu`): the Qwen3-4B shapes at N = 18, 33, 128, 512, 2048 on fresh random
+  blocks, split-K determinism, the workspace counters left at zero.
+
+Error bound (mmq.error_bound, per output element): with u = 2^-11 (fp16 rounding),
+    |y - ref| <= (3u + cols 2^-22) * sum_k |x_k| W_abs_k
+where W_abs = |s q| + |m| for Q4_K (the terms before cancellation) and |w| otherwise:
+one rounding of x to fp16 (the per-token power-of-two scale is exact), up to two of the
+weight (fp16 scale, fp16 result of q s - m), float32 sums in the tensor core. The tests
+also require the relative rms error to stay below 2e-3 (typical: 3e-4).
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from genie_rt.quant import mmq
+from genie_rt.quant import mmq_kernels as K
+from genie_rt.quant import mmq_prep as P
+from genie_rt.quant import mmq_ptx as X
+from ptx_helpers import assert_no_f64, assert_ptx_contains, compile_in_subprocess, local_memory_bytes
+
+SIM = K.SIMULATOR
+REL_RMS_MAX = 2e-3
+
+
+def to_device(w):
+    return mmq.PackedWeight(w.qtype, w.rows, w.cols, {k: cuda.to_device(v) for k, v in w.planes.items()})
+
+
+def host_x16(x):
+    """What prepare_x produces, computed on the host (keeps simulator tests short)."""
+    return np.ascontiguousarray(x[:, P.mmq_order(x.shape[1])], np.float16), np.ones(x.shape[0], np.float32)
+
+
+def check_close(out, w, x, mode, y0=None, rows=None, where=""):
+    ref = mmq.reference(w, x, mode, y0, rows)
+    bound = mmq.error_bound(w, x, mode, y0, rows)
+    err = np.abs(out.astype(np.float64) - ref)
+    ratio = err / bound
+    if not (ratio <= 1).all():
+        i = np.unravel_index(np.argmax(ratio), ratio.shape)
+        bad = np.argwhere(ratio > 1)
+        pairs = ", ".join(f"{tuple(b)}: {out[tuple(b)]:.6g} vs {ref[tuple(b)]:.6g}" for b in bad[:5])
+        raise AssertionError(f"{where}: {len(bad)} of {ratio.size} outputs beyond the bound; worst "
+                             f"(token, row) {i}: got {out[i]:.6g}, want {ref[i]:.6g}, bound "
+                             f"{bound[i]:.3g}; first: {pairs}")
+    y0_sel = None if y0 is None else (y0 if rows is None else y0[:, rows])
+    base = ref - (np.asarray(y0_sel, np.float64) if mode == "add" else 0)
+    rms = np.sqrt(np.mean(err ** 2) / max(np.mean(base ** 2), 1e-300))
+    assert rms <= REL_RMS_MAX, f"{where}: relative rms error {rms:.2e} > {REL_RMS_MAX}"
+    return float(ratio.max()), float(rms)
+
+
+def run_mmq(w, x, mode, config=None, splits=None, y0=None, use_prepare=False):
+    n = x.shape[0]
+    rows_out = w.rows // 2 if mode == "swiglu" else w.rows
+    wd = to_device(w)
+    if use_prepare:
+        xd = cuda.to_device(x)
+        x16 = cuda.device_array(x.shape, np.float16)
+        xs = cuda.device_array(n, np.float32)
+        mmq.prepare_x(xd, x16, xs)
+    else:
+        h16, hs = host_x16(x)
+        x16, xs = cuda.to_device(h16), cuda.to_device(hs)
+    y = cuda.to_device(np.zeros((n, rows_out), np.float32) if y0 is None else y0.copy())
+    p = mmq.plan(w.qtype, rows_out, w.cols, n, mode, config, splits)
+    ws = cuda.to_device(np.zeros(max(p.workspace, 16), np.uint8))
+    mmq.mmq(wd, x16, xs, y, mode, workspace=ws, config=config, splits=splits)
+    return y.copy_to_host(), ws.copy_to_host()[:4 * p.counters].view(np.int32), p
+
+
+# =====================================================================================
+# Simulator (or device) tests at tiny shapes
+# =====================================================================================
+SMALL_CASES = [
+    # qtype, rows, cols, N, mode, config, splits
+    ("Q4_K", 40, 512, 33, "store", None, 1),        # rows not a multiple of 16, N = 33
+    ("Q6_K", 24, 256, 7, "add", None, 1),
+    ("Q8_0", 16, 256, 1, "store", None, 1),         # N = 1
+    ("Q4_K", 48, 256, 9, "swiglu", None, 1),        # gate/up stacked: 24 outputs
+    ("Q6_K", 40, 1024, 7, "store", None, 2),        # split-K, deterministic reduction
+    ("Q4_K", 40, 512, 20, "add", mmq.TileConfig(wm=1, wn=2, mt=1, nt=1, stages=4), 2),
+    ("Q8_0", 40, 512, 33, "store", mmq.TileConfig(wm=1, wn=2, mt=2, nt=1, stages=2), 1),
+    ("Q6_K", 40, 512, 33, "swiglu", mmq.TileConfig(wm=1, wn=2, mt=2, nt=1, stages=3), 2),
+]
+
+
+@pytest.mark.parametrize("qtype,rows,cols,n,mode,config,splits", SMALL_CASES,
+                         ids=[f"{c[0]}-{c[1]}x{c[2]}-N{c[3]}-{c[4]}-s{c[6]}" + ("-cfg" if c[5] else "")
+                              for c in SMALL_CASES])
+def test_mmq_matches_reference(qtype, rows, cols, n, mode, config, splits):
+    rng = np.random.default_rng(rows * 1000 + n)
+    w = mmq.random_weight(qtype, rows, cols, rng)
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    rows_out = rows // 2 if mode == "swiglu" else rows
+    y0 = rng.standard_normal((n, rows_out)).astype(np.float32) if mode == "add" else None
+    out, counters, p = run_mmq(w, x, mode, config, splits, y0)
+    assert p.splits == splits
+    check_close(out, w, x, mode, y0, where=f"{qtype} {rows}x{cols} N={n} {mode}")
+    assert (counters == 0).all(), f"split-K counters not reset: {counters}"
+
+
+def test_prepare_x_order_and_scale():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 256)).astype(np.float32)
+    x[1, 17] = 1.0e5                   # needs scale 8: 1e5 / 8 = 12500 <= 16384
+    x[2] *= 1e-3                       # small rows keep scale 1
+    xd = cuda.to_device(x)
+    x16 = cuda.device_array(x.shape, np.float16)
+    xs = cuda.device_array(3, np.float32)
+    mmq.prepare_x(xd, x16, xs)
+    want16, want_scale = mmq.prepare_x_reference(x)
+    np.testing.assert_array_equal(xs.copy_to_host(), [1.0, 8.0, 1.0])
+    np.testing.assert_array_equal(want_scale, [1.0, 8.0, 1.0])
+    np.testing.assert_array_equal(x16.copy_to_host(), want16)
+
+
+def test_prepare_x_fused_rmsnorm():
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((2, 256)) * 30).astype(np.float32)
+    w = rng.uniform(0.5, 2.0, 256).astype(np.float32)
+    x16 = cuda.device_array(x.shape, np.float16)
+    xs = cuda.device_array(2, np.float32)
+    mmq.prepare_x(cuda.to_device(x), x16, xs, norm_weight=cuda.to_device(w), eps=1e-6)
+    want16, want_scale = mmq.prepare_x_reference(x, w, 1e-6)
+    got = x16.copy_to_host().astype(np.float32)
+    np.testing.assert_array_equal(xs.copy_to_host(), want_scale)
+    # float32 rsqrt vs float64 in numpy: at most one fp16 rounding step apart
+    np.testing.assert_allclose(got, want16.astype(np.float32), rtol=2 ** -10, atol=0)
+
+
+def test_prepare_x_then_mmq_with_large_activations():
+    # a token row beyond fp16 range goes through the per-token scale and comes back exact
+    rng = np.random.default_rng(5)
+    w = mmq.random_weight("Q8_0", 16, 256, rng)
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    x[0] *= 3e5
+    out, _, _ = run_mmq(w, x, "store", use_prepare=True)
+    check_close(out, w, x, "store", where="prepare_x + mmq, |x| up to 1e6")
+
+
+def test_hfma2_matches_reference():
+    rng = np.random.default_rng(0)
+    a, b, c = (rng.standard_normal(6).astype(np.float16).view(np.uint32) for _ in range(3))
+    want = X.hfma2_reference(a, b, c)
+    if SIM:
+        got = np.array([X.hfma2(a[i], b[i], c[i]) for i in range(3)], np.uint32)
+        np.testing.assert_array_equal(got, want)
+    # the dequantization identity the kernels rely on: (1024 + q) * 1 - 1024 = q exactly
+    q = np.arange(256, dtype=np.uint32)
+    h = (q | 0x6400) | ((q | 0x6400) << 16)
+    r = X.hfma2_reference(h, np.full(256, K.ONE2, np.uint32), np.full(256, K.NEG1024, np.uint32))
+    np.testing.assert_array_equal(r.view(np.float16)[0::2], q.astype(np.float16))
+
+
+def test_mmq_order_pairs_match_weight_bytes():
+    # word t of a 16-group holds (x[4t], x[4t+2]) and word t+4 (x[4t+1], x[4t+3]): the
+    # bytes (0, 2) and (1, 3) of weight word t, which is how the kernels build fragments
+    order = P.mmq_order(32).reshape(2, 8, 2)
+    for grp in range(2):
+        for t in range(4):
+            assert list(order[grp, t]) == [16 * grp + 4 * t, 16 * grp + 4 * t + 2]
+            assert list(order[grp, t + 4]) == [16 * grp + 4 * t + 1, 16 * grp + 4 * t + 3]
+
+
+# =====================================================================================
+# Plans, checks, the error bound (CPU only)
+# =====================================================================================
+def test_plan_picks_by_n_and_splits_k_when_rows_run_out():
+    small = mmq.plan("Q4_K", 9728, 2560, 33, num_sms=132, smem_limit=227 * 1024)
+    assert small.config.bn == 40 and small.config.wn == 1
+    big = mmq.plan("Q4_K", 9728, 2560, 512, num_sms=132, smem_limit=227 * 1024)
+    assert big.config == mmq.LARGE and big.splits == 1 and big.grid == (76, 4, 1)
+    kv = mmq.plan("Q4_K", 1024, 2560, 33, num_sms=132, smem_limit=227 * 1024)
+    assert kv.splits > 1 and kv.stages_per_split % 2 == 0
+    assert kv.splits * kv.stages_per_split >= kv.n_stages > (kv.splits - 1) * kv.stages_per_split
+    assert kv.workspace > 0
+    # a device with less shared memory gets fewer stages, never a failure
+    orin = mmq.plan("Q8_0", 4096, 2560, 512, num_sms=16, smem_limit=163 * 1024)
+    assert orin.smem <= 163 * 1024
+    tight = mmq.plan("Q8_0", 4096, 2560, 512, num_sms=16, smem_limit=120 * 1024)
+    assert tight.smem <= 120 * 1024 and tight.config.stages == 2
+
+
+def test_launcher_refuses_what_it_cannot_do():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="not supported"):
+        mmq.plan("Q5_K", 256, 256, 8)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        mmq.plan("Q4_K", 256, 320, 8)
+    with pytest.raises(ValueError, match="mode"):
+        mmq.plan("Q4_K", 256, 256, 8, mode="gelu")
+    w = to_device(mmq.random_weight("Q4_K", 31, 256, rng))
+    x16 = cuda.to_device(np.zeros((4, 256), np.float16))
+    xs = cuda.to_device(np.ones(4, np.float32))
+    with pytest.raises(ValueError, match="even"):
+        mmq.mmq(w, x16, xs, cuda.to_device(np.zeros((4, 15), np.float32)), mode="swiglu")
+    with pytest.raises(ValueError, match="y must be"):
+        mmq.mmq(w, x16, xs, cuda.to_device(np.zeros((4, 30), np.float32)))
+    w2 = to_device(mmq.random_weight("Q4_K", 16, 1024, rng))
+    with pytest.raises(ValueError, match="workspace"):
+        mmq.mmq(w2, cuda.to_device(np.zeros((4, 1024), np.float16)), xs,
+                cuda.to_device(np.zeros((4, 16), np.float32)), splits=2)
+    with pytest.raises(ValueError, match="x16"):
+        mmq.mmq(w, cuda.to_device(np.zeros((4, 256), np.float32)), xs,
+                cuda.to_device(np.zeros((4, 31), np.float32)))
+
+
+def test_error_bound_catches_a_wrong_sub_block():
+    # the bound is tight enough to see one Q4_K sub-block with the wrong scale
+    rng = np.random.default_rng(2)
+    w = mmq.random_weight("Q4_K", 8, 256, rng)
+    x = rng.standard_normal((4, 256)).astype(np.float32)
+    bad = mmq.PackedWeight(w.qtype, w.rows, w.cols, {k: v.copy() for k, v in w.planes.items()})
+    bad.planes["hdr"][:, 4] ^= 0x20                  # bit 5 of the 6-bit scale of sub-block 0
+    err = np.abs(mmq.reference(bad, x) - mmq.reference(w, x))
+    assert (err > mmq.error_bound(w, x)).mean() > 0.9
+
+
+def test_workspace_bytes_and_stack_rows():
+    rng = np.random.default_rng(4)
+    g = mmq.random_weight("Q4_K", 16, 512, rng)
+    u = mmq.random_weight("Q4_K", 16, 512, rng)
+    gu = mmq.stack_rows(g, u)
+    assert gu.rows == 32 and gu.planes["qs"].shape == (32, 256)
+    np.testing.assert_array_equal(mmq.dequantize_weight(gu)[16:], mmq.dequantize_weight(u))
+    assert mmq.workspace_bytes(gu, 33, "swiglu") == mmq.plan("Q4_K", 16, 512, 33, "swiglu").workspace
+
+
+# =====================================================================================
+# PTX for sm_87 and sm_90
+# =====================================================================================
+PTX_SOURCE = """
+from genie_rt.quant import mmq, mmq_kernels as K
+small, large = mmq.small_config(33), mmq.LARGE
+q4k_small_store = mmq._kernel(K.Q4_K, small, K.EPI_STORE)
+q4k_small_swiglu = mmq._kernel(K.Q4_K, small, K.EPI_SWIGLU)
+q4k_large_store = mmq._kernel(K.Q4_K, large, K.EPI_STORE)
+q4k_large_add = mmq._kernel(K.Q4_K, large, K.EPI_ADD)
+q6k_small_add = mmq._kernel(K.Q6_K, small, K.EPI_ADD)
+q6k_large_store = mmq._kernel(K.Q6_K, large, K.EPI_STORE)
+q8_0_small_store = mmq._kernel(K.Q8_0, small, K.EPI_STORE)
+q8_0_large_store = mmq._kernel(K.Q8_0, large, K.EPI_STORE)
+from genie_rt.quant import mmq_prep as P
+prepare_x_kernel = P.prepare_x_kernel
+mma_peak_kernel = P.mma_peak_kernel
+"""
+MMQ_KERNELS = {
+    "q4k_small_store": K.Q4_K, "q4k_small_swiglu": K.Q4_K, "q4k_large_store": K.Q4_K,
+    "q4k_large_add": K.Q4_K, "q6k_small_add": K.Q6_K, "q6k_large_store": K.Q6_K,
+    "q8_0_small_store": K.Q8_0, "q8_0_large_store": K.Q8_0,
+}
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    kernels = {name: mmq.kernel_signature(fmt) for name, fmt in MMQ_KERNELS.items()}
+    kernels["prepare_x_kernel"] = mmq.PREPARE_X_SIGNATURE
+    kernels["mma_peak_kernel"] = "void(float32[::1], int64)"
+    return compile_in_subprocess(PTX_SOURCE, kernels)
+
+
+@pytest.mark.slow
+def test_mmq_kernels_use_tensor_cores_and_no_f64(ptx):
+    report = []
+    for name in MMQ_KERNELS:
+        for cc, text in ptx[name].items():
+            where = f"{name} sm_{cc[0]}{cc[1]}"
+            assert_ptx_contains(text, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                                "ldmatrix.sync.aligned.m8n8.x4", "cp.async.cg.shared.global",
+                                "cp.async.wait_group", "fma.rn.f16x2", where=where)
+            assert_no_f64(text, where)
+            local = local_memory_bytes(text)
+            report.append(f"{where}: local {local} B, {text.count('mma.sync')} mma")
+            assert local == 0, f"{where}: {local} bytes of local memory (accumulators spilled?)"
+    print("\n".join(report))
+
+
+@pytest.mark.slow
+def test_helper_kernels_ptx(ptx):
+    for name in ("prepare_x_kernel", "mma_peak_kernel"):
+        for cc, text in ptx[name].items():
+            assert_no_f64(text, f"{name} sm_{cc[0]}{cc[1]}")
+    for text in ptx["mma_peak_kernel"].values():
+        assert_ptx_contains(text, "mma.sync", where="mma_peak_kernel")
+        assert local_memory_bytes(text) == 0
+    for text in ptx["prepare_x_kernel"].values():
+        assert_ptx_contains(text, "cvt.rn.f16x2.f32", where="prepare_x_kernel")
+
+
+# =====================================================================================
+# GPU: real shapes
+# =====================================================================================
+QWEN3_4B = [
+    # name, rows, cols, qtype, mode
+    ("q", 4096, 2560, "Q4_K", "store"),
+    ("k", 1024, 2560, "Q4_K", "store"),
+    ("v", 1024, 2560, "Q6_K", "store"),
+    ("o", 2560, 4096, "Q4_K", "add"),
+    ("gate_up", 2 * 9728, 2560, "Q4_K", "swiglu"),
+    ("down", 2560, 9728, "Q6_K", "add"),
+    ("down_q4k", 2560, 9728, "Q4_K", "add"),
+    ("q_q8_0", 4096, 2560, "Q8_0", "store"),
+]
+
+
+@pytest.fixture(scope="module")
+def gpu_weights():
+    rng = np.random.default_rng(7)
+    return {name: (mmq.random_weight(qt, rows, cols, rng), mode)
+            for name, rows, cols, qt, mode in QWEN3_4B}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [18, 33, 128, 512, 2048])
+@pytest.mark.parametrize("name", [s[0] for s in QWEN3_4B])
+def test_gpu_qwen3_shapes(gpu_weights, name, n):
+    w, mode = gpu_weights[name]
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((n, w.cols)).astype(np.float32)
+    rows_out = w.rows // 2 if mode == "swiglu" else w.rows
+    y0 = rng.standard_normal((n, rows_out)).astype(np.float32) if mode == "add" else None
+    out, counters, p = run_mmq(w, x, mode, y0=y0, use_prepare=True)
+    rows = np.sort(rng.choice(rows_out, 256, replace=False))
+    ratio, rms = check_close(out[:, rows], w, x, mode, y0, rows,
+                             where=f"{name} N={n} {p.config.name} split {p.splits}")
+    assert (counters == 0).all()
+    print(f"{name} N={n}: {p.config.name} split {p.splits}, err/bound {ratio:.3f}, rel rms {rms:.1e}")
+
+
+@pytest.mark.gpu
+def test_gpu_split_k_is_deterministic(gpu_weights):
+    w, _ = gpu_weights["down"]
+    x = np.random.default_rng(9).standard_normal((33, w.cols)).astype(np.float32)
+    a, _, p = run_mmq(w, x, "store", use_prepare=True)
+    b, _, _ = run_mmq(w, x, "store", use_prepare=True)
+    assert p.splits > 1
+    np.testing.assert_array_equal(a, b)
