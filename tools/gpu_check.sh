@@ -33,7 +33,7 @@ for s in "$@"; do
   case "$s" in
     kernels)
       stage kernels
-      timeout 420 $PY -m pytest -q -m gpu -p no:cacheprovider -x --durations=10 \
+      timeout ${KT:-330} $PY -m pytest -q -m gpu -p no:cacheprovider --durations=10 \
         tests/test_ptx.py tests/test_gemv.py tests/test_mmq.py tests/test_attention.py \
         tests/test_rope_write.py tests/test_device_pool.py tests/test_embed.py tests/test_norm.py \
         tests/test_gpu_sampling.py 2>&1 | tee "$OUT/kernels.txt" | tail -30 ;;
@@ -47,7 +47,7 @@ for s in "$@"; do
       done ;;
     engine)
       stage engine
-      timeout 420 $PY -m pytest -q -m gpu -p no:cacheprovider --durations=10 \
+      timeout ${ET:-240} $PY -m pytest -q -m gpu -p no:cacheprovider --durations=10 \
         tests/test_backend_cuda.py 2>&1 | tee "$OUT/engine.txt" | tail -30 ;;
     bench)
       stage bench
