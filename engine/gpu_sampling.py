@@ -1034,8 +1034,7 @@ def make_workspace(vocab: int, **kw) -> SamplerWorkspace:
     return ws
 
 
-def _is_device_array(a) -> bool:
-    return hasattr(a, "copy_to_host") and not isinstance(a, np.ndarray)
+_is_device_array = ptx.is_device_array
 
 
 def _check(name, a, dtype, min_len=1, length=None):

@@ -153,8 +153,7 @@ def compile_kernels() -> None:
     _compiled = True
 
 
-def _is_device_array(a) -> bool:
-    return hasattr(a, "copy_to_host") and not isinstance(a, np.ndarray)
+_is_device_array = ptx.is_device_array
 
 
 def _check2d(name, a, dtypes, shape=None):

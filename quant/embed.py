@@ -242,8 +242,7 @@ def compile_kernels(qtypes=None) -> None:
     _compiled = qtypes is None
 
 
-def _is_device_array(a) -> bool:
-    return hasattr(a, "copy_to_host") and not isinstance(a, np.ndarray)
+_is_device_array = ptx.is_device_array
 
 
 def device_planes(table: PackedWeight) -> list:

@@ -153,8 +153,7 @@ class GemvWeight:
         return (self.qtype, self.mode)
 
 
-def _is_device(a) -> bool:
-    return hasattr(a, "__cuda_array_interface__") or type(a).__name__ == "FakeCUDAArray"
+_is_device = K.ptx.is_device_array
 
 
 def _address(a) -> int:

@@ -71,6 +71,14 @@ def _simulator_enabled() -> bool:
 
 SIMULATOR: bool = _simulator_enabled()
 
+
+def is_device_array(a) -> bool:
+    """A CUDA array kernels can take: numba's device arrays (mapped and pinned-device
+    ones too, which are also numpy arrays), any __cuda_array_interface__ object, or the
+    simulator's stand-in. Launchers use it to refuse host arrays, which numba would
+    silently copy on every launch."""
+    return hasattr(a, "__cuda_array_interface__") or type(a).__name__ == "FakeCUDAArray"
+
 # =====================================================================================
 # Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k16 / m16n8k32").
 # groupID g = lane >> 2 (0..7), threadID_in_group t = lane & 3 (0..3).
