@@ -347,8 +347,14 @@ class CUDABackend:
                 r0 += rows
         raise KeyError(tensor)
 
+    def _gemv_weight(self, w: PackedWeight):
+        """The decode GEMV view of a matrix, in the configured mode where the format has it."""
+        from genie_rt.quant import gemv
+        modes = gemv.K.MODES[QType(w.qtype)]
+        return gemv.prepare_weight(w, self.ecfg.gemv_mode if self.ecfg.gemv_mode in modes else None)
+
     def _build_views(self) -> None:
-        from genie_rt.quant import embed, gemv
+        from genie_rt.quant import embed
         cfg, A = self.cfg, self.arena
         self.layers = []
         for i in range(cfg.n_layers):
@@ -356,11 +362,10 @@ class CUDABackend:
             m = {k: self._matrix(key, b + k + ".weight") for key, ks in
                  ((f"{i}.qkv", ("attn_q", "attn_k", "attn_v")), (f"{i}.o", ("attn_output",)),
                   (f"{i}.gu", ("ffn_gate", "ffn_up")), (f"{i}.down", ("ffn_down",))) for k in ks}
+            gw = self._gemv_weight
             self.layers.append(dict(
-                g_q=gemv.prepare_weight(m["attn_q"]), g_k=gemv.prepare_weight(m["attn_k"]),
-                g_v=gemv.prepare_weight(m["attn_v"]), g_o=gemv.prepare_weight(m["attn_output"]),
-                g_gate=gemv.prepare_weight(m["ffn_gate"]), g_up=gemv.prepare_weight(m["ffn_up"]),
-                g_down=gemv.prepare_weight(m["ffn_down"]),
+                g_q=gw(m["attn_q"]), g_k=gw(m["attn_k"]), g_v=gw(m["attn_v"]), g_o=gw(m["attn_output"]),
+                g_gate=gw(m["ffn_gate"]), g_up=gw(m["ffn_up"]), g_down=gw(m["ffn_down"]),
                 m_qkv=[self._packed(grp) for grp in self.lay.groups[f"{i}.qkv"]],
                 m_o=self._packed(self.lay.groups[f"{i}.o"][0]),
                 m_gu=[self._packed(grp) for grp in self.lay.groups[f"{i}.gu"]],
@@ -371,12 +376,15 @@ class CUDABackend:
         self.embd = self._packed(self.lay.groups["embd"][0])
         self.embd_planes = embed.device_planes(self.embd)
         out_grp = self.lay.groups["out" if "out" in self.lay.groups else "embd"][0]
-        self.g_out = gemv.prepare_weight(self._packed(out_grp))
+        self.g_out = self._gemv_weight(self._packed(out_grp))
         self.output_norm = A["output_norm.weight"]
 
     # -- the recorded sequences ----------------------------------------------------------
-    def _q8(self, x, key):
+    def _q8(self, x, key, *weights):
+        """q8 activations of x for the GEMVs of `weights` (no launch if none reads them)."""
         from genie_rt.quant import gemv
+        if not gemv.needs_q8(*weights):
+            return None, None
         xq, xs = self.arena[f"xq.{key}"], self.arena[f"xs.{key}"]
         gemv.quantize_q8(x, xq, xs, stream=self.stream)
         return xq, xs
@@ -392,17 +400,17 @@ class CUDABackend:
         embed.embed(self.embd, self.state[S_TOKEN:S_TOKEN + 1], x, stream=s, planes=self.embd_planes)
         for Lw in self.layers:
             norm.rmsnorm(x, Lw["attn_norm"], h, cfg.rms_eps, stream=s)
-            xq, xs = self._q8(h, "E")
+            xq, xs = self._q8(h, "E", Lw["g_q"], Lw["g_k"], Lw["g_v"])
             gemv.gemv_qkv(Lw["g_q"], Lw["g_k"], Lw["g_v"], h, qkv, xq=xq, xs=xs, stream=s)
             rope_write(qkv, Lw["q_norm"], Lw["k_norm"], cfg.rms_eps, A["rope.cos"], A["rope.sin"],
                        self.state, q, Lw["kv"], stream=s)
             decode_attention(q, Lw["kv"], self.state, attn, self.dws, stream=s)
-            xq, xs = self._q8(attn, "Q")
+            xq, xs = self._q8(attn, "Q", Lw["g_o"])
             gemv.gemv(Lw["g_o"], attn, x, xq=xq, xs=xs, residual=x, stream=s)
             norm.rmsnorm(x, Lw["ffn_norm"], h, cfg.rms_eps, stream=s)
-            xq, xs = self._q8(h, "E")
+            xq, xs = self._q8(h, "E", Lw["g_gate"], Lw["g_up"])
             gemv.gemv_swiglu(Lw["g_gate"], Lw["g_up"], h, ff, xq=xq, xs=xs, stream=s)
-            xq, xs = self._q8(ff, "F")
+            xq, xs = self._q8(ff, "F", Lw["g_down"])
             gemv.gemv(Lw["g_down"], ff, x, xq=xq, xs=xs, residual=x, stream=s)
 
     def _record_head(self, x_last, sample: str | None) -> None:
@@ -412,7 +420,7 @@ class CUDABackend:
         A, s = self.arena, self.stream
         h = A["h"]
         norm.rmsnorm(x_last, self.output_norm, h, self.cfg.rms_eps, stream=s)
-        xq, xs = self._q8(h, "E")
+        xq, xs = self._q8(h, "E", self.g_out)
         gemv.gemv(self.g_out, h, A["logits"], xq=xq, xs=xs, stream=s)
         logits = A["logits"].reshape(self.cfg.vocab_size)
         if sample == "greedy":

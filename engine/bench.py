@@ -79,11 +79,13 @@ def time_tg(backend, rng, vocab, n: int, depth: int) -> float:
     _fill(backend, rng, vocab, depth)
     sampler = Sampler(SamplingParams(temperature=0))
     token = int(rng.integers(0, vocab))
-    history: list[int] = []
+    history: list[int] = [token]
     _sync(backend)
     t0 = time.perf_counter()
-    for i in range(n):
-        token = backend.decode_sample(token, depth + i, sampler, history)
+    steps = backend.decode_tokens(token, depth, sampler, history)   # what generation runs
+    for _ in range(n):
+        history.append(next(steps))
+    steps.close()
     _sync(backend)
     return n / (time.perf_counter() - t0)
 

@@ -117,6 +117,9 @@ class EngineConfig:
     kv_dtype: KVDType = "int8"
     reserve_bytes: int | None = None    # memory left for the rest of the system; None: default
     prefill_chunk: int = 512            # prompt tokens per prefill pass
+    gemv_mode: Literal["dp4a", "f32"] = "dp4a"   # CUDA decode: q8 activations + dp4a (fast, like
+                                                 # llama.cpp) or float32 activations (closest to the
+                                                 # CPU reference: greedy-text parity on near-tied logits)
     kv_cache_dir: str | None = None     # persistent per-conversation KV files
     kv_cache_budget: int = 1 << 30      # bytes on disk for conversation caches
     seed: int | None = None

@@ -39,10 +39,10 @@ for s in "$@"; do
         tests/test_gpu_sampling.py 2>&1 | tee "$OUT/kernels.txt" | tail -30 ;;
     micro)
       stage micro
-      for m in genie_rt.quant.gemv genie_rt.quant.mmq genie_rt.kvcache.attention; do
+      for m in ${MICRO:-genie_rt.quant.gemv genie_rt.quant.mmq genie_rt.kvcache.attention}; do
         timeout 240 $PY -m $m --json "$OUT/${m##*.}.json" 2>&1 | tee "$OUT/${m##*.}.txt" | tail -40
       done
-      for m in genie_rt.engine.gpu_sampling genie_rt.quant.embed genie_rt.engine.norm; do
+      for m in ${MICRO_SMALL:-genie_rt.engine.gpu_sampling genie_rt.quant.embed genie_rt.engine.norm}; do
         timeout 120 $PY -m $m 2>&1 | tee "$OUT/${m##*.}.txt" | tail -15
       done ;;
     engine)
