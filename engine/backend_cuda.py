@@ -262,7 +262,7 @@ class CUDABackend:
     name = "cuda"
 
     def __init__(self, g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, plan: MemoryPlan,
-                 use_graphs: bool | None = None):
+                 use_graphs: bool | None = None, warm: bool = True):
         from numba import cuda
 
         from genie_rt.engine import gpu_sampling
@@ -302,7 +302,7 @@ class CUDABackend:
         self.stream.synchronize()
         self.load_seconds = time.perf_counter() - t0
         self.compile_seconds = 0.0
-        if not self.simulator:
+        if warm and not self.simulator:
             self.warm_up()
 
     # -- weights ---------------------------------------------------------------------

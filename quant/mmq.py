@@ -52,6 +52,11 @@ from . import mmq_kernels as K
 from . import mmq_prep as P
 
 SUPPORTED = {QType.Q4_K: K.Q4_K, QType.Q6_K: K.Q6_K, QType.Q8_0: K.Q8_0}
+# Split-K workspace layout: every plan's int32 tile counters start at byte 0 of a region
+# of this size and its partial sums start after it. The kernels leave their counters at
+# zero, so one workspace, zeroed once, serves any sequence of launches of different
+# plans on one stream: no launch's partial sums can land on another plan's counters.
+COUNTER_BYTES = 1 << 16
 MODES = {"store": K.EPI_STORE, "add": K.EPI_ADD, "swiglu": K.EPI_SWIGLU}
 COL_MULTIPLE = 256      # K must be whole super-blocks (and 8-block groups for Q8_0)
 
@@ -358,7 +363,10 @@ def plan(qtype, rows_out: int, cols: int, n: int, mode: str = "store", config: T
     ws, counters = 0, 0
     if sp > 1:
         counters = -(-tiles // 4) * 4
-        ws = 4 * counters + 4 * tiles * sp * cfg.threads * cfg.mt * cfg.nt * 4
+        if 4 * counters > COUNTER_BYTES:
+            raise ValueError(f"mmq: {tiles} output tiles need more split-K counters than the "
+                             f"{COUNTER_BYTES}-byte counter region holds; use fewer splits")
+        ws = COUNTER_BYTES + 4 * tiles * sp * cfg.threads * cfg.mt * cfg.nt * 4
     return Plan(fmt, epi, cfg, rows_out, n, grid, sp, sps, n_stages, smem, ws, counters)
 
 
@@ -514,7 +522,8 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
     x16        float16 [N, cols] from prepare_x; xscale float32 [N] from prepare_x
     y          float32 [N, rows] ("store", "add": read and written), [N, rows/2] ("swiglu")
     workspace  uint8 device array >= workspace_bytes(w, N, mode) bytes (zeroed once after
-               allocation), or None when that is 0
+               allocation; may be shared by every launch on this stream, whatever its
+               plan - see COUNTER_BYTES), or None when that is 0
     stream     numba stream (or 0); config/splits override the automatic plan (benchmarks)
     """
     _check(w.qtype in SUPPORTED, f"{QType(w.qtype).name} weights are not supported "
@@ -546,7 +555,7 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
                f"this shape splits K {p.splits} ways and needs a uint8 workspace of "
                f"{p.workspace} bytes (workspace_bytes(w, {n}, {mode!r}))")
         cnt = workspace[:4 * p.counters].view(np.int32)
-        ws = workspace[4 * p.counters:p.workspace].view(np.float32)
+        ws = workspace[COUNTER_BYTES:p.workspace].view(np.float32)
     else:
         flat = y.reshape(y.shape[0] * y.shape[1])        # never touched with one split
         ws, cnt = flat, flat.view(np.int32)

@@ -107,6 +107,25 @@ def test_mmq_matches_reference(qtype, rows, cols, n, mode, config, splits):
     assert (counters == 0).all(), f"split-K counters not reset: {counters}"
 
 
+def test_one_workspace_serves_launches_of_different_plans():
+    """The engine runs every GEMM of a forward on one workspace, one after another. A plan
+    with more split-K counters than the previous launch must still find its counters at
+    zero (the previous launch's partial sums may not land where they live)."""
+    rng = np.random.default_rng(11)
+    cfg = mmq.TileConfig(wm=1, wn=1, mt=1, nt=1, stages=2)            # 16 rows x 8 tokens a tile
+    small = mmq.random_weight("Q4_K", 16, 512, rng)                    # 1 row tile: 4 counters
+    large = mmq.random_weight("Q4_K", 80, 512, rng)                    # 5 row tiles: 8 counters
+    x = rng.standard_normal((3, 512)).astype(np.float32)
+    h16, hs = host_x16(x)
+    x16, xs = cuda.to_device(h16), cuda.to_device(hs)
+    size = max(mmq.plan(w.qtype, w.rows, w.cols, 3, "store", cfg, 2).workspace for w in (small, large))
+    ws = cuda.to_device(np.zeros(size, np.uint8))
+    for w in (small, large, small, large):
+        y = cuda.to_device(np.zeros((3, w.rows), np.float32))
+        mmq.mmq(to_device(w), x16, xs, y, "store", workspace=ws, config=cfg, splits=2)
+        check_close(y.copy_to_host(), w, x, "store", where=f"{w.rows} rows after another plan")
+
+
 def test_prepare_x_order_and_scale():
     rng = np.random.default_rng(3)
     x = rng.standard_normal((3, 256)).astype(np.float32)
