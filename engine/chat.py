@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 

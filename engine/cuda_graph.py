@@ -81,3 +81,34 @@ class CUDAGraph:
             self.close()
         except Exception:
             pass
+
+
+def time_us(fn, stream, per: int = 20, reps: int = 15) -> float:
+    """Median device time of one `fn()` in microseconds, from CUDA events around a graph
+    of `per` captured calls, so host launch overhead does not count (as in the decode
+    graph). Falls back to plain launches where graphs cannot be captured."""
+    import numpy as np
+    from numba import cuda
+    fn()                                   # compile and warm up outside the capture
+    stream.synchronize()
+    graph = CUDAGraph(stream)
+    try:
+        with graph.capture():
+            for _ in range(per):
+                fn()
+        run = graph.replay
+    except CUDAGraphError as exc:
+        print(f"  (no CUDA graph: {exc}; timing plain launches)")
+        run, per = fn, 1
+    run()
+    stream.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = cuda.event(), cuda.event()
+        a.record(stream)
+        run()
+        b.record(stream)
+        b.synchronize()
+        times.append(cuda.event_elapsed_time(a, b) * 1e3 / per)
+    graph.close()
+    return float(np.median(times))

@@ -1138,34 +1138,6 @@ def advance_state(state, stream=0) -> None:
 # =====================================================================================
 # Benchmark: python -m genie_rt.engine.gpu_sampling
 # =====================================================================================
-def _time_us(fn, stream, per=20, reps=15):
-    """Median device time of one fn() from CUDA events around a captured graph of `per`
-    calls (launch overhead excluded, as in the decode graph)."""
-    fn()
-    stream.synchronize()
-    try:
-        from .cuda_graph import CUDAGraph
-        g = CUDAGraph(stream)
-        with g.capture():
-            for _ in range(per):
-                fn()
-        run = g.replay
-    except Exception as e:             # no graphs here: plain launches (host-bound times)
-        print(f"  (no CUDA graph: {e!r}; timing plain launches)")
-        run, per = fn, 1
-    run()
-    stream.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = cuda.event(), cuda.event()
-        a.record(stream)
-        run()
-        b.record(stream)
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / per)
-    return float(np.median(times))
-
-
 def _bench_geometry(vocab):
     return {} if vocab >= 65536 else dict(block=32, chunk=128)     # small: simulator dry runs
 
@@ -1199,6 +1171,7 @@ def _validate(ws, state, out, rng, vocab):
 
 
 def _bench(vocab: int = 151936, reps: int = 15) -> list[tuple[str, float, int]]:
+    from .cuda_graph import time_us as _time_us
     from .sampling import SamplingParams
     compile_kernels()
     rng = np.random.default_rng(0)

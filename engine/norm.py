@@ -234,7 +234,8 @@ def swiglu_fused(gate_up, out, stream=0, block: int = 256) -> None:
 # =====================================================================================
 # Benchmark: python -m genie_rt.engine.norm
 # =====================================================================================
-def _bench(d: int = 2560, n_ff: int = 9728, ns=(1, 33, 512), reps: int = 200) -> list[tuple]:
+def _bench(d: int = 2560, n_ff: int = 9728, ns=(1, 33, 512)) -> list[tuple]:
+    from .cuda_graph import time_us as _time_us
     rng = np.random.default_rng(0)
     eps = 1e-6
     stream = cuda.stream()
@@ -267,34 +268,9 @@ def _bench(d: int = 2560, n_ff: int = 9728, ns=(1, 33, 512), reps: int = 200) ->
                  ("add_rmsnorm", lambda: add_rmsnorm(x, dl, w, o32, eps, stream), 16 * n * d),
                  ("swiglu_fused", lambda: swiglu_fused(gu, h, stream), 12 * n * n_ff)]
         for name, fn, nbytes in cases:
-            us = _time_us(fn, stream, reps)
+            us = _time_us(fn, stream)
             rows.append((name, n, us, nbytes / us / 1e3))
     return rows
-
-
-def _time_us(fn, stream, reps):
-    """Median per-launch device time over `reps` launches in a CUDA graph (so launch
-    overhead does not count), from CUDA events."""
-    fn()
-    stream.synchronize()
-    try:
-        from .cuda_graph import CUDAGraph
-        g = CUDAGraph(stream)
-        with g.capture():
-            for _ in range(20):
-                fn()
-        run, per = g.replay, 20
-    except Exception:                  # no graph support: plain launches
-        run, per = fn, 1
-    times = []
-    for _ in range(max(3, reps // per)):
-        a, b = cuda.event(), cuda.event()
-        a.record(stream)
-        run()
-        b.record(stream)
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / per)
-    return float(np.median(times))
 
 
 if __name__ == "__main__":

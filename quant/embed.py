@@ -303,7 +303,8 @@ def to_device(table: PackedWeight, stream=0) -> PackedWeight:
 # =====================================================================================
 # Benchmark: python -m genie_rt.quant.embed
 # =====================================================================================
-def _bench(rows: int = 151936, cols: int = 2560, ns=(1, 33, 512), reps: int = 200):
+def _bench(rows: int = 151936, cols: int = 2560, ns=(1, 33, 512)):
+    from genie_rt.engine.cuda_graph import time_us as _time_us
     from .formats import quantize
     from .layout import pack
     rng = np.random.default_rng(0)
@@ -325,32 +326,9 @@ def _bench(rows: int = 151936, cols: int = 2560, ns=(1, 33, 512), reps: int = 20
             ref = embed_reference(host, ids_h)
             assert np.array_equal(out.copy_to_host(), ref), f"{qt.name} n={n}: not bit-exact"
             row_bytes = host.nbytes // rows
-            us = _time_us(lambda: embed(dev, ids, out, stream, planes), stream, reps)
+            us = _time_us(lambda: embed(dev, ids, out, stream, planes), stream)
             results.append((qt.name, n, us, (n * row_bytes + 4 * n * cols) / us / 1e3))
     return results
-
-
-def _time_us(fn, stream, reps=200):
-    fn()
-    stream.synchronize()
-    try:
-        from genie_rt.engine.cuda_graph import CUDAGraph
-        g = CUDAGraph(stream)
-        with g.capture():
-            for _ in range(20):
-                fn()
-        run, per = g.replay, 20
-    except Exception:
-        run, per = fn, 1
-    times = []
-    for _ in range(max(3, reps // per)):
-        a, b = cuda.event(), cuda.event()
-        a.record(stream)
-        run()
-        b.record(stream)
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / per)
-    return float(np.median(times))
 
 
 if __name__ == "__main__":
