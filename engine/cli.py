@@ -24,6 +24,9 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool) -> None:
     p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context length (default: what fits, up to the model's)")
     p.add_argument("--kv", choices=("int8", "f16", "f32"), default="int8", help="KV cache type (default int8)")
+    p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per prefill pass (default 512)")
+    p.add_argument("--gemv-mode", choices=("dp4a", "f32"), default="dp4a",
+                   help="CUDA decode GEMVs: q8 activations with dp4a (fast) or float32 (closest to the CPU reference)")
     p.add_argument("--reserve-mb", type=int, default=None,
                    help="memory to leave for the rest of the system, MiB (default 512; 1536 on a Jetson)")
     p.add_argument("--kv-cache-dir", default=None, help="folder for persistent per-conversation KV caches")
@@ -44,7 +47,10 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 def _engine_config(args):
     from .config import EngineConfig
+    if args.prefill_chunk < 1:
+        raise ValueError(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
     return EngineConfig(backend=args.backend, n_ctx=args.ctx, kv_dtype=args.kv,
+                        prefill_chunk=args.prefill_chunk, gemv_mode=args.gemv_mode,
                         reserve_bytes=None if args.reserve_mb is None else args.reserve_mb << 20,
                         kv_cache_dir=args.kv_cache_dir, kv_cache_budget=args.kv_cache_budget_mb << 20)
 
