@@ -58,7 +58,7 @@ from .qwen3 import check_tensors
 log = logging.getLogger("genie_rt.cuda")
 
 MiB = 1 << 20
-BUCKETS = (8, 16, 32, 48, 64, 128, 256, 512)
+BUCKETS = (16, 32, 64, 128, 256, 512)   # prefill graph sizes; each small size compiles its own GEMM tile
 OUT_SLOTS = 64                    # host-mapped ring of sampled tokens
 S_POS, S_TOKEN, S_DRAWS, S_HIST, S_LAST = 0, 1, 2, 3, 4
 OVERHEAD_DISCRETE = 384 * MiB     # modules, graphs, numba and driver allocations

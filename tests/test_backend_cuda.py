@@ -46,7 +46,7 @@ def test_simulated_forward_matches_cpu(tmp_path):
     write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
                                      vocab=300, text_tokens=274), seed=0, exact=True)
     gpu, cpu, _ = make_backends(path, "f16", n_ctx=64, chunk=16)
-    tokens = np.array([5, 17, 100, 3, 250, 9, 42], np.int32)       # 7 tokens: bucket 8, one pad row
+    tokens = np.array([5, 17, 100, 3, 250, 9, 42], np.int32)       # 7 tokens: bucket 16, nine pad rows
     got, ref = gpu.prefill(tokens, 0), cpu.prefill(tokens, 0)
     assert cosine_rows(got, ref)[0] >= 0.999 and got.argmax() == ref.argmax()
     got, ref = gpu.decode(77, 7), cpu.decode(77, 7)
