@@ -11,13 +11,13 @@ Load (all before the first token):
   3. Every kernel is compiled and the decode step and the prefill buckets are captured
      into CUDA graphs (a first, uncaptured run compiles; the capture records).
 
-Decode step (one token, `_record_decode`), per layer - 11 launches, one graph:
-    h = rmsnorm(x) * attn_norm; q8(h)               engine/norm.py, quant/gemv.py
+Decode step (one token, `_record_decode`), per layer - 9 launches, one graph:
+    q8(rmsnorm(x) * attn_norm)                      engine/norm.py (one fused launch)
     qkv = [Wq h | Wk h | Wv h]                      one GEMV launch, mixed types allowed
     q, cache <- qk_norm + rope(qkv) at state[0]     kvcache/rope_write.py
     a = attention(q, cache[0 .. state[0]])          kvcache/attention.py (flash-decoding)
     x += Wo q8(a)                                   GEMV with fused residual
-    h = rmsnorm(x) * ffn_norm; q8(h)
+    q8(rmsnorm(x) * ffn_norm)                       one fused launch
     f = silu(Wg h) * (Wu h)                         one GEMV launch
     x += Wdown q8(f)
 then the head: rmsnorm, the output GEMV into the logits, sampling on the GPU (the token
@@ -380,17 +380,29 @@ class CUDABackend:
         self.output_norm = A["output_norm.weight"]
 
     # -- the recorded sequences ----------------------------------------------------------
-    def _q8(self, x, key, *weights):
-        """q8 activations of x for the GEMVs of `weights` (no launch if none reads them)."""
+    def _q8(self, x, key, *weights, norm_of=None):
+        """q8 activations of x for the GEMVs of `weights` (no launch if none reads them).
+
+        norm_of=(src, w): x is rmsnorm(src) * w, computed here too. When a weight reads
+        q8, one rmsnorm_q8 launch writes xq, xs - and x only if a weight reads float x
+        (an "f32"-mode weight); otherwise a plain rmsnorm writes x. Same values either
+        way (rmsnorm_q8 is bit-identical to rmsnorm + quantize_q8)."""
+        from genie_rt.engine import norm
         from genie_rt.quant import gemv
         if not gemv.needs_q8(*weights):
+            if norm_of is not None:
+                norm.rmsnorm(norm_of[0], norm_of[1], x, self.cfg.rms_eps, stream=self.stream)
             return None, None
         xq, xs = self.arena[f"xq.{key}"], self.arena[f"xs.{key}"]
-        gemv.quantize_q8(x, xq, xs, stream=self.stream)
+        if norm_of is None:
+            gemv.quantize_q8(x, xq, xs, stream=self.stream)
+        else:
+            reads_float = any(w.mode != "dp4a" for w in weights)
+            norm.rmsnorm_q8(norm_of[0], norm_of[1], xq, xs, self.cfg.rms_eps, stream=self.stream,
+                            out=x if reads_float else None)
         return xq, xs
 
     def _record_decode_layers(self) -> None:
-        from genie_rt.engine import norm
         from genie_rt.kvcache.attention import decode_attention
         from genie_rt.kvcache.rope_write import rope_write
         from genie_rt.quant import embed, gemv
@@ -399,28 +411,26 @@ class CUDABackend:
         qkv, q, attn, ff = A["qkv"][:1], A["q"][:1], A["attn"][:1], A["ff"][:1]
         embed.embed(self.embd, self.state[S_TOKEN:S_TOKEN + 1], x, stream=s, planes=self.embd_planes)
         for Lw in self.layers:
-            norm.rmsnorm(x, Lw["attn_norm"], h, cfg.rms_eps, stream=s)
-            xq, xs = self._q8(h, "E", Lw["g_q"], Lw["g_k"], Lw["g_v"])
+            # h = rmsnorm(x) * attn_norm and its q8: one launch (see _q8)
+            xq, xs = self._q8(h, "E", Lw["g_q"], Lw["g_k"], Lw["g_v"], norm_of=(x, Lw["attn_norm"]))
             gemv.gemv_qkv(Lw["g_q"], Lw["g_k"], Lw["g_v"], h, qkv, xq=xq, xs=xs, stream=s)
             rope_write(qkv, Lw["q_norm"], Lw["k_norm"], cfg.rms_eps, A["rope.cos"], A["rope.sin"],
                        self.state, q, Lw["kv"], stream=s)
             decode_attention(q, Lw["kv"], self.state, attn, self.dws, stream=s)
             xq, xs = self._q8(attn, "Q", Lw["g_o"])
             gemv.gemv(Lw["g_o"], attn, x, xq=xq, xs=xs, residual=x, stream=s)
-            norm.rmsnorm(x, Lw["ffn_norm"], h, cfg.rms_eps, stream=s)
-            xq, xs = self._q8(h, "E", Lw["g_gate"], Lw["g_up"])
+            xq, xs = self._q8(h, "E", Lw["g_gate"], Lw["g_up"], norm_of=(x, Lw["ffn_norm"]))
             gemv.gemv_swiglu(Lw["g_gate"], Lw["g_up"], h, ff, xq=xq, xs=xs, stream=s)
             xq, xs = self._q8(ff, "F", Lw["g_down"])
             gemv.gemv(Lw["g_down"], ff, x, xq=xq, xs=xs, residual=x, stream=s)
 
     def _record_head(self, x_last, sample: str | None) -> None:
         """Final norm, output projection, and (optionally) sampling of one row."""
-        from genie_rt.engine import gpu_sampling, norm
+        from genie_rt.engine import gpu_sampling
         from genie_rt.quant import gemv
         A, s = self.arena, self.stream
         h = A["h"]
-        norm.rmsnorm(x_last, self.output_norm, h, self.cfg.rms_eps, stream=s)
-        xq, xs = self._q8(h, "E", self.g_out)
+        xq, xs = self._q8(h, "E", self.g_out, norm_of=(x_last, self.output_norm))
         gemv.gemv(self.g_out, h, A["logits"], xq=xq, xs=xs, stream=s)
         logits = A["logits"].reshape(self.cfg.vocab_size)
         if sample == "greedy":

@@ -4,6 +4,8 @@ The math (engine/qwen3.py is the reference):
 
     rmsnorm(x) * w       = x / sqrt(mean(x^2) + eps) * w          rows of x: [n, d]
     add_rmsnorm          : x += delta (in place); h = rmsnorm(x) * w   one pass over x
+    rmsnorm_q8           : h = rmsnorm(x) * w -> q8 activations of h (xq, xs) for the dp4a
+                           GEMVs (quant/gemv.py), optionally h too; one launch
     swiglu(g, u)         = silu(g) * u = g / (1 + exp(-g)) * u    [n, n_ff]
 
 Who does what: one block per row for the norms (thread t owns elements t, t + B, ...,
@@ -17,20 +19,31 @@ Traffic per row of d floats: rmsnorm reads 4d bytes and writes 4d (2d for float1
 add_rmsnorm reads 8d (x, delta) and writes 8d (x, h). Decode (n = 1) is latency-bound
 (~a few us); prefill streams at memory bandwidth.
 
-Deliberately not here: activation quantization for dp4a GEMVs, QK-norm fused with RoPE
-(other kernels own those); rmsnorm over heads works by viewing q as [n*heads, head_dim].
+rmsnorm_q8 quantizes h as quant/gemv.py's quantize_q8 does (one warp per 32 values:
+amax by shuffles, q = rint(h * (127 / amax)), 4 floats of xs per 32 values), with the
+same float32 operations in the same order as rmsnorm followed by quantize_q8_kernel, so
+its xq / xs are bit-identical to the two launches (at the same block size: the block
+fixes the order of the sum of squares). It saves the launch of quantize_q8 and the
+write + read of h when no GEMV reads float h.
+
+Deliberately not here: stand-alone activation quantization (quant/gemv.py's
+quantize_q8), QK-norm fused with RoPE (kvcache/rope_write.py); rmsnorm over heads works
+by viewing q as [n*heads, head_dim].
 """
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, int8, int32
 
 from genie_rt.quant import ptx   # simulator: installs warp shuffles
 
 SIMULATOR = ptx.SIMULATOR
 FULL = 0xFFFFFFFF
+Q8_BLOCK = 32                      # values per q8 scale (quant/gemv.py)
+Q8_FLOATS = 4                      # floats of xs per 32 values
+RINT = np.float32(12582912.0)      # 1.5 * 2**23: (v + RINT) - RINT rounds to nearest even
 
 
 # =====================================================================================
@@ -41,6 +54,15 @@ def rmsnorm_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     x = np.asarray(x, np.float32)
     ms = np.mean(x * x, axis=-1, keepdims=True)
     return x / np.sqrt(ms + np.float32(eps)) * np.asarray(w, np.float32)
+
+
+def rmsnorm_q8_reference(x: np.ndarray, w: np.ndarray, eps: float):
+    """(h, xq, xs): h = rmsnorm_reference(x, w, eps) and its q8 activations
+    (quant/gemv.py's quantize_q8_reference: xq int8 [n, d], xs float32 [n, d // 8])."""
+    from genie_rt.quant.gemv import quantize_q8_reference
+    h = rmsnorm_reference(x, w, eps)
+    xq, xs = quantize_q8_reference(h.reshape(-1, h.shape[-1]))
+    return h, xq, xs
 
 
 def swiglu_reference(g: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -114,6 +136,58 @@ def _add_rmsnorm_kernel(x, delta, w, out, eps):
         out[r, i] = x[r, i] / s * w[i]
 
 
+def _make_rmsnorm_q8_kernel(write_h: bool):
+    """The fused rmsnorm -> q8 kernel; write_h (a compile-time constant) also stores h."""
+    @cuda.jit
+    def kernel(x, w, out, xq, xs, eps):
+        """Block r: h = rmsnorm(x[r]) * w, then q8 of h per 32 values exactly as
+        quant/gemv_kernels.py's quantize_q8_kernel computes it: xq[r] int8, xs[r] 4 floats
+        per 32 (d, d * sum q[0:16], d * sum q[16:32], d * sum q[0:32]); out[r] = h if
+        write_h (otherwise out is not touched). x float32[n, d] with d % 32 == 0,
+        w float32[d], out float32[n, d], xq int8[n, d], xs float32[n, d // 8], eps float32.
+        Block size a multiple of 32: warp k's lanes take the 32 consecutive values
+        32k + base .. + 31, a whole q8 block, and every lane of a warp runs the same
+        number of iterations (d % 32 == 0), so the shuffles see the full warp."""
+        sh = cuda.shared.array(32, float32)
+        r = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        bdim = cuda.blockDim.x
+        d = x.shape[1]
+        ss = float32(0)                # pass 1: _rmsnorm_kernel's, op for op
+        for i in range(tid, d, bdim):
+            v = x[r, i]
+            ss += v * v
+        ss = _block_sum(ss, sh)
+        s = math.sqrt(ss / float32(d) + eps)
+        for i in range(tid, d, bdim):
+            v = float32(x[r, i] / s * w[i])        # rmsnorm's value, rounded to float32
+            if write_h:
+                out[r, i] = v
+            # quantize_q8_kernel's operations on v, in its order
+            a = abs(v)
+            for off in (16, 8, 4, 2, 1):
+                a = max(a, cuda.shfl_xor_sync(FULL, a, off))
+            inv = float32(127) / a if a > float32(0) else float32(0)
+            q = int32((v * inv + RINT) - RINT)     # round to nearest even, exactly np.rint
+            t = q
+            for off in (8, 4, 2, 1):                # sum over each 16-lane half
+                t = int32(t + cuda.shfl_xor_sync(FULL, t, off))
+            t_hi = cuda.shfl_xor_sync(FULL, t, 16)  # lane 0: the other half's sum
+            xq[r, i] = int8(q)
+            if (i & 31) == 0:
+                dq = a / float32(127)
+                b = (i >> 5) * 4
+                xs[r, b] = dq
+                xs[r, b + 1] = dq * float32(t)
+                xs[r, b + 2] = dq * float32(t_hi)
+                xs[r, b + 3] = dq * float32(t + t_hi)
+    return kernel
+
+
+_rmsnorm_q8_kernel = _make_rmsnorm_q8_kernel(False)
+_rmsnorm_q8_h_kernel = _make_rmsnorm_q8_kernel(True)
+
+
 @cuda.jit
 def _swiglu_kernel(g, g_col, u, u_col, out):
     """out[r, j] = silu(g[r, g_col + j]) * u[r, u_col + j] for j < out.shape[1]; grid
@@ -135,6 +209,10 @@ KERNEL_SIGNATURES = {
     "_add_rmsnorm_kernel": [
         "void(float32[:, ::1], float32[:, ::1], float32[::1], float32[:, ::1], float32)",
         "void(float32[:, ::1], float32[:, ::1], float32[::1], float16[:, ::1], float32)"],
+    "_rmsnorm_q8_kernel": [
+        "void(float32[:, ::1], float32[::1], float32[:, ::1], int8[:, ::1], float32[:, ::1], float32)"],
+    "_rmsnorm_q8_h_kernel": [
+        "void(float32[:, ::1], float32[::1], float32[:, ::1], int8[:, ::1], float32[:, ::1], float32)"],
     "_swiglu_kernel": [
         "void(float32[:, ::1], int32, float32[:, ::1], int32, float32[:, ::1])",
         "void(float32[:, ::1], int32, float32[:, ::1], int32, float16[:, ::1])"],
@@ -206,6 +284,31 @@ def add_rmsnorm(x, delta, w, out, eps: float, stream=0, block: int | None = None
     _add_rmsnorm_kernel[n, block or norm_block(d), stream](x, delta, w, out, np.float32(eps))
 
 
+def rmsnorm_q8(x, w, xq, xs, eps: float, stream=0, out=None, block: int | None = None) -> None:
+    """q8 activations of h = rmsnorm(x) * w in one launch: xq int8 [n, d], xs float32
+    [n, d // 8] (quant/gemv.py's quantize_q8 layout, bit-identical to rmsnorm followed by
+    quantize_q8 at the same block); out float32 [n, d] gets h too when given (for a GEMV
+    that reads float x). x float32 [n, d] with d % 32 == 0, w float32 [d]."""
+    _check2d("x", x, (np.float32,))
+    n, d = x.shape
+    if d % Q8_BLOCK:
+        raise ValueError(f"rmsnorm_q8: d = {d} is not a multiple of {Q8_BLOCK}")
+    _check_weight(w, d)
+    _check2d("xq", xq, (np.int8,), (n, d))
+    _check2d("xs", xs, (np.float32,), (n, d // Q8_BLOCK * Q8_FLOATS))
+    if out is not None:
+        _check2d("out", out, (np.float32,), (n, d))
+    bdim = block or norm_block(d)
+    if bdim % 32 or not 32 <= bdim <= 1024:
+        raise ValueError(f"rmsnorm_q8: block = {bdim} must be a multiple of 32 in 32..1024")
+    if n == 0:
+        return
+    if out is None:    # out is not touched: x stands in for it
+        _rmsnorm_q8_kernel[n, bdim, stream](x, w, x, xq, xs, np.float32(eps))
+    else:
+        _rmsnorm_q8_h_kernel[n, bdim, stream](x, w, out, xq, xs, np.float32(eps))
+
+
 def _swiglu_launch(g, g_col, u, u_col, out, stream, block):
     n, n_ff = out.shape
     if n == 0 or n_ff == 0:
@@ -235,6 +338,8 @@ def swiglu_fused(gate_up, out, stream=0, block: int = 256) -> None:
 # Benchmark: python -m genie_rt.engine.norm
 # =====================================================================================
 def _bench(d: int = 2560, n_ff: int = 9728, ns=(1, 33, 512)) -> list[tuple]:
+    from genie_rt.quant import gemv
+
     from .cuda_graph import time_us as _time_us
     rng = np.random.default_rng(0)
     eps = 1e-6
@@ -257,6 +362,14 @@ def _bench(d: int = 2560, n_ff: int = 9728, ns=(1, 33, 512)) -> list[tuple]:
         add_rmsnorm(x, dl, w, o16, eps)
         ref16 = rmsnorm_reference(x_h + dl_h, w_h, eps).astype(np.float16)
         assert np.allclose(o16.copy_to_host().astype(np.float32), ref16.astype(np.float32), rtol=2e-3, atol=1e-3)
+        xq, xs = cuda.device_array((n, d), np.int8), cuda.device_array((n, d // 8), np.float32)
+        xq2, xs2 = cuda.device_array((n, d), np.int8), cuda.device_array((n, d // 8), np.float32)
+        rmsnorm(x, w, o32, eps)
+        gemv.quantize_q8(o32, xq2, xs2)
+        rmsnorm_q8(x, w, xq, xs, eps)
+        assert np.array_equal(xq.copy_to_host(), xq2.copy_to_host()) and \
+            np.array_equal(xs.copy_to_host().view(np.int32), xs2.copy_to_host().view(np.int32)), \
+            f"rmsnorm_q8 n={n}: not bit-identical to rmsnorm + quantize_q8"
         gu_h = rng.standard_normal((n, 2 * n_ff)).astype(np.float32)
         gu = cuda.to_device(gu_h)
         h = cuda.device_array((n, n_ff), np.float32)
@@ -266,6 +379,7 @@ def _bench(d: int = 2560, n_ff: int = 9728, ns=(1, 33, 512)) -> list[tuple]:
         cases = [("rmsnorm f32", lambda: rmsnorm(x, w, o32, eps, stream), 8 * n * d),
                  ("rmsnorm ->f16", lambda: rmsnorm(x, w, o16, eps, stream), 6 * n * d),
                  ("add_rmsnorm", lambda: add_rmsnorm(x, dl, w, o32, eps, stream), 16 * n * d),
+                 ("rmsnorm_q8", lambda: rmsnorm_q8(x, w, xq, xs, eps, stream), 5.5 * n * d),
                  ("swiglu_fused", lambda: swiglu_fused(gu, h, stream), 12 * n * n_ff)]
         for name, fn, nbytes in cases:
             us = _time_us(fn, stream)

@@ -1,6 +1,8 @@
-"""RMSNorm, fused residual + RMSNorm and SwiGLU kernels (engine/norm.py) against the
-numpy reference (engine/qwen3.py's rmsnorm / silu): simulator at awkward small shapes,
-PTX for sm_87 / sm_90 without float64, GPU at the real shapes (-m gpu)."""
+"""RMSNorm, fused residual + RMSNorm, fused RMSNorm + q8 and SwiGLU kernels
+(engine/norm.py) against the numpy reference (engine/qwen3.py's rmsnorm / silu, quant/
+gemv.py's quantize_q8): simulator at awkward small shapes, PTX for sm_87 / sm_90
+without float64, GPU at the real shapes (-m gpu)."""
+import re
 import sys
 import threading
 
@@ -11,6 +13,7 @@ from numba import cuda
 from genie_rt.engine import norm
 from genie_rt.engine.qwen3 import rmsnorm as qwen3_rmsnorm
 from genie_rt.engine.qwen3 import silu as qwen3_silu
+from genie_rt.quant import gemv
 from ptx_helpers import assert_no_f64, compile_in_subprocess
 
 EPS = 1e-6
@@ -148,6 +151,98 @@ def test_launchers_refuse_bad_arguments():
         norm.swiglu_fused(cuda.to_device(np.zeros((2, 100), np.float32)), cuda.device_array((2, 49), np.float32))
 
 
+# ---- rmsnorm -> q8 -------------------------------------------------------------------
+def _q8_rows(rng, n, d):
+    """Random rows (varied scales per 32-block) with an all-zero 32-block in row 0 and,
+    from n = 3 on, an all-zero row 2."""
+    x = (rng.standard_normal((n, d)) * np.exp(rng.uniform(-3, 3, (n, d // 32, 1))).repeat(32, axis=2).reshape(n, d))
+    x = x.astype(np.float32)
+    x[0, 32:64] = 0.0
+    if n >= 3:
+        x[2] = 0.0
+    return x
+
+
+def _two_launches(x, w, block):
+    """rmsnorm then quantize_q8: what rmsnorm_q8 replaces (h, xq, xs on the host)."""
+    n, d = x.shape
+    h = cuda.device_array((n, d), np.float32)
+    xq = cuda.device_array((n, d), np.int8)
+    xs = cuda.device_array((n, d // 8), np.float32)
+    norm.rmsnorm(x, w, h, EPS, block=block)
+    gemv.quantize_q8(h, xq, xs)
+    return h.copy_to_host(), xq.copy_to_host(), xs.copy_to_host()
+
+
+def _assert_bits_equal(got, ref, what):
+    got, ref = np.asarray(got), np.asarray(ref)
+    assert got.dtype == ref.dtype and got.shape == ref.shape, what
+    bad = np.flatnonzero(got.view(np.uint8).reshape(got.size, -1) != ref.view(np.uint8).reshape(ref.size, -1))
+    assert bad.size == 0, (f"{what}: {bad.size} elements differ, first at flat {bad[0] // got.itemsize}: "
+                           f"{got.flat[bad[0] // got.itemsize]!r} vs {ref.flat[bad[0] // got.itemsize]!r}")
+
+
+@pytest.mark.parametrize("n,d,block,with_h", [
+    (3, 64, 32, False), (3, 64, 64, True), (2, 256, None, False), (2, 256, None, True), (1, 256, 96, True),
+    pytest.param(1, 2560, None, True, marks=pytest.mark.slow)])   # Qwen3-4B's width, 640 threads
+def test_rmsnorm_q8_is_rmsnorm_then_quantize_bit_for_bit(n, d, block, with_h):
+    rng = np.random.default_rng(d + n)
+    x_h = _q8_rows(rng, n, d)
+    w_h = (1 + 0.5 * rng.standard_normal(d)).astype(np.float32)
+    x, w = cuda.to_device(x_h), cuda.to_device(w_h)
+    h_ref, xq_ref, xs_ref = _two_launches(x, w, block)
+    xq = cuda.to_device(np.full((n, d), 77, np.int8))
+    xs = cuda.to_device(np.full((n, d // 8), np.nan, np.float32))
+    out = cuda.to_device(np.full((n, d), np.nan, np.float32)) if with_h else None
+    norm.rmsnorm_q8(x, w, xq, xs, EPS, out=out, block=block)
+    _assert_bits_equal(xq.copy_to_host(), xq_ref, "xq")
+    _assert_bits_equal(xs.copy_to_host(), xs_ref, "xs")
+    if with_h:
+        _assert_bits_equal(out.copy_to_host(), h_ref, "h")
+    _assert_bits_equal(x.copy_to_host(), x_h, "x (input, and the stand-in for out)")
+    # and against numpy: h to float32 rounding, q8 exactly quantize_q8_reference's of h
+    h_np, _, _ = norm.rmsnorm_q8_reference(x_h, w_h, EPS)
+    assert_close(h_ref, h_np, 2e-6, "rmsnorm_q8 h")
+    rq, rs = gemv.quantize_q8_reference(h_ref)
+    _assert_bits_equal(xq_ref, rq, "xq vs quantize_q8_reference")
+    _assert_bits_equal(xs_ref, rs, "xs vs quantize_q8_reference")
+    assert np.all(xs_ref[0, 4:8] == 0) and np.all(xq_ref[0, 32:64] == 0)     # the zero block
+    if n >= 3:
+        assert np.all(xs_ref[2] == 0) and np.all(xq_ref[2] == 0)
+
+
+def test_rmsnorm_q8_reference_is_rmsnorm_then_quantize():
+    rng = np.random.default_rng(5)
+    x = _q8_rows(rng, 3, 96)
+    w = rng.standard_normal(96).astype(np.float32)
+    h, xq, xs = norm.rmsnorm_q8_reference(x, w, EPS)
+    np.testing.assert_array_equal(h, norm.rmsnorm_reference(x, w, EPS))
+    rq, rs = gemv.quantize_q8_reference(h)
+    np.testing.assert_array_equal(xq, rq)
+    np.testing.assert_array_equal(xs, rs)
+    assert xq.dtype == np.int8 and xs.shape == (3, 96 // 8)
+
+
+def test_rmsnorm_q8_refuses_bad_arguments():
+    x = cuda.to_device(np.ones((2, 64), np.float32))
+    w = cuda.to_device(np.ones(64, np.float32))
+    xq = cuda.device_array((2, 64), np.int8)
+    xs = cuda.device_array((2, 8), np.float32)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        norm.rmsnorm_q8(cuda.to_device(np.ones((2, 48), np.float32)), cuda.to_device(np.ones(48, np.float32)),
+                        cuda.device_array((2, 48), np.int8), cuda.device_array((2, 6), np.float32), EPS)
+    with pytest.raises(ValueError, match="shape"):
+        norm.rmsnorm_q8(x, w, xq, cuda.device_array((2, 16), np.float32), EPS)
+    with pytest.raises(TypeError, match="int8"):
+        norm.rmsnorm_q8(x, w, cuda.device_array((2, 64), np.uint8), xs, EPS)
+    with pytest.raises(TypeError, match="float32"):
+        norm.rmsnorm_q8(x, w, xq, xs, EPS, out=cuda.device_array((2, 64), np.float16))
+    with pytest.raises(ValueError, match="block"):
+        norm.rmsnorm_q8(x, w, xq, xs, EPS, block=48)
+    with pytest.raises(TypeError, match="device array"):
+        norm.rmsnorm_q8(x, w, np.zeros((2, 64), np.int8), xs, EPS)
+
+
 def test_block_size_choice():
     assert norm.norm_block(2560) == 640
     assert norm.norm_block(128) == 32
@@ -157,15 +252,20 @@ def test_block_size_choice():
 # ---- PTX --------------------------------------------------------------------------
 PTX_SOURCE = f"""
 from genie_rt.engine.norm import {', '.join(norm.KERNEL_SIGNATURES)}
+from genie_rt.quant.gemv_kernels import quantize_q8_kernel
 """
 
 
 @pytest.fixture(scope="module")
 def ptx():
-    """{(kernel, output dtype index): {cc: ptx}} (one subprocess per signature set)."""
+    """{(kernel, signature index): {cc: ptx}} (one subprocess per signature set), plus
+    ("quantize_q8_kernel", 0) to compare rmsnorm_q8's rounding with."""
     out = {}
-    for j in range(2):
-        got = compile_in_subprocess(PTX_SOURCE, {k: v[j] for k, v in norm.KERNEL_SIGNATURES.items()})
+    for j in range(max(len(v) for v in norm.KERNEL_SIGNATURES.values())):
+        kernels = {k: v[j] for k, v in norm.KERNEL_SIGNATURES.items() if j < len(v)}
+        if j == 0:
+            kernels["quantize_q8_kernel"] = gemv.SIG_QUANTIZE
+        got = compile_in_subprocess(PTX_SOURCE, kernels)
         out.update({(k, j): v for k, v in got.items()})
     return out
 
@@ -177,6 +277,21 @@ def test_kernels_compile_without_f64(ptx):
             assert_no_f64(text, where=f"{name}[{j}] sm_{cc[0]}{cc[1]}")
     assert "cvt.rn.f16.f32" in ptx[("_rmsnorm_kernel", 1)][(9, 0)]
     assert "sqrt.rn.f32" in ptx[("_rmsnorm_kernel", 0)][(9, 0)]
+
+
+# quantize_q8's rounding as NVVM emits it: v * inv + RINT contracted into one fma (one
+# rounding), then - RINT, then the conversion. rmsnorm_q8 is bit-identical to rmsnorm +
+# quantize_q8 only if it rounds the same way.
+_Q8_ROUND = re.compile(r"fma\.rn\.f32\s+%f\d+, %f\d+, %f\d+, 0f4B400000;\s*"
+                       r"add\.f32\s+%f\d+, %f\d+, 0fCB400000;\s*cvt\.rzi\.s32\.f32")
+
+
+def test_rmsnorm_q8_rounds_like_quantize_q8(ptx):
+    for name in ("quantize_q8_kernel", "_rmsnorm_q8_kernel", "_rmsnorm_q8_h_kernel"):
+        for cc, text in ptx[(name, 0)].items():
+            assert _Q8_ROUND.search(text), f"{name} sm_{cc[0]}{cc[1]}: no fma -> add -> cvt.rzi rounding"
+            assert "sqrt.rn.f32" in text or name == "quantize_q8_kernel"
+            assert "div.rn.f32" in text
 
 
 # ---- GPU at real shapes ------------------------------------------------------------
@@ -201,3 +316,32 @@ def test_gpu_real_shapes(n):
     norm.swiglu_fused(cuda.to_device(gu_h), h)
     np.testing.assert_allclose(h.copy_to_host(), norm.swiglu_reference(gu_h[:, :n_ff], gu_h[:, n_ff:]),
                                rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 3, 8])
+def test_gpu_rmsnorm_q8_bit_identical_at_d2560(n):
+    """The fused kernel against the two launches it replaces, compiled for the real GPU
+    (where the FMA contraction matters), at Qwen3-4B's width."""
+    norm.compile_kernels()
+    rng = np.random.default_rng(100 + n)
+    d = 2560
+    x_h = _q8_rows(rng, n, d)
+    w_h = (1 + 0.1 * rng.standard_normal(d)).astype(np.float32)
+    x, w = cuda.to_device(x_h), cuda.to_device(w_h)
+    h_ref, xq_ref, xs_ref = _two_launches(x, w, None)
+    for with_h in (False, True):
+        xq = cuda.to_device(np.full((n, d), 77, np.int8))
+        xs = cuda.to_device(np.full((n, d // 8), np.nan, np.float32))
+        out = cuda.to_device(np.full((n, d), np.nan, np.float32)) if with_h else None
+        norm.rmsnorm_q8(x, w, xq, xs, EPS, out=out)
+        cuda.synchronize()
+        _assert_bits_equal(xq.copy_to_host(), xq_ref, f"xq (with_h={with_h})")
+        _assert_bits_equal(xs.copy_to_host(), xs_ref, f"xs (with_h={with_h})")
+        if with_h:
+            _assert_bits_equal(out.copy_to_host(), h_ref, "h")
+    _assert_bits_equal(x.copy_to_host(), x_h, "x")
+    h_np, xq_np, xs_np = norm.rmsnorm_q8_reference(x_h, w_h, EPS)
+    assert_close(h_ref, h_np, 1e-5, "rmsnorm_q8 h")
+    assert np.max(np.abs(xq_ref.astype(np.int32) - xq_np)) <= 1      # h within an ulp: q within 1
+    np.testing.assert_allclose(xs_ref[:, ::4], xs_np[:, ::4], rtol=1e-5, atol=0)
