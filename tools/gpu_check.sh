@@ -8,6 +8,7 @@
 #   micro     kernel microbenchmarks: gemv, attention, sampling, embed, norm, mmq
 #   engine    pytest -m gpu for the back-end (parity with the CPU back-end, engine end to end)
 #   bench     synthetic Qwen3-4B Q4_K_M file, then genie-rt bench (pp18/33/128/512, tg128, depth)
+#   profile   tools/profile_decode.py: the decode step's time by kernel family
 #   prefix    tools/bench_prefix.py on the GPU
 # Setup: wheels in .whl/ are installed to /tmp/site when present (machines without a
 # package index); the package is put on the path through a symlink farm, no install.
@@ -54,6 +55,10 @@ for s in "$@"; do
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
       timeout 480 $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,128,512 -n 128 -r 3 --kv int8 \
         --ctx 2048 2>&1 | tee "$OUT/bench.txt" | tail -25 ;;
+    profile)
+      stage profile
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
+      timeout 420 $PY tools/profile_decode.py -m $MODEL4B --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.txt" | tail -20 ;;
     prefix)
       stage prefix
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3

@@ -1,0 +1,90 @@
+"""Where a CUDA decode step spends its time, by kernel family (GPU only).
+
+    python tools/profile_decode.py -m MODEL.gguf [--ctx 2048] [--depth 512] [--json PATH]
+
+Times the captured decode graph (greedy sampling included), then, for each launcher the
+step calls, a graph recorded with that launcher replaced by a no-op: the difference is
+what that family costs inside the step (its kernels plus their graph nodes). The step's
+values are garbage in the ablated graphs; the timing of the remaining kernels does not
+depend on them. Each time is the median of several replays, measured with CUDA events.
+"""
+import argparse
+import json
+import sys
+from contextlib import contextmanager
+
+import numpy as np
+
+# (module, function) the decode step launches through
+FAMILIES = [
+    ("genie_rt.quant.embed", "embed"),
+    ("genie_rt.engine.norm", "rmsnorm_q8"),
+    ("genie_rt.quant.gemv", "gemv_qkv"),
+    ("genie_rt.kvcache.rope_write", "rope_write"),
+    ("genie_rt.kvcache.attention", "decode_attention"),
+    ("genie_rt.quant.gemv", "quantize_q8"),
+    ("genie_rt.quant.gemv", "gemv"),
+    ("genie_rt.quant.gemv", "gemv_swiglu"),
+    ("genie_rt.engine.gpu_sampling", "sample_greedy"),
+    ("genie_rt.engine.gpu_sampling", "advance_state"),
+]
+
+
+@contextmanager
+def without(module: str, name: str):
+    mod = sys.modules[module]
+    original = getattr(mod, name)
+    setattr(mod, name, lambda *a, **k: None)
+    try:
+        yield
+    finally:
+        setattr(mod, name, original)
+
+
+def time_step(be, reps: int = 30) -> float:
+    """Median ms of one decode step, recorded fresh into its own graph."""
+    from genie_rt.engine.cuda_graph import time_us
+    return time_us(lambda: be._record_decode("greedy"), be.stream, per=1, reps=reps) / 1000
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-m", "--model", required=True)
+    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--depth", type=int, default=512, help="context position of the profiled step")
+    p.add_argument("--kv", default="int8")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    from genie_rt.engine.config import EngineConfig
+    from genie_rt.engine.engine import Engine
+    from genie_rt.engine.sampling import Sampler, SamplingParams
+    import importlib
+    for module, _ in FAMILIES:
+        importlib.import_module(module)
+    eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv))
+    be = eng.backend
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, eng.cfg.vocab_size, args.depth).astype(np.int32)
+    sampler = Sampler(SamplingParams(temperature=0))
+    be.prefill_sample(prompt, 0, sampler, list(prompt))
+    be._set_state(pos=args.depth)
+    full = time_step(be)
+    rows = [("whole step", full, 100.0)]
+    for module, name in FAMILIES:
+        with without(module, name):
+            rest = time_step(be)
+        rows.append((f"{module.rsplit('.', 1)[1]}.{name}", full - rest, 100 * (full - rest) / full))
+    print(f"decode step at depth {args.depth}, {be.device_info()['device']}: {full:.3f} ms "
+          f"({1000 / full:.0f} tokens/s if nothing else ran)")
+    for label, ms, pct in rows[1:]:
+        print(f"  {label:<36} {ms * 1000:8.1f} us  {pct:5.1f} %")
+    accounted = sum(ms for _, ms, _ in rows[1:])
+    print(f"  {'(sum of the families)':<36} {accounted * 1000:8.1f} us  {100 * accounted / full:5.1f} %")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([dict(family=l, ms=ms, percent=pct) for l, ms, pct in rows], f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
