@@ -35,15 +35,15 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, int8, int32
+from numba import cuda, float32, int8
 
 from genie_rt.quant import ptx   # simulator: installs warp shuffles
+from genie_rt.quant.gemv_kernels import q8_of_warp
 
 SIMULATOR = ptx.SIMULATOR
 FULL = 0xFFFFFFFF
 Q8_BLOCK = 32                      # values per q8 scale (quant/gemv.py)
 Q8_FLOATS = 4                      # floats of xs per 32 values
-RINT = np.float32(12582912.0)      # 1.5 * 2**23: (v + RINT) - RINT rounds to nearest even
 
 
 # =====================================================================================
@@ -163,19 +163,9 @@ def _make_rmsnorm_q8_kernel(write_h: bool):
             v = float32(x[r, i] / s * w[i])        # rmsnorm's value, rounded to float32
             if write_h:
                 out[r, i] = v
-            # quantize_q8_kernel's operations on v, in its order
-            a = abs(v)
-            for off in (16, 8, 4, 2, 1):
-                a = max(a, cuda.shfl_xor_sync(FULL, a, off))
-            inv = float32(127) / a if a > float32(0) else float32(0)
-            q = int32((v * inv + RINT) - RINT)     # round to nearest even, exactly np.rint
-            t = q
-            for off in (8, 4, 2, 1):                # sum over each 16-lane half
-                t = int32(t + cuda.shfl_xor_sync(FULL, t, off))
-            t_hi = cuda.shfl_xor_sync(FULL, t, 16)  # lane 0: the other half's sum
+            q, dq, t, t_hi = q8_of_warp(v)         # quantize_q8_kernel's own device function
             xq[r, i] = int8(q)
             if (i & 31) == 0:
-                dq = a / float32(127)
                 b = (i >> 5) * 4
                 xs[r, b] = dq
                 xs[r, b + 1] = dq * float32(t)

@@ -577,6 +577,24 @@ def swiglu_kernel(gate, up, NT, KSPLIT):
     return swiglu
 
 
+@_dev
+def q8_of_warp(v):
+    """q8 of one 32-value block held by a warp, one value per lane (all 32 lanes call):
+    returns (q, d, s, s_hi): this lane's quant q = rint(v * 127 / amax) in -127..127, the
+    block's scale d = amax / 127, s = sum of q over this lane's 16-lane half, and s_hi
+    (meaningful on lane 0) the other half's sum."""
+    a = abs(v)
+    for off in (16, 8, 4, 2, 1):
+        a = max(a, cuda.shfl_xor_sync(FULL, a, off))
+    inv = float32(127) / a if a > float32(0) else float32(0)
+    q = int32((v * inv + RINT) - RINT)          # round to nearest even, exactly np.rint
+    s = q
+    for off in (8, 4, 2, 1):                    # sum over each 16-lane half
+        s = int32(s + cuda.shfl_xor_sync(FULL, s, off))
+    s_hi = cuda.shfl_xor_sync(FULL, s, 16)      # lane 0: the other half's sum
+    return q, a / float32(127), s, s_hi
+
+
 @cuda.jit
 def quantize_q8_kernel(x, xq, xs, n):
     """x float32 [n] -> q8: per 32 values (one warp, one lane each) d = amax / 127 and
@@ -587,19 +605,10 @@ def quantize_q8_kernel(x, xq, xs, n):
     v = float32(0)
     if i < n:
         v = x[i]
-    a = abs(v)
-    for off in (16, 8, 4, 2, 1):
-        a = max(a, cuda.shfl_xor_sync(FULL, a, off))
-    inv = float32(127) / a if a > float32(0) else float32(0)
-    q = int32((v * inv + RINT) - RINT)          # round to nearest even, exactly np.rint
-    s = q
-    for off in (8, 4, 2, 1):                    # sum over each 16-lane half
-        s = int32(s + cuda.shfl_xor_sync(FULL, s, off))
-    s_hi = cuda.shfl_xor_sync(FULL, s, 16)      # lane 0: the other half's sum
+    q, d, s, s_hi = q8_of_warp(v)
     if i < n:
         xq[i] = int8(q)
         if (i & 31) == 0:
-            d = a / float32(127)
             b = (i >> 5) * 4
             xs[b] = d
             xs[b + 1] = d * float32(s)
