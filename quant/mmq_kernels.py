@@ -1,7 +1,7 @@
 """MMQ kernels: prefill GEMM Y = X W^T on tensor cores, straight from the planar quantized layout.
 
 This file holds the GEMM kernel factory of the MMQ family; prepare_x and the peak probe
-are in `mmq_prep.py`, the fp16x2 FMA intrinsic in `mmq_ptx.py`, the numpy reference, the
+are in `mmq_prep.py`, the fp16x2 FMA intrinsic in `ptx.py`, the numpy reference, the
 launchers and the plans in `mmq.py` (read its docstring first), the lesson in
 docs/kernels/mmq.md.
 
@@ -40,7 +40,7 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from .mmq_ptx import hfma2
+from .ptx import hfma2
 from .ptx import (SIMULATOR, cp_async16_zfill, cp_async_commit, cp_async_wait_group_0,
                   cp_async_wait_group_1, cp_async_wait_group_2, f16_bits_to_f32,
                   ldmatrix_x2, ldmatrix_x4, mma_f16_f32, pack_half2)

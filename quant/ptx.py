@@ -44,12 +44,12 @@ __all__ = [
     "cp_async_wait_group", "cp_async_wait_group_0", "cp_async_wait_group_1",
     "cp_async_wait_group_2", "ldg_v4",
     # scalar
-    "dp4a", "pack_half2", "unpack_half2", "f16_bits_to_f32",
+    "dp4a", "hfma2", "pack_half2", "unpack_half2", "f16_bits_to_f32",
     # host-side fragment packing and numpy references
     "frag_a_f16", "frag_b_f16", "frag_a_s8", "frag_b_s8", "frag_c", "unfrag_c",
     "unfrag_a_f16", "unfrag_b_f16", "unfrag_a_s8", "unfrag_b_s8",
     "mma_f16_f32_reference", "mma_s8_s32_reference", "ldmatrix_reference",
-    "dp4a_reference",
+    "dp4a_reference", "hfma2_reference",
 ]
 
 
@@ -245,6 +245,16 @@ def ldmatrix_reference(rows, num, trans=False):
     lo = rows[:, g, 2 * t].T.astype(np.uint32)          # (32, num)
     hi = rows[:, g, 2 * t + 1].T.astype(np.uint32)
     return lo | (hi << np.uint32(16))
+
+
+def hfma2_reference(a, b, c):
+    """numpy fma.rn.f16x2 on uint32 words holding half2: products of halves are exact in
+    float64 and the sum rounds once to fp16, as the instruction does."""
+    ha = np.asarray(a, np.uint32).view(np.float16).astype(np.float64)
+    hb = np.asarray(b, np.uint32).view(np.float16).astype(np.float64)
+    hc = np.asarray(c, np.uint32).view(np.float16).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (ha * hb + hc).astype(np.float16).view(np.uint32)
 
 
 def dp4a_reference(a, b, c):
@@ -494,6 +504,16 @@ if not SIMULATOR:
             return _asm(builder, _i32, [_i32] * 3, "dp4a.s32.s32 $0, $1, $2, $3;",
                         "=r,r,r,r", list(args))
         return types.int32(types.int32, types.int32, types.int32), codegen
+
+    @intrinsic
+    def hfma2(typingctx, a, b, c):
+        """fma.rn.f16x2 on packed half2 words: (a.lo*b.lo + c.lo, a.hi*b.hi + c.hi)."""
+        _check_ints("hfma2", a=a, b=b, c=c)
+
+        def codegen(context, builder, sig, args):
+            return _asm(builder, _i32, [_i32] * 3, "fma.rn.f16x2 $0, $1, $2, $3;",
+                        "=r,r,r,r", list(args))
+        return types.uint32(types.uint32, types.uint32, types.uint32), codegen
 
     # ---- f16 packing ---------------------------------------------------------------
     @intrinsic
@@ -978,6 +998,11 @@ else:
         b8 = np.array([_u32(b)], np.uint32).view(np.int8).astype(np.int64)
         c32 = int(_wrap_i32(int(c)))            # the intrinsic takes c as int32
         return np.int32(_wrap_i32(int((a8 * b8).sum()) + c32))
+
+    def hfma2(a, b, c):
+        """Simulator: f16x2 FMA; products of halves are exact in float64, one rounding."""
+        words = [np.array([_u32(v)], np.uint32) for v in (a, b, c)]
+        return np.uint32(hfma2_reference(*words)[0])
 
     def _f16_bits(x):
         # f64 -> f32 -> f16, as the compiled code does (the intrinsic takes float32);

@@ -22,7 +22,7 @@ from numba import cuda
 from genie_rt.quant import mmq
 from genie_rt.quant import mmq_kernels as K
 from genie_rt.quant import mmq_prep as P
-from genie_rt.quant import mmq_ptx as X
+from genie_rt.quant import ptx as X
 from ptx_helpers import assert_no_f64, assert_ptx_contains, compile_in_subprocess, local_memory_bytes
 
 SIM = K.SIMULATOR
