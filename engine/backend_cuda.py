@@ -555,6 +555,13 @@ class CUDABackend:
         return tok
 
     # -- the back-end interface (engine/engine.py) ---------------------------------------
+    def _enter(self) -> None:
+        """Make the CUDA context current on the calling thread before any driver call: the
+        server loads the model on one thread and generates on another."""
+        if not self.simulator:
+            from numba import cuda
+            cuda.current_context()
+
     def device_info(self) -> dict:
         if self.simulator:
             return {"backend": "cuda", "device": "simulator"}
@@ -565,6 +572,7 @@ class CUDABackend:
                 "graphs": len(self._graphs), "compile_seconds": round(self.compile_seconds, 2)}
 
     def synchronize(self) -> None:
+        self._enter()
         self.stream.synchronize()
 
     def _prefill_layers(self, tokens: np.ndarray, start: int, cancel=None) -> bool:
@@ -592,6 +600,7 @@ class CUDABackend:
         return True
 
     def prefill(self, tokens, start: int, cancel=None, all_logits: bool = False) -> np.ndarray | None:
+        self._enter()
         tokens = np.asarray(tokens, np.int32)
         if all_logits:   # tests: every position, one decode-style head per row
             rows = []
@@ -608,11 +617,13 @@ class CUDABackend:
         return self.arena["logits"].copy_to_host(stream=self.stream)[0]
 
     def decode(self, token: int, pos: int) -> np.ndarray:
+        self._enter()
         self._set_state(pos=pos, token=token)
         self._run(("decode", None), lambda: self._record_decode(None))
         return self._logits()
 
     def prefill_sample(self, tokens, start: int, sampler, history, cancel=None) -> int | None:
+        self._enter()
         self._begin_request(sampler, history)
         if not self._prefill_layers(np.asarray(tokens, np.int32), start, cancel):
             return None
@@ -622,6 +633,7 @@ class CUDABackend:
         return self._read_token()
 
     def decode_sample(self, token: int, pos: int, sampler, history) -> int:
+        self._enter()
         self._begin_request(sampler, history[:-1] if history and history[-1] == token else history)
         self._set_state(pos=pos, token=token)
         mode = "greedy" if self._req.greedy else "full"
@@ -633,6 +645,7 @@ class CUDABackend:
         """Yield the tokens that follow `token` (at `pos`), one decode step each, with the
         device one step ahead of the host (it never waits for Python between tokens)."""
         from numba import cuda
+        self._enter()
         self._begin_request(sampler, history[:-1] if history and history[-1] == token else history)
         self._set_state(pos=pos, token=token)
         mode = "greedy" if self._req.greedy else "full"

@@ -137,6 +137,13 @@ def test_engine_generates_and_reuses_prefix(fixture_gguf, tmp_path):
     eng.kv_tokens = []
     cold = run(b)
     assert cold.n_cached == 0 and cold.tokens == warm.tokens
+    # the server generates on a worker thread, not the one that loaded the model
+    import threading
+    out = {}
+    worker = threading.Thread(target=lambda: out.setdefault("r", run(b)))
+    worker.start()
+    worker.join()
+    assert out["r"].tokens == warm.tokens
     # seeded sampling on the device is reproducible
     p = dict(params=SamplingParams(temperature=1.0, seed=7))
     r1 = [e for e in eng.generate(GenerationRequest(a, max_tokens=16, ignore_eos=True, **p)) if isinstance(e, Done)]
