@@ -7,14 +7,19 @@ import math
 import numpy as np
 from numba import cuda, float32, uint32
 
-from .ptx import mma_f16_f32, pack_half2
+from .ptx import SIMULATOR, mma_f16_f32, pack_half2
 
 U = np.uint32
 
 # =====================================================================================
 # prepare_x: float32 activations -> float16 in MMQ order + per-token power-of-two scale.
 # =====================================================================================
-PREP_THREADS = 128
+# Threads per token row. Each thread walks the row with this stride, and every step of
+# its loop waits on the load before it (the sums carry from step to step), so the block is
+# latency-bound. With N of 16-48 tokens there are only N blocks: 512 threads keep each
+# thread's chain to cols / 512 loads. The simulator runs one Python thread per CUDA thread,
+# so there it uses 128 (same code).
+PREP_THREADS = 128 if SIMULATOR else 512
 X_LIMIT = 16384.0       # |x / scale| stays below this: fp16 max is 65504, and the products
                         # of the mma are summed in float32, so only the inputs must fit.
 
