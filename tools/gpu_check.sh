@@ -4,12 +4,13 @@
 #   tools/gpu_check.sh STAGE [STAGE ...]     results under $OUT (default ./out)
 #
 # Stages:
-#   kernels   pytest -m gpu over every kernel family (real shapes against numpy)
+#   kernels   pytest -m gpu over every kernel family (real shapes against numpy; KTESTS= picks files)
 #   micro     kernel microbenchmarks: gemv, attention, sampling, embed, norm, mmq
 #   engine    pytest -m gpu for the back-end (parity with the CPU back-end, engine end to end)
 #   bench     synthetic Qwen3-4B Q4_K_M file, then genie-rt bench (pp18/33/128/512, tg128, depth)
 #   profile   tools/profile_decode.py: the decode step's time by kernel family
 #   prefix    tools/bench_prefix.py on the GPU
+#   session   bench + prefix + prefill and decode profiles in one process (kernels compile once)
 # Setup: wheels in .whl/ are installed to /tmp/site when present (machines without a
 # package index); the package is put on the path through a symlink farm, no install.
 set -uo pipefail
@@ -35,9 +36,9 @@ for s in "$@"; do
     kernels)
       stage kernels
       timeout ${KT:-330} $PY -m pytest -q -m gpu -p no:cacheprovider --durations=10 \
-        tests/test_ptx.py tests/test_gemv.py tests/test_mmq.py tests/test_attention.py \
+        ${KTESTS:-tests/test_ptx.py tests/test_gemv.py tests/test_mmq.py tests/test_attention.py \
         tests/test_rope_write.py tests/test_device_pool.py tests/test_embed.py tests/test_norm.py \
-        tests/test_gpu_sampling.py 2>&1 | tee "$OUT/kernels.txt" | tail -30 ;;
+        tests/test_gpu_sampling.py} 2>&1 | tee "$OUT/kernels.txt" | tail -30 ;;
     micro)
       stage micro
       for m in ${MICRO:-genie_rt.quant.gemv genie_rt.quant.mmq genie_rt.kvcache.attention}; do
@@ -59,6 +60,11 @@ for s in "$@"; do
       stage profile
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
       timeout 420 $PY tools/profile_decode.py -m $MODEL4B --json "$OUT/profile.json" 2>&1 | tee "$OUT/profile.txt" | tail -20 ;;
+    session)
+      stage session
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
+      timeout ${ST:-560} $PY tools/gpu_session.py -m $MODEL4B --out "$OUT" --skip "${SKIP:-}" 2>&1 \
+        | grep -v "^INFO numba" | tee "$OUT/session.txt" | tail -80 ;;
     prefix)
       stage prefix
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3

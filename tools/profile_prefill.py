@@ -1,0 +1,98 @@
+"""Where a CUDA prefill spends its time, by kernel family and GEMM (GPU only).
+
+    python tools/profile_prefill.py -m MODEL.gguf [--sizes 16,32,48,64,128,512] [--json PATH]
+
+For each prefill size n: times the layer-major prefill of n tokens recorded into a CUDA
+graph, then the same with one family's launches (or one GEMM of the layer) replaced by a
+no-op: the difference is what that family costs inside the prefill. The values are
+garbage in the ablated graphs; the timing of the remaining kernels does not depend on
+them (no kernel's work depends on the data). Medians of several replays (CUDA events).
+"""
+import argparse
+import importlib
+import json
+import sys
+from contextlib import contextmanager
+
+MODULES = ["genie_rt.quant.embed", "genie_rt.quant.mmq", "genie_rt.kvcache.rope_write",
+           "genie_rt.kvcache.attention_prefill"]
+
+
+def families(cfg):
+    """(label, module, function, predicate on the call's positional args or None).
+    mmq(w, x16, xscale, out, mode, ...): the layer's GEMMs differ by mode and columns."""
+    mm = "genie_rt.quant.mmq"
+    return [
+        ("embed", "genie_rt.quant.embed", "embed", None),
+        ("prepare_x (norm + fp16)", mm, "prepare_x", None),
+        ("mmq qkv", mm, "mmq", lambda a: a[4] == "store"),
+        ("mmq attn_output", mm, "mmq", lambda a: a[4] == "add" and a[0].cols == cfg.q_dim),
+        ("mmq gate+up swiglu", mm, "mmq", lambda a: a[4] == "swiglu"),
+        ("mmq ffn_down", mm, "mmq", lambda a: a[4] == "add" and a[0].cols == cfg.n_ff),
+        ("rope + KV write", "genie_rt.kvcache.rope_write", "rope_write", None),
+        ("prefill attention", "genie_rt.kvcache.attention_prefill", "prefill_attention", None),
+    ]
+
+
+@contextmanager
+def without(module: str, name: str, pred):
+    mod = sys.modules[module]
+    original = getattr(mod, name)
+
+    def stub(*a, **k):
+        if pred is not None and not pred(a):
+            return original(*a, **k)
+        return None
+    setattr(mod, name, stub)
+    try:
+        yield
+    finally:
+        setattr(mod, name, original)
+
+
+def time_prefill(be, n: int, reps: int = 20) -> float:
+    """Median ms of one prefill of n rows, recorded fresh into its own graph."""
+    from genie_rt.engine.cuda_graph import time_us
+    return time_us(lambda: be._record_prefill(n, 1), be.stream, per=1, reps=reps) / 1000
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-m", "--model", required=True)
+    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--sizes", default="16,32,64,128,512")
+    p.add_argument("--kv", default="int8")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    from genie_rt.engine.config import EngineConfig
+    from genie_rt.engine.engine import Engine
+    for module in MODULES:
+        importlib.import_module(module)
+    eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv))
+    be = eng.backend
+    out = []
+    for n in (int(v) for v in args.sizes.split(",")):
+        if n > be.lay.chunk:
+            continue
+        be._set_state(pos=0, last=n - 1)
+        full = time_prefill(be, n)
+        print(f"prefill of {n} tokens, {be.device_info()['device']}: {full:.3f} ms "
+              f"({n / full * 1000:.0f} tokens/s, graph only)", flush=True)
+        rows = []
+        for label, module, name, pred in families(be.cfg):
+            with without(module, name, pred):
+                rest = time_prefill(be, n)
+            rows.append(dict(n=n, family=label, ms=full - rest, percent=100 * (full - rest) / full))
+            print(f"  {label:<28} {(full - rest) * 1000:8.1f} us  {100 * (full - rest) / full:5.1f} %"
+                  f"  ({(full - rest) * 1000 / be.cfg.n_layers:6.1f} us per layer)", flush=True)
+        acc = sum(r["ms"] for r in rows)
+        print(f"  {'(sum of the families)':<28} {acc * 1000:8.1f} us  {100 * acc / full:5.1f} %", flush=True)
+        out.append(dict(n=n, ms=full, families=rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
