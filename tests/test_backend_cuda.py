@@ -30,13 +30,13 @@ def cosine_rows(a, b):
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
-def make_backends(path, kv="f16", n_ctx=128, chunk=512, gemv_mode="dp4a"):
+def make_backends(path, kv="f16", n_ctx=128, chunk=512, gemv_mode="dp4a", warm=True):
     from genie_rt.engine.backend_cuda import CUDABackend
     g = open_gguf(path)
     cfg = ModelConfig.from_gguf(g)
     ecfg = EngineConfig(backend="cuda", n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=chunk, gemv_mode=gemv_mode)
     plan = MemoryPlan(n_ctx, 0, 0, 0, 0, 0, 1 << 50, "test")
-    return CUDABackend(g, cfg, ecfg, plan), CPUBackend(g, cfg, n_ctx, kv), cfg
+    return CUDABackend(g, cfg, ecfg, plan, warm=warm), CPUBackend(g, cfg, n_ctx, kv), cfg
 
 
 @pytest.mark.slow
@@ -113,6 +113,23 @@ def test_real_layer_shapes_match_cpu(tmp_path, shape, prompts):
         assert cosine_rows(got, ref)[0] >= min_cos, kv
         got, ref = gpu.decode(11, 90), cpu.decode(11, 90)
         assert cosine_rows(got, ref)[0] >= min_cos, kv
+
+
+@pytest.mark.gpu
+def test_synthetic_qwen3_0p6b_every_position(tmp_path, prompts):
+    """The whole Qwen3-0.6B shape (28 layers, vocabulary 151936, tied Q6_K embedding, the
+    Q4_K_M type mix): logits at every prompt position and after a decode step."""
+    path = tmp_path / "qwen3-0.6b.gguf"
+    write_synthetic_qwen3(path, "0.6b", seed=1)
+    tokens = np.concatenate(prompts)[:40]
+    for kv, min_cos in (("f16", 0.999), ("int8", 0.998)):
+        gpu, cpu, _ = make_backends(path, kv, n_ctx=64, warm=False)    # compiles only what runs
+        got, ref = gpu.prefill(tokens, 0, all_logits=True), cpu.prefill(tokens, 0, all_logits=True)
+        cos = cosine_rows(got, ref)
+        assert cos.min() >= min_cos, (kv, int(cos.argmin()), float(cos.min()))
+        got, ref = gpu.decode(int(ref[-1].argmax()), len(tokens)), cpu.decode(int(ref[-1].argmax()), len(tokens))
+        assert cosine_rows(got, ref)[0] >= min_cos, kv
+        del gpu, cpu
 
 
 @pytest.mark.gpu
