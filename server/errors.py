@@ -108,12 +108,14 @@ def endpoint(fn):
         try:
             return await fn(request, st)
         except ApiError as exc:
-            if exc.status == 400:
-                st.metrics.on_rejected("invalid")
-            return exc.response()
+            err = exc
         except Exception as exc:
             err = api_error(exc, st.settings.retry_after_s)
             if err.status >= 500:
                 log.exception("%s %s failed", request.method, request.url.path)
-            return err.response()
+        if err.status == 400:            # raised here or mapped from the template / tokenizer
+            st.metrics.on_rejected("invalid")
+        elif err.status == 413:
+            st.metrics.on_rejected("too_large")
+        return err.response()
     return wrapped

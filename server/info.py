@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from . import schemas
-from .errors import ApiError, JSONResp, bad_request, endpoint
+from .errors import ApiError, JSONResp, endpoint
 from .generation import tokenize_content
 from .state import FINGERPRINT, ServerState
 from .streaming import read_json
@@ -156,13 +156,9 @@ async def detokenize(request: Request, st: ServerState) -> Response:
 async def apply_template(request: Request, st: ServerState) -> Response:
     engine = st.ready_engine()
     body = await read_json(request, st.settings.max_body_bytes)
-    if "messages" not in body:
-        raise bad_request("'messages' is required")
-    kwargs = dict(schemas.get_object(body, "chat_template_kwargs"))
-    kwargs["enable_thinking"] = schemas.parse_thinking(body, kwargs)
-    for reserved in ("messages", "tools", "add_generation_prompt"):
-        kwargs.pop(reserved, None)
+    messages = schemas.chat_messages(body)            # exactly what chat completions renders
+    kwargs = schemas.template_kwargs(body)
     tools = schemas.parse_tools(body)
     text = await run_in_threadpool(
-        lambda: engine.template.render(body["messages"], tools=tools, add_generation_prompt=True, **kwargs))
+        lambda: engine.template.render(messages, tools=tools, add_generation_prompt=True, **kwargs))
     return JSONResp({"prompt": text})

@@ -38,7 +38,7 @@ MAX_LOGIT_BIAS = 4096          # entries (after text keys are tokenized); the sa
 MAX_JSON_DEPTH = 64
 RANDOM_SEED = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: "pick one at random"
 REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
-_INT_KEY = re.compile(r"-?\d{1,12}")
+_INT_KEY = re.compile(r"-?\d+")
 _CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -163,15 +163,18 @@ def parse_stop(body: dict) -> list[str]:
     if not isinstance(words, list):
         raise bad_request(f"'stop' must be a string or an array of strings, got {_kind(v)}")
     out: list[str] = []
+    seen: set[str] = set()
     for k, w in enumerate(words):
         if not isinstance(w, str):
             raise bad_request(f"'stop[{k}]' must be a string, got {_kind(w)}")
         if len(w) > MAX_STOP_CHARS:
             raise bad_request(f"'stop[{k}]' is {len(w)} characters long; the limit is {MAX_STOP_CHARS}")
-        if w and w not in out:
+        if w and w not in seen:
+            if len(out) == MAX_STOP_STRINGS:      # refuse at once: this runs on the event loop
+                raise bad_request(f"'stop' has more than {MAX_STOP_STRINGS} distinct strings; "
+                                  f"the limit is {MAX_STOP_STRINGS}")
+            seen.add(w)
             out.append(w)
-    if len(out) > MAX_STOP_STRINGS:
-        raise bad_request(f"'stop' has {len(out)} strings; the limit is {MAX_STOP_STRINGS}")
     return out
 
 
@@ -205,7 +208,11 @@ def parse_logit_bias(body: dict, vocab_size: int, tokenize: Callable[[str], list
         if isinstance(key, bool):
             raise bad_request("'logit_bias' keys must be token ids or text")
         if isinstance(key, str) and _INT_KEY.fullmatch(key.strip()):
-            key = int(key)
+            digits = key.strip()
+            if len(digits.lstrip("-")) > 12:      # no vocabulary is that large: don't parse it
+                raise bad_request(f"'logit_bias' token id {digits[:20]}{'...' if len(digits) > 20 else ''} "
+                                  f"is outside the vocabulary (0..{vocab_size - 1})")
+            key = int(digits)
         if isinstance(key, int):
             if not 0 <= key < vocab_size:
                 raise bad_request(f"'logit_bias' token id {key} is outside the vocabulary (0..{vocab_size - 1})")
@@ -351,21 +358,39 @@ def parse_thinking(body: dict, kwargs: dict) -> bool:
     return get_bool(body, "enable_thinking", False)  # off by default (a home assistant answers fast)
 
 
-def parse_chat(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]) -> ChatRequest:
+# Names the template call itself binds: a chat_template_kwargs key with one of them would
+# collide with the call's own arguments (a TypeError, not the user's variable).
+_RESERVED_TEMPLATE_KWARGS = ("self", "messages", "tools", "add_generation_prompt")
+
+
+def template_kwargs(body: dict) -> dict:
+    """chat_template_kwargs (extra template variables) with enable_thinking resolved
+    (parse_thinking) and the names the renderer binds itself dropped."""
+    kwargs = dict(get_object(body, "chat_template_kwargs"))
+    kwargs["enable_thinking"] = parse_thinking(body, kwargs)
+    for reserved in _RESERVED_TEMPLATE_KWARGS:
+        kwargs.pop(reserved, None)
+    return kwargs
+
+
+def chat_messages(body: dict):
+    """body["messages"] as the template gets it (required; validated by the template)."""
     if "messages" not in body:
         raise bad_request("'messages' is required")
-    kwargs = dict(get_object(body, "chat_template_kwargs"))
-    enable_thinking = parse_thinking(body, kwargs)
-    kwargs["enable_thinking"] = enable_thinking
-    for reserved in ("messages", "tools", "add_generation_prompt"):
-        kwargs.pop(reserved, None)
-    fmt = get_str(body, "reasoning_format", "auto")
-    if fmt not in REASONING_FORMATS:
-        raise bad_request(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}, got {fmt!r}")
     messages = body["messages"]
     if isinstance(messages, list):  # newer OpenAI clients send "developer" where they mean "system"
         messages = [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
                     for m in messages]
+    return messages
+
+
+def parse_chat(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]) -> ChatRequest:
+    messages = chat_messages(body)
+    kwargs = template_kwargs(body)
+    enable_thinking = kwargs["enable_thinking"]
+    fmt = get_str(body, "reasoning_format", "auto")
+    if fmt not in REASONING_FORMATS:
+        raise bad_request(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}, got {fmt!r}")
     return ChatRequest(gen=parse_generation(body, vocab_size, tokenize), messages=messages,
                        tools=parse_tools(body), enable_thinking=enable_thinking,
                        parse_reasoning=fmt != "none", template_kwargs=kwargs)

@@ -252,6 +252,14 @@ def test_tokenize_detokenize_apply_template(server):
                                                     "chat_template_kwargs": {"enable_thinking": True}}).json()
     assert "</think>" not in thinking["prompt"]
     assert server.post("/apply-template", json={"messages": MESSAGES, "think": True}).json() == thinking
+    # the same messages chat completions renders: "developer" is the system role there too
+    dev = [{**m, "role": "developer"} if m["role"] == "system" else m for m in MESSAGES]
+    assert server.post("/apply-template", json={"messages": dev}).json()["prompt"] == prompt
+    # template variables that collide with the renderer's own arguments are dropped, not a 500
+    for body in ({"messages": MESSAGES, "chat_template_kwargs": {"self": 1, "messages": []}},):
+        assert server.post("/apply-template", json=body).json()["prompt"] == prompt
+        r = server.post("/v1/chat/completions", json={**body, "max_tokens": 1})
+        assert r.status_code == 200, r.text
 
 
 def test_props_and_models(server):
@@ -274,6 +282,11 @@ def test_metrics_parse_and_count(server, reference):
     assert after["llamacpp:requests_processing"] == 0 and after["llamacpp:requests_deferred"] == 0
     assert 0 < after["llamacpp:kv_cache_usage_ratio"] < 1
     assert after["llamacpp:predicted_tokens_seconds"] > 0
+    # a 400 from the template (a role it does not know) counts as invalid like any other
+    key = 'genie_rt_requests_rejected_total{reason="invalid"}'
+    bad = server.post("/v1/chat/completions", json={"messages": [{"role": "wizard", "content": "hi"}]})
+    assert bad.status_code == 400
+    assert metric_values(server.get("/metrics").text).get(key, 0) == after.get(key, 0) + 1
 
 
 # --- invalid requests -------------------------------------------------------------------------------------

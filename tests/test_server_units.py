@@ -52,7 +52,8 @@ def test_logit_bias_forms():
     assert gen(logit_bias=[[5, -1], [7, False]]).params.logit_bias == {5: -1.0, 7: -math.inf}
     assert gen(logit_bias={"ab": 2}).params.logit_bias == {ord("a"): 2.0, ord("b"): 2.0}
     assert gen(logit_bias=[["ab", 2]]).params.logit_bias == {ord("a"): 2.0, ord("b"): 2.0}
-    for bad in ({str(VOCAB): 1}, {"5": "x"}, {"5": True}, [[5, 1, 2]], [5], {"5": 1e10}):
+    for bad in ({str(VOCAB): 1}, {"5": "x"}, {"5": True}, [[5, 1, 2]], [5], {"5": 1e10},
+                {"99999999999999": 3}, [["99999999999999", 3]], {"9" * 5000: 1}):   # ids, never text
         with pytest.raises(ApiError):
             gen(logit_bias=bad)
 
@@ -61,6 +62,20 @@ def test_stop_limits():
     assert len(gen(stop=[str(i) for i in range(schemas.MAX_STOP_STRINGS)]).stop) == schemas.MAX_STOP_STRINGS
     with pytest.raises(ApiError, match="limit"):
         gen(stop=[str(i) for i in range(schemas.MAX_STOP_STRINGS + 1)])
+    # the limit counts distinct strings, and is applied while reading: a body with 200,000
+    # stop strings is refused after the first MAX_STOP_STRINGS + 1 (parsing runs on the
+    # event loop; a check after a quadratic de-duplication once froze the server)
+    assert gen(stop=["x"] * 10_000 + ["y"]).stop == ["x", "y"]
+    seen = []
+
+    class Spy(list):
+        def __iter__(self):
+            for i, w in enumerate(list.__iter__(self)):
+                seen.append(i)
+                yield w
+    with pytest.raises(ApiError, match="limit"):
+        schemas.parse_stop({"stop": Spy(str(i) for i in range(200_000))})
+    assert len(seen) == schemas.MAX_STOP_STRINGS + 1
     with pytest.raises(ApiError, match="limit"):
         gen(stop=["x" * (schemas.MAX_STOP_CHARS + 1)])
 
