@@ -37,6 +37,7 @@ def cpu_budget(g: GGUFFile, cfg: ModelConfig, kv_dtype: str, prefill_chunk: int,
         available=available if available is not None else 1 << 62,
         where="host memory (MemAvailable)",
         n_ctx_train=cfg.n_ctx_train,
+        kv_dtype=kv_dtype,
     )
 
 

@@ -252,7 +252,7 @@ def cuda_budget(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig) -> MemoryBudg
         reserve = ecfg.reserve_bytes
     return MemoryBudget(weights=small.weight_bytes, kv_bytes_per_token=per_token,
                         scratch=fixed - small.weight_bytes, overhead=overhead, reserve=reserve,
-                        available=avail, where=where, n_ctx_train=cfg.n_ctx_train)
+                        available=avail, where=where, n_ctx_train=cfg.n_ctx_train, kv_dtype=ecfg.kv_dtype)
 
 
 # =====================================================================================

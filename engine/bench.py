@@ -97,6 +97,10 @@ def run_bench(args, ecfg) -> int:
     depths = _ints(args.depth, "-d")
     if args.repetitions < 1:
         raise ValueError("-r must be >= 1")
+    if not depths:
+        raise ValueError(f"-d needs at least one depth (e.g. -d 0), got {args.depth!r}")
+    if not any(prompts) and not any(gens):
+        raise ValueError("nothing to measure: give -p and/or -n sizes above 0")
     need = max(depths) + max(prompts + gens + [0]) + 1
     if ecfg.n_ctx is None:
         ecfg.n_ctx = max(need, 512)

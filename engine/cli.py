@@ -35,12 +35,13 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool) -> None:
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-n", "--max-tokens", type=int, default=256)
-    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy")
-    p.add_argument("--top-k", type=int, default=40)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--min-p", type=float, default=0.05)
-    p.add_argument("--repeat-penalty", type=float, default=1.0)
+    p.add_argument("-n", "--max-tokens", type=int, default=256,
+                   help="tokens to generate; -1 = until EOS or the context is full (default 256)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=40, help="default 40; 0 = off")
+    p.add_argument("--top-p", type=float, default=0.95, help="default 0.95; 1 = off")
+    p.add_argument("--min-p", type=float, default=0.05, help="default 0.05; 0 = off")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="default 1.0 = off; must be > 0")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
 
@@ -49,6 +50,12 @@ def _engine_config(args):
     from .config import EngineConfig
     if args.prefill_chunk < 1:
         raise ValueError(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
+    if args.ctx is not None and args.ctx < 1:
+        raise ValueError(f"--ctx must be >= 1 (or left out: what fits), got {args.ctx}")
+    if args.reserve_mb is not None and args.reserve_mb < 0:
+        raise ValueError(f"--reserve-mb must be >= 0, got {args.reserve_mb}")
+    if args.kv_cache_budget_mb < 1:
+        raise ValueError(f"--kv-cache-budget-mb must be >= 1, got {args.kv_cache_budget_mb}")
     return EngineConfig(backend=args.backend, n_ctx=args.ctx, kv_dtype=args.kv,
                         prefill_chunk=args.prefill_chunk, gemv_mode=args.gemv_mode,
                         reserve_bytes=None if args.reserve_mb is None else args.reserve_mb << 20,
@@ -63,6 +70,10 @@ def _load(args):
 def cmd_run(args) -> int:
     from .generate import Delta, Done, GenerationRequest
     from .sampling import SamplingParams
+    if args.max_tokens < -1:
+        raise ValueError(f"-n/--max-tokens must be >= 0, or -1 for no limit; got {args.max_tokens}")
+    if args.conversation is not None and not args.kv_cache_dir:
+        raise ValueError("--conversation needs --kv-cache-dir (the folder its KV cache is saved in)")
     engine = _load(args)
     if args.raw:
         prompt = engine.raw_prompt(args.prompt)
@@ -72,7 +83,8 @@ def cmd_run(args) -> int:
         prompt = engine.chat_prompt(messages, enable_thinking=args.think)
     params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, seed=args.seed)
-    req = GenerationRequest(prompt=prompt, params=params, max_tokens=args.max_tokens, stop=args.stop,
+    max_tokens = None if args.max_tokens == -1 else args.max_tokens   # None: until EOS or the context ends
+    req = GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, stop=args.stop,
                             conversation_id=args.conversation)
     out = sys.stdout
     for event in engine.generate(req):

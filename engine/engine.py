@@ -28,7 +28,7 @@ from genie_rt.kvcache.persist import validate_conversation_id
 from .chat import ChatTemplate
 from .config import EngineConfig, ModelConfig
 from .generate import ContextOverflowError, Delta, Done, GenerationRequest, GenerationResult, StopMatcher
-from .gguf_file import GGUFFile, open_gguf
+from .gguf_file import GGUFError, GGUFFile, open_gguf
 from .memory import MemoryPlan
 from .sampling import Sampler
 from .tokenizer import Tokenizer
@@ -88,11 +88,19 @@ class Engine:
         t0 = time.perf_counter()
         g = open_gguf(path)
         cfg = ModelConfig.from_gguf(g)
-        tokenizer = Tokenizer.from_gguf_metadata(g.metadata)
-        template = ChatTemplate.from_gguf_metadata(g.metadata)
+        try:
+            tokenizer = Tokenizer.from_gguf_metadata(g.metadata)
+            template = ChatTemplate.from_gguf_metadata(g.metadata)
+        except GGUFError:
+            raise
+        except ValueError as exc:          # bad tokenizer / template metadata: name the file
+            raise GGUFError(f"{path}: {exc}") from exc
         backend_name = ecfg.backend
         if backend_name == "auto":
             backend_name = "cuda" if cuda_available() else "cpu"
+        elif backend_name == "cuda" and not cuda_available():
+            raise ValueError("back-end 'cuda': no usable CUDA GPU or driver on this machine "
+                             "(numba.cuda.is_available() is False); use --backend cpu or auto")
         if ecfg.n_ctx is not None and ecfg.n_ctx > cfg.n_ctx_train:
             log.warning("context %d exceeds the model's training context %d", ecfg.n_ctx, cfg.n_ctx_train)
         if backend_name == "cpu":

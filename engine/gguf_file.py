@@ -161,17 +161,23 @@ def _tensor_nbytes(path: Path, name: str, qtype_raw: int, ne: list[int]) -> tupl
     try:
         qtype = GGMLQuantizationType(qtype_raw)
     except ValueError:
-        raise GGUFError(f"{path}: tensor '{name}' has unknown type id {qtype_raw}") from None
+        raise GGUFError(f"{path}: tensor {_q(name)} has unknown type id {qtype_raw}") from None
     block, type_size = GGML_QUANT_SIZES[qtype]
     if any(d <= 0 for d in ne):
-        raise GGUFError(f"{path}: tensor '{name}' has a zero or negative dimension {ne}")
+        raise GGUFError(f"{path}: tensor {_q(name)} has a zero or negative dimension {ne}")
     if ne[0] % block:
-        raise GGUFError(f"{path}: tensor '{name}' ({qtype.name}) has {ne[0]} columns, "
+        raise GGUFError(f"{path}: tensor {_q(name)} ({qtype.name}) has {ne[0]} columns, "
                         f"not a multiple of its block size {block}")
     n_rows = 1
     for d in ne[1:]:
         n_rows *= d
     return qtype, n_rows * (ne[0] // block) * type_size
+
+
+def _q(name: str, limit: int = 64) -> str:
+    """A key or tensor name as it can be printed: quoted, control characters escaped and
+    shortened (a corrupt length can make a 'name' of thousands of binary bytes)."""
+    return repr(name if len(name) <= limit else name[:limit] + "...")
 
 
 def _prescan(buf: mmap.mmap, path: Path) -> tuple[int, int, int]:
@@ -195,7 +201,8 @@ def _prescan(buf: mmap.mmap, path: Path) -> tuple[int, int, int]:
     alignment = DEFAULT_ALIGNMENT
     for i in range(n_kv):
         key = w.string(f"metadata key #{i}")
-        vtype = w.unpack("<I", 4, f"type of '{key}'")
+        kq = _q(key)
+        vtype = w.unpack("<I", 4, f"type of {kq}")
         if key == "general.alignment":
             if vtype != 4:
                 raise w.fail("general.alignment must be a uint32")
@@ -203,25 +210,34 @@ def _prescan(buf: mmap.mmap, path: Path) -> tuple[int, int, int]:
             if alignment == 0 or alignment & (alignment - 1):
                 raise w.fail(f"general.alignment {alignment} is not a power of two")
         else:
-            w.skip_value(vtype, f"'{key}'")
+            w.skip_value(vtype, kq)
     extents = []
     for i in range(n_tensors):
         name = w.string(f"tensor name #{i}")
-        n_dims = w.unpack("<I", 4, f"dimension count of '{name}'")
+        nq = _q(name)
+        n_dims = w.unpack("<I", 4, f"dimension count of {nq}")
         if not 1 <= n_dims <= MAX_DIMS:
-            raise w.fail(f"tensor '{name}' has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
-        ne = [w.unpack("<Q", 8, f"dimensions of '{name}'") for _ in range(n_dims)]
-        qtype_raw = w.unpack("<I", 4, f"type of '{name}'")
-        offset = w.unpack("<Q", 8, f"offset of '{name}'")
+            raise w.fail(f"tensor {nq} has {n_dims} dimensions (1..{MAX_DIMS} allowed)")
+        ne = [w.unpack("<Q", 8, f"dimensions of {nq}") for _ in range(n_dims)]
+        qtype_raw = w.unpack("<I", 4, f"type of {nq}")
+        offset = w.unpack("<Q", 8, f"offset of {nq}")
         qtype, nbytes = _tensor_nbytes(path, name, qtype_raw, ne)
         extents.append((name, offset, nbytes))
     data_offset = -(-w.pos // alignment) * alignment
     for name, offset, nbytes in extents:
         if offset % alignment:
-            raise GGUFError(f"{path}: tensor '{name}' offset {offset} is not aligned to {alignment}")
+            raise GGUFError(f"{path}: tensor {_q(name)} offset {offset} is not aligned to {alignment}")
         if data_offset + offset + nbytes > w.end:
-            raise GGUFError(f"{path}: tensor '{name}' needs bytes up to {data_offset + offset + nbytes} "
+            raise GGUFError(f"{path}: tensor {_q(name)} needs bytes up to {data_offset + offset + nbytes} "
                             f"but the file has {w.end}; the file is truncated - download it again")
+    # Tensors never share bytes: a type or offset changed by corruption would otherwise
+    # make a tensor read its neighbours' data and run on garbage.
+    ordered = sorted(extents, key=lambda e: e[1])
+    for (name, offset, nbytes), (nxt, nxt_offset, _) in zip(ordered, ordered[1:]):
+        if offset + nbytes > nxt_offset:
+            raise GGUFError(f"{path}: tensor {_q(name)} (data bytes {offset}..{offset + nbytes} after the "
+                            f"header) overlaps tensor {_q(nxt)} (from {nxt_offset}): the tensor table "
+                            "is corrupt - download the file again")
     return version, data_offset, alignment
 
 

@@ -10,7 +10,7 @@ cuMemGetInfo is misleading), cuMemGetInfo's free bytes on a discrete GPU. When t
 context length is not given, it is the largest multiple of 256 that fits (capped at
 the model's training context). When nothing fits, `MemoryBudgetError` names each
 term, so the user sees what to change (a smaller model, a shorter --ctx, --kv int8,
-a smaller --reserve) - before anything is loaded.
+a smaller --reserve-mb) - before anything is loaded.
 
 This module does arithmetic and reads /proc; it allocates nothing.
 """
@@ -81,6 +81,7 @@ class MemoryBudget:
     available: int               # what can be used
     where: str
     n_ctx_train: int
+    kv_dtype: str | None = None  # only to word the advice (no "--kv int8" when it is int8)
 
     def plan(self, n_ctx: int | None) -> MemoryPlan:
         """Check the budget for n_ctx tokens (None: the largest context that fits)."""
@@ -97,6 +98,7 @@ class MemoryBudget:
             raise MemoryBudgetError(
                 f"the model does not fit: {fmt_bytes(plan.total)} needed, "
                 f"{fmt_bytes(plan.available)} available\n{plan.table()}\n"
-                "Try a smaller model or quantization, a shorter context (--ctx), "
-                "the int8 KV cache (--kv int8), or a smaller --reserve.")
+                "Try a smaller model or quantization, a shorter context (--ctx)"
+                + (", the int8 KV cache (--kv int8)" if self.kv_dtype != "int8" else "")
+                + ", or a smaller --reserve-mb.")
         return plan

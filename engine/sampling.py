@@ -50,6 +50,8 @@ class SamplingParams:
         finite("top_p", self.top_p, 0, 1)
         finite("min_p", self.min_p, 0, 1)
         finite("repeat_penalty", self.repeat_penalty, 0, 100)
+        if self.repeat_penalty == 0:            # it divides the logits of recent tokens
+            raise ValueError("'repeat_penalty' must be > 0 (1.0 = off), got 0")
         finite("presence_penalty", self.presence_penalty, -100, 100)
         finite("frequency_penalty", self.frequency_penalty, -100, 100)
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0 or self.top_k > vocab_size:

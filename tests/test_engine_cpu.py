@@ -8,6 +8,7 @@ from genie_rt.engine.cli import main
 from genie_rt.engine.config import EngineConfig
 from genie_rt.engine.engine import Engine
 from genie_rt.engine.generate import ContextOverflowError, Delta, Done, GenerationRequest
+from genie_rt.engine.gguf_file import GGUFError
 from genie_rt.engine.memory import MemoryBudgetError
 from genie_rt.engine.sampling import SamplingParams
 
@@ -142,3 +143,45 @@ def test_cli_clean_error_for_bad_model(tmp_path, capsys):
     assert main(["run", "-m", str(bad), "-p", "hi", "--backend", "cpu"]) == 1
     err = capsys.readouterr().err
     assert "genie-rt: error:" in err and "too small to be a GGUF file" in err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--ctx", "0"], "--ctx must be >= 1"),
+    (["--ctx", "-5"], "--ctx must be >= 1"),
+    (["-n", "-2"], "--max-tokens must be >= 0, or -1"),
+    (["--repeat-penalty", "0"], "repeat_penalty' must be > 0"),
+    (["--conversation", "kitchen"], "--conversation needs --kv-cache-dir"),
+    (["--reserve-mb", "-5"], "--reserve-mb must be >= 0"),
+    (["--kv-cache-budget-mb", "-1"], "--kv-cache-budget-mb must be >= 1"),
+])
+def test_cli_refuses_bad_arguments_in_one_line(argv, needle, capsys):
+    assert main(["run", "-p", "hi", "-n", "2", "--backend", "cpu", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("genie-rt: error:") and needle in err and "Traceback" not in err, err
+
+
+def test_cli_no_token_limit_runs_to_the_context(capsys):
+    assert main(["run", "-p", "hi", "-n", "-1", "--ctx", "64", "--temp", "0", "--backend", "cpu",
+                 "--raw"]) == 0
+    err = capsys.readouterr().err
+    assert "finish:" in err and "generated 0 tokens" not in err
+
+
+def test_cuda_requested_without_a_gpu_is_a_clean_error(fixture_gguf, monkeypatch):
+    import genie_rt.engine.engine as E
+    monkeypatch.setattr(E, "cuda_available", lambda: False)
+    with pytest.raises(ValueError, match="no usable CUDA GPU"):
+        Engine.load(fixture_gguf, EngineConfig(backend="cuda"))
+
+
+def test_tokenizer_metadata_errors_name_the_file(fixture_gguf, tmp_path):
+    import struct
+    raw = bytearray(fixture_gguf.read_bytes())
+    key = b"tokenizer.ggml.eos_token_id"
+    at = raw.index(key) + len(key)            # then the value type (uint32) and the value
+    raw[at + 4:at + 8] = struct.pack("<I", 99999)
+    bad = tmp_path / "eos.gguf"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(GGUFError) as info:
+        Engine.load(bad, EngineConfig(backend="cpu"))
+    assert str(bad) in str(info.value) and "99999" in str(info.value)

@@ -158,3 +158,32 @@ def test_unsupported_tensor_type(fixture_gguf, tmp_path):
     raw[type_at:type_at + 4] = struct.pack("<I", int(gguf.GGMLQuantizationType.IQ2_XXS))
     msg = _expect_error(_write(tmp_path, bytes(raw)))
     assert "attn_q_norm" in msg
+
+
+def test_tensor_reading_its_neighbours_bytes_is_refused(fixture_gguf, tmp_path):
+    """A type changed to a bigger one (Q4_K -> Q8_0) or an offset moved onto another
+    tensor: the extents overlap, which llama.cpp refuses too; never run on garbage."""
+    import gguf
+    raw = bytearray(fixture_gguf.read_bytes())
+    name = b"blk.0.attn_q.weight"
+    i = raw.index(name) + len(name)
+    (n_dims,) = struct.unpack_from("<I", raw, i)
+    type_at = i + 4 + 8 * n_dims
+    bigger = bytearray(raw)
+    bigger[type_at:type_at + 4] = struct.pack("<I", int(gguf.GGMLQuantizationType.Q8_0))
+    _expect_error(_write(tmp_path, bytes(bigger), "type.gguf"), "blk.0.attn_q.weight", "overlaps")
+    moved = bytearray(raw)
+    moved[type_at + 4:type_at + 12] = struct.pack("<Q", 0)
+    _expect_error(_write(tmp_path, bytes(moved), "offset.gguf"), "overlaps")
+
+
+def test_corrupt_key_length_gives_a_short_printable_message(fixture_gguf, tmp_path):
+    """A key length grown by a flipped byte swallows kilobytes of binary into the 'name':
+    the message stays short and escaped (no raw control bytes on the user's terminal)."""
+    raw = bytearray(fixture_gguf.read_bytes())
+    key = b"tokenizer.ggml.pre"
+    at = raw.index(key) - 8                   # the uint64 length before the key's bytes
+    raw[at + 1] = 0x50                        # len += 0x5000 bytes
+    msg = _expect_error(_write(tmp_path, bytes(raw)))
+    assert len(msg) < 600, msg[:200]
+    assert all(c.isprintable() for c in msg), repr(msg[:200])

@@ -37,3 +37,13 @@ def test_refuses_with_numbers():
 def test_mem_available_reads_proc():
     n = mem_available_bytes()
     assert n is None or n > 0
+
+
+def test_refusal_advice_names_real_flags():
+    from dataclasses import replace
+    with pytest.raises(MemoryBudgetError) as info:
+        replace(budget(3 * GiB), kv_dtype="f16").plan(4096)
+    assert "--kv int8" in str(info.value) and "--reserve-mb" in str(info.value)
+    with pytest.raises(MemoryBudgetError) as info:
+        replace(budget(3 * GiB), kv_dtype="int8").plan(4096)     # already int8: not advised
+    assert "--kv int8" not in str(info.value)

@@ -608,7 +608,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     t0 = time.perf_counter()
-    write_synthetic_qwen3(args.output, shape, seed=args.seed, exact=args.exact, threads=args.threads)
+    try:
+        write_synthetic_qwen3(args.output, shape, seed=args.seed, exact=args.exact, threads=args.threads)
+    except OSError as e:                 # a missing folder, a directory, a full disk
+        print(f"synth_gguf: error: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
+        return 1
     dt = time.perf_counter() - t0
     size = args.output.stat().st_size
     print(f"wrote {args.output}: {size:,d} bytes ({size / 2**30:.3f} GiB), shape {shape.name}, "
