@@ -64,7 +64,7 @@ class ModelConfig:
                 value = kind(value)
             except (TypeError, ValueError):
                 raise GGUFError(f"{g.path}: metadata '{full}' = {value!r} is not a {kind.__name__}") from None
-            if value <= 0 or (kind is int and value > 1 << 24) or value != value:
+            if value <= 0 or (kind is int and value > 1 << 24) or value != value or value == float("inf"):
                 raise GGUFError(f"{g.path}: metadata '{full}' = {value!r} is out of range")
             return value
 

@@ -79,6 +79,12 @@ def check_tensors(g: GGUFFile, cfg: ModelConfig) -> dict[str, TensorInfo]:
                             f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_QTYPES))}); "
                             "re-quantize the model, e.g. to Q4_K_M")
         found[name] = t
+    extra = sorted(n for n in g.tensors if n.startswith("blk.") and n.split(".")[1].isdigit()
+                   and int(n.split(".")[1]) >= cfg.n_layers)
+    if extra:                # llama.cpp refuses a tensor count that does not match too
+        raise GGUFError(f"{g.path}: block_count says {cfg.n_layers} layers but the file has tensors of "
+                        f"layer {extra[0].split('.')[1]} ('{extra[0]}', {len(extra)} such tensors); "
+                        "the metadata or the tensor table is wrong")
     return found
 
 

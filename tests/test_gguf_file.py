@@ -187,3 +187,13 @@ def test_corrupt_key_length_gives_a_short_printable_message(fixture_gguf, tmp_pa
     msg = _expect_error(_write(tmp_path, bytes(raw)))
     assert len(msg) < 600, msg[:200]
     assert all(c.isprintable() for c in msg), repr(msg[:200])
+
+
+def test_block_count_smaller_than_the_tensors(fixture_gguf, tmp_path):
+    p = _rewrite_metadata(fixture_gguf, tmp_path, "qwen3.block_count", lambda part: struct.pack("<I", 1))
+    _expect_error(p, "block_count says 1 layers", "blk.1.")
+
+
+def test_infinite_rope_base(fixture_gguf, tmp_path):
+    p = _rewrite_metadata(fixture_gguf, tmp_path, "qwen3.rope.freq_base", lambda part: struct.pack("<f", float("inf")))
+    _expect_error(p, "rope.freq_base", "out of range")
