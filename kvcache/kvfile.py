@@ -25,7 +25,7 @@ Header map (string keys; the reader checks every field's type and range before u
                           k_scale  <f4     [n_layers, N, n_kv_heads]   (int8 only)
                           v_scale  <f4     [n_layers, N, n_kv_heads]   (int8 only)
     body_bytes   int    B = the sum of the layout's array sizes
-    body_digest  bin    32 bytes: blake2b-256 of the B body bytes
+    body_digest  bin    32 bytes: SHA-256 of the B body bytes (version 1: blake2b-256)
     created      float  unix time of the save (informational)
 
 Why it cannot be trusted by accident: the header digest covers every header byte, the
@@ -50,7 +50,8 @@ import msgpack
 import numpy as np
 
 MAGIC = b"GENIEKV\x00"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2      # 2: the body digest is SHA-256 (hardware-accelerated on x86 and on the
+                        # Jetson's ARMv8 cores: 21 vs 40 ms for 38 MB here); 1 used blake2b
 PREAMBLE = struct.Struct("<8sI32s")          # magic, header length, header digest: 44 bytes
 MAX_HEADER_BYTES = 64 << 20
 MAX_POSITIONS = 1 << 24
@@ -124,7 +125,8 @@ def _bytes(a: np.ndarray) -> memoryview:
 
 
 def _digest() -> "hashlib._Hash":
-    return hashlib.blake2b(digest_size=DIGEST_BYTES)
+    """The body digest (SHA-256: the header keeps blake2b, it is small)."""
+    return hashlib.sha256()
 
 
 # -- writing ------------------------------------------------------------------------

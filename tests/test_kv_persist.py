@@ -99,7 +99,7 @@ def rewrite(data: bytes, body: bytes | None = None, **changes) -> bytes:
     the file is well-formed and only the changed fields can make it fail."""
     h, old_body = split(data)
     body = old_body if body is None else body
-    h.update(body_bytes=len(body), body_digest=hashlib.blake2b(body, digest_size=32).digest())
+    h.update(body_bytes=len(body), body_digest=hashlib.sha256(body).digest())
     h.update(changes)
     return kvfile.pack_header(h) + body
 
@@ -317,7 +317,8 @@ def test_other_kv_dtype_and_shapes(engine, saved, tmp_path, caplog):
 def test_unknown_version_and_bad_fields(engine, saved, tmp_path, caplog):
     data = saved["data"]
     cases = {
-        "version2": (rewrite(data, version=2), "version 2"),
+        "version1": (rewrite(data, version=1), "version 1"),
+        "version3": (rewrite(data, version=3), "version 3"),
         "version_str": (rewrite(data, version="1"), "version"),
         "dtype": (rewrite(data, kv_dtype="q4"), "KV dtype"),
         "tokens_short": (rewrite(data, tokens=split(data)[0]["tokens"][:-4]), "token ids"),
@@ -596,12 +597,12 @@ def test_file_format_layout(engine, saved):
     assert set(h) == {"version", "fingerprint", "model", "kv_dtype", "n_layers", "n_kv_heads", "head_dim",
                       "n_positions", "tokens", "layout", "body_bytes", "body_digest", "created"}
     n = len(saved["tokens"])
-    assert h["version"] == 1 and h["n_positions"] == n and h["kv_dtype"] == "int8"
+    assert h["version"] == 2 and h["n_positions"] == n and h["kv_dtype"] == "int8"
     assert np.frombuffer(h["tokens"], "<u4").tolist() == saved["tokens"]
     assert h["layout"] == [["k", "|i1", [2, n, 2, 64]], ["v", "|i1", [2, n, 2, 64]],
                            ["k_scale", "<f4", [2, n, 2]], ["v_scale", "<f4", [2, n, 2]]]
     assert len(body) == h["body_bytes"] == n * engine.backend.kv.shape.bytes_per_position
-    assert h["body_digest"] == hashlib.blake2b(body, digest_size=32).digest()
+    assert h["body_digest"] == hashlib.sha256(body).digest()
 
 
 def kv_cli(folder: Path, action: str, cid: str | None = None) -> int:
