@@ -25,28 +25,10 @@ F16_DENSE_TFLOPS = 989  # H200 datasheet dense f16 tensor rate (mma.sync reaches
 
 def _graph_us(launch, stream, reps=20):
     """GPU microseconds per launch: `reps` launches captured in a CUDA graph, replayed
-    (no host launch cost, as in the engine's decode graph); median of 5 replays."""
-    from cuda.bindings import driver
-    launch(stream)
-    stream.synchronize()
-    hs = driver.CUstream(int(stream.handle))
-    driver.cuStreamBeginCapture(hs, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
-    for _ in range(reps):
-        launch(stream)
-    _, graph = driver.cuStreamEndCapture(hs)
-    _, gexec = driver.cuGraphInstantiate(graph, 0)
-    driver.cuGraphLaunch(gexec, hs)
-    times = []
-    for _ in range(5):
-        e0, e1 = cuda.event(), cuda.event()
-        e0.record(stream)
-        driver.cuGraphLaunch(gexec, hs)
-        e1.record(stream)
-        e1.synchronize()
-        times.append(cuda.event_elapsed_time(e0, e1) * 1e3 / reps)
-    driver.cuGraphExecDestroy(gexec)
-    driver.cuGraphDestroy(graph)
-    return float(np.median(times))
+    (no host launch cost, as in the engine's decode graph); median of 5 replays
+    (engine/cuda_graph.time_us)."""
+    from genie_rt.engine.cuda_graph import time_us
+    return time_us(lambda: launch(stream), stream, per=reps, reps=5)
 
 
 _TIMER = _graph_us

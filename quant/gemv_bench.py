@@ -76,56 +76,13 @@ def rows_of(w: PackedWeight, idx: np.ndarray) -> PackedWeight:
 
 
 # =====================================================================================
-# CUDA graph + event timing (the recipe of notes/launch_and_graph_probe.py)
+# CUDA graph + event timing: the engine's own (engine/cuda_graph.py)
 # =====================================================================================
-class Graph:
-    """Capture the launches that fn() issues on `stream` into an executable CUDA graph."""
-
-    def __init__(self, stream, fn):
-        from cuda.bindings import driver
-        self.d = driver
-        self.h = driver.CUstream(int(stream.handle))
-        self._ok(driver.cuStreamBeginCapture(self.h, driver.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
-        try:
-            fn()
-        finally:
-            res = driver.cuStreamEndCapture(self.h)
-        self.graph = self._ok(res)
-        self.exec = self._ok(driver.cuGraphInstantiate(self.graph, 0))
-
-    @staticmethod
-    def _ok(res):
-        err = res[0] if isinstance(res, tuple) else res
-        if int(err) != 0:
-            raise RuntimeError(f"CUDA graph call failed: {err!r}")
-        return res[1] if isinstance(res, tuple) and len(res) > 1 else None
-
-    def replay(self):
-        self._ok(self.d.cuGraphLaunch(self.exec, self.h))
-
-    def close(self):
-        self.d.cuGraphExecDestroy(self.exec)
-        self.d.cuGraphDestroy(self.graph)
-
-
 def time_graph(stream, fn, per_graph: int, replays: int = 7) -> float:
-    """Median seconds of one fn() call, timed as a graph of `per_graph` calls."""
-    from numba import cuda
-    g = Graph(stream, lambda: [fn() for _ in range(per_graph)])
-    try:
-        g.replay()
-        stream.synchronize()
-        times = []
-        for _ in range(replays):
-            e0, e1 = cuda.event(), cuda.event()
-            e0.record(stream)
-            g.replay()
-            e1.record(stream)
-            e1.synchronize()
-            times.append(cuda.event_elapsed_time(e0, e1) * 1e-3 / per_graph)
-        return float(np.median(times))
-    finally:
-        g.close()
+    """Median seconds of one fn() call, timed as a graph of `per_graph` calls
+    (engine/cuda_graph.time_us, the engine's own graph capture and event timing)."""
+    from genie_rt.engine.cuda_graph import time_us
+    return time_us(fn, stream, per=per_graph, reps=replays) * 1e-6
 
 
 def _read_kernel():

@@ -54,66 +54,15 @@ N_VALUES = (18, 33, 128, 512, 2048)
 
 
 class Timer:
-    """Median per-launch time of fn() in microseconds (CUDA graph of `reps` launches)."""
+    """Median per-launch time of fn() in microseconds: engine/cuda_graph.time_us (a CUDA
+    graph of `reps` launches, `samples` timed replays; plain launches if capture fails)."""
 
     def __init__(self, cuda, stream):
         self.cuda, self.stream = cuda, stream
-        from cuda.bindings import driver
-        self.drv = driver
-        self.hstream = driver.CUstream(int(stream.handle))
-        self.graph_ok = True
-
-    def _capture(self, fn, reps):
-        d = self.drv
-        mode = d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL
-        err, = d.cuStreamBeginCapture(self.hstream, mode)
-        if err != d.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuStreamBeginCapture: {err}")
-        try:
-            for _ in range(reps):
-                fn()
-        finally:
-            err, graph = d.cuStreamEndCapture(self.hstream)
-        if err != d.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuStreamEndCapture: {err}")
-        err, gexec = d.cuGraphInstantiate(graph, 0)
-        if err != d.CUresult.CUDA_SUCCESS:
-            raise RuntimeError(f"cuGraphInstantiate: {err}")
-        return graph, gexec
 
     def time_us(self, fn, reps=20, samples=7):
-        cuda, s = self.cuda, self.stream
-        fn()
-        s.synchronize()
-        e0, e1 = cuda.event(), cuda.event()
-        times = []
-        if self.graph_ok:
-            try:
-                graph, gexec = self._capture(fn, reps)
-                err, = self.drv.cuGraphLaunch(gexec, self.hstream)     # warm-up
-                if err != self.drv.CUresult.CUDA_SUCCESS:
-                    raise RuntimeError(f"cuGraphLaunch: {err}")
-                for _ in range(samples):
-                    e0.record(s)
-                    self.drv.cuGraphLaunch(gexec, self.hstream)
-                    e1.record(s)
-                    e1.synchronize()
-                    times.append(cuda.event_elapsed_time(e0, e1) * 1e3 / reps)
-                self.drv.cuGraphExecDestroy(gexec)
-                self.drv.cuGraphDestroy(graph)
-                return float(np.median(times))
-            except Exception as exc:                             # noqa: BLE001
-                print(f"  (graph capture failed: {exc}; timing plain launches)", file=sys.stderr)
-                self.graph_ok = False
-                s.synchronize()
-        for _ in range(samples):
-            e0.record(s)
-            for _ in range(reps):
-                fn()
-            e1.record(s)
-            e1.synchronize()
-            times.append(cuda.event_elapsed_time(e0, e1) * 1e3 / reps)
-        return float(np.median(times))
+        from genie_rt.engine.cuda_graph import time_us
+        return time_us(fn, self.stream, per=reps, reps=samples)
 
 
 def mma_peak_tflops(cuda, timer):
