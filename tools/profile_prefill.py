@@ -12,7 +12,10 @@ import argparse
 import importlib
 import json
 import sys
-from contextlib import contextmanager
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profile_decode import without  # noqa: E402
 
 MODULES = ["genie_rt.quant.embed", "genie_rt.quant.mmq", "genie_rt.kvcache.rope_write",
            "genie_rt.kvcache.attention_prefill"]
@@ -32,22 +35,6 @@ def families(cfg):
         ("rope + KV write", "genie_rt.kvcache.rope_write", "rope_write", None),
         ("prefill attention", "genie_rt.kvcache.attention_prefill", "prefill_attention", None),
     ]
-
-
-@contextmanager
-def without(module: str, name: str, pred):
-    mod = sys.modules[module]
-    original = getattr(mod, name)
-
-    def stub(*a, **k):
-        if pred is not None and not pred(a):
-            return original(*a, **k)
-        return None
-    setattr(mod, name, stub)
-    try:
-        yield
-    finally:
-        setattr(mod, name, original)
 
 
 def time_prefill(be, n: int, reps: int = 20) -> float:
