@@ -51,7 +51,7 @@ import numpy as np
 
 MAGIC = b"GENIEKV\x00"
 FORMAT_VERSION = 2      # 2: the body digest is SHA-256 (hardware-accelerated on x86 and on the
-                        # Jetson's ARMv8 cores: 21 vs 40 ms for 38 MB here); 1 used blake2b
+                        # Jetson's ARMv8 cores: 21 vs 40 ms for 38 MB on the CI VM); 1 used blake2b
 PREAMBLE = struct.Struct("<8sI32s")          # magic, header length, header digest: 44 bytes
 MAX_HEADER_BYTES = 64 << 20
 MAX_POSITIONS = 1 << 24
