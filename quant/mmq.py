@@ -58,6 +58,11 @@ SUPPORTED = {QType.Q4_K: K.Q4_K, QType.Q6_K: K.Q6_K, QType.Q8_0: K.Q8_0}
 # plans on one stream: no launch's partial sums can land on another plan's counters.
 COUNTER_BYTES = 1 << 16
 MODES = {"store": K.EPI_STORE, "add": K.EPI_ADD, "swiglu": K.EPI_SWIGLU}
+REDUCTIONS = {"last": K.RED_LAST, "kernel": K.RED_KERNEL}
+# How a split K is summed (mmq_kernels.RED_*): "kernel" (partial sums to a workspace,
+# then one reduction launch over every output) or "last" (the last block of each tile
+# sums the partials of its tile). docs/kernels/mmq.md has the measurements.
+DEFAULT_REDUCE = "kernel"
 COL_MULTIPLE = 256      # K must be whole super-blocks (and 8-block groups for Q8_0)
 
 
@@ -227,13 +232,20 @@ class TileConfig:
 
 
 SMALL_NT = (1, 2, 3, 4, 5, 6, 8)        # token widths (x8) compiled for N <= 64
+# N <= 64: pipeline stages, and the fewest K stages a split may own (the split count fills
+# one wave of resident blocks within this bound). Measured on the H200 (docs/kernels/mmq.md):
+# with the split-K reduction kernel, 2 stages and splits down to 2 stages each beat 3 stages
+# and >= 4 stages per split by 3-45 % per GEMM (one Qwen3-4B layer at N = 33: 84.2 -> 81.7 us,
+# against 116.5 us before the reduction kernel).
+SMALL_STAGES = 2
+SMALL_MIN_STAGES_PER_SPLIT = 2
 
 
 def small_config(n: int) -> TileConfig:
     """N <= 64: all tokens in one tile, 4 warps side by side over 128 weight rows."""
     need = -(-n // 8)
     nt = next(v for v in SMALL_NT if v >= need)
-    return TileConfig(wm=4, wn=1, mt=2, nt=nt, stages=3)
+    return TileConfig(wm=4, wn=1, mt=2, nt=nt, stages=SMALL_STAGES)
 
 
 LARGE = TileConfig(wm=4, wn=2, mt=2, nt=8, stages=3)       # 128 rows x 128 tokens, 8 warps
@@ -255,6 +267,7 @@ class Plan:
     smem: int
     workspace: int                      # bytes (0 without split-K)
     counters: int                       # int32 counters at the start of the workspace
+    red: int = K.RED_LAST               # split-K reduction (mmq_kernels.RED_*)
 
 
 _DEVICE = {}
@@ -298,7 +311,7 @@ def _split(n_stages, splits):
 
 @functools.lru_cache(maxsize=4096)
 def plan(qtype, rows_out: int, cols: int, n: int, mode: str = "store", config: TileConfig = None,
-         splits: int = None, num_sms: int = None, smem_limit: int = None) -> Plan:
+         splits: int = None, num_sms: int = None, smem_limit: int = None, reduce: str = None) -> Plan:
     """What mmq launches for this shape: tile config, grid, split-K, shared memory, workspace.
 
     N <= 64 (bandwidth-bound): small_config(N), one tile covers every token; K is split
@@ -309,13 +322,17 @@ def plan(qtype, rows_out: int, cols: int, n: int, mode: str = "store", config: T
     alone do not fill a wave), whichever a wave model finds fastest: time ~ waves x
     (blocks per SM) x (stages per block + 2 if split), where a wave is SMs x resident
     blocks per SM (2-stage blocks fit twice on an SM).
-    Stages drop until the block fits the device's shared memory (Orin: 163 KB)."""
+    Stages drop until the block fits the device's shared memory (Orin: 163 KB).
+    reduce: how a split K is summed ("kernel" or "last", default DEFAULT_REDUCE)."""
     qtype = QType[qtype] if isinstance(qtype, str) else QType(qtype)
     if qtype not in SUPPORTED:
         raise ValueError(f"mmq: {qtype.name} weights are not supported (supported: "
                          f"{', '.join(q.name for q in SUPPORTED)})")
     if mode not in MODES:
         raise ValueError(f"mmq: mode must be one of {sorted(MODES)}, got {mode!r}")
+    reduce = DEFAULT_REDUCE if reduce is None else reduce
+    if reduce not in REDUCTIONS:
+        raise ValueError(f"mmq: reduce must be one of {sorted(REDUCTIONS)}, got {reduce!r}")
     if cols % COL_MULTIPLE:
         raise ValueError(f"mmq: cols = {cols} must be a multiple of {COL_MULTIPLE}")
     if n < 1 or rows_out < 1:
@@ -348,8 +365,8 @@ def plan(qtype, rows_out: int, cols: int, n: int, mode: str = "store", config: T
         wave = num_sms * per_sm
         if splits is not None:
             options = [_split(n_stages, splits)]
-        elif n <= 64:                   # >= 4 stages per split: partial tiles stay < 1/2 of the weight bytes
-            options = [_split(n_stages, max(1, min(wave // tiles, n_stages // 4)))]
+        elif n <= 64:                   # fill one wave, each split >= SMALL_MIN_STAGES_PER_SPLIT stages
+            options = [_split(n_stages, max(1, min(wave // tiles, n_stages // SMALL_MIN_STAGES_PER_SPLIT)))]
         else:                           # split only a grid that does not fill a wave
             options = sorted({_split(n_stages, s) for s in range(1, 9) if tiles * s <= max(wave, tiles)})
         for sp, sps in options:
@@ -360,14 +377,20 @@ def plan(qtype, rows_out: int, cols: int, n: int, mode: str = "store", config: T
                 best = (key, cfg, smem, (row_tiles, tok_tiles, sp), sps, tiles)
     _, cfg, smem, grid, sps, tiles = best
     sp = grid[2]
-    ws, counters = 0, 0
-    if sp > 1:
+    ws, counters, red = 0, 0, REDUCTIONS[reduce]
+    if sp > 1 and red == K.RED_KERNEL:
+        partials = sp * n * rows_out * (2 if epi == K.EPI_SWIGLU else 1)
+        if partials >= 1 << 31:
+            raise ValueError(f"mmq: {partials} split-K partial sums exceed the 32-bit index "
+                             "range; use fewer splits or a smaller chunk")
+        ws = COUNTER_BYTES + 4 * partials
+    elif sp > 1:
         counters = -(-tiles // 4) * 4
         if 4 * counters > COUNTER_BYTES:
             raise ValueError(f"mmq: {tiles} output tiles need more split-K counters than the "
                              f"{COUNTER_BYTES}-byte counter region holds; use fewer splits")
         ws = COUNTER_BYTES + 4 * tiles * sp * cfg.threads * cfg.mt * cfg.nt * 4
-    return Plan(fmt, epi, cfg, rows_out, n, grid, sp, sps, n_stages, smem, ws, counters)
+    return Plan(fmt, epi, cfg, rows_out, n, grid, sp, sps, n_stages, smem, ws, counters, red)
 
 
 def _rows_out(w: PackedWeight, mode: str) -> int:
@@ -379,11 +402,12 @@ def _rows_out(w: PackedWeight, mode: str) -> int:
     return w.rows
 
 
-def workspace_bytes(w: PackedWeight, n: int, mode: str = "store", config: TileConfig = None) -> int:
+def workspace_bytes(w: PackedWeight, n: int, mode: str = "store", config: TileConfig = None,
+                    reduce: str = None) -> int:
     """Bytes of workspace mmq(w, ...) needs for N = n (0: none). Allocate once, zero once:
     the kernels leave the counters at zero. Do not share one workspace between launches
     that may run at the same time (two streams)."""
-    return plan(w.qtype, _rows_out(w, mode), w.cols, n, mode, config).workspace
+    return plan(w.qtype, _rows_out(w, mode), w.cols, n, mode, config, reduce=reduce).workspace
 
 
 # =====================================================================================
@@ -392,11 +416,21 @@ def workspace_bytes(w: PackedWeight, n: int, mode: str = "store", config: TileCo
 _KERNELS = {}
 
 
-def _kernel(fmt, cfg: TileConfig, epi):
-    key = (fmt, cfg, epi)
+def _kernel(fmt, cfg: TileConfig, epi, red=K.RED_LAST):
+    key = (fmt, cfg, epi, red)
     if key not in _KERNELS:
-        _KERNELS[key] = K.build_mmq_kernel(fmt, cfg.wm, cfg.wn, cfg.mt, cfg.nt, cfg.stages, epi)
+        _KERNELS[key] = K.build_mmq_kernel(fmt, cfg.wm, cfg.wn, cfg.mt, cfg.nt, cfg.stages, epi, red)
     return _KERNELS[key]
+
+
+def _reduce_kernel(epi):
+    key = ("reduce", epi)
+    if key not in _KERNELS:
+        _KERNELS[key] = K.build_reduce_kernel(epi)
+    return _KERNELS[key]
+
+
+REDUCE_SIGNATURE = "void(float32[::1], float32[::1], float32[:, ::1], int64, int64, int64)"
 
 
 _PLANE_TYPES = {   # fmt -> kernel plane slots p0..p3: (plane name, numba dtype)
@@ -463,14 +497,19 @@ def compile_for(weights, n_values=(18, 33, 128, 512), modes=("store",)) -> None:
                     qtype = item.qtype
                     if mode == "swiglu" and item.rows % 2:
                         continue
-                    cfgs = [plan(qtype, _rows_out(item, mode), item.cols, n, mode).config]
+                    p = plan(qtype, _rows_out(item, mode), item.cols, n, mode)
+                    cfgs = [(p.config, p.red)]
                 else:
                     qtype = QType(item)
-                    cfgs = [small_config(n)] if n <= 64 else [LARGE, replace(LARGE, stages=2)]
-                for cfg in cfgs:
-                    keys.add((SUPPORTED[QType(qtype)], cfg, MODES[mode]))
-    for fmt, cfg, epi in sorted(keys, key=str):
-        _ensure_compiled(_kernel(fmt, cfg, epi), fmt)
+                    red = REDUCTIONS[DEFAULT_REDUCE]
+                    cfgs = [(small_config(n), red)] if n <= 64 else \
+                        [(LARGE, red), (replace(LARGE, stages=2), red)]
+                for cfg, red in cfgs:
+                    keys.add((SUPPORTED[QType(qtype)], cfg, MODES[mode], red))
+    for fmt, cfg, epi, red in sorted(keys, key=str):
+        _ensure_compiled(_kernel(fmt, cfg, epi, red), fmt)
+        if red == K.RED_KERNEL:                   # (compiled even if no plan splits K)
+            _reduce_kernel(epi).compile(REDUCE_SIGNATURE)
     P.prepare_x_kernel.compile(PREPARE_X_SIGNATURE)
 
 
@@ -515,7 +554,7 @@ def prepare_x_reference(x, norm_weight=None, eps: float = 1e-6):
 
 
 def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, stream=0,
-        config: TileConfig = None, splits: int = None) -> None:
+        config: TileConfig = None, splits: int = None, reduce: str = None) -> None:
     """Y = X W^T on the tensor cores (see the module docstring for the modes).
 
     w          PackedWeight, planes are device arrays ([rows, bytes], C-contiguous rows)
@@ -524,7 +563,9 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
     workspace  uint8 device array >= workspace_bytes(w, N, mode) bytes (zeroed once after
                allocation; may be shared by every launch on this stream, whatever its
                plan - see COUNTER_BYTES), or None when that is 0
-    stream     numba stream (or 0); config/splits override the automatic plan (benchmarks)
+    stream     numba stream (or 0); config/splits/reduce override the automatic plan
+               (benchmarks)
+    With a split K and reduce "kernel" this is two launches: the GEMM, then the reduction.
     """
     _check(w.qtype in SUPPORTED, f"{QType(w.qtype).name} weights are not supported "
            f"(supported: {', '.join(q.name for q in SUPPORTED)})")
@@ -539,7 +580,7 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
     _check(tuple(y.shape) == (n, rows_out) and y.dtype == np.float32 and _c_contig(y),
            f"y must be a C-contiguous float32 [{n}, {rows_out}] for mode {mode!r}, got "
            f"{y.dtype}{tuple(y.shape)}")
-    p = plan(w.qtype, rows_out, cols, n, mode, config, splits)
+    p = plan(w.qtype, rows_out, cols, n, mode, config, splits, reduce=reduce)
     fmt = p.fmt
     slots = []
     for name, dt in _PLANE_TYPES[fmt]:
@@ -554,16 +595,20 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
                and workspace.shape[0] >= p.workspace,
                f"this shape splits K {p.splits} ways and needs a uint8 workspace of "
                f"{p.workspace} bytes (workspace_bytes(w, {n}, {mode!r}))")
-        cnt = workspace[:4 * p.counters].view(np.int32)
         ws = workspace[COUNTER_BYTES:p.workspace].view(np.float32)
+        cnt = workspace[:4 * max(p.counters, 4)].view(np.int32)   # RED_KERNEL: never touched
     else:
         flat = y.reshape(y.shape[0] * y.shape[1])        # never touched with one split
         ws, cnt = flat, flat.view(np.int32)
-    kern = _kernel(fmt, p.config, p.epi)
+    red = p.red                 # (with one split both reductions run the same code path)
+    kern = _kernel(fmt, p.config, p.epi, red)
     _ensure_compiled(kern, fmt)
     kern[p.grid, p.config.threads, stream, p.smem](
         slots[0], slots[1], slots[2], slots[3], x16, xscale, y, ws, cnt,
         n, rows_out, p.n_stages, p.stages_per_split, p.splits)
+    if red == K.RED_KERNEL and p.splits > 1:
+        grid = (-(-rows_out // K.REDUCE_THREADS), n)
+        _reduce_kernel(p.epi)[grid, K.REDUCE_THREADS, stream](ws, xscale, y, n, rows_out, p.splits)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,15 @@ FORMAT_NAMES = {Q4_K: "Q4_K", Q6_K: "Q6_K", Q8_0: "Q8_0"}
 # Epilogues.
 EPI_STORE, EPI_ADD, EPI_SWIGLU = 0, 1, 2
 EPI_NAMES = {EPI_STORE: "store", EPI_ADD: "add", EPI_SWIGLU: "swiglu"}
+# Split-K reductions (splits > 1):
+#   RED_LAST    every block publishes its partial tile; the last block of a tile to finish
+#               (an atomic counter) sums the partials in split order and runs the epilogue
+#   RED_KERNEL  every block stores its raw partial sums at P[split, token, weight row] and
+#               exits; `build_reduce_kernel` (the next launch) sums them over the splits for
+#               every output in parallel and runs the epilogue. No counters, no fences, and
+#               the reduction is spread over the whole GPU instead of one block per tile.
+RED_LAST, RED_KERNEL = 0, 1
+RED_NAMES = {RED_LAST: "last", RED_KERNEL: "kernel"}
 
 STAGE_K = 128            # weights of K per pipeline stage
 MAX_REGISTERS = 128      # per thread, for warp tiles of <= 16 mma tiles (see build_mmq_kernel)
@@ -121,7 +130,7 @@ def smem_bytes(fmt, wm, wn, mt, nt, stages):
 # The GEMM kernel factory. Compile-time constants are closure variables (numba freezes
 # them); each (format, tile shape, stages, epilogue) is its own kernel.
 # =====================================================================================
-def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi):
+def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
     """Return the lazily-compiled `@cuda.jit` kernel
 
     kernel(p0, p1, p2, p3, x, xscale, y, ws, cnt,
@@ -136,7 +145,9 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi):
       xscale     float32 [N] power-of-two per-token scale (prepare_x)
       y          float32 [N, rows_out] output (or residual stream for EPI_ADD)
       ws, cnt    split-K partial tiles float32 [*] and per-tile counters int32 [*]
-                 (counters start at 0 and are left at 0); unused when splits == 1
+                 (counters start at 0 and are left at 0); unused when splits == 1.
+                 RED_KERNEL: ws holds P float32 [splits, N, rows_w] (rows_w = weight
+                 rows: 2 rows_out for SwiGLU), cnt is unused, y is not written.
       n_tok      N; rows_out: output rows; n_stages = cols / 128;
       stages_per_split: K stages per blockIdx.z (even); splits = gridDim.z
 
@@ -144,6 +155,7 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi):
     dynamic shared memory = smem_bytes(...).
     """
     assert fmt in (Q4_K, Q6_K, Q8_0) and epi in (EPI_STORE, EPI_ADD, EPI_SWIGLU)
+    assert red in (RED_LAST, RED_KERNEL)
     swiglu = epi == EPI_SWIGLU
     assert not swiglu or mt % 2 == 0, "SwiGLU needs an even number of m16 tiles per warp"
     NTH = 32 * wm * wn                     # threads per block
@@ -544,6 +556,20 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi):
             st += U(1)
 
         wrow_out0 = wmi * U(16 * MTH)
+        if red == RED_KERNEL and splits > U(1):
+            # raw partial sums to P[split, token, weight row]; the reduce kernel does the rest.
+            # A warp store (fixed i, j, e) covers 8 consecutive rows of 4 tokens: 4 sectors.
+            rows_w = rows_out * U(2) if swiglu else rows_out
+            pbase = split * n_tok
+            for i in range(mt):
+                for j in range(nt):
+                    if U(j) < nt_w:
+                        for e in range(4):
+                            wr, ok = weight_row(wrow0 + U(16 * i + 8 * (e >> 1)) + g, m0, rows_out)
+                            tok = n0 + xtok0 + U(8 * j + (e & 1)) + U(2) * t
+                            if ok and tok < n_tok:
+                                ws[(pbase + tok) * rows_w + wr] = acc[i, j, e]
+            return
         if splits > U(1):
             # split-K: publish this block's partial tile; the last block of the tile sums
             # all partials in split order (deterministic) and runs the epilogue.
@@ -584,6 +610,65 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi):
                 cnt[tile] = int32(0)                     # ready for the next launch
         epilogue(y, xscale, acc, m0, n0, wrow_out0, g, t, xtok0, nt_w, n_tok, rows_out)
 
-    kernel.mmq_meta = dict(fmt=fmt, wm=wm, wn=wn, mt=mt, nt=nt, stages=stages, epi=epi,
+    kernel.mmq_meta = dict(fmt=fmt, wm=wm, wn=wn, mt=mt, nt=nt, stages=stages, epi=epi, red=red,
                            threads=NTH, bm=BM, bm_out=BM // 2 if swiglu else BM, bn=8 * nt * wn)
     return kernel
+
+
+# =====================================================================================
+# The split-K reduction of RED_KERNEL: one thread per output, all of the GPU at once.
+# =====================================================================================
+REDUCE_THREADS = 256
+
+
+def build_reduce_kernel(epi):
+    """Return the `@cuda.jit` kernel reduce(ws, xscale, y, n_tok, rows_out, splits):
+
+      ws      float32 [splits, N, rows_w]   raw partial sums from the GEMM (RED_KERNEL)
+      xscale  float32 [N]                   prepare_x's per-token scale
+      y       float32 [N, rows_out]         EPI_STORE: y = s * xscale; EPI_ADD: y += ...;
+                                            EPI_SWIGLU: y = silu(g) * u, g from weight row
+                                            r, u from row rows_out + r (rows_w = 2 rows_out)
+    grid = (ceil(rows_out / REDUCE_THREADS), N), block = REDUCE_THREADS.
+    Sums run in split order, so the result is the same on every run; the loads of four
+    splits are issued before they are added (they are independent, the adds are not).
+    """
+    swiglu = epi == EPI_SWIGLU
+
+    @_inline
+    def split_sum(ws, i, stride, splits):
+        s = float32(0.0)
+        sp = U(0)
+        while sp + U(4) <= splits:
+            a0 = ws[i + sp * stride]
+            a1 = ws[i + (sp + U(1)) * stride]
+            a2 = ws[i + (sp + U(2)) * stride]
+            a3 = ws[i + (sp + U(3)) * stride]
+            s = (((s + a0) + a1) + a2) + a3
+            sp += U(4)
+        while sp < splits:
+            s += ws[i + sp * stride]
+            sp += U(1)
+        return s
+
+    @cuda.jit
+    def reduce(ws, xscale, y, n_tok_, rows_out_, splits_):
+        r = uint32(cuda.blockIdx.x) * U(REDUCE_THREADS) + (uint32(cuda.threadIdx.x) & U(REDUCE_THREADS - 1))
+        tok = uint32(cuda.blockIdx.y)
+        rows_out = uint32(rows_out_)
+        if r >= rows_out:
+            return
+        splits = uint32(splits_)
+        rows_w = rows_out * U(2) if swiglu else rows_out
+        stride = uint32(n_tok_) * rows_w
+        i = tok * rows_w + r
+        xs = xscale[tok]
+        v = split_sum(ws, i, stride, splits) * xs
+        if epi == EPI_STORE:
+            y[tok, r] = v
+        elif epi == EPI_ADD:
+            y[tok, r] += v
+        else:
+            u = split_sum(ws, i + rows_out, stride, splits) * xs
+            y[tok, r] = v / (float32(1.0) + math.exp(-v)) * u
+    return reduce

@@ -57,7 +57,7 @@ def check_close(out, w, x, mode, y0=None, rows=None, where=""):
     return float(ratio.max()), float(rms)
 
 
-def run_mmq(w, x, mode, config=None, splits=None, y0=None, use_prepare=False):
+def run_mmq(w, x, mode, config=None, splits=None, y0=None, use_prepare=False, reduce=None):
     n = x.shape[0]
     rows_out = w.rows // 2 if mode == "swiglu" else w.rows
     wd = to_device(w)
@@ -70,9 +70,9 @@ def run_mmq(w, x, mode, config=None, splits=None, y0=None, use_prepare=False):
         h16, hs = host_x16(x)
         x16, xs = cuda.to_device(h16), cuda.to_device(hs)
     y = cuda.to_device(np.zeros((n, rows_out), np.float32) if y0 is None else y0.copy())
-    p = mmq.plan(w.qtype, rows_out, w.cols, n, mode, config, splits)
+    p = mmq.plan(w.qtype, rows_out, w.cols, n, mode, config, splits, reduce=reduce)
     ws = cuda.to_device(np.zeros(max(p.workspace, 16), np.uint8))
-    mmq.mmq(wd, x16, xs, y, mode, workspace=ws, config=config, splits=splits)
+    mmq.mmq(wd, x16, xs, y, mode, workspace=ws, config=config, splits=splits, reduce=reduce)
     return y.copy_to_host(), ws.copy_to_host()[:4 * p.counters].view(np.int32), p
 
 
@@ -92,18 +92,22 @@ SMALL_CASES = [
 ]
 
 
-@pytest.mark.parametrize("qtype,rows,cols,n,mode,config,splits", SMALL_CASES,
+# every split-K case runs with both reductions (mmq_kernels.RED_LAST / RED_KERNEL)
+CASES_RED = [c + (r,) for c in SMALL_CASES for r in (("last", "kernel") if c[6] > 1 else (None,))]
+
+
+@pytest.mark.parametrize("qtype,rows,cols,n,mode,config,splits,reduce", CASES_RED,
                          ids=[f"{c[0]}-{c[1]}x{c[2]}-N{c[3]}-{c[4]}-s{c[6]}" + ("-cfg" if c[5] else "")
-                              for c in SMALL_CASES])
-def test_mmq_matches_reference(qtype, rows, cols, n, mode, config, splits):
+                              + (f"-{c[7]}" if c[7] else "") for c in CASES_RED])
+def test_mmq_matches_reference(qtype, rows, cols, n, mode, config, splits, reduce):
     rng = np.random.default_rng(rows * 1000 + n)
     w = mmq.random_weight(qtype, rows, cols, rng)
     x = rng.standard_normal((n, cols)).astype(np.float32)
     rows_out = rows // 2 if mode == "swiglu" else rows
     y0 = rng.standard_normal((n, rows_out)).astype(np.float32) if mode == "add" else None
-    out, counters, p = run_mmq(w, x, mode, config, splits, y0)
+    out, counters, p = run_mmq(w, x, mode, config, splits, y0, reduce=reduce)
     assert p.splits == splits
-    check_close(out, w, x, mode, y0, where=f"{qtype} {rows}x{cols} N={n} {mode}")
+    check_close(out, w, x, mode, y0, where=f"{qtype} {rows}x{cols} N={n} {mode} reduce={reduce}")
     assert (counters == 0).all(), f"split-K counters not reset: {counters}"
 
 
@@ -118,12 +122,13 @@ def test_one_workspace_serves_launches_of_different_plans():
     x = rng.standard_normal((3, 512)).astype(np.float32)
     h16, hs = host_x16(x)
     x16, xs = cuda.to_device(h16), cuda.to_device(hs)
-    size = max(mmq.plan(w.qtype, w.rows, w.cols, 3, "store", cfg, 2).workspace for w in (small, large))
+    size = max(mmq.plan(w.qtype, w.rows, w.cols, 3, "store", cfg, 2, reduce=r).workspace
+               for w in (small, large) for r in mmq.REDUCTIONS)
     ws = cuda.to_device(np.zeros(size, np.uint8))
-    for w in (small, large, small, large):
+    for w, r in ((small, "last"), (large, "last"), (small, "kernel"), (large, "last"), (small, "last")):
         y = cuda.to_device(np.zeros((3, w.rows), np.float32))
-        mmq.mmq(to_device(w), x16, xs, y, "store", workspace=ws, config=cfg, splits=2)
-        check_close(y.copy_to_host(), w, x, "store", where=f"{w.rows} rows after another plan")
+        mmq.mmq(to_device(w), x16, xs, y, "store", workspace=ws, config=cfg, splits=2, reduce=r)
+        check_close(y.copy_to_host(), w, x, "store", where=f"{w.rows} rows ({r}) after another plan")
 
 
 def test_prepare_x_order_and_scale():
@@ -216,6 +221,8 @@ def test_launcher_refuses_what_it_cannot_do():
         mmq.plan("Q4_K", 256, 320, 8)
     with pytest.raises(ValueError, match="mode"):
         mmq.plan("Q4_K", 256, 256, 8, mode="gelu")
+    with pytest.raises(ValueError, match="reduce"):
+        mmq.plan("Q4_K", 256, 256, 8, reduce="atomic")
     w = to_device(mmq.random_weight("Q4_K", 31, 256, rng))
     x16 = cuda.to_device(np.zeros((4, 256), np.float16))
     xs = cuda.to_device(np.ones(4, np.float32))
@@ -267,6 +274,11 @@ q6k_small_add = mmq._kernel(K.Q6_K, small, K.EPI_ADD)
 q6k_large_store = mmq._kernel(K.Q6_K, large, K.EPI_STORE)
 q8_0_small_store = mmq._kernel(K.Q8_0, small, K.EPI_STORE)
 q8_0_large_store = mmq._kernel(K.Q8_0, large, K.EPI_STORE)
+q4k_small_swiglu_redk = mmq._kernel(K.Q4_K, small, K.EPI_SWIGLU, K.RED_KERNEL)
+q6k_small_add_redk = mmq._kernel(K.Q6_K, small, K.EPI_ADD, K.RED_KERNEL)
+reduce_store = mmq._reduce_kernel(K.EPI_STORE)
+reduce_add = mmq._reduce_kernel(K.EPI_ADD)
+reduce_swiglu = mmq._reduce_kernel(K.EPI_SWIGLU)
 from genie_rt.quant import mmq_prep as P
 prepare_x_kernel = P.prepare_x_kernel
 mma_peak_kernel = P.mma_peak_kernel
@@ -275,12 +287,15 @@ MMQ_KERNELS = {
     "q4k_small_store": K.Q4_K, "q4k_small_swiglu": K.Q4_K, "q4k_large_store": K.Q4_K,
     "q4k_large_add": K.Q4_K, "q6k_small_add": K.Q6_K, "q6k_large_store": K.Q6_K,
     "q8_0_small_store": K.Q8_0, "q8_0_large_store": K.Q8_0,
+    "q4k_small_swiglu_redk": K.Q4_K, "q6k_small_add_redk": K.Q6_K,
 }
+REDUCE_KERNELS = ("reduce_store", "reduce_add", "reduce_swiglu")
 
 
 @pytest.fixture(scope="module")
 def ptx():
     kernels = {name: mmq.kernel_signature(fmt) for name, fmt in MMQ_KERNELS.items()}
+    kernels.update({name: mmq.REDUCE_SIGNATURE for name in REDUCE_KERNELS})
     kernels["prepare_x_kernel"] = mmq.PREPARE_X_SIGNATURE
     kernels["mma_peak_kernel"] = "void(float32[::1], int64)"
     return compile_in_subprocess(PTX_SOURCE, kernels)
@@ -304,7 +319,7 @@ def test_mmq_kernels_use_tensor_cores_and_no_f64(ptx):
 
 @pytest.mark.slow
 def test_helper_kernels_ptx(ptx):
-    for name in ("prepare_x_kernel", "mma_peak_kernel"):
+    for name in ("prepare_x_kernel", "mma_peak_kernel") + REDUCE_KERNELS:
         for cc, text in ptx[name].items():
             assert_no_f64(text, f"{name} sm_{cc[0]}{cc[1]}")
     for text in ptx["mma_peak_kernel"].values():
@@ -312,6 +327,9 @@ def test_helper_kernels_ptx(ptx):
         assert local_memory_bytes(text) == 0
     for text in ptx["prepare_x_kernel"].values():
         assert_ptx_contains(text, "cvt.rn.f16x2.f32", where="prepare_x_kernel")
+    for name in REDUCE_KERNELS:
+        for cc, text in ptx[name].items():
+            assert local_memory_bytes(text) == 0, f"{name} sm_{cc[0]}{cc[1]}: local memory"
 
 
 # =====================================================================================
@@ -355,10 +373,28 @@ def test_gpu_qwen3_shapes(gpu_weights, name, n):
 
 
 @pytest.mark.gpu
-def test_gpu_split_k_is_deterministic(gpu_weights):
+@pytest.mark.parametrize("reduce", sorted(mmq.REDUCTIONS))
+def test_gpu_split_k_is_deterministic(gpu_weights, reduce):
     w, _ = gpu_weights["down"]
     x = np.random.default_rng(9).standard_normal((33, w.cols)).astype(np.float32)
-    a, _, p = run_mmq(w, x, "store", use_prepare=True)
-    b, _, _ = run_mmq(w, x, "store", use_prepare=True)
+    a, _, p = run_mmq(w, x, "store", use_prepare=True, reduce=reduce)
+    b, _, _ = run_mmq(w, x, "store", use_prepare=True, reduce=reduce)
     assert p.splits > 1
     np.testing.assert_array_equal(a, b)
+    ratio, _ = check_close(a[:, :256], w, x, "store", rows=np.arange(256), where=f"down reduce={reduce}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["k", "o", "gate_up", "down"])
+def test_gpu_both_reductions_at_small_n(gpu_weights, name):
+    w, mode = gpu_weights[name]
+    rng = np.random.default_rng(17)
+    for n in (16, 40):
+        x = rng.standard_normal((n, w.cols)).astype(np.float32)
+        rows_out = w.rows // 2 if mode == "swiglu" else w.rows
+        y0 = rng.standard_normal((n, rows_out)).astype(np.float32) if mode == "add" else None
+        rows = np.sort(rng.choice(rows_out, 256, replace=False))
+        for reduce in mmq.REDUCTIONS:
+            out, _, p = run_mmq(w, x, mode, y0=y0, use_prepare=True, reduce=reduce)
+            check_close(out[:, rows], w, x, mode, y0, rows,
+                        where=f"{name} N={n} {p.config.name} split {p.splits} reduce={reduce}")
