@@ -242,14 +242,41 @@ def _sm_count() -> int:
     return _sm_count_cache[0]
 
 
+KSPLIT_MAX = 4              # the largest k-split choose_ksplit may pick
+KSPLIT_WARPS_PER_SM = 16    # split rows only when there are fewer than this many per SM
+
+
 def choose_ksplit(total_rows: int, units: int) -> int:
     """Warps per row: split a row over 2 or 4 warps only when there are too few rows to
-    give every SM ~32 warps (8 blocks) and each part keeps >= 2 units per lane."""
-    target = 32 * _sm_count()
+    give every SM KSPLIT_WARPS_PER_SM warps and each part keeps >= 2 units per lane. On
+    the H200 (132 SMs) the layers' GEMVs (>= 2560 rows) run unsplit: in the decode step's
+    graph that was 4.4 % faster than splitting attn_output and ffn_down in two (gemv.md)."""
+    target = KSPLIT_WARPS_PER_SM * _sm_count()
     ks = 1
-    while ks < 4 and total_rows * ks < target and units >= 64 * ks:
+    while ks < KSPLIT_MAX and total_rows * ks < target and units >= 64 * ks:
         ks *= 2
     return ks
+
+
+# Lanes per row (32: one row per warp; 16: two rows per warp) the launchers use unless
+# told otherwise; see choose_lpr and docs/kernels/gemv.md, section 8.
+LPR_POLICY = "auto"         # "auto" (the rule in choose_lpr), or 16 / 32 for every launch
+LPR16_MIN_ROWS = 16384      # "auto" takes 16 lanes per row only for weights this tall
+
+
+def choose_lpr(units: int, ks: int, rows: int = 0) -> int:
+    """Policy "auto": 16 lanes per row for tall weights (>= LPR16_MIN_ROWS rows: the
+    output projection) whose rows split evenly over 5 units per lane (2560 columns of
+    Q4_K / Q6_K: 80 units), so no lane idles through a half-empty last trip; 32
+    otherwise. Measured on the H200 (gemv.md, 8): the
+    output projection gains 12 %, while the layers' GEMVs inside the decode step's graph
+    are slower with 16 (fewer, busier warps for a few thousand rows). 16 only without a
+    k-split."""
+    if ks != 1:
+        return 32
+    if LPR_POLICY == "auto":
+        return 16 if units == 80 and rows >= LPR16_MIN_ROWS else 32
+    return int(LPR_POLICY)
 
 
 def _get(key, make):
@@ -259,20 +286,22 @@ def _get(key, make):
     return k
 
 
-def _gemv_kernel(spec, n_tok, ks, resid):
-    return _get(("gemv", spec, n_tok, ks, resid), lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid))
+def _gemv_kernel(spec, n_tok, ks, resid, lpr):
+    return _get(("gemv", spec, n_tok, ks, resid, lpr),
+                lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid, lpr))
 
 
-def _qkv_kernel(specs, n_tok, ks):
-    return _get(("qkv", specs, n_tok, ks), lambda: K.qkv_kernel(specs, n_tok, ks))
+def _qkv_kernel(specs, n_tok, ks, lpr):
+    return _get(("qkv", specs, n_tok, ks, lpr), lambda: K.qkv_kernel(specs, n_tok, ks, lpr))
 
 
-def _swiglu_kernel(g, u, n_tok, ks):
-    return _get(("swiglu", g, u, n_tok, ks), lambda: K.swiglu_kernel(g, u, n_tok, ks))
+def _swiglu_kernel(g, u, n_tok, ks, lpr):
+    return _get(("swiglu", g, u, n_tok, ks, lpr), lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr))
 
 
-def _blocks(rows: int, ks: int) -> int:
-    return -(-rows * ks // K.WARPS)
+def _blocks(rows: int, ks: int, lpr: int = 32) -> int:
+    per_block = K.WARPS * (32 // lpr)               # rows per block at ks = 1
+    return -(-rows * ks // per_block)
 
 
 _W = "uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64"       # wa wb wc wd nu
@@ -342,6 +371,16 @@ def _prepared(w):
     return w if isinstance(w, GemvWeight) else prepare_weight(w)
 
 
+def _split_lanes(rows, units, ksplit, lpr):
+    """(ksplit, lanes per row) of a launch: the arguments, or the policies' choice."""
+    ks = choose_ksplit(rows, units) if ksplit is None else ksplit
+    lpr = choose_lpr(units, ks, rows) if lpr is None else lpr
+    if lpr not in (16, 32) or (lpr == 16 and ks != 1):
+        raise ValueError(f"gemv: lanes per row must be 32, or 16 without a k-split; got "
+                         f"lpr = {lpr}, ksplit = {ks}")
+    return ks, lpr
+
+
 def quantize_q8(x, xq, xs, *, stream=0):
     """x float32 [n, cols] -> xq int8 [n, cols] + xs float32 [n, cols // 8] (q8 per 32 values:
     the layout is quantize_q8_reference's)."""
@@ -361,7 +400,7 @@ def compile_quantize_q8():
     return _compile(K.quantize_q8_kernel, SIG_QUANTIZE)
 
 
-def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None):
+def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None, lpr=None):
     """y[t] = W x[t] (+ residual[t]) for the n_tok rows t of x.
 
     w: GemvWeight [rows, cols] (prepare_weight; a PackedWeight works too, prepared per call)
@@ -369,27 +408,28 @@ def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None):
     y: float32 [n_tok, rows]                      residual: float32 [n_tok, rows] or None;
        may be y itself (y += W x, in place on the residual stream)
     xq, xs: q8 activations of x (quantize_q8), needed when w.mode == "dp4a"
-    ksplit: warps per row (1, 2, 4); None picks by rows and SM count (choose_ksplit)."""
+    ksplit: warps per row (1, 2, 4); lpr: lanes per row (32, or 16 = two rows per warp);
+    None picks each by choose_ksplit / choose_lpr."""
     w = _prepared(w)
     xf, xqf, xsf, n_tok, cols = _activations((w,), x, xq, xs)
     _check_out(y, "y", n_tok, w.rows, x)
     if residual is not None and residual is not y:
         _check_out(residual, "residual", n_tok, w.rows, x)
-    ks = choose_ksplit(w.rows, w.units) if ksplit is None else ksplit
-    kern = _gemv_kernel(w.spec, n_tok, ks, residual is not None)
+    ks, lpr = _split_lanes(w.rows, w.units, ksplit, lpr)
+    kern = _gemv_kernel(w.spec, n_tok, ks, residual is not None, lpr)
     yf = _flat(y)
     res = yf if residual is None or residual is y else _flat(residual)
-    kern[_blocks(w.rows, ks), K.BLOCK, stream](*_w_args(w), w.rows, xf, xqf, xsf, cols, yf, res)
+    kern[_blocks(w.rows, ks, lpr), K.BLOCK, stream](*_w_args(w), w.rows, xf, xqf, xsf, cols, yf, res)
 
 
-def compile_gemv(w, n_tok=1, residual=False, ksplit=None):
+def compile_gemv(w, n_tok=1, residual=False, ksplit=None, lpr=None):
     """Compile (at load) the kernel gemv(w, x[n_tok], ..., residual=...) will launch."""
     w = _prepared(w)
-    ks = choose_ksplit(w.rows, w.units) if ksplit is None else ksplit
-    return _compile(_gemv_kernel(w.spec, n_tok, ks, bool(residual)), SIG_GEMV)
+    ks, lpr = _split_lanes(w.rows, w.units, ksplit, lpr)
+    return _compile(_gemv_kernel(w.spec, n_tok, ks, bool(residual), lpr), SIG_GEMV)
 
 
-def gemv_qkv(wq, wk, wv, x, y, *, xq=None, xs=None, stream=0, ksplit=None):
+def gemv_qkv(wq, wk, wv, x, y, *, xq=None, xs=None, stream=0, ksplit=None, lpr=None):
     """y = [Wq x | Wk x | Wv x] in one launch: y float32 [n_tok, rows_q + rows_k + rows_v].
 
     The three weights may have different formats (e.g. attn_v Q6_K, attn_q/k Q4_K):
@@ -399,25 +439,25 @@ def gemv_qkv(wq, wk, wv, x, y, *, xq=None, xs=None, stream=0, ksplit=None):
     xf, xqf, xsf, n_tok, cols = _activations(ws, x, xq, xs)
     total = sum(w.rows for w in ws)
     _check_out(y, "y", n_tok, total, x)
-    ks = choose_ksplit(total, min(w.units for w in ws)) if ksplit is None else ksplit
-    kern = _qkv_kernel(tuple(w.spec for w in ws), n_tok, ks)
-    b1 = _blocks(ws[0].rows, ks)
-    b2 = b1 + _blocks(ws[1].rows, ks)
-    grid = b2 + _blocks(ws[2].rows, ks)
+    ks, lpr = _split_lanes(total, min(w.units for w in ws), ksplit, lpr)
+    kern = _qkv_kernel(tuple(w.spec for w in ws), n_tok, ks, lpr)
+    b1 = _blocks(ws[0].rows, ks, lpr)
+    b2 = b1 + _blocks(ws[1].rows, ks, lpr)
+    grid = b2 + _blocks(ws[2].rows, ks, lpr)
     args = []
     for w in ws:
         args += [*_w_args(w), w.rows]
     kern[grid, K.BLOCK, stream](*args, b1, b2, xf, xqf, xsf, cols, _flat(y))
 
 
-def compile_qkv(wq, wk, wv, n_tok=1, ksplit=None):
+def compile_qkv(wq, wk, wv, n_tok=1, ksplit=None, lpr=None):
     ws = tuple(_prepared(w) for w in (wq, wk, wv))
     total = sum(w.rows for w in ws)
-    ks = choose_ksplit(total, min(w.units for w in ws)) if ksplit is None else ksplit
-    return _compile(_qkv_kernel(tuple(w.spec for w in ws), n_tok, ks), SIG_QKV)
+    ks, lpr = _split_lanes(total, min(w.units for w in ws), ksplit, lpr)
+    return _compile(_qkv_kernel(tuple(w.spec for w in ws), n_tok, ks, lpr), SIG_QKV)
 
 
-def gemv_swiglu(wg, wu, x, h, *, xq=None, xs=None, stream=0, ksplit=None):
+def gemv_swiglu(wg, wu, x, h, *, xq=None, xs=None, stream=0, ksplit=None, lpr=None):
     """h = silu(Wg x) * (Wu x) in one launch: h float32 [n_tok, rows].
 
     Wg and Wu must have the same shape; their formats may differ (the kernel then runs
@@ -427,16 +467,16 @@ def gemv_swiglu(wg, wu, x, h, *, xq=None, xs=None, stream=0, ksplit=None):
         raise ValueError(f"gemv_swiglu: gate {wg.rows}x{wg.cols} and up {wu.rows}x{wu.cols} differ")
     xf, xqf, xsf, n_tok, cols = _activations((wg, wu), x, xq, xs)
     _check_out(h, "h", n_tok, wg.rows, x)
-    ks = choose_ksplit(wg.rows, min(wg.units, wu.units)) if ksplit is None else ksplit
-    kern = _swiglu_kernel(wg.spec, wu.spec, n_tok, ks)
-    kern[_blocks(wg.rows, ks), K.BLOCK, stream](*_w_args(wg), *_w_args(wu), wg.rows,
-                                               xf, xqf, xsf, cols, _flat(h))
+    ks, lpr = _split_lanes(wg.rows, min(wg.units, wu.units), ksplit, lpr)
+    kern = _swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr)
+    kern[_blocks(wg.rows, ks, lpr), K.BLOCK, stream](*_w_args(wg), *_w_args(wu), wg.rows,
+                                                     xf, xqf, xsf, cols, _flat(h))
 
 
-def compile_swiglu(wg, wu, n_tok=1, ksplit=None):
+def compile_swiglu(wg, wu, n_tok=1, ksplit=None, lpr=None):
     wg, wu = _prepared(wg), _prepared(wu)
-    ks = choose_ksplit(wg.rows, min(wg.units, wu.units)) if ksplit is None else ksplit
-    return _compile(_swiglu_kernel(wg.spec, wu.spec, n_tok, ks), SIG_SWIGLU)
+    ks, lpr = _split_lanes(wg.rows, min(wg.units, wu.units), ksplit, lpr)
+    return _compile(_swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr), SIG_SWIGLU)
 
 
 if __name__ == "__main__":

@@ -295,18 +295,22 @@ class Bench:
         def dev(qt, rows, cols):
             return G.prepare_weight(G.to_device(random_weight(qt, rows, cols, rng), stream=s))
         t0 = time.perf_counter()
-        layers = []
-        for i in range(n_layers):
-            big = QType.Q6_K if more_bits(i) else QType.Q4_K
-            layers.append(dict(q=dev(QType.Q4_K, Q_DIM, HIDDEN), k=dev(QType.Q4_K, KV_DIM, HIDDEN),
-                               v=dev(big, KV_DIM, HIDDEN), o=dev(QType.Q4_K, HIDDEN, Q_DIM),
-                               g=dev(QType.Q4_K, FFN, HIDDEN), u=dev(QType.Q4_K, FFN, HIDDEN),
-                               d=dev(big, HIDDEN, FFN)))
-        out = dev(QType.Q6_K, VOCAB, HIDDEN)
+        if getattr(self, "_step_weights", (None,))[0] == n_layers:   # made once per Bench
+            _, layers, out = self._step_weights
+        else:
+            layers = []
+            for i in range(n_layers):
+                big = QType.Q6_K if more_bits(i) else QType.Q4_K
+                layers.append(dict(q=dev(QType.Q4_K, Q_DIM, HIDDEN), k=dev(QType.Q4_K, KV_DIM, HIDDEN),
+                                   v=dev(big, KV_DIM, HIDDEN), o=dev(QType.Q4_K, HIDDEN, Q_DIM),
+                                   g=dev(QType.Q4_K, FFN, HIDDEN), u=dev(QType.Q4_K, FFN, HIDDEN),
+                                   d=dev(big, HIDDEN, FFN)))
+            out = dev(QType.Q6_K, VOCAB, HIDDEN)
+            self._step_weights = (n_layers, layers, out)
         s.synchronize()
         nbytes = sum(w.nbytes for L in layers for w in L.values()) + out.nbytes
-        print(f"  made {n_layers} layers + output of random weights ({nbytes / 1e9:.2f} GB) "
-              f"in {time.perf_counter() - t0:.1f} s", flush=True)
+        print(f"  {n_layers} layers + output of random weights ({nbytes / 1e9:.2f} GB) "
+              f"ready in {time.perf_counter() - t0:.1f} s", flush=True)
 
         def f32(n):             # float32 [1, n] activation, random
             return cuda.to_device(rng.standard_normal((1, n), dtype=np.float32), stream=s)

@@ -19,6 +19,8 @@ Who owns what (block = 4 warps = 128 threads):
     warp   -> one (row, k-part): row = global_warp // KSPLIT, k-part = global_warp % KSPLIT
     lane l -> units l + 32 * k-part, then + 32 * KSPLIT, ... of that row
     lane 0 of the k-part-0 warp -> writes y[t, row] for every token t
+    (LPR = 16 lanes per row, KSPLIT = 1: a warp holds two rows, one per half-warp, and
+    lanes 0 and 16 write; see _make_assign)
 
 Two ways to multiply (the "mode" of a weight):
     dp4a: x was quantized to q8 (int8 per weight + one float scale per 32), see
@@ -429,13 +431,23 @@ def _make_row_dot(qtype, mode, NT):
     return row_dot
 
 
-def _make_reduce(M, KSPLIT):
+def _make_reduce(M, KSPLIT, LPR=32):
     """reduce(acc, warp, lane, ks): acc[0:M] of every lane -> the row total in the lanes of
-    the k-part-0 warp (warp shuffles, then shared memory across the KSPLIT warps)."""
+    the k-part-0 warp (warp shuffles over the LPR lanes of a row, then shared memory
+    across the KSPLIT warps). With LPR = 16 a warp holds two rows, one per half."""
+    assert LPR == 32 or KSPLIT == 1, "two rows per warp only without a k-split"
+
     @_dev
     def reduce(acc, warp, lane, ks):
         for i in range(M):
-            acc[i] = _warp_sum(acc[i])
+            v = acc[i]
+            if LPR == 32:
+                v += cuda.shfl_xor_sync(FULL, v, 16)
+            v += cuda.shfl_xor_sync(FULL, v, 8)      # offsets < 16 stay inside a half-warp
+            v += cuda.shfl_xor_sync(FULL, v, 4)
+            v += cuda.shfl_xor_sync(FULL, v, 2)
+            v += cuda.shfl_xor_sync(FULL, v, 1)
+            acc[i] = v
         if KSPLIT > 1:
             red = cuda.shared.array((WARPS, M), float32)
             if lane == 0:
@@ -449,14 +461,32 @@ def _make_reduce(M, KSPLIT):
     return reduce
 
 
+def _make_assign(KSPLIT, LPR):
+    """assign(gw, lane) -> (row, k-part, first unit, unit step) of a lane of global warp gw:
+    LPR = 32: one (row, k-part) per warp, lanes stride 32 * KSPLIT units;
+    LPR = 16: two rows per warp (lanes 0-15 and 16-31), each lane strides 16 units. For
+    rows of 80 units (2560 columns of Q4_K / Q6_K) that is 5 units per lane instead of
+    2 or 3 (the warp's third trip half empty)."""
+    LOG = _LOG2[KSPLIT]
+
+    @_dev
+    def assign(gw, lane):
+        if LPR == 32:
+            ks = gw & (KSPLIT - 1)
+            return gw >> LOG, ks, lane + 32 * ks, 32 * KSPLIT
+        return gw * 2 + (lane >> 4), 0, lane & 15, 16
+    return assign
+
+
 _LOG2 = {1: 0, 2: 1, 4: 2}
 
 
 # =====================================================================================
 # Kernels
 # =====================================================================================
-def gemv_kernel(qtype, mode, NT, KSPLIT, RESID):
-    """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < NT: grid = ceil(rows * KSPLIT / 4).
+def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32):
+    """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < NT:
+    grid = ceil(rows * KSPLIT / (4 * 32 / LPR)) blocks.
 
     Arguments (flat, C-contiguous):
       wa, wb, wc: uint32 planes, wd: uint16 plane   the weight (gemv.prepare_weight)
@@ -466,23 +496,22 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID):
       y:    float32 [NT * rows] output              res: float32 [NT * rows] residual (may be y)
     """
     row_dot = _make_row_dot(qtype, mode, NT)
-    reduce = _make_reduce(NT, KSPLIT)
-    LOG = _LOG2[KSPLIT]
+    reduce = _make_reduce(NT, KSPLIT, LPR)
+    assign = _make_assign(KSPLIT, LPR)
+    SUB = LPR - 1
 
     @cuda.jit
     def gemv(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res):
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
-        gw = cuda.blockIdx.x * WARPS + warp
-        row = gw >> LOG
-        ks = gw & (KSPLIT - 1)
+        row, ks, u0, step = assign(cuda.blockIdx.x * WARPS + warp, lane)
         acc = cuda.local.array(NT, float32)
         for t in range(NT):
             acc[t] = float32(0)
         if row < rows:
-            row_dot(wa, wb, wc, wd, nu, row, lane + 32 * ks, 32 * KSPLIT, xf, xq, xs, cols, acc, 0)
+            row_dot(wa, wb, wc, wd, nu, row, u0, step, xf, xq, xs, cols, acc, 0)
         reduce(acc, warp, lane, ks)
-        if lane == 0 and ks == 0 and row < rows:
+        if (lane & SUB) == 0 and ks == 0 and row < rows:
             for t in range(NT):
                 i = t * rows + row
                 if RESID:
@@ -492,15 +521,16 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID):
     return gemv
 
 
-def qkv_kernel(specs, NT, KSPLIT):
+def qkv_kernel(specs, NT, KSPLIT, LPR=32):
     """Three weights in one launch; segment s owns blocks [start_s, start_s+1) and writes
     y[t, off_s + r] with off = (0, rows0, rows0 + rows1), ldy = rows0 + rows1 + rows2.
     specs = ((qtype, mode),) * 3. Arguments: per weight (wa, wb, wc, wd, nu, rows), then
     blk1, blk2 (first block of segments 1 and 2), xf, xq, xs, cols, y [NT * ldy]."""
     dots = [_make_row_dot(q, m, NT) for q, m in specs]
     dot0, dot1, dot2 = dots
-    reduce = _make_reduce(NT, KSPLIT)
-    LOG = _LOG2[KSPLIT]
+    reduce = _make_reduce(NT, KSPLIT, LPR)
+    assign = _make_assign(KSPLIT, LPR)
+    SUB = LPR - 1
 
     @cuda.jit
     def qkv(a0, b0, c0, d0, nu0, rows0, a1, b1, c1, d1, nu1, rows1, a2, b2, c2, d2, nu2, rows2,
@@ -513,38 +543,31 @@ def qkv_kernel(specs, NT, KSPLIT):
         for t in range(NT):
             acc[t] = float32(0)
         if bid < blk1:                      # block-uniform branch: no divergence
-            gw = bid * WARPS + warp
-            row = gw >> LOG
+            row, ks, u0, step = assign(bid * WARPS + warp, lane)
             nrows = rows0
             off = 0
             if row < nrows:
-                dot0(a0, b0, c0, d0, nu0, row, lane + 32 * (gw & (KSPLIT - 1)), 32 * KSPLIT,
-                     xf, xq, xs, cols, acc, 0)
+                dot0(a0, b0, c0, d0, nu0, row, u0, step, xf, xq, xs, cols, acc, 0)
         elif bid < blk2:
-            gw = (bid - blk1) * WARPS + warp
-            row = gw >> LOG
+            row, ks, u0, step = assign((bid - blk1) * WARPS + warp, lane)
             nrows = rows1
             off = rows0
             if row < nrows:
-                dot1(a1, b1, c1, d1, nu1, row, lane + 32 * (gw & (KSPLIT - 1)), 32 * KSPLIT,
-                     xf, xq, xs, cols, acc, 0)
+                dot1(a1, b1, c1, d1, nu1, row, u0, step, xf, xq, xs, cols, acc, 0)
         else:
-            gw = (bid - blk2) * WARPS + warp
-            row = gw >> LOG
+            row, ks, u0, step = assign((bid - blk2) * WARPS + warp, lane)
             nrows = rows2
             off = rows0 + rows1
             if row < nrows:
-                dot2(a2, b2, c2, d2, nu2, row, lane + 32 * (gw & (KSPLIT - 1)), 32 * KSPLIT,
-                     xf, xq, xs, cols, acc, 0)
-        ks = gw & (KSPLIT - 1)
+                dot2(a2, b2, c2, d2, nu2, row, u0, step, xf, xq, xs, cols, acc, 0)
         reduce(acc, warp, lane, ks)
-        if lane == 0 and ks == 0 and row < nrows:
+        if (lane & SUB) == 0 and ks == 0 and row < nrows:
             for t in range(NT):
                 y[t * ldy + off + row] = acc[t]
     return qkv
 
 
-def swiglu_kernel(gate, up, NT, KSPLIT):
+def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32):
     """h[t, r] = silu(Wg x)[t, r] * (Wu x)[t, r]: each warp streams row r of both weights
     (gate then up; mixed formats just mean two different row loops).
     gate/up = (qtype, mode). Arguments: (wa, wb, wc, wd, nu) of Wg, then of Wu, rows,
@@ -552,25 +575,23 @@ def swiglu_kernel(gate, up, NT, KSPLIT):
     dot_g = _make_row_dot(gate[0], gate[1], NT)
     dot_u = _make_row_dot(up[0], up[1], NT)
     NT2 = 2 * NT
-    reduce = _make_reduce(NT2, KSPLIT)
-    LOG = _LOG2[KSPLIT]
+    reduce = _make_reduce(NT2, KSPLIT, LPR)
+    assign = _make_assign(KSPLIT, LPR)
+    SUB = LPR - 1
 
     @cuda.jit
     def swiglu(ga, gb, gc, gd, gnu, ua, ub, uc, ud, unu, rows, xf, xq, xs, cols, h):
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
-        gw = cuda.blockIdx.x * WARPS + warp
-        row = gw >> LOG
-        ks = gw & (KSPLIT - 1)
+        row, ks, u0, step = assign(cuda.blockIdx.x * WARPS + warp, lane)
         acc = cuda.local.array(NT2, float32)        # [0, NT): gate, [NT, 2 NT): up
         for t in range(NT2):
             acc[t] = float32(0)
         if row < rows:
-            u0 = lane + 32 * ks
-            dot_g(ga, gb, gc, gd, gnu, row, u0, 32 * KSPLIT, xf, xq, xs, cols, acc, 0)
-            dot_u(ua, ub, uc, ud, unu, row, u0, 32 * KSPLIT, xf, xq, xs, cols, acc, NT)
+            dot_g(ga, gb, gc, gd, gnu, row, u0, step, xf, xq, xs, cols, acc, 0)
+            dot_u(ua, ub, uc, ud, unu, row, u0, step, xf, xq, xs, cols, acc, NT)
         reduce(acc, warp, lane, ks)
-        if lane == 0 and ks == 0 and row < rows:
+        if (lane & SUB) == 0 and ks == 0 and row < rows:
             for t in range(NT):
                 g = acc[t]
                 h[t * rows + row] = g / (float32(1) + math.exp(-g)) * acc[NT + t]

@@ -182,6 +182,38 @@ def test_swiglu(gate, up, n_tok, ks):
     _check_swiglu("swiglu", h.copy_to_host(), Wg, Wu, x, xq, xs, (gate[1], up[1]))
 
 
+@pytest.mark.parametrize("qtype,mode", VARIANTS, ids=[f"{q.name}-{m}" for q, m in VARIANTS])
+def test_two_rows_per_warp(qtype, mode):
+    """16 lanes a row (two rows per warp; an odd row count leaves the last half-warp idle),
+    rows of 16 units (512 columns of 32-weight units: one trip per lane) and of 5 units."""
+    for i, (rows, cols, n_tok) in enumerate(((7, 512, 2), (4, 2560, 1))):
+        W, w = weight(qtype, mode, rows, cols, seed=40 + i)
+        x, dx, xq, xs = activations(n_tok, cols, seed=41 + i)
+        y = cuda.device_array((n_tok, rows), np.float32)
+        G.gemv(w, dx, y, xq=xq, xs=xs, ksplit=1, lpr=16)
+        check_gemv(f"{qtype.name} {mode} {rows}x{cols} lpr=16", y.copy_to_host(), W, x, mode, xq, xs)
+
+
+def test_fused_kernels_two_rows_per_warp():
+    specs = ((Q4, "dp4a"), (Q4, "dp4a"), (Q6, "dp4a"))
+    rows = (5, 3, 6)
+    ws = [weight(q, m, r, 256, seed=50 + i) for i, ((q, m), r) in enumerate(zip(specs, rows))]
+    x, dx, xq, xs = activations(1, 256, seed=51)
+    y = cuda.device_array((1, sum(rows)), np.float32)
+    G.gemv_qkv(*(w for _, w in ws), dx, y, xq=xq, xs=xs, ksplit=1, lpr=16)
+    got, lo = y.copy_to_host(), 0
+    for (W, w), r in zip(ws, rows):
+        check_gemv(f"qkv lpr=16 segment {w.qtype.name}", got[:, lo:lo + r], W, x, w.mode, xq, xs)
+        lo += r
+    Wg, wg = weight(Q4, "dp4a", 5, 256, seed=52)
+    Wu, wu = weight(Q6, "dp4a", 5, 256, seed=53)
+    h = cuda.device_array((1, 5), np.float32)
+    G.gemv_swiglu(wg, wu, dx, h, xq=xq, xs=xs, ksplit=1, lpr=16)
+    _check_swiglu("swiglu lpr=16", h.copy_to_host(), Wg, Wu, x, xq, xs, ("dp4a", "dp4a"))
+    with pytest.raises(ValueError, match="lanes per row"):
+        G.gemv(wg, dx, h, xq=xq, xs=xs, ksplit=2, lpr=16)
+
+
 def test_real_quantizer_output_too():
     """Blocks from the project's own quantizer (not random bytes) give the same answers."""
     rng = np.random.default_rng(7)
@@ -227,11 +259,16 @@ def test_choose_ksplit():
     try:
         assert G.choose_ksplit(151936, 80) == 1        # output projection: rows enough
         assert G.choose_ksplit(6144, 80) == 1          # fused QKV
-        assert G.choose_ksplit(2560, 128) == 2         # attn_output 4096 -> 2560
-        assert G.choose_ksplit(2560, 304) == 2         # ffn_down 9728 -> 2560
+        assert G.choose_ksplit(2560, 128) == 1         # attn_output 4096 -> 2560
+        assert G.choose_ksplit(2560, 304) == 1         # ffn_down 9728 -> 2560
         assert G.choose_ksplit(1024, 80) == 2          # attn_k alone: 2 warps per row
         assert G.choose_ksplit(1024, 40) == 1          # too few units (1280 columns) to split
         assert G.choose_ksplit(512, 1024) == 4
+        # 16 lanes (two rows a warp, 5 units a lane) only for the tall output projection
+        assert G.choose_lpr(80, 1, 151936) == 16
+        assert G.choose_lpr(80, 1, 6144) == 32
+        assert G.choose_lpr(80, 2, 151936) == 32
+        assert G.choose_lpr(304, 1, 151936) == 32
     finally:
         G._sm_count_cache[:] = []
 
@@ -248,11 +285,14 @@ for _q, _modes in K.MODES.items():
 gemv_Q4_K_dp4a_nt3_ks2_resid = K.gemv_kernel(Q.Q4_K, "dp4a", 3, 2, True)
 qkv_mixed = K.qkv_kernel(((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), (Q.Q6_K, "dp4a")), 1, 1)
 swiglu_mixed_ks2 = K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q6_K, "f32"), 2, 2)
+gemv_Q6_K_dp4a_lpr16 = K.gemv_kernel(Q.Q6_K, "dp4a", 1, 1, False, 16)
+qkv_mixed_lpr16 = K.qkv_kernel(((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), (Q.Q6_K, "dp4a")), 1, 1, 16)
 quantize_q8_kernel = K.quantize_q8_kernel
 '''
 PTX_KERNELS = {**{f"gemv_{q.name}_{m}": G.SIG_GEMV for q, m in VARIANTS},
                "gemv_Q4_K_dp4a_nt3_ks2_resid": G.SIG_GEMV, "qkv_mixed": G.SIG_QKV,
-               "swiglu_mixed_ks2": G.SIG_SWIGLU, "quantize_q8_kernel": G.SIG_QUANTIZE}
+               "swiglu_mixed_ks2": G.SIG_SWIGLU, "gemv_Q6_K_dp4a_lpr16": G.SIG_GEMV,
+               "qkv_mixed_lpr16": G.SIG_QKV, "quantize_q8_kernel": G.SIG_QUANTIZE}
 
 
 @pytest.fixture(scope="module")
@@ -271,7 +311,7 @@ def test_ptx(ptx_text, name):
             assert_ptx_contains(text, "shfl.sync.bfly", where=where)
             continue
         assert_ptx_contains(text, "ld.global.nc.v4.u32", "shfl.sync.bfly", where=where)
-        if "dp4a" in name or name in ("qkv_mixed", "swiglu_mixed_ks2"):
+        if "dp4a" in name or name.startswith("qkv_mixed") or name == "swiglu_mixed_ks2":
             assert_ptx_contains(text, "dp4a.s32.s32", where=where)
         else:
             assert_ptx_lacks(text, "dp4a", where=where)
