@@ -11,6 +11,10 @@
 #   profile   tools/profile_decode.py: the decode step's time by kernel family
 #   prefix    tools/bench_prefix.py on the GPU
 #   session   bench + prefix + prefill and decode profiles in one process (kernels compile once)
+#   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
+#             there and NO_NCU is unset) one Nsight Compute profile of each of a few
+#             launches (first tried 2026-12-01, when a bug in the script stopped it; fixed,
+#             not yet re-run)
 # Setup: wheels in .whl/ are installed to /tmp/site when present (machines without a
 # package index); the package is put on the path through a symlink farm, no install.
 set -uo pipefail
@@ -69,6 +73,20 @@ for s in "$@"; do
       stage prefix
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
       timeout 240 $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | tee "$OUT/prefix.txt" | tail -15 ;;
+    lab)
+      stage lab
+      timeout ${LT:-420} $PY tools/gpu_lab.py --json "$OUT/lab.json" --skip "${LABSKIP:-}" 2>&1 \
+        | grep -v "^INFO numba" | tee "$OUT/lab.txt" | tail -${LABTAIL:-40}
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+      if [ -z "${NO_NCU:-}" ] && [ -n "$NCU" ]; then
+        stage ncu
+        timeout ${NT:-240} "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight \
+          --section LaunchStats --section Occupancy --section WarpStateStats --section SchedulerStats \
+          --section MemoryWorkloadAnalysis $PY tools/gpu_lab.py --ncu > "$OUT/ncu.txt" 2>&1
+        echo "ncu exit $?, $(grep -c 'Duration' "$OUT/ncu.txt") kernels profiled"
+        grep -E "^  [a-z_]+.*\(|Duration|Achieved Occupancy|Registers Per|Memory Throughput|DRAM Throughput|Issue Slots Busy|No Eligible" \
+          "$OUT/ncu.txt" | head -${NCUTAIL:-150}
+      fi ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
 done
