@@ -242,7 +242,6 @@ def _sm_count() -> int:
     return _sm_count_cache[0]
 
 
-KSPLIT_MAX = 4              # the largest k-split choose_ksplit may pick
 KSPLIT_WARPS_PER_SM = 16    # split rows only when there are fewer than this many per SM
 
 
@@ -253,7 +252,7 @@ def choose_ksplit(total_rows: int, units: int) -> int:
     graph that was 4.4 % faster than splitting attn_output and ffn_down in two (gemv.md)."""
     target = KSPLIT_WARPS_PER_SM * _sm_count()
     ks = 1
-    while ks < KSPLIT_MAX and total_rows * ks < target and units >= 64 * ks:
+    while ks < 4 and total_rows * ks < target and units >= 64 * ks:
         ks *= 2
     return ks
 
@@ -264,14 +263,13 @@ LPR_POLICY = "auto"         # "auto" (the rule in choose_lpr), or 16 / 32 for ev
 LPR16_MIN_ROWS = 16384      # "auto" takes 16 lanes per row only for weights this tall
 
 
-def choose_lpr(units: int, ks: int, rows: int = 0) -> int:
+def choose_lpr(units: int, ks: int, rows: int) -> int:
     """Policy "auto": 16 lanes per row for tall weights (>= LPR16_MIN_ROWS rows: the
     output projection) whose rows split evenly over 5 units per lane (2560 columns of
     Q4_K / Q6_K: 80 units), so no lane idles through a half-empty last trip; 32
-    otherwise. Measured on the H200 (gemv.md, 8): the
-    output projection gains 12 %, while the layers' GEMVs inside the decode step's graph
-    are slower with 16 (fewer, busier warps for a few thousand rows). 16 only without a
-    k-split."""
+    otherwise. Measured on the H200 (gemv.md, 8): the output projection gains 12 %,
+    while the layers' GEMVs inside the decode step's graph are slower with 16 (fewer,
+    busier warps for a few thousand rows). 16 only without a k-split."""
     if ks != 1:
         return 32
     if LPR_POLICY == "auto":

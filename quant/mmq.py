@@ -267,7 +267,7 @@ class Plan:
     smem: int
     workspace: int                      # bytes (0 without split-K)
     counters: int                       # int32 counters at the start of the workspace
-    red: int = K.RED_LAST               # split-K reduction (mmq_kernels.RED_*)
+    red: int                            # split-K reduction (mmq_kernels.RED_*)
 
 
 _DEVICE = {}
@@ -600,13 +600,12 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
     else:
         flat = y.reshape(y.shape[0] * y.shape[1])        # never touched with one split
         ws, cnt = flat, flat.view(np.int32)
-    red = p.red                 # (with one split both reductions run the same code path)
-    kern = _kernel(fmt, p.config, p.epi, red)
+    kern = _kernel(fmt, p.config, p.epi, p.red)   # (one split: either reduction, same path)
     _ensure_compiled(kern, fmt)
     kern[p.grid, p.config.threads, stream, p.smem](
         slots[0], slots[1], slots[2], slots[3], x16, xscale, y, ws, cnt,
         n, rows_out, p.n_stages, p.stages_per_split, p.splits)
-    if red == K.RED_KERNEL and p.splits > 1:
+    if p.red == K.RED_KERNEL and p.splits > 1:
         grid = (-(-rows_out // K.REDUCE_THREADS), n)
         _reduce_kernel(p.epi)[grid, K.REDUCE_THREADS, stream](ws, xscale, y, n, rows_out, p.splits)
 

@@ -13,7 +13,7 @@ numpy before it is timed):
                          seven matrices one by one). At N = 512 the two reductions.
   GEMV                   16 or 32 lanes per row, k-split 1 or 2, on the output projection,
                          QKV, gate/up and down; then the whole decode step's 145 GEMVs as
-                         one graph, per policy (gemv.LPR_POLICY, gemv.KSPLIT_MAX).
+                         one graph, per policy (gemv.LPR_POLICY, gemv.KSPLIT_WARPS_PER_SM).
 
     python tools/gpu_lab.py --json lab.json          # on the GPU machine
     ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
@@ -45,6 +45,7 @@ def main(argv=None) -> int:
     from genie_rt.engine.cuda_graph import time_us
     from genie_rt.quant import gemv as G
     from genie_rt.quant import mmq
+    from genie_rt.quant.mmq_bench import Case as MMQCase
     from genie_rt.quant.formats import QType
     from genie_rt.quant.gemv_bench import measure_bandwidth, random_weight as g_random, rows_of
 
@@ -58,17 +59,12 @@ def main(argv=None) -> int:
     print(f"read bandwidth {bw:.3f} TB/s", flush=True)
 
     # ---------------------------------------------------------------- MMQ ------------
-    class Case:
-        def __init__(self, name, rows, cols, qt, mode):
-            self.name, self.rows, self.cols, self.qt, self.mode = name, rows, cols, qt, mode
-            self.host = mmq.random_weight(qt, rows, cols, rng)
-            self.w = mmq.PackedWeight(self.host.qtype, rows, cols,
-                                      {k: cuda.to_device(v) for k, v in self.host.planes.items()})
-            self.rows_out = rows // 2 if mode == "swiglu" else rows
-            self.bytes = self.host.nbytes
+    nmax = 40
+
+    def Case(name, rows, cols, qtype, mode):    # a weight on the device (the benchmark's own)
+        return MMQCase(cuda, name, rows, cols, qtype, mode, nmax, rng)
 
     cases = {}
-    nmax = 40
     xh = {c: rng.standard_normal((nmax, c)).astype(np.float32) for c in (HIDDEN, Q_DIM, FFN)}
     x16 = {c: cuda.device_array((nmax, c), np.float16) for c in xh}
     xsc = {c: cuda.device_array(nmax, np.float32) for c in xh}
@@ -119,7 +115,7 @@ def main(argv=None) -> int:
                 for name in ("qkv", "k", "o", "gate_up", "down", "down_q6k"):
                     c = cases[name]
                     try:
-                        p = mmq.plan(c.qt, c.rows_out, c.cols, n, c.mode)
+                        p = mmq.plan(c.qtype, c.rows_out, c.cols, n, c.mode)
                         fn = launcher(c, n)
                         err = validate(c, n, fn)
                         us = time_us(fn, s, per=20, reps=7)
@@ -151,7 +147,7 @@ def main(argv=None) -> int:
                     xr = rng.standard_normal((512, c.cols)).astype(np.float32)
                     mmq.prepare_x(cuda.to_device(xr), xs_[c.cols], xsc_, s)
                     ybig = cuda.device_array((512, c.rows_out), np.float32)
-                    p = mmq.plan(c.qt, c.rows_out, c.cols, n, c.mode, reduce=red)
+                    p = mmq.plan(c.qtype, c.rows_out, c.cols, n, c.mode, reduce=red)
                     fn = (lambda c=c, red=red, ybig=ybig, xs_=xs_, xsc_=xsc_:
                           mmq.mmq(c.w, xs_[c.cols], xsc_, ybig, c.mode, workspace=ws, stream=s, reduce=red))
                     y0 = rng.standard_normal((512, c.rows_out)).astype(np.float32)
