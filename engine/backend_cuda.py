@@ -52,6 +52,7 @@ from genie_rt.quant.layout import PLANES, PackedWeight, pack
 from .arena import Arena, ArenaLayout
 from .config import EngineConfig, ModelConfig
 from .gguf_file import GGUFError, GGUFFile
+from .h2d import pinned_like, upload
 from .memory import MemoryBudget, MemoryPlan, mem_available_bytes
 from .qwen3 import check_tensors
 
@@ -302,7 +303,8 @@ class CUDABackend:
                                                      stream=self.stream)
         self.out = cuda.mapped_array(OUT_SLOTS, np.int32) if not self.simulator else cuda.device_array(OUT_SLOTS, np.int32)
         self._host_state = cuda.pinned_array(8, np.int32) if not self.simulator else np.zeros(8, np.int32)
-        self._host_ids = cuda.pinned_array(lay.chunk, np.int32) if not self.simulator else np.zeros(lay.chunk, np.int32)
+        self._host_ids = pinned_like(A["ids"])
+        self._slot_views = {k: (self.state[k:k + 1], self._host_state[k:k + 1]) for k in (S_POS, S_TOKEN, S_LAST)}
         self._build_views()
         self._req = _Request()
         self._graphs: dict = {}
@@ -541,12 +543,14 @@ class CUDABackend:
 
     # -- host <-> device per step -------------------------------------------------------
     def _set_state(self, pos: int | None = None, token: int | None = None, last: int | None = None) -> None:
-        """Write some state slots (an async copy per slot from pinned memory)."""
-        hs = self._host_state
+        """Write some state slots (an async copy per slot from its pinned mirror; views made
+        once at load, engine/h2d.py). A slot's mirror is rewritten only after the stream
+        has synchronised since its last copy (every caller follows a sync)."""
         for slot, value in ((S_POS, pos), (S_TOKEN, token), (S_LAST, last)):
             if value is not None:
-                hs[slot] = value
-                self.state[slot:slot + 1].copy_to_device(hs[slot:slot + 1], stream=self.stream)
+                dev, host = self._slot_views[slot]
+                host[0] = value
+                upload(dev, host, self.stream)
 
     def _begin_request(self, sampler, history) -> None:
         from genie_rt.engine import gpu_sampling
@@ -600,7 +604,7 @@ class CUDABackend:
             self.stream.synchronize()  # the pinned ids buffer is about to be rewritten
             self._host_ids[:n] = part
             self._host_ids[n:bucket] = 0
-            self.arena["ids"][:bucket].copy_to_device(self._host_ids[:bucket], stream=self.stream)
+            upload(self.arena["ids"], self._host_ids, self.stream, nbytes=4 * bucket)
             self._set_state(pos=pos, last=n - 1)
             splits = prefill_splits(self.lay.prefill_plan, bucket, pos)
             self._run(("prefill", bucket, splits), lambda: self._record_prefill(bucket, splits))

@@ -71,6 +71,7 @@ from numba import cuda, float32, int32, int64, uint32, uint64
 from genie_rt.quant import ptx   # simulator: installs warp shuffles on the fake cuda module
 
 from .arena import Arena, ArenaLayout
+from .h2d import pinned_like, upload
 
 SIMULATOR = ptx.SIMULATOR
 FULL = 0xFFFFFFFF
@@ -957,6 +958,7 @@ class SamplerWorkspace:
     den_i: object         # int32[V]
     den_w: object         # int64[V] masses, then draw weights
     kept: object          # int8[V] with debug_kept (tests), else int8[1]
+    host: dict = None     # pinned host mirrors of the per-request buffers (set_request)
 
 
 _BUFFERS = [  # name, dtype, length as a function of (V, nb, C, R, B)
@@ -1021,6 +1023,7 @@ def workspace_from_arena(arena: Arena, vocab: int, *, prefix: str = "sampler.",
     for name in ("params_f", "params_i", "pen_cnt", "ws_i", "ws_f", "ws_l", "hist_c", "hist_m", "kept"):
         buf = getattr(ws, name)
         buf.copy_to_device(np.zeros(buf.shape, buf.dtype), stream=stream)
+    ws.host = _host_mirrors(ws)
     return ws
 
 
@@ -1093,13 +1096,34 @@ def set_request(ws: SamplerWorkspace, params, history, state, stream=0) -> int:
     ring = np.zeros(ws.ring_capacity, np.int32)
     keep = hist[max(0, hist.size - ws.ring_capacity):]
     ring[np.arange(hist.size - keep.size, hist.size) % ws.ring_capacity] = keep
-    ws.params_f.copy_to_device(pf, stream=stream)
-    ws.params_i.copy_to_device(pi, stream=stream)
-    ws.bias_ids.copy_to_device(ids, stream=stream)
-    ws.bias_vals.copy_to_device(vals, stream=stream)
-    ws.ring.copy_to_device(ring, stream=stream)
-    state[S_COUNTER:S_HIST + 1].copy_to_device(np.array([0, hist.size], np.int32), stream=stream)
+    # pinned mirrors (made at load) and raw async copies: no driver synchronisation per
+    # copy (engine/h2d.py). A copy of the previous request may still be pending on the
+    # stream: wait for it before the mirrors are rewritten (free when the stream is idle).
+    if stream:
+        stream.synchronize()
+    if ws.host is None:                      # a workspace not made by workspace_from_arena
+        ws.host = _host_mirrors(ws)
+    h = ws.host
+    if h.get("state") is not state:          # the state slots' view, made once per state array
+        h["state"], h["state_view"] = state, state[S_COUNTER:S_HIST + 1]
+    h["params_f"][:] = pf
+    h["params_i"][:] = pi
+    h["bias_ids"][:] = ids
+    h["bias_vals"][:] = vals
+    h["ring"][:] = ring
+    h["counters"][:] = (0, hist.size)
+    for name in ("params_f", "params_i", "bias_ids", "bias_vals", "ring"):
+        upload(getattr(ws, name), h[name], stream)
+    upload(h["state_view"], h["counters"], stream)
     return seed
+
+
+def _host_mirrors(ws: SamplerWorkspace) -> dict:
+    """Pinned host mirrors of the buffers set_request uploads (allocated at load)."""
+    m = {name: pinned_like(getattr(ws, name)) for name in ("params_f", "params_i", "bias_ids",
+                                                          "bias_vals", "ring")}
+    m["counters"] = pinned_like(ws.params_i[:2])
+    return m
 
 
 def sample(ws: SamplerWorkspace, logits, state, out, stream=0) -> None:

@@ -1,0 +1,30 @@
+"""engine/h2d.py: pinned mirrors and async uploads (simulator or GPU)."""
+import numpy as np
+import pytest
+from numba import cuda
+
+from genie_rt.engine.h2d import pinned_like, upload
+
+
+def test_upload_whole_and_leading_bytes():
+    dev = cuda.to_device(np.full(10, -1, np.int32))
+    host = pinned_like(dev)
+    assert host.shape == (10,) and host.dtype == np.int32 and not host.any()
+    host[:] = np.arange(10)
+    s = cuda.stream()
+    upload(dev, host, s, nbytes=4 * 3)              # only the first three values
+    s.synchronize()
+    np.testing.assert_array_equal(dev.copy_to_host(), [0, 1, 2] + [-1] * 7)
+    upload(dev[5:7], host[8:10], s)                 # views at an offset
+    s.synchronize()
+    np.testing.assert_array_equal(dev.copy_to_host(), [0, 1, 2, -1, -1, 8, 9, -1, -1, -1])
+    upload(dev, host, s, nbytes=0)                  # nothing to do
+
+
+def test_upload_refuses_more_than_fits():
+    dev = cuda.to_device(np.zeros(4, np.float32))
+    host = pinned_like(cuda.to_device(np.zeros(8, np.float32)))
+    with pytest.raises(ValueError, match="do not fit"):
+        upload(dev, host, 0)                        # 32 host bytes into a 16-byte array
+    with pytest.raises(ValueError, match="do not fit"):
+        upload(dev, host, 0, nbytes=-4)
