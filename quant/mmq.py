@@ -511,6 +511,9 @@ def compile_for(weights, n_values=(18, 33, 128, 512), modes=("store",)) -> None:
         if red == K.RED_KERNEL:                   # (compiled even if no plan splits K)
             _reduce_kernel(epi).compile(REDUCE_SIGNATURE)
     P.prepare_x_kernel.compile(PREPARE_X_SIGNATURE)
+    for item in weights:                          # the register-resident variants of these widths
+        if isinstance(item, PackedWeight):
+            P.prepare_x_kernel_for(item.cols).compile(PREPARE_X_SIGNATURE)
 
 
 def prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps: float = 1e-6) -> None:
@@ -535,7 +538,7 @@ def prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps: float = 1e-6) -> 
         w, has_norm = norm_weight, 1
     else:
         w, has_norm = xscale, 0                          # never read
-    P.prepare_x_kernel[n, P.PREP_THREADS, stream](x, w, x16.view(np.uint32), xscale, cols,
+    P.prepare_x_kernel_for(cols)[n, P.PREP_THREADS, stream](x, w, x16.view(np.uint32), xscale, cols,
                                                   np.float32(eps), has_norm)
 
 

@@ -86,6 +86,98 @@ def prepare_x_kernel(x, norm_w, out, xscale, cols, eps, has_norm):
         q += PREP_THREADS
 
 
+# The register-resident variant: every thread loads all of its pairs at once (the loads
+# are independent, so they are in flight together), keeps them in registers through the
+# reduction (warp shuffles, then one word per warp in shared memory) and converts them
+# without reading x again: one round trip to memory instead of 2 * cols / (2 * 512)
+# dependent ones. Specialised on J = pairs per thread; rows up to 2 * 512 * PREP_PAIRS_MAX
+# values (16384), wider rows use prepare_x_kernel. Same arithmetic in the same order per
+# element; sum(x^2) is added up in another order (last-bit differences in the norm).
+PREP_PAIRS_MAX = 16
+_WARPS = PREP_THREADS // 32
+_FULL = 0xFFFFFFFF
+_RESIDENT = {}
+
+
+def prepare_x_kernel_for(cols: int):
+    """The prepare_x kernel for rows of `cols` values (same arguments and launch as
+    prepare_x_kernel: one block of PREP_THREADS per row)."""
+    j = -(-(cols // 2) // PREP_THREADS)
+    if j > PREP_PAIRS_MAX:
+        return prepare_x_kernel
+    if j not in _RESIDENT:
+        _RESIDENT[j] = _make_resident(max(j, 1))
+    return _RESIDENT[j]
+
+
+def _make_resident(J):
+    @cuda.jit
+    def prepare_x_resident(x, norm_w, out, xscale, cols, eps, has_norm):
+        red_max = cuda.shared.array(_WARPS, float32)
+        red_ss = cuda.shared.array(_WARPS, float32)
+        row = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        half_cols = cols >> 1
+        v0 = cuda.local.array(J, float32)
+        v1 = cuda.local.array(J, float32)
+        for j in range(J):                       # all loads first: they do not depend on each other
+            q = tid + j * PREP_THREADS
+            a = float32(0.0)
+            b = float32(0.0)
+            if q < half_cols:
+                p = ((q >> 3) << 4) + ((q & 3) << 2) + ((q >> 2) & 1)
+                a = x[row, p]
+                b = x[row, p + 2]
+            v0[j] = a
+            v1[j] = b
+        m = float32(0.0)
+        ss = float32(0.0)
+        for j in range(J):
+            q = tid + j * PREP_THREADS
+            a = v0[j]
+            b = v1[j]
+            if has_norm and q < half_cols:
+                p = ((q >> 3) << 4) + ((q & 3) << 2) + ((q >> 2) & 1)
+                ss += a * a + b * b
+                a *= norm_w[p]
+                b *= norm_w[p + 2]
+            m = max(m, max(abs(a), abs(b)))
+        for off in (16, 8, 4, 2, 1):
+            m = max(m, cuda.shfl_xor_sync(_FULL, m, off))
+            ss += cuda.shfl_xor_sync(_FULL, ss, off)
+        if (tid & 31) == 0:
+            red_max[tid >> 5] = m
+            red_ss[tid >> 5] = ss
+        cuda.syncthreads()
+        m = red_max[0]
+        ss = red_ss[0]
+        for w in range(1, _WARPS):
+            m = max(m, red_max[w])
+            ss += red_ss[w]
+        rinv = float32(1.0)
+        if has_norm:
+            rinv = float32(1.0) / math.sqrt(ss / float32(cols) + float32(eps))
+        amax = m * rinv
+        scale = float32(1.0)
+        inv = float32(1.0)
+        while amax * inv > float32(X_LIMIT) and scale < float32(1e30):
+            scale *= float32(2.0)
+            inv *= float32(0.5)
+        if tid == 0:
+            xscale[row] = scale
+        for j in range(J):
+            q = tid + j * PREP_THREADS
+            if q < half_cols:
+                a = v0[j]
+                b = v1[j]
+                if has_norm:
+                    p = ((q >> 3) << 4) + ((q & 3) << 2) + ((q >> 2) & 1)
+                    a = a * rinv * norm_w[p]
+                    b = b * rinv * norm_w[p + 2]
+                out[row, q] = pack_half2(a * inv, b * inv)
+    return prepare_x_resident
+
+
 def mmq_order(cols):
     """Permutation: x_mmq = x[..., mmq_order(cols)] (the value each fp16 slot holds)."""
     s = np.arange(cols)

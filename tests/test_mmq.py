@@ -160,6 +160,29 @@ def test_prepare_x_fused_rmsnorm():
     np.testing.assert_allclose(got, want16.astype(np.float32), rtol=2 ** -10, atol=0)
 
 
+@pytest.mark.parametrize("cols", [768, 2 * P.PREP_THREADS * P.PREP_PAIRS_MAX + 256])
+def test_prepare_x_register_resident_and_wide_rows(cols):
+    """Several pairs per thread (the register-resident kernel, pairs past the row end in
+    the last trip) and a row wider than it handles (the looping kernel): both match."""
+    kern = P.prepare_x_kernel_for(cols)
+    assert (kern is P.prepare_x_kernel) == (cols > 2 * P.PREP_THREADS * P.PREP_PAIRS_MAX)
+    rng = np.random.default_rng(cols)
+    x = (rng.standard_normal((2, cols)) * 30).astype(np.float32)
+    x[1, 5] = 3.0e5                                  # a row that needs a scale
+    w = rng.uniform(0.5, 2.0, cols).astype(np.float32)
+    x16 = cuda.device_array(x.shape, np.float16)
+    xs = cuda.device_array(2, np.float32)
+    mmq.prepare_x(cuda.to_device(x), x16, xs)
+    want16, want_scale = mmq.prepare_x_reference(x)
+    np.testing.assert_array_equal(xs.copy_to_host(), want_scale)
+    np.testing.assert_array_equal(x16.copy_to_host(), want16)
+    mmq.prepare_x(cuda.to_device(x), x16, xs, norm_weight=cuda.to_device(w), eps=1e-6)
+    want16, want_scale = mmq.prepare_x_reference(x, w, 1e-6)
+    np.testing.assert_array_equal(xs.copy_to_host(), want_scale)
+    np.testing.assert_allclose(x16.copy_to_host().astype(np.float32), want16.astype(np.float32),
+                               rtol=2 ** -10, atol=0)
+
+
 def test_prepare_x_then_mmq_with_large_activations():
     # a token row beyond fp16 range goes through the per-token scale and comes back exact
     rng = np.random.default_rng(5)
@@ -281,6 +304,7 @@ reduce_add = mmq._reduce_kernel(K.EPI_ADD)
 reduce_swiglu = mmq._reduce_kernel(K.EPI_SWIGLU)
 from genie_rt.quant import mmq_prep as P
 prepare_x_kernel = P.prepare_x_kernel
+prepare_x_resident_10 = P.prepare_x_kernel_for(2 * 512 * 10)
 mma_peak_kernel = P.mma_peak_kernel
 """
 MMQ_KERNELS = {
@@ -297,6 +321,7 @@ def ptx():
     kernels = {name: mmq.kernel_signature(fmt) for name, fmt in MMQ_KERNELS.items()}
     kernels.update({name: mmq.REDUCE_SIGNATURE for name in REDUCE_KERNELS})
     kernels["prepare_x_kernel"] = mmq.PREPARE_X_SIGNATURE
+    kernels["prepare_x_resident_10"] = mmq.PREPARE_X_SIGNATURE
     kernels["mma_peak_kernel"] = "void(float32[::1], int64)"
     return compile_in_subprocess(PTX_SOURCE, kernels)
 
@@ -319,7 +344,7 @@ def test_mmq_kernels_use_tensor_cores_and_no_f64(ptx):
 
 @pytest.mark.slow
 def test_helper_kernels_ptx(ptx):
-    for name in ("prepare_x_kernel", "mma_peak_kernel") + REDUCE_KERNELS:
+    for name in ("prepare_x_kernel", "prepare_x_resident_10", "mma_peak_kernel") + REDUCE_KERNELS:
         for cc, text in ptx[name].items():
             assert_no_f64(text, f"{name} sm_{cc[0]}{cc[1]}")
     for text in ptx["mma_peak_kernel"].values():
@@ -327,6 +352,9 @@ def test_helper_kernels_ptx(ptx):
         assert local_memory_bytes(text) == 0
     for text in ptx["prepare_x_kernel"].values():
         assert_ptx_contains(text, "cvt.rn.f16x2.f32", where="prepare_x_kernel")
+    for text in ptx["prepare_x_resident_10"].values():      # the pairs stay in registers
+        assert_ptx_contains(text, "cvt.rn.f16x2.f32", "shfl.sync.bfly", where="prepare_x_resident_10")
+        assert local_memory_bytes(text) == 0
     for name in REDUCE_KERNELS:
         for cc, text in ptx[name].items():
             assert local_memory_bytes(text) == 0, f"{name} sm_{cc[0]}{cc[1]}: local memory"
