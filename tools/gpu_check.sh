@@ -10,7 +10,8 @@
 #   bench     synthetic Qwen3-4B Q4_K_M file, then genie-rt bench (pp18/33/128/512, tg128, depth)
 #   profile   tools/profile_decode.py: the decode step's time by kernel family
 #   prefix    tools/bench_prefix.py on the GPU
-#   session   bench + prefix + prefill and decode profiles in one process (kernels compile once)
+#   session   bench + prefix + prefill and decode profiles in one process (kernels compile once;
+#             SKIP=bench,prefix,prefill,decode skips steps, PSIZES/PSTART: prefill profile sizes, start)
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
 #             there and NO_NCU is unset) one Nsight Compute profile of each of a few
 #             launches (first tried 2026-12-01, when a bug in the script stopped it; fixed,
@@ -67,7 +68,7 @@ for s in "$@"; do
     session)
       stage session
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
-      timeout ${ST:-560} $PY tools/gpu_session.py -m $MODEL4B --out "$OUT" --skip "${SKIP:-}" 2>&1 \
+      timeout ${ST:-560} $PY tools/gpu_session.py -m $MODEL4B --out "$OUT" --skip "${SKIP:-}" --prefill-sizes "${PSIZES:-24,40,64,512}" --prefill-start "${PSTART:-0}" 2>&1 \
         | grep -v "^INFO numba" | tee "$OUT/session.txt" | tail -80 ;;
     prefix)
       stage prefix

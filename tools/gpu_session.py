@@ -22,6 +22,8 @@ def main(argv=None) -> int:
     p.add_argument("-m", "--model", required=True)
     p.add_argument("--out", default=".")
     p.add_argument("--skip", default="", help="comma-separated steps to skip: bench,prefix,prefill,decode")
+    p.add_argument("--prefill-sizes", default="24,40,64,512", help="tools/profile_prefill.py --sizes")
+    p.add_argument("--prefill-start", default="0", help="tools/profile_prefill.py --start")
     args = p.parse_args(argv)
     out, skip = Path(args.out), set(filter(None, args.skip.split(",")))
     import bench_prefix
@@ -32,7 +34,8 @@ def main(argv=None) -> int:
         ("bench", lambda: cli(["bench", "-m", args.model, "-p", "18,33,128,512", "-n", "128", "-r", "3",
                                "--kv", "int8", "--ctx", "2048"])),
         ("prefix", lambda: bench_prefix.main(["--backend", "cuda", "-m", args.model])),
-        ("prefill", lambda: profile_prefill.main(["-m", args.model, "--sizes", "24,40,64,512",
+        ("prefill", lambda: profile_prefill.main(["-m", args.model, "--sizes", args.prefill_sizes,
+                                                  "--start", args.prefill_start,
                                                   "--json", str(out / "profile_prefill.json")])),
         ("decode", lambda: profile_decode.main(["-m", args.model, "--json", str(out / "profile_decode.json")])),
     ]

@@ -37,10 +37,10 @@ def families(cfg):
     ]
 
 
-def time_prefill(be, n: int, reps: int = 20) -> float:
+def time_prefill(be, n: int, reps: int = 20, splits: int = 1) -> float:
     """Median ms of one prefill of n rows, recorded fresh into its own graph."""
     from genie_rt.engine.cuda_graph import time_us
-    return time_us(lambda: be._record_prefill(n, 1), be.stream, per=1, reps=reps) / 1000
+    return time_us(lambda: be._record_prefill(n, splits), be.stream, per=1, reps=reps) / 1000
 
 
 def main(argv=None) -> int:
@@ -50,6 +50,8 @@ def main(argv=None) -> int:
     p.add_argument("--sizes", default="16,32,64,128,512")
     p.add_argument("--kv", default="int8")
     p.add_argument("--json", default=None)
+    p.add_argument("--start", type=int, default=0, help="first position of the prefill (tokens already "
+                   "in the cache, as after prefix reuse; default 0)")
     args = p.parse_args(argv)
     from genie_rt.engine.config import EngineConfig
     from genie_rt.engine.engine import Engine
@@ -61,20 +63,25 @@ def main(argv=None) -> int:
     for n in (int(v) for v in args.sizes.split(",")):
         if n > be.lay.chunk:
             continue
-        be._set_state(pos=0, last=n - 1)
-        full = time_prefill(be, n)
-        print(f"prefill of {n} tokens, {be.device_info()['device']}: {full:.3f} ms "
+        if args.start + n > be.n_ctx:
+            continue
+        from genie_rt.kvcache.attention_prefill import prefill_splits
+        splits = prefill_splits(be.lay.prefill_plan, n, args.start)
+        be._set_state(pos=args.start, last=n - 1)
+        full = time_prefill(be, n, splits=splits)
+        print(f"prefill of {n} tokens at position {args.start} ({splits} attention splits), "
+              f"{be.device_info()['device']}: {full:.3f} ms "
               f"({n / full * 1000:.0f} tokens/s, graph only)", flush=True)
         rows = []
         for label, module, name, pred in families(be.cfg):
             with without(module, name, pred):
-                rest = time_prefill(be, n)
+                rest = time_prefill(be, n, splits=splits)
             rows.append(dict(n=n, family=label, ms=full - rest, percent=100 * (full - rest) / full))
             print(f"  {label:<28} {(full - rest) * 1000:8.1f} us  {100 * (full - rest) / full:5.1f} %"
                   f"  ({(full - rest) * 1000 / be.cfg.n_layers:6.1f} us per layer)", flush=True)
         acc = sum(r["ms"] for r in rows)
         print(f"  {'(sum of the families)':<28} {acc * 1000:8.1f} us  {100 * acc / full:5.1f} %", flush=True)
-        out.append(dict(n=n, ms=full, families=rows))
+        out.append(dict(n=n, start=args.start, ms=full, families=rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
