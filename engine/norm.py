@@ -178,6 +178,67 @@ _rmsnorm_q8_kernel = _make_rmsnorm_q8_kernel(False)
 _rmsnorm_q8_h_kernel = _make_rmsnorm_q8_kernel(True)
 
 
+# The register-resident form of the same kernel, specialised on J = ceil(d / block) values
+# per thread: all J loads of x are issued before the first is used, and the second pass
+# reuses them instead of reading x again, so a decode-step norm (one row: latency-bound)
+# waits on memory once instead of 2J times in a row. Same operations in the same order
+# (thread t adds its values t, t + B, ... exactly as the loop does), so the results are
+# bit-identical to the loop kernel and to rmsnorm + quantize_q8. Rows of more than
+# RESIDENT_MAX values per thread use the loop kernel.
+RESIDENT_MAX = 16
+
+
+def _make_rmsnorm_q8_resident(write_h: bool, J: int):
+    @cuda.jit
+    def kernel(x, w, out, xq, xs, eps):
+        """_make_rmsnorm_q8_kernel's kernel (same arguments), J values per thread."""
+        sh = cuda.shared.array(32, float32)
+        r = cuda.blockIdx.x
+        tid = cuda.threadIdx.x
+        bdim = cuda.blockDim.x
+        d = x.shape[1]
+        vals = cuda.local.array(J, float32)
+        for j in range(J):                       # every load first
+            i = tid + j * bdim
+            vals[j] = x[r, i] if i < d else float32(0)
+        ss = float32(0)
+        for j in range(J):
+            if tid + j * bdim < d:
+                ss += vals[j] * vals[j]
+        ss = _block_sum(ss, sh)
+        s = math.sqrt(ss / float32(d) + eps)
+        for j in range(J):
+            i = tid + j * bdim
+            if i < d:                            # warp-uniform: d and bdim are multiples of 32
+                v = float32(vals[j] / s * w[i])
+                if write_h:
+                    out[r, i] = v
+                q, dq, t, t_hi = q8_of_warp(v)
+                xq[r, i] = int8(q)
+                if (i & 31) == 0:
+                    b = (i >> 5) * 4
+                    xs[r, b] = dq
+                    xs[r, b + 1] = dq * float32(t)
+                    xs[r, b + 2] = dq * float32(t_hi)
+                    xs[r, b + 3] = dq * float32(t + t_hi)
+    return kernel
+
+
+_rmsnorm_q8_r4_kernel = _make_rmsnorm_q8_resident(False, 4)      # d = 4 * block: 1024-4096
+_rmsnorm_q8_h_r4_kernel = _make_rmsnorm_q8_resident(True, 4)
+_RESIDENT = {(False, 4): _rmsnorm_q8_r4_kernel, (True, 4): _rmsnorm_q8_h_r4_kernel}
+
+
+def _rmsnorm_q8_for(write_h: bool, d: int, block: int):
+    j = -(-d // block)
+    if j > RESIDENT_MAX:
+        return _rmsnorm_q8_h_kernel if write_h else _rmsnorm_q8_kernel
+    k = _RESIDENT.get((write_h, j))
+    if k is None:
+        k = _RESIDENT[(write_h, j)] = _make_rmsnorm_q8_resident(write_h, j)
+    return k
+
+
 @cuda.jit
 def _swiglu_kernel(g, g_col, u, u_col, out):
     """out[r, j] = silu(g[r, g_col + j]) * u[r, u_col + j] for j < out.shape[1]; grid
@@ -202,6 +263,10 @@ KERNEL_SIGNATURES = {
     "_rmsnorm_q8_kernel": [
         "void(float32[:, ::1], float32[::1], float32[:, ::1], int8[:, ::1], float32[:, ::1], float32)"],
     "_rmsnorm_q8_h_kernel": [
+        "void(float32[:, ::1], float32[::1], float32[:, ::1], int8[:, ::1], float32[:, ::1], float32)"],
+    "_rmsnorm_q8_r4_kernel": [
+        "void(float32[:, ::1], float32[::1], float32[:, ::1], int8[:, ::1], float32[:, ::1], float32)"],
+    "_rmsnorm_q8_h_r4_kernel": [
         "void(float32[:, ::1], float32[::1], float32[:, ::1], int8[:, ::1], float32[:, ::1], float32)"],
     "_swiglu_kernel": [
         "void(float32[:, ::1], int32, float32[:, ::1], int32, float32[:, ::1])",
@@ -293,10 +358,9 @@ def rmsnorm_q8(x, w, xq, xs, eps: float, stream=0, out=None, block: int | None =
         raise ValueError(f"rmsnorm_q8: block = {bdim} must be a multiple of 32 in 32..1024")
     if n == 0:
         return
-    if out is None:    # out is not touched: x stands in for it
-        _rmsnorm_q8_kernel[n, bdim, stream](x, w, x, xq, xs, np.float32(eps))
-    else:
-        _rmsnorm_q8_h_kernel[n, bdim, stream](x, w, out, xq, xs, np.float32(eps))
+    kern = _rmsnorm_q8_for(out is not None, d, bdim)
+    # out is not touched without write_h: x stands in for it
+    kern[n, bdim, stream](x, w, x if out is None else out, xq, xs, np.float32(eps))
 
 
 def _swiglu_launch(g, g_col, u, u_col, out, stream, block):

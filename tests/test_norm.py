@@ -184,6 +184,7 @@ def _assert_bits_equal(got, ref, what):
 
 @pytest.mark.parametrize("n,d,block,with_h", [
     (3, 64, 32, False), (3, 64, 64, True), (2, 256, None, False), (2, 256, None, True), (1, 256, 96, True),
+    (2, 1024, 32, True),                          # 32 values per thread: the loop kernel
     pytest.param(1, 2560, None, True, marks=pytest.mark.slow)])   # Qwen3-4B's width, 640 threads
 def test_rmsnorm_q8_is_rmsnorm_then_quantize_bit_for_bit(n, d, block, with_h):
     rng = np.random.default_rng(d + n)
@@ -209,6 +210,14 @@ def test_rmsnorm_q8_is_rmsnorm_then_quantize_bit_for_bit(n, d, block, with_h):
     assert np.all(xs_ref[0, 4:8] == 0) and np.all(xq_ref[0, 32:64] == 0)     # the zero block
     if n >= 3:
         assert np.all(xs_ref[2] == 0) and np.all(xq_ref[2] == 0)
+
+
+def test_rmsnorm_q8_picks_register_resident_up_to_its_limit():
+    assert norm._rmsnorm_q8_for(False, 2560, norm.norm_block(2560)) is norm._rmsnorm_q8_r4_kernel
+    assert norm._rmsnorm_q8_for(True, 4096, 1024) is norm._rmsnorm_q8_h_r4_kernel
+    assert norm._rmsnorm_q8_for(True, 256, 96) is norm._rmsnorm_q8_for(True, 288, 96)     # J = 3, cached
+    assert norm._rmsnorm_q8_for(True, 1024, 32) is norm._rmsnorm_q8_h_kernel              # J = 32: the loop
+    assert norm._rmsnorm_q8_for(False, 32 * 17, 32) is norm._rmsnorm_q8_kernel
 
 
 def test_rmsnorm_q8_reference_is_rmsnorm_then_quantize():
@@ -287,7 +296,8 @@ _Q8_ROUND = re.compile(r"fma\.rn\.f32\s+%f\d+, %f\d+, %f\d+, 0f4B400000;\s*"
 
 
 def test_rmsnorm_q8_rounds_like_quantize_q8(ptx):
-    for name in ("quantize_q8_kernel", "_rmsnorm_q8_kernel", "_rmsnorm_q8_h_kernel"):
+    for name in ("quantize_q8_kernel", "_rmsnorm_q8_kernel", "_rmsnorm_q8_h_kernel",
+                 "_rmsnorm_q8_r4_kernel", "_rmsnorm_q8_h_r4_kernel"):
         for cc, text in ptx[(name, 0)].items():
             assert _Q8_ROUND.search(text), f"{name} sm_{cc[0]}{cc[1]}: no fma -> add -> cvt.rzi rounding"
             assert "sqrt.rn.f32" in text or name == "quantize_q8_kernel"
