@@ -136,6 +136,20 @@ def _add_rmsnorm_kernel(x, delta, w, out, eps):
         out[r, i] = x[r, i] / s * w[i]
 
 
+@cuda.jit(device=True)
+def _q8_store(v, xq, xs, r, i):
+    """q8 of h[r, i] = v, all 32 lanes of the warp together (one q8 block): xq[r, i], and
+    lane 0 of the block writes its 4 floats of xs (quantize_q8_kernel's layout)."""
+    q, dq, t, t_hi = q8_of_warp(v)         # quantize_q8_kernel's own device function
+    xq[r, i] = int8(q)
+    if (i & 31) == 0:
+        b = (i >> 5) * 4
+        xs[r, b] = dq
+        xs[r, b + 1] = dq * float32(t)
+        xs[r, b + 2] = dq * float32(t_hi)
+        xs[r, b + 3] = dq * float32(t + t_hi)
+
+
 def _make_rmsnorm_q8_kernel(write_h: bool):
     """The fused rmsnorm -> q8 kernel; write_h (a compile-time constant) also stores h."""
     @cuda.jit
@@ -163,14 +177,7 @@ def _make_rmsnorm_q8_kernel(write_h: bool):
             v = float32(x[r, i] / s * w[i])        # rmsnorm's value, rounded to float32
             if write_h:
                 out[r, i] = v
-            q, dq, t, t_hi = q8_of_warp(v)         # quantize_q8_kernel's own device function
-            xq[r, i] = int8(q)
-            if (i & 31) == 0:
-                b = (i >> 5) * 4
-                xs[r, b] = dq
-                xs[r, b + 1] = dq * float32(t)
-                xs[r, b + 2] = dq * float32(t_hi)
-                xs[r, b + 3] = dq * float32(t + t_hi)
+            _q8_store(v, xq, xs, r, i)
     return kernel
 
 
@@ -213,14 +220,7 @@ def _make_rmsnorm_q8_resident(write_h: bool, J: int):
                 v = float32(vals[j] / s * w[i])
                 if write_h:
                     out[r, i] = v
-                q, dq, t, t_hi = q8_of_warp(v)
-                xq[r, i] = int8(q)
-                if (i & 31) == 0:
-                    b = (i >> 5) * 4
-                    xs[r, b] = dq
-                    xs[r, b + 1] = dq * float32(t)
-                    xs[r, b + 2] = dq * float32(t_hi)
-                    xs[r, b + 3] = dq * float32(t + t_hi)
+                _q8_store(v, xq, xs, r, i)
     return kernel
 
 

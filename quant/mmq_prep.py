@@ -24,6 +24,25 @@ X_LIMIT = 16384.0       # |x / scale| stays below this: fp16 max is 65504, and t
                         # of the mma are summed in float32, so only the inputs must fit.
 
 
+@cuda.jit(device=True)
+def _norm_and_scale(m, ss, cols, eps, has_norm, xscale, row, tid):
+    """From the row's max |x * w| and sum x^2: (1 / rms or 1, 1 / scale); thread 0 stores
+    the per-token scale, the power of two that brings max |v| below X_LIMIT."""
+    rinv = float32(1.0)
+    if has_norm:
+        rinv = float32(1.0) / math.sqrt(ss / float32(cols) + float32(eps))
+    amax = m * rinv
+    scale = float32(1.0)
+    inv = float32(1.0)
+    # powers of two keep v / scale exact; a non-finite row keeps scale 1 (and stays inf/nan)
+    while amax * inv > float32(X_LIMIT) and scale < float32(1e30):
+        scale *= float32(2.0)
+        inv *= float32(0.5)
+    if tid == 0:
+        xscale[row] = scale
+    return rinv, inv
+
+
 @cuda.jit
 def prepare_x_kernel(x, norm_w, out, xscale, cols, eps, has_norm):
     """One block per token row: optional RMSNorm, per-token scale, fp16 in MMQ order.
@@ -61,18 +80,7 @@ def prepare_x_kernel(x, norm_w, out, xscale, cols, eps, has_norm):
             red_ss[tid] += red_ss[tid + step]
         cuda.syncthreads()
         step //= 2
-    rinv = float32(1.0)
-    if has_norm:
-        rinv = float32(1.0) / math.sqrt(red_ss[0] / float32(cols) + float32(eps))
-    amax = red_max[0] * rinv
-    scale = float32(1.0)
-    inv = float32(1.0)
-    # powers of two keep v / scale exact; a non-finite row keeps scale 1 (and stays inf/nan)
-    while amax * inv > float32(X_LIMIT) and scale < float32(1e30):
-        scale *= float32(2.0)
-        inv *= float32(0.5)
-    if tid == 0:
-        xscale[row] = scale
+    rinv, inv = _norm_and_scale(red_max[0], red_ss[0], cols, eps, has_norm, xscale, row, tid)
     q = tid
     half_cols = cols >> 1
     while q < half_cols:
@@ -154,17 +162,7 @@ def _make_resident(J):
         for w in range(1, _WARPS):
             m = max(m, red_max[w])
             ss += red_ss[w]
-        rinv = float32(1.0)
-        if has_norm:
-            rinv = float32(1.0) / math.sqrt(ss / float32(cols) + float32(eps))
-        amax = m * rinv
-        scale = float32(1.0)
-        inv = float32(1.0)
-        while amax * inv > float32(X_LIMIT) and scale < float32(1e30):
-            scale *= float32(2.0)
-            inv *= float32(0.5)
-        if tid == 0:
-            xscale[row] = scale
+        rinv, inv = _norm_and_scale(m, ss, cols, eps, has_norm, xscale, row, tid)
         for j in range(J):
             q = tid + j * PREP_THREADS
             if q < half_cols:
