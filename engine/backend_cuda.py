@@ -302,7 +302,7 @@ class CUDABackend:
                                                      ring_capacity=max(plan.n_ctx, 64), max_bias=MAX_BIAS,
                                                      stream=self.stream)
         self.out = cuda.mapped_array(OUT_SLOTS, np.int32) if not self.simulator else cuda.device_array(OUT_SLOTS, np.int32)
-        self._host_state = cuda.pinned_array(8, np.int32) if not self.simulator else np.zeros(8, np.int32)
+        self._host_state = pinned_like(self.state)
         self._host_ids = pinned_like(A["ids"])
         self._slot_views = {k: (self.state[k:k + 1], self._host_state[k:k + 1]) for k in (S_POS, S_TOKEN, S_LAST)}
         self._build_views()

@@ -511,9 +511,8 @@ def compile_for(weights, n_values=(18, 33, 128, 512), modes=("store",)) -> None:
         if red == K.RED_KERNEL:                   # (compiled even if no plan splits K)
             _reduce_kernel(epi).compile(REDUCE_SIGNATURE)
     P.prepare_x_kernel.compile(PREPARE_X_SIGNATURE)
-    for item in weights:                          # the register-resident variants of these widths
-        if isinstance(item, PackedWeight):
-            P.prepare_x_kernel_for(item.cols).compile(PREPARE_X_SIGNATURE)
+    for cols in {item.cols for item in weights if isinstance(item, PackedWeight)}:
+        P.prepare_x_kernel_for(cols).compile(PREPARE_X_SIGNATURE)   # the register-resident variants
 
 
 def prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps: float = 1e-6) -> None:

@@ -25,6 +25,13 @@ X_LIMIT = 16384.0       # |x / scale| stays below this: fp16 max is 65504, and t
 
 
 @cuda.jit(device=True)
+def _pair_pos(q):
+    """x position p of fp16 pair q of a row in MMQ order: the pair holds x[p], x[p + 2]
+    (mmq_order's permutation, two slots at a time)."""
+    return ((q >> 3) << 4) + ((q & 3) << 2) + ((q >> 2) & 1)
+
+
+@cuda.jit(device=True)
 def _norm_and_scale(m, ss, cols, eps, has_norm, xscale, row, tid):
     """From the row's max |x * w| and sum x^2: (1 / rms or 1, 1 / scale); thread 0 stores
     the per-token scale, the power of two that brings max |v| below X_LIMIT."""
@@ -84,7 +91,7 @@ def prepare_x_kernel(x, norm_w, out, xscale, cols, eps, has_norm):
     q = tid
     half_cols = cols >> 1
     while q < half_cols:
-        p = ((q >> 3) << 4) + ((q & 3) << 2) + ((q >> 2) & 1)
+        p = _pair_pos(q)
         v0 = x[row, p]
         v1 = x[row, p + 2]
         if has_norm:
@@ -133,7 +140,7 @@ def _make_resident(J):
             a = float32(0.0)
             b = float32(0.0)
             if q < half_cols:
-                p = ((q >> 3) << 4) + ((q & 3) << 2) + ((q >> 2) & 1)
+                p = _pair_pos(q)
                 a = x[row, p]
                 b = x[row, p + 2]
             v0[j] = a
@@ -145,7 +152,7 @@ def _make_resident(J):
             a = v0[j]
             b = v1[j]
             if has_norm and q < half_cols:
-                p = ((q >> 3) << 4) + ((q & 3) << 2) + ((q >> 2) & 1)
+                p = _pair_pos(q)
                 ss += a * a + b * b
                 a *= norm_w[p]
                 b *= norm_w[p + 2]
@@ -169,7 +176,7 @@ def _make_resident(J):
                 a = v0[j]
                 b = v1[j]
                 if has_norm:
-                    p = ((q >> 3) << 4) + ((q & 3) << 2) + ((q >> 2) & 1)
+                    p = _pair_pos(q)
                     a = a * rinv * norm_w[p]
                     b = b * rinv * norm_w[p + 2]
                 out[row, q] = pack_half2(a * inv, b * inv)

@@ -53,19 +53,21 @@ def main(argv=None) -> int:
     p.add_argument("--start", type=int, default=0, help="first position of the prefill (tokens already "
                    "in the cache, as after prefix reuse; default 0)")
     args = p.parse_args(argv)
+    if args.start < 0:
+        p.error(f"--start must be >= 0, got {args.start}")
     from genie_rt.engine.config import EngineConfig
     from genie_rt.engine.engine import Engine
+    from genie_rt.kvcache.attention_prefill import prefill_splits
     for module in MODULES:
         importlib.import_module(module)
     eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv))
     be = eng.backend
     out = []
     for n in (int(v) for v in args.sizes.split(",")):
-        if n > be.lay.chunk:
+        if n > be.lay.chunk or args.start + n > be.n_ctx:
+            print(f"prefill of {n} tokens at position {args.start}: skipped (chunk {be.lay.chunk}, "
+                  f"context {be.n_ctx}; raise --ctx)", flush=True)
             continue
-        if args.start + n > be.n_ctx:
-            continue
-        from genie_rt.kvcache.attention_prefill import prefill_splits
         splits = prefill_splits(be.lay.prefill_plan, n, args.start)
         be._set_state(pos=args.start, last=n - 1)
         full = time_prefill(be, n, splits=splits)
