@@ -603,6 +603,23 @@ else:
                     mgr._genie_ptx_warps = warps
         return warps[th.thread_id >> 5]
 
+    # Barriers each simulated thread has passed, counted by a wrapper around the simulator's
+    # BlockThread.syncthreads (syncthreads_count/and/or call it too).
+    from numba.cuda.simulator import kernel as _sim_kernel
+
+    def _barriers(th):
+        return getattr(th, "_genie_barriers", 0)
+
+    if not getattr(_sim_kernel.BlockThread.syncthreads, "_genie_counted", False):
+        _sim_syncthreads = _sim_kernel.BlockThread.syncthreads
+
+        def _counted_syncthreads(self):
+            _sim_syncthreads(self)
+            self._genie_barriers = _barriers(self) + 1
+
+        _counted_syncthreads._genie_counted = True
+        _sim_kernel.BlockThread.syncthreads = _counted_syncthreads
+
     def _stall_check(th, rnd, waited_s):
         """Raise if a lane that this collective waits for can never arrive."""
         missing = rnd.mask & ~rnd.arrived
@@ -618,7 +635,10 @@ else:
                     f"{rnd.name}: lane {lane} of warp {th.thread_id >> 5} (mask {rnd.mask:#010x}) "
                     f"exited without reaching it; all lanes named in the mask must execute "
                     f"warp-synchronous instructions (hangs or is undefined on hardware)")
-            if t.syncthreads_blocked:
+            # A lane whose flag is up at a barrier this lane has already passed is being
+            # released (the simulator's BlockManager clears the flags one thread at a time,
+            # which under a loaded GIL takes seconds for a 1024-thread block): not a deadlock.
+            if t.syncthreads_blocked and _barriers(t) >= _barriers(th):
                 raise RuntimeError(
                     f"{rnd.name}: lane {lane} of warp {th.thread_id >> 5} waits in syncthreads "
                     f"while other lanes wait in {rnd.name}: divergent warp (deadlock)")

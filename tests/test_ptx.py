@@ -11,6 +11,8 @@ Kernels are module-level and lazily jitted so ptx_helpers can import this file i
 subprocess without the simulator.
 """
 
+import threading
+
 import numpy as np
 import pytest
 from numba import cuda, float32, int32
@@ -632,6 +634,56 @@ def test_sim_lane_exiting_before_shuffle_is_reported(monkeypatch):
     monkeypatch.setattr(mod, "_SIM_STALL_CHECK_S", 0.3)
     with pytest.raises(RuntimeError, match="lane 3 .* exited"):
         k_lane_exits_before_shfl[1, 32](np.arange(32, dtype=np.int32))
+
+
+@cuda.jit
+def k_half_warp_in_syncthreads(x):
+    if cuda.threadIdx.x < 16:
+        cuda.syncthreads()
+    x[cuda.threadIdx.x] = cuda.shfl_xor_sync(FULL, x[cuda.threadIdx.x], 1)
+
+
+@sim_only
+def test_sim_lane_in_syncthreads_during_shuffle_is_reported(monkeypatch):
+    import genie_rt.quant.ptx as mod
+    monkeypatch.setattr(mod, "_SIM_STALL_CHECK_S", 0.3)
+    with pytest.raises(RuntimeError, match="waits in syncthreads"):
+        k_half_warp_in_syncthreads[1, 32](np.arange(32, dtype=np.int32))
+
+
+class _FakeLane(threading.Thread):
+    """A live thread that _stall_check takes for a simulated lane of block `manager`."""
+    def __init__(self, manager, lane, in_syncthreads, barriers_passed, stop):
+        super().__init__(target=stop.wait, daemon=True)
+        self._manager, self.thread_id = manager, lane
+        self.syncthreads_blocked = in_syncthreads
+        self._genie_barriers = barriers_passed
+
+
+@sim_only
+@pytest.mark.parametrize("late_lane_passed,deadlock", [(0, False), (1, True)])
+def test_sim_stall_check_tells_a_lane_being_released_from_a_deadlock(late_lane_passed, deadlock):
+    # CI 2026-12-01: lane 4 of a 1024-thread block still had its syncthreads flag up (the
+    # simulator clears the flags one by one, seconds under a loaded GIL) while lane 27, past
+    # that same barrier, waited 5 s for it in a shuffle: reported as a deadlock. A lane at
+    # a barrier the waiter has passed is being released; one at a barrier the waiter has not
+    # reached is deadlocked.
+    import genie_rt.quant.ptx as mod
+    stop, manager = threading.Event(), object()
+    waiter = _FakeLane(manager, 0, False, 1, stop)
+    late = _FakeLane(manager, 1, True, late_lane_passed, stop)
+    for t in (waiter, late):
+        t.start()
+    try:
+        rnd = mod._Round("shfl_xor_sync", 0b11)
+        rnd.arrived = 0b01
+        if deadlock:
+            with pytest.raises(RuntimeError, match="lane 1 .* waits in syncthreads"):
+                mod._stall_check(waiter, rnd, 6.0)
+        else:
+            mod._stall_check(waiter, rnd, 6.0)
+    finally:
+        stop.set()
 
 
 @sim_only
