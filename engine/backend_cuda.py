@@ -232,11 +232,32 @@ def _device():
     return cuda.get_current_device()
 
 
+def _is_integrated(dev) -> bool:
+    """True on a GPU that shares the host's memory (Jetson); the simulator's device has no
+    such attribute and counts as discrete."""
+    return bool(getattr(dev, "INTEGRATED", 0))
+
+
+def _drop_file_pages(fd: int, offset: int, nbytes: int, path) -> bool:
+    """posix_fadvise(DONTNEED) over one tensor's bytes of the mapped file, so that on an
+    integrated GPU the weights live once in the shared memory (arena), not twice (arena +
+    page cache). Only advice: a file system that refuses it costs memory, not correctness,
+    so a failure is logged and the caller stops asking (returns False)."""
+    try:
+        os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+        return True
+    except OSError as exc:
+        log.warning("%s: cannot drop the file's pages after copying them (posix_fadvise: %s); "
+                    "the page cache keeps a second copy of the weights until the kernel evicts it",
+                    path, exc)
+        return False
+
+
 def cuda_budget(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig) -> MemoryBudget:
     """Weights and scratch from the real layout; KV (+ RoPE table, sampler ring) per token."""
     from numba import cuda
     dev = _device()
-    integrated = bool(dev.INTEGRATED)
+    integrated = _is_integrated(dev)
     small = plan_layout(g, cfg, ecfg, 256)
     big = plan_layout(g, cfg, ecfg, 512)
     per_token = (big.layout.nbytes - small.layout.nbytes) // 256
@@ -287,7 +308,7 @@ class CUDABackend:
         self.lay = lay = plan_layout(g, cfg, ecfg, plan.n_ctx)
         self.stream = cuda.stream()
         self.arena = A = Arena(lay.layout)
-        self.integrated = bool(_device().INTEGRATED) if not self.simulator else False
+        self.integrated = _is_integrated(_device())
         self._upload_weights(g)
         cos, sin = rope_table(plan.n_ctx, cfg.head_dim, cfg.rope_base)
         A["rope.cos"].copy_to_device(cos, stream=self.stream)
@@ -331,8 +352,9 @@ class CUDABackend:
                             A[f"{grp.name}.{plane}"][r0:r0 + rows].copy_to_device(arr, stream=s)
                         s.synchronize()          # host planes are temporaries
                         r0 += rows
-                        if fd is not None:
-                            os.posix_fadvise(fd, t.offset, t.nbytes, os.POSIX_FADV_DONTNEED)
+                        if fd is not None and not _drop_file_pages(fd, t.offset, t.nbytes, g.path):
+                            os.close(fd)
+                            fd = None
             from genie_rt.quant.formats import dequantize
             for n in self.lay.norms:
                 t = g.tensors[n]
