@@ -56,6 +56,11 @@ def _engine_config(args):
         raise ValueError(f"--reserve-mb must be >= 0, got {args.reserve_mb}")
     if args.kv_cache_budget_mb < 1:
         raise ValueError(f"--kv-cache-budget-mb must be >= 1, got {args.kv_cache_budget_mb}")
+    if args.kv_cache_dir is not None:     # checked before minutes of loading, not after
+        d = Path(args.kv_cache_dir)
+        if not args.kv_cache_dir or (d.exists() and not d.is_dir()):
+            raise ValueError(f"--kv-cache-dir {args.kv_cache_dir!r} is not a folder; name a folder "
+                             "(it is created if missing)")
     return EngineConfig(backend=args.backend, n_ctx=args.ctx, kv_dtype=args.kv,
                         prefill_chunk=args.prefill_chunk, gemv_mode=args.gemv_mode,
                         reserve_bytes=None if args.reserve_mb is None else args.reserve_mb << 20,
@@ -101,7 +106,19 @@ def cmd_run(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    import math
+
     from genie_rt.server.app import serve
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be 0..65535, got {args.port}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise ValueError("--api-key is empty: give a key, or leave the flag out to serve without "
+                         "one (an unset variable in `--api-key \"$KEY\"` would otherwise turn "
+                         "authentication off)")
+    if args.max_queue < 0:
+        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
+    if not (math.isfinite(args.shutdown_timeout) and args.shutdown_timeout >= 0):
+        raise ValueError(f"--shutdown-timeout must be a number of seconds >= 0, got {args.shutdown_timeout}")
     return serve(args, _engine_config(args))
 
 

@@ -7,10 +7,11 @@ nothing writes back into a `ModelConfig`.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .gguf_file import GGUFError, GGUFFile
+from .gguf_file import GGUFError, GGUFFile, short_repr as _short
 
 SUPPORTED_ARCHITECTURES = ("qwen3",)
 
@@ -60,10 +61,14 @@ class ModelConfig:
             value = g.get(full, default)
             if value is None:
                 raise GGUFError(f"{g.path}: metadata key '{full}' is missing")
-            try:
-                value = kind(value)
-            except (TypeError, ValueError):
-                raise GGUFError(f"{g.path}: metadata '{full}' = {value!r} is not a {kind.__name__}") from None
+            # GGUF stores numbers typed: an integer field must hold an integer type, a float
+            # field an integer or float one (a float head count or a string is corruption
+            # or a broken converter, not something to round)
+            if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+                raise GGUFError(f"{g.path}: metadata '{full}' = {_short(value)} is not "
+                                f"{'a number' if kind is float else 'an integer'}; the file's "
+                                "metadata is corrupt or was written by a broken converter")
+            value = kind(value)
             if value <= 0 or (kind is int and value > 1 << 24) or value != value or value == float("inf"):
                 raise GGUFError(f"{g.path}: metadata '{full}' = {value!r} is out of range")
             return value
@@ -82,12 +87,35 @@ class ModelConfig:
         emb = g.tensors.get("token_embd.weight")
         if emb is None:
             raise GGUFError(f"{g.path}: tensor 'token_embd.weight' is missing")
-        vocab = len(g.get("tokenizer.ggml.tokens") or []) or emb.shape[0]
+        tokens = g.get("tokenizer.ggml.tokens")
+        if tokens is not None and not isinstance(tokens, list):
+            raise GGUFError(f"{g.path}: metadata 'tokenizer.ggml.tokens' must be an array of "
+                            f"strings, got {_short(tokens)}")
+        vocab = len(tokens or []) or emb.shape[0]
+        special = {}
+        for name in ("bos", "eos"):
+            key = f"tokenizer.ggml.{name}_token_id"
+            tid = g.get(key)
+            if tid is not None and (isinstance(tid, bool) or not isinstance(tid, int) or tid < 0):
+                raise GGUFError(f"{g.path}: metadata '{key}' = {_short(tid)} is not a token id "
+                                "(a non-negative integer)")
+            special[name] = tid
+        name = g.get("general.name", g.path.stem)
+        ftype = g.get("general.file_type")
         template = g.get("tokenizer.chat_template")
+        n_layers = num("block_count")
+        # a corrupt block_count (up to 2^24) must not make anything loop over layers that the
+        # file does not have: compare it with the layers its tensor table names
+        present = {int(m.group(1)) for m in map(_LAYER_TENSOR.match, g.tensors) if m}
+        if n_layers > len(present):
+            have = f"blk.0 .. blk.{max(present)}" if present else "none"
+            raise GGUFError(f"{g.path}: block_count says {n_layers} layers but the tensor table has "
+                            f"tensors for {len(present)} layers ({have}); the metadata or the tensor "
+                            "table is wrong - convert the model again")
         return cls(
             arch=arch,
-            name=str(g.get("general.name", g.path.stem)),
-            n_layers=num("block_count"),
+            name=name if isinstance(name, str) else g.path.stem,
+            n_layers=n_layers,
             n_embd=n_embd,
             n_ff=num("feed_forward_length"),
             n_head=n_head,
@@ -98,12 +126,14 @@ class ModelConfig:
             n_ctx_train=num("context_length", default=4096),
             vocab_size=int(vocab),
             tied_embeddings="output.weight" not in g.tensors,
-            bos_id=g.get("tokenizer.ggml.bos_token_id"),
-            eos_id=g.get("tokenizer.ggml.eos_token_id"),
+            bos_id=special["bos"],
+            eos_id=special["eos"],
             chat_template=template if isinstance(template, str) else None,
-            file_type=g.get("general.file_type"),
+            file_type=ftype if isinstance(ftype, int) and not isinstance(ftype, bool) else None,
         )
 
+
+_LAYER_TENSOR = re.compile(r"blk\.(0|[1-9][0-9]{0,7})\.", re.ASCII)   # "blk.<layer>." (ASCII digits)
 
 KVDType = Literal["int8", "f16", "f32"]
 

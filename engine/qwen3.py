@@ -27,8 +27,8 @@ import numpy as np
 from genie_rt.quant.formats import SUPPORTED as SUPPORTED_QTYPES
 from genie_rt.quant.formats import dequantize
 
-from .config import ModelConfig
-from .gguf_file import GGUFError, GGUFFile, TensorInfo
+from .config import _LAYER_TENSOR, ModelConfig
+from .gguf_file import GGUFError, GGUFFile, TensorInfo, _q
 
 # GGUF tensor name -> (attribute, shape as a function of the config), numpy (rows, cols) order.
 GLOBAL_TENSORS = {
@@ -79,12 +79,11 @@ def check_tensors(g: GGUFFile, cfg: ModelConfig) -> dict[str, TensorInfo]:
                             f"(supported: {', '.join(sorted(q.name for q in SUPPORTED_QTYPES))}); "
                             "re-quantize the model, e.g. to Q4_K_M")
         found[name] = t
-    extra = sorted(n for n in g.tensors if n.startswith("blk.") and n.split(".")[1].isdigit()
-                   and int(n.split(".")[1]) >= cfg.n_layers)
+    extra = sorted(n for n in g.tensors if (m := _LAYER_TENSOR.match(n)) and int(m.group(1)) >= cfg.n_layers)
     if extra:                # llama.cpp refuses a tensor count that does not match too
         raise GGUFError(f"{g.path}: block_count says {cfg.n_layers} layers but the file has tensors of "
-                        f"layer {extra[0].split('.')[1]} ('{extra[0]}', {len(extra)} such tensors); "
-                        "the metadata or the tensor table is wrong")
+                        f"layer {_LAYER_TENSOR.match(extra[0]).group(1)} ({_q(extra[0])}, {len(extra)} "
+                        "such tensors); the metadata or the tensor table is wrong")
     return found
 
 

@@ -153,9 +153,26 @@ def test_cli_clean_error_for_bad_model(tmp_path, capsys):
     (["--conversation", "kitchen"], "--conversation needs --kv-cache-dir"),
     (["--reserve-mb", "-5"], "--reserve-mb must be >= 0"),
     (["--kv-cache-budget-mb", "-1"], "--kv-cache-budget-mb must be >= 1"),
+    (["--conversation", "k", "--kv-cache-dir", __file__], "is not a folder"),
 ])
 def test_cli_refuses_bad_arguments_in_one_line(argv, needle, capsys):
     assert main(["run", "-p", "hi", "-n", "2", "--backend", "cpu", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("genie-rt: error:") and needle in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--port", "99999"], "--port must be 0..65535"),
+    (["--port", "-1"], "--port must be 0..65535"),
+    (["--api-key", ""], "--api-key is empty"),
+    (["--api-key", "  "], "--api-key is empty"),
+    (["--max-queue", "-1"], "--max-queue must be >= 0"),
+    (["--shutdown-timeout", "nan"], "--shutdown-timeout must be"),
+    (["--kv-cache-dir", __file__], "is not a folder"),
+])
+def test_cli_serve_refuses_bad_arguments_before_loading(argv, needle, tmp_path, capsys):
+    # the model path does not exist: the flags must be refused before anything is loaded
+    assert main(["serve", "-m", str(tmp_path / "absent.gguf"), *argv]) == 1
     err = capsys.readouterr().err
     assert err.startswith("genie-rt: error:") and needle in err and "Traceback" not in err, err
 

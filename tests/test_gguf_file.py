@@ -197,3 +197,145 @@ def test_block_count_smaller_than_the_tensors(fixture_gguf, tmp_path):
 def test_infinite_rope_base(fixture_gguf, tmp_path):
     p = _rewrite_metadata(fixture_gguf, tmp_path, "qwen3.rope.freq_base", lambda part: struct.pack("<f", float("inf")))
     _expect_error(p, "rope.freq_base", "out of range")
+
+
+# ------------------------------------------------------------------------------------
+# Our header reader against the gguf package's, and metadata of the wrong kind
+# ------------------------------------------------------------------------------------
+def test_metadata_and_tensors_match_the_gguf_reader(fixture_gguf):
+    import gguf
+    g, r = open_gguf(fixture_gguf), gguf.GGUFReader(fixture_gguf)
+    ref = {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+    assert g.metadata.keys() == ref.keys()
+    for k, v in ref.items():
+        v = v.item() if isinstance(v, np.generic) else v
+        assert g.metadata[k] == v and type(g.metadata[k]) is type(v), k
+    assert [t.name for t in r.tensors] == list(g.tensors)
+    for t in r.tensors:
+        mine = g.tensors[t.name]
+        assert mine.offset == t.data_offset and mine.qtype == t.tensor_type
+        assert mine.shape == tuple(reversed(t.shape.tolist()))
+        np.testing.assert_array_equal(mine.data.reshape(-1), t.data.view(np.uint8).reshape(-1))
+
+
+def _with_metadata(src, dst, changes, extra=()):
+    """Copy GGUF `src` to `dst` with metadata entries replaced or added
+    ({key: raw value bytes (type + value)}) or dropped ({key: None}); tensors unchanged."""
+    import gguf
+    r = gguf.GGUFReader(src)
+    raw = src.read_bytes()
+    fields = [f for k, f in r.fields.items() if not k.startswith("GGUF.")]
+    kvs = {}
+    for f in fields:
+        end = f.offset + sum(int(p.nbytes) for p in f.parts)
+        kvs[f.name] = raw[f.offset:end]
+    info_start = max(f.offset + sum(int(p.nbytes) for p in f.parts) for f in fields)
+    info_stop = max(t.field.offset + sum(int(p.nbytes) for p in t.field.parts) for t in r.tensors)
+    info_end = open_gguf(src).data_offset
+    tensor_info = raw[info_start:info_stop]
+    for key, value in changes.items():
+        if value is None:
+            kvs.pop(key, None)
+        else:
+            kb = key.encode()
+            kvs[key] = struct.pack("<Q", len(kb)) + kb + value
+    entries = list(kvs.values()) + list(extra)
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(r.tensors), len(entries)) + b"".join(entries) + tensor_info
+    pad = -len(head) % 32
+    dst.write_bytes(head + b"\0" * pad + raw[info_end:])
+    return dst
+
+
+def _u32(v):
+    return struct.pack("<II", 4, v)
+
+
+def _f32(v):
+    return struct.pack("<If", 6, v)
+
+
+def _string(s):
+    b = s.encode()
+    return struct.pack("<IQ", 8, len(b)) + b
+
+
+def _str_array(items):
+    return struct.pack("<IIQ", 9, 8, len(items)) + b"".join(struct.pack("<Q", len(s.encode())) + s.encode() for s in items)
+
+
+def test_the_copy_helper_round_trips(fixture_gguf, tmp_path):
+    g = open_gguf(_with_metadata(fixture_gguf, tmp_path / "same.gguf", {}))
+    ref = open_gguf(fixture_gguf)
+    assert g.metadata == ref.metadata and list(g.tensors) == list(ref.tensors)
+    check_tensors(g, ModelConfig.from_gguf(g))
+
+
+@pytest.mark.parametrize("key,value,fragments", [
+    ("qwen3.attention.head_count", _f32(4.7), ["'qwen3.attention.head_count' = 4.69", "not an integer"]),
+    ("qwen3.attention.head_count", _string("4"), ["'qwen3.attention.head_count' = '4'", "not an integer"]),
+    ("qwen3.rope.freq_base", _string("1e6"), ["'qwen3.rope.freq_base'", "not a number"]),
+    ("qwen3.block_count", struct.pack("<I?", 7, True), ["'qwen3.block_count' = True", "not an integer"]),
+    ("tokenizer.ggml.tokens", _u32(5), ["'tokenizer.ggml.tokens' must be an array of strings"]),
+    ("tokenizer.ggml.eos_token_id", struct.pack("<I?", 7, True), ["'tokenizer.ggml.eos_token_id' = True",
+                                                                   "not a token id"]),
+    ("qwen3.block_count", _u32(1 << 24), ["block_count says 16777216 layers", "tensors for 2 layers"]),
+])
+def test_metadata_of_the_wrong_kind_is_named(fixture_gguf, tmp_path, key, value, fragments):
+    p = _with_metadata(fixture_gguf, tmp_path / "typed.gguf", {key: value})
+    _expect_error(p, *fragments)
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("tokenizer.ggml.token_type", _u32(1), "tokenizer.ggml.token_type must be an array of integers"),
+    ("tokenizer.ggml.token_type", None, None),                         # absent: defaults, loads
+    ("tokenizer.ggml.pre", _str_array(["qwen2"]), "tokenizer.ggml.pre must be a string"),
+    ("tokenizer.ggml.model", _str_array(["gpt2"]), "tokenizer.ggml.model must be a string"),
+    ("tokenizer.ggml.bos_token_id", struct.pack("<I?", 7, True), "'tokenizer.ggml.bos_token_id' = True is not a token id"),
+])
+def test_tokenizer_metadata_of_the_wrong_kind_is_named(fixture_gguf, tmp_path, key, value, fragment):
+    from genie_rt.engine.engine import Engine
+    p = _with_metadata(fixture_gguf, tmp_path / "tok.gguf", {key: value})
+    if fragment is None:
+        assert Engine.load(p, _cpu_config()).tokenizer.encode("lights") != []
+        return
+    with pytest.raises(GGUFError) as info:
+        Engine.load(p, _cpu_config())
+    assert fragment in str(info.value) and str(p) in str(info.value)
+
+
+def _cpu_config():
+    from genie_rt.engine.config import EngineConfig
+    return EngineConfig(backend="cpu", n_ctx=64)
+
+
+def test_odd_layer_names_and_long_names_are_reported_cleanly(fixture_gguf, tmp_path):
+    """A tensor 'blk.<superscript two>.x' is not a layer tensor (only ASCII digits are), and
+    names in errors are quoted and shortened."""
+    g = open_gguf(fixture_gguf)
+    cfg = ModelConfig.from_gguf(g)
+    from genie_rt.engine.gguf_file import TensorInfo
+    odd = dict(g.tensors)
+    t = g.tensors["blk.0.attn_norm.weight"]
+    odd["blk.\u00b2.extra"] = TensorInfo("blk.\u00b2.extra", t.qtype, t.shape, t.data, t.offset)
+    long_name = "blk.7." + "x" * 100_000
+    odd[long_name] = TensorInfo(long_name, t.qtype, t.shape, t.data, t.offset)
+    g.tensors = odd
+    with pytest.raises(GGUFError) as info:
+        check_tensors(g, cfg)
+    msg = str(info.value)
+    assert "layer 7" in msg and len(msg) < 600, msg[:300]
+
+
+def test_duplicate_names_are_refused_and_quoted(fixture_gguf, tmp_path):
+    raw = fixture_gguf.read_bytes()
+    # rename the second tensor's name to the first one's: find two names of equal length
+    g = open_gguf(fixture_gguf)
+    names = list(g.tensors)
+    a, b = next((x, y) for x in names for y in names if x != y and len(x) == len(y))
+    bad = raw[:g.data_offset].replace(b.encode(), a.encode()) + raw[g.data_offset:]
+    _expect_error(_write(tmp_path, bad, "dup.gguf"), f"tensor {a!r} appears twice")
+    # a metadata key twice
+    kb = b"qwen3.block_count"
+    twice = _with_metadata(fixture_gguf, tmp_path / "dupkey.gguf", {},
+                           extra=[struct.pack("<Q", len(kb)) + kb + _u32(2)])
+    _expect_error(twice, "metadata key 'qwen3.block_count' appears twice")

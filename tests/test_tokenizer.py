@@ -358,3 +358,16 @@ def test_control_token_types_come_from_the_gguf(tok, meta):
     types = meta["tokenizer.ggml.token_type"]
     assert types[4097] == TOKEN_CONTROL and tok.is_control(4097)
     assert types[4120] == TOKEN_USER_DEFINED and not tok.is_control(4120)
+
+
+def test_long_texts_take_the_gil_free_path_with_the_same_ids(tok, monkeypatch):
+    import genie_rt.engine.tokenizer as T
+    rng = np.random.default_rng(5)
+    words = ["turn", " the", " kitchen", "\n\n", "  ", "lights", "42", "\u00fc", "\u65e5\u672c", "!!", "\t",
+             " 3.14", "don't"]
+    long_run = "".join(rng.choice(words, 8000))
+    assert len(long_run) >= T._GIL_FREE_CHARS               # one fragment past the threshold
+    text = "<|im_start|>user\n" + long_run + "<think>" + long_run[:500]
+    fast = tok.encode(text, parse_special=True)
+    monkeypatch.setattr(T, "_GIL_FREE_CHARS", 1 << 40)        # everything through encode()
+    assert tok.encode(text, parse_special=True) == fast and len(fast) > 1000
