@@ -162,33 +162,83 @@ def _content_text(content: Any, where: str) -> str:
                             f"got {type(content).__name__}")
 
 
+def _json_kind(v: Any) -> str:
+    """The JSON type of a value, for error messages (never Python's type names)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, (int, float)):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, Mapping):
+        return "object"
+    if isinstance(v, Sequence):
+        return "array"
+    return type(v).__name__
+
+
+def _short(v: Any, limit: int = 64) -> str:
+    """A scalar as JSON, cut to about `limit` characters; an object or array as its type."""
+    if isinstance(v, str):
+        shown = json.dumps(v[:limit], ensure_ascii=False)
+        return shown if len(v) <= limit else shown[:-1] + f'..." ({len(v)} characters)'
+    if v is None or isinstance(v, (bool, int, float)):
+        try:
+            shown = json.dumps(v)
+        except ValueError:       # an integer too long to print
+            return "an integer with thousands of digits"
+        return shown if len(shown) <= limit else f"{shown[:24]}... (a number of {len(shown)} characters)"
+    return f"an {_json_kind(v)}" if _json_kind(v)[0] in "aeiou" else f"a {_json_kind(v)}"
+
+
+def decode_tool_arguments(args: str, where: str) -> dict:
+    """A tool call's `arguments` string as the JSON object it must encode ("" or blanks: {}).
+    Raises ChatTemplateError naming `where` (e.g. messages[1].tool_calls[0].function.arguments)."""
+    if not args.strip():
+        return {}
+    try:
+        decoded = json.loads(args)
+    except json.JSONDecodeError as e:
+        raise ChatTemplateError(f"{where} is not valid JSON: {e}") from None
+    except (ValueError, RecursionError):      # integers too long to convert, nesting too deep
+        raise ChatTemplateError(f"{where} is not valid JSON") from None
+    if not isinstance(decoded, dict):
+        raise ChatTemplateError(f"{where} must encode a JSON object, got {_short(decoded)}")
+    return decoded
+
+
 def _normalize_tool_call(call: Any, where: str, object_arguments: bool) -> dict:
     if not isinstance(call, Mapping):
-        raise ChatTemplateError(f"{where} must be an object")
+        raise ChatTemplateError(f"{where} must be an object, got {_json_kind(call)}")
     fn = call.get("function")
     if not isinstance(fn, Mapping):
-        raise ChatTemplateError(f"{where}.function must be an object with name and arguments")
+        raise ChatTemplateError(f"{where}.function must be an object with name and arguments, "
+                                f"got {_json_kind(fn)}")
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         raise ChatTemplateError(f"{where}.function.name must be a non-empty string")
     args = fn.get("arguments", {})
     if isinstance(args, str):
         if object_arguments:  # template writes `arguments | tojson`: give it the object
-            try:
-                decoded = json.loads(args) if args.strip() else {}
-            except json.JSONDecodeError as e:
-                raise ChatTemplateError(f"{where}.function.arguments is not valid JSON: {e}") from None
-            if not isinstance(decoded, dict):
-                raise ChatTemplateError(f"{where}.function.arguments must encode a JSON object")
-            args = decoded
+            args = decode_tool_arguments(args, f"{where}.function.arguments")
     elif isinstance(args, Mapping):
         args = dict(args)
     else:
-        raise ChatTemplateError(f"{where}.function.arguments must be a JSON string or an object")
+        raise ChatTemplateError(f"{where}.function.arguments must be a JSON string or an object, "
+                                f"got {_json_kind(args)}")
     out = {k: v for k, v in call.items() if k != "function"}
     out.setdefault("type", "function")
     out["function"] = {**fn, "name": name, "arguments": args}
     return out
+
+
+def validate_tool_call(call: Any, where: str) -> None:
+    """Check one assistant tool call strictly: a function object with a non-empty name and
+    arguments that are an object or a string encoding one (what docs/server.md promises,
+    whatever the template does with them). Raises ChatTemplateError naming `where`."""
+    _normalize_tool_call(call, where, object_arguments=True)
 
 
 def normalize_messages(messages: Any, *, object_arguments: bool = False) -> list[dict]:
@@ -237,18 +287,41 @@ def normalize_messages(messages: Any, *, object_arguments: bool = False) -> list
 
 
 def _validate_tools(tools: Any) -> list[dict] | None:
+    """`tools` as the template gets it (unchanged), after checking each entry is an OpenAI
+    function tool: {"type": "function", "function": {"name": non-empty string, "description":
+    string, "parameters": object}} ("type" absent or null is read as "function"; description and
+    parameters may be absent). As llama-server, any other tool type is refused ("Unsupported tool
+    type"), as is a tool without a function. Raises ChatTemplateError naming tools[k]."""
     if tools is None:
         return None
     if not isinstance(tools, list):
-        raise ChatTemplateError("tools must be a list of tool definitions")
+        raise ChatTemplateError(f"tools must be a list of tool definitions, got {_json_kind(tools)}")
     for k, tool in enumerate(tools):
+        where = f"tools[{k}]"
         if not isinstance(tool, Mapping):
-            raise ChatTemplateError(f"tools[{k}] must be an object")
-        if tool.get("type", "function") == "function":
-            fn = tool.get("function")
-            if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-                raise ChatTemplateError(f"tools[{k}].function must be an object with a string name")
+            raise ChatTemplateError(f"{where} must be an object, got {_json_kind(tool)}")
+        kind = tool.get("type")
+        if kind is not None and kind != "function":
+            raise ChatTemplateError(f"{where}.type is {_short(kind)}: unsupported tool type; "
+                                    'only "function" tools are supported')
+        fn = tool.get("function")
+        if not isinstance(fn, Mapping):
+            raise ChatTemplateError(f"{where}.function must be an object with a string name "
+                                    f"(missing tool function), got {_json_kind(fn)}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not name:
+            raise ChatTemplateError(f"{where}.function.name must be a non-empty string, got {_short(name)}")
+        description = fn.get("description")
+        if description is not None and not isinstance(description, str):
+            raise ChatTemplateError(f"{where}.function.description must be a string, got {_json_kind(description)}")
+        parameters = fn.get("parameters")
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise ChatTemplateError(f"{where}.function.parameters must be a JSON Schema object, "
+                                    f"got {_json_kind(parameters)}")
     return tools
+
+
+validate_tools = _validate_tools    # the server checks tools with it too (also with tool_choice "none")
 
 
 # --- the template ------------------------------------------------------------------------------
@@ -375,24 +448,34 @@ def _partial_tag_suffix(text: str, tag: str) -> int:
     return 0
 
 
-def split_reasoning(text: str, *, partial: bool = False, think_open: bool = False) -> tuple[str, str]:
+def split_reasoning(text: str, *, partial: bool = False, think_open: bool = False,
+                    infer_open: bool = True) -> tuple[str, str]:
     """(reasoning, content) of a reply that may start with `<think>...</think>`.
 
     think_open: the prompt already opened the block (its generation prompt ends with `<think>`),
-    so the reply starts inside it. A reply with `</think>` but no `<think>` is read that way too.
-    Reasoning is stripped of surrounding whitespace, content of leading whitespace.
-    partial=True (streaming): an unfinished block is all reasoning so far, and a tag still being
-    written (`</thi`) is held back; successive results only ever grow at the end.
+    so the reply starts inside it. infer_open (default): a reply with `</think>` but no leading
+    `<think>` is read that way too (everything before its first `</think>` is reasoning); a caller
+    that knows think_open from the prompt (the server, as llama-server) passes infer_open=False,
+    and such a `</think>` is then ordinary content.
+    Reasoning is stripped of surrounding whitespace, content of leading whitespace; a reply
+    without a block is returned verbatim as content.
+    partial=True (streaming): text whose reading can still change is held back - leading
+    whitespace and a `<thi` that may still become `<think>`, a tag still being written (`</thi`)
+    and, with infer_open and no think_open, all content until a `</think>` or the end (a later
+    `</think>` would turn it into reasoning). So every partial result is a prefix of the final
+    one, for any cut of the text, and successive results only ever grow at the end.
     Unclosed reasoning at the end of a final reply is returned as reasoning."""
     body = text.lstrip()
+    if partial and THINK_START.startswith(body) and body != THINK_START:
+        return "", ""  # could still become "<think>" (also when think_open: it is dropped then)
     if body.startswith(THINK_START):
         body = body[len(THINK_START):]
-    elif not (think_open or THINK_END in text):
-        if partial and body and THINK_START.startswith(body):
-            return "", ""  # could still become "<think>"
-        return "", text
-    else:
+    elif think_open or (infer_open and THINK_END in text):
         body = text  # already inside the block
+    else:
+        if partial and infer_open:
+            return "", ""  # a later "</think>" would make all of it reasoning
+        return "", text
     end = body.find(THINK_END)
     if end < 0:
         if partial:

@@ -6,6 +6,10 @@ The `type` strings are llama-server's (server-common.cpp, format_error_response)
 that does not fit adds `n_prompt_tokens` and `n_ctx` to the error object, as it does.
 `api_error` maps every exception a request can meet to one of these; the `endpoint`
 decorator applies it to each route, so no exception reaches uvicorn.
+
+Messages are short: validation (schemas.py) quotes offending values cut to ~64 characters,
+and as a last guard any message longer than MAX_MESSAGE_CHARS (one a template or the engine
+built from request data, say) is cut there.
 """
 from __future__ import annotations
 
@@ -34,6 +38,13 @@ ERROR_TYPES = {
     501: "not_supported_error",
     503: "unavailable_error",
 }
+MAX_MESSAGE_CHARS = 1024
+
+
+def _bounded(message: str) -> str:
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return message[:MAX_MESSAGE_CHARS - 40] + f"... ({len(message)} characters, cut)"
 
 
 class ApiError(Exception):
@@ -41,6 +52,7 @@ class ApiError(Exception):
 
     def __init__(self, status: int, message: str, type_: str | None = None,
                  headers: dict[str, str] | None = None, **extra):
+        message = _bounded(str(message))
         super().__init__(message)
         self.status = status
         self.message = message

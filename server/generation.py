@@ -41,7 +41,7 @@ def tokenize_content(engine, content, add_special: bool, parse_special: bool, vo
             if isinstance(part, str):
                 ids += engine.tokenizer.encode(part, add_special=add_special and k == 0, parse_special=parse_special)
             else:
-                ids += schemas.validate_token_ids([part], f"content[{k}]", vocab_size)
+                ids.append(schemas.validate_token_id(part, f"content[{k}]", vocab_size))
         return ids
     raise bad_request("'content' must be a string or an array of strings and token ids")
 
@@ -144,7 +144,8 @@ def _render_chat(engine, req: schemas.ChatRequest) -> tuple[str, list[int]]:
 async def chat_completions(request: Request, st: ServerState) -> Response:
     engine = st.ready_engine()
     body = await read_json(request, st.settings.max_body_bytes)
-    req = schemas.parse_chat(body, st.vocab_size, st.tokenize_text)
+    # in the pool: logit_bias may carry text keys to tokenize (megabytes at worst)
+    req = await run_in_threadpool(schemas.parse_chat, body, st.vocab_size, st.tokenize_text)
     text, prompt = await run_in_threadpool(_render_chat, engine, req)
     _check_prompt(prompt, engine.n_ctx)
     output = ChatOutput(parse_reasoning=req.parse_reasoning, think_open=prompt_opens_thinking(text),
@@ -170,7 +171,7 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
 async def completions(request: Request, st: ServerState) -> Response:
     engine = st.ready_engine()
     body = await read_json(request, st.settings.max_body_bytes)
-    req = schemas.parse_completion(body, st.vocab_size, st.tokenize_text)
+    req = await run_in_threadpool(schemas.parse_completion, body, st.vocab_size, st.tokenize_text)
     if isinstance(req.prompt, list) and not any(isinstance(t, str) for t in req.prompt):
         prompt = req.prompt
     else:  # as llama-server: BOS if the model wants one, and special tokens (<|im_start|>) parsed

@@ -131,6 +131,10 @@ async def tokenize(request: Request, st: ServerState) -> Response:
     ids = await run_in_threadpool(tokenize_content, engine, content, add_special, parse_special, st.vocab_size)
     if not with_pieces:
         return JSONResp({"tokens": ids})
+    return JSONResp({"tokens": await run_in_threadpool(_with_pieces, engine, ids)})
+
+
+def _with_pieces(engine, ids: list[int]) -> list[dict]:
     out = []
     for i in ids:
         piece = engine.tokenizer.token_to_piece(i)
@@ -138,7 +142,7 @@ async def tokenize(request: Request, st: ServerState) -> Response:
             out.append({"id": i, "piece": piece.decode("utf-8")})
         except UnicodeDecodeError:  # part of a character: the bytes, as llama-server sends them
             out.append({"id": i, "piece": list(piece)})
-    return JSONResp({"tokens": out})
+    return out
 
 
 @endpoint

@@ -16,6 +16,7 @@ import threading
 import time
 
 FINISH_REASONS = ("stop", "length", "tool_calls", "cancelled", "error")
+REJECT_REASONS = ("queue_full", "invalid", "too_large")   # every series docs/server.md lists, from 0
 
 
 class Metrics:
@@ -30,7 +31,7 @@ class Metrics:
         self.predicted_seconds = 0.0
         self.n_tokens_max = 0              # largest prompt + generation seen
         self.requests_finished = dict.fromkeys(FINISH_REASONS, 0)
-        self.requests_rejected = {"queue_full": 0, "invalid": 0}
+        self.requests_rejected = dict.fromkeys(REJECT_REASONS, 0)
         self.request_seconds = 0.0         # queue wait + prefill + generation, summed
 
     # -- updates ---------------------------------------------------------------------------------

@@ -6,8 +6,14 @@ What it does
   `<think>`, `parse_tool_calls` for `<tool_call>`, both with partial=True while streaming)
   and returns the differences as OpenAI deltas: reasoning_content, content, and each tool
   call once its block is closed (name, id and complete arguments in one delta). The same
-  parse with partial=False gives the non-streamed message, so streamed and non-streamed
-  replies agree.
+  parse with partial=False gives the non-streamed message. The partial parses hold back any
+  text whose reading can still change (leading whitespace or a `<thi` before a possible
+  `<think>`, a tag still being written), so each one is a prefix of the final parse and the
+  streamed deltas add up exactly to the non-streamed message, however the text is cut.
+  As llama-server, the reply is read as starting inside a think block only when the prompt
+  opened one (think_open); otherwise only a leading `<think>...</think>` is reasoning and a
+  stray `</think>` later is content (inferring reasoning from it would mean holding back all
+  content until the end of every reply).
 - Builders for chat.completion, chat.completion.chunk, text_completion, usage (with
   prompt_tokens_details.cached_tokens) and llama-server's `timings`.
 - SSE framing: `data: {json}\\n\\n`, `data: [DONE]\\n\\n`.
@@ -73,9 +79,13 @@ def timings(result) -> dict:
 class ChatOutput:
     """Parsed view of one assistant reply as it grows."""
 
-    def __init__(self, *, parse_reasoning: bool, think_open: bool, parse_tools: bool):
+    def __init__(self, *, parse_reasoning: bool, think_open: bool, parse_tools: bool,
+                 infer_open: bool = False):
         self.parse_reasoning = parse_reasoning
         self.think_open = think_open
+        # True: a `</think>` without a leading `<think>` makes the text before it reasoning
+        # (split_reasoning's default); streaming then holds back all content until the end.
+        self.infer_open = infer_open
         self.parse_tools = parse_tools
         self.text = ""
         self._sent_reasoning = ""
@@ -87,7 +97,8 @@ class ChatOutput:
         """(reasoning, content, calls) of the text so far."""
         partial = not final
         if self.parse_reasoning:
-            reasoning, content = split_reasoning(self.text, partial=partial, think_open=self.think_open)
+            reasoning, content = split_reasoning(self.text, partial=partial, think_open=self.think_open,
+                                                 infer_open=self.infer_open)
         else:
             reasoning, content = "", self.text
         calls: list[dict] = []
@@ -104,9 +115,9 @@ class ChatOutput:
         self.text += piece
         reasoning, content, calls = self.parse(final)
         deltas: list[dict] = []
-        # The parsers only ever extend reasoning and content at the end; if a reply ever broke
-        # that (text that first looked like content turned out to be reasoning), nothing already
-        # sent can be taken back, so only a clean extension is sent.
+        # Each partial parse is a prefix of the final one (the parsers hold back whatever could
+        # still change), so the new text is always a clean extension of what was sent; the
+        # check stays as a guard, since nothing already sent can be taken back.
         if len(reasoning) > len(self._sent_reasoning) and reasoning.startswith(self._sent_reasoning):
             deltas.append({"reasoning_content": reasoning[len(self._sent_reasoning):]})
             self._sent_reasoning = reasoning

@@ -5,6 +5,9 @@ What it does
 - Reads each field llama-server's OpenAI routes accept, checks its type and range, and builds
   the engine's `SamplingParams` plus the rest of a generation request. Every failure is an
   `ApiError(400, invalid_request_error)` whose message names the field - never an `assert`.
+  Messages speak JSON (null, object, array, string, number, boolean) and show an offending
+  value through `_show`: a scalar as JSON, cut to about 64 characters, a container by its type
+  only, so an error never echoes a megabyte string or a 300-digit number back.
 - Accepts llama-server's spellings: max_tokens / max_completion_tokens / n_predict (n_predict
   wins, then max_completion_tokens), stop as a string or a list, logit_bias as an object
   ({"15043": -100} or {"text": bias}) or a list ([[15043, -100], ["text", false]]), seed -1
@@ -12,8 +15,10 @@ What it does
   chat_template_kwargs.enable_thinking or `think`.
 
 What it deliberately does not do
-- Validate messages or tools in depth: engine/chat.py (normalize_messages, the template) does
-  that and its ChatTemplateError is a 400 too.
+- Validate messages in depth: engine/chat.py (normalize_messages, the template) does that and
+  its ChatTemplateError is a 400 too. `chat_messages` checks only their shape (objects, roles,
+  content types, tool calls with JSON arguments) so those messages are bounded; tools are
+  checked by engine/chat.py's `validate_tools`, whatever `tool_choice` says.
 - Honour fields that need machinery this engine lacks (n > 1, logprobs, json_schema /
   json_object response formats, echo, suffix): they are refused with a 400 saying so, rather
   than silently ignored. Unknown fields are ignored, as llama-server ignores them.
@@ -23,9 +28,11 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from genie_rt.engine.chat import ChatTemplateError, validate_tool_call, validate_tools
 from genie_rt.engine.sampling import SamplingParams
 
 from .errors import bad_request
@@ -36,15 +43,21 @@ MAX_STOP_CHARS = 512           # per stop string
 MAX_LOGIT_BIAS_ABS = 1e9       # |bias|; `false` means "ban" (-inf)
 MAX_LOGIT_BIAS = 4096          # entries (after text keys are tokenized); the sampler loops over them
 MAX_JSON_DEPTH = 64
+MAX_SHOWN_CHARS = 64           # an offending value quoted in an error message is cut to about this
 RANDOM_SEED = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: "pick one at random"
 REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
 _INT_KEY = re.compile(r"-?\d+")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 # --- JSON -------------------------------------------------------------------------------------
+class _NotJSON(ValueError):
+    """NaN / Infinity / -Infinity: Python's json reads them, JSON has no such literals."""
+
+
 def _reject_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
+    raise _NotJSON(f"{name} is not valid JSON")
 
 
 def _depth(obj: Any, limit: int) -> int:
@@ -63,6 +76,61 @@ def _depth(obj: Any, limit: int) -> int:
     return deepest
 
 
+class _LongInt:
+    """Stands in, while parsing, for an integer literal too long for int() (sys.get_int_max_str_digits)."""
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int):
+        self.digits = digits
+
+
+def _field_path(parts: list) -> str:
+    """'messages[0].content' from ["messages", 0, "content"]; odd keys are quoted (and cut)."""
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif _IDENT.fullmatch(p) and len(p) <= MAX_SHOWN_CHARS:
+            out += f".{p}" if out else p
+        else:
+            out += f"[{_show(p)}]"
+    return out
+
+
+def _find_long_int(obj: Any) -> tuple[str, int] | None:
+    """(path, digits) of the first _LongInt in a parsed body, depth first, without recursion."""
+    stack = [(obj, [])]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, _LongInt):
+            return _field_path(path), value.digits
+        if isinstance(value, dict):
+            stack.extend((v, path + [k]) for k, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend((v, path + [k]) for k, v in reversed(list(enumerate(value))))
+    return None
+
+
+def _long_integer_error(text: str):
+    """The 400 for a body with an integer literal too long to convert, naming its field (only
+    on this error path is the body parsed again, with a hook that keeps such literals aside)."""
+    def parse_int(literal: str):
+        try:
+            return int(literal)
+        except ValueError:
+            return _LongInt(len(literal.lstrip("-")))
+
+    try:
+        found = _find_long_int(json.loads(text, parse_constant=_reject_constant, parse_int=parse_int))
+    except (ValueError, RecursionError):
+        found = None
+    limit = sys.get_int_max_str_digits()
+    if found is None:
+        return bad_request(f"invalid JSON: an integer is longer than {limit} digits")
+    where = f"'{found[0]}'" if found[0] else "the request body"
+    return bad_request(f"invalid JSON: the integer in {where} has {found[1]} digits; the limit is {limit}")
+
+
 def parse_json_body(raw: bytes) -> dict:
     try:
         text = raw.decode("utf-8")
@@ -74,13 +142,40 @@ def parse_json_body(raw: bytes) -> dict:
         body = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
         raise bad_request("invalid JSON: nested too deeply") from None
-    except ValueError as e:  # JSONDecodeError, NaN/Infinity, integers too long to convert
+    except (json.JSONDecodeError, _NotJSON) as e:
         raise bad_request(f"invalid JSON: {e}") from None
+    except ValueError:  # an integer literal too long for Python to convert
+        raise _long_integer_error(text) from None
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {_kind(body)}")
     if _depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise bad_request(f"invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
     return body
+
+
+def _show(v: Any) -> str:
+    """An offending value for an error message: null / true / false, a number or a string as
+    JSON cut to about MAX_SHOWN_CHARS characters (with '...' and the full length), an object or
+    an array by its type only."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        try:
+            text = str(v)
+        except ValueError:               # longer than Python will print
+            return "an integer with thousands of digits"
+        if len(text) <= MAX_SHOWN_CHARS:
+            return text
+        return f"{text[:24]}... (an integer of {len(text.lstrip('-'))} digits)"
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("Infinity" if v > 0 else "-Infinity" if v < 0 else "NaN")
+    if isinstance(v, str):
+        if len(v) <= MAX_SHOWN_CHARS:
+            return json.dumps(v, ensure_ascii=False)
+        return json.dumps(v[:MAX_SHOWN_CHARS], ensure_ascii=False)[:-1] + f'..." ({len(v)} characters)'
+    return _kind(v)
 
 
 def _kind(v: Any) -> str:
@@ -113,12 +208,13 @@ def get_int(body: dict, name: str, default: int | None, lo: int, hi: int) -> int
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise bad_request(f"'{name}' must be an integer, got {_kind(v)}")
+    shown = v
     if isinstance(v, float):
         if not math.isfinite(v) or not v.is_integer():
-            raise bad_request(f"'{name}' must be an integer, got {v!r}")
+            raise bad_request(f"'{name}' must be an integer, got {_show(v)}")
         v = int(v)
     if not lo <= v <= hi:
-        raise bad_request(f"'{name}' must be between {lo} and {hi}, got {v}")
+        raise bad_request(f"'{name}' must be between {lo} and {hi}, got {_show(shown)}")
     return v
 
 
@@ -199,23 +295,24 @@ def parse_logit_bias(body: dict, vocab_size: int, tokenize: Callable[[str], list
         if bias is False:
             bias = -math.inf
         elif isinstance(bias, bool) or not isinstance(bias, (int, float)):
-            raise bad_request(f"'logit_bias' value for {key!r} must be a number or false, got {_kind(bias)}")
+            raise bad_request(f"'logit_bias' value for {_show(key)} must be a number or false, got {_kind(bias)}")
         else:
             bias = float(bias) if abs(bias) < 1e308 else math.inf
             if not abs(bias) <= MAX_LOGIT_BIAS_ABS:
-                raise bad_request(f"'logit_bias' value for {key!r} must be between "
+                raise bad_request(f"'logit_bias' value for {_show(key)} must be between "
                                   f"-{MAX_LOGIT_BIAS_ABS:g} and {MAX_LOGIT_BIAS_ABS:g}")
         if isinstance(key, bool):
             raise bad_request("'logit_bias' keys must be token ids or text")
         if isinstance(key, str) and _INT_KEY.fullmatch(key.strip()):
             digits = key.strip()
             if len(digits.lstrip("-")) > 12:      # no vocabulary is that large: don't parse it
-                raise bad_request(f"'logit_bias' token id {digits[:20]}{'...' if len(digits) > 20 else ''} "
-                                  f"is outside the vocabulary (0..{vocab_size - 1})")
+                raise bad_request(f"'logit_bias' token id {_show(digits)} is outside the vocabulary "
+                                  f"(0..{vocab_size - 1})")
             key = int(digits)
         if isinstance(key, int):
             if not 0 <= key < vocab_size:
-                raise bad_request(f"'logit_bias' token id {key} is outside the vocabulary (0..{vocab_size - 1})")
+                raise bad_request(f"'logit_bias' token id {_show(key)} is outside the vocabulary "
+                                  f"(0..{vocab_size - 1})")
             out[key] = bias
         elif isinstance(key, str):  # llama-server: a text key biases each of its tokens
             for tok in tokenize(key):
@@ -257,7 +354,7 @@ def _refuse_unsupported(body: dict) -> None:
         if not isinstance(fmt, dict):
             raise bad_request(f"'response_format' must be an object, got {_kind(fmt)}")
         if fmt.get("type", "text") != "text":
-            raise bad_request(f"'response_format' type {fmt.get('type')!r} is not supported "
+            raise bad_request(f"'response_format.type' {_show(fmt.get('type'))} is not supported "
                               "(no grammar-constrained sampling); use 'text'")
     for name in ("grammar", "json_schema"):
         if body.get(name) not in (None, ""):
@@ -330,9 +427,16 @@ def parse_generation(body: dict, vocab_size: int, tokenize: Callable[[str], list
 
 
 def parse_tools(body: dict) -> list | None:
+    """The tools for the template, or None. Each tool is checked (engine/chat.py validate_tools:
+    a function tool with a name, object parameters; llama-server refuses other tool types and
+    tools without a function) even when tool_choice is "none" and they are then not used."""
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise bad_request(f"'tools' must be an array, got {_kind(tools)}")
+    try:
+        validate_tools(tools)
+    except ChatTemplateError as e:
+        raise bad_request(str(e)) from None
     choice = body.get("tool_choice")
     if choice is None or choice in ("auto", "required"):
         pass  # "required" cannot be enforced without grammar sampling; the model decides
@@ -373,15 +477,55 @@ def template_kwargs(body: dict) -> dict:
     return kwargs
 
 
+MESSAGE_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def _check_message_shape(i: int, m: Any) -> None:
+    """What of messages[i] an error message would otherwise quote unbounded or in Python's
+    words: the object itself, its role, its content's type and parts, its tool calls (with
+    arguments that must be JSON). The rest (content null only with tool_calls, tool_calls only
+    on assistant messages, ...) is the template's check (engine/chat.py normalize_messages)."""
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise bad_request(f"'{where}' must be an object, got {_kind(m)}")
+    role = m.get("role")
+    if role not in MESSAGE_ROLES:
+        got = "it is missing" if role is None else f"got {_show(role)}"
+        raise bad_request(f"'{where}.role' must be one of {', '.join(MESSAGE_ROLES)}; {got}")
+    content = m.get("content")
+    if isinstance(content, list):
+        for k, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise bad_request(f"'{where}.content[{k}]' must be an object, got {_kind(part)}")
+            if part.get("type") != "text":
+                raise bad_request(f"'{where}.content[{k}].type' is {_show(part.get('type'))}: only text "
+                                  "content parts are supported (this model is text-only)")
+    elif content is not None and not isinstance(content, str):
+        raise bad_request(f"'{where}.content' must be a string, null or an array of text parts, "
+                          f"got {_kind(content)}")
+    calls = m.get("tool_calls")
+    if isinstance(calls, list):
+        for k, call in enumerate(calls):
+            try:
+                validate_tool_call(call, f"{where}.tool_calls[{k}]")
+            except ChatTemplateError as e:
+                raise bad_request(str(e)) from None
+    elif calls is not None:
+        raise bad_request(f"'{where}.tool_calls' must be an array, got {_kind(calls)}")
+
+
 def chat_messages(body: dict):
-    """body["messages"] as the template gets it (required; validated by the template)."""
+    """body["messages"] as the template gets it (required; its shape checked here, the rest by
+    the template)."""
     if "messages" not in body:
         raise bad_request("'messages' is required")
     messages = body["messages"]
-    if isinstance(messages, list):  # newer OpenAI clients send "developer" where they mean "system"
-        messages = [{**m, "role": "system"} if isinstance(m, dict) and m.get("role") == "developer" else m
-                    for m in messages]
-    return messages
+    if not isinstance(messages, list):
+        raise bad_request(f"'messages' must be an array of message objects, got {_kind(messages)}")
+    for i, m in enumerate(messages):
+        _check_message_shape(i, m)
+    # newer OpenAI clients send "developer" where they mean "system"
+    return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
 
 
 def parse_chat(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]) -> ChatRequest:
@@ -390,7 +534,7 @@ def parse_chat(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]
     enable_thinking = kwargs["enable_thinking"]
     fmt = get_str(body, "reasoning_format", "auto")
     if fmt not in REASONING_FORMATS:
-        raise bad_request(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}, got {fmt!r}")
+        raise bad_request(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}, got {_show(fmt)}")
     return ChatRequest(gen=parse_generation(body, vocab_size, tokenize), messages=messages,
                        tools=parse_tools(body), enable_thinking=enable_thinking,
                        parse_reasoning=fmt != "none", template_kwargs=kwargs)
@@ -413,24 +557,29 @@ def parse_prompt(value: Any, vocab_size: int) -> str | list:
             raise bad_request("'prompt' must be one prompt: a string, an array of token ids, or a mixed "
                               "array of strings and token ids (several prompts per request are not supported)")
         if has_text:  # mixed: strings are tokenized in place, ids checked now
-            return [t if isinstance(t, str) else validate_token_ids([t], "prompt", vocab_size)[0] for t in value]
+            return [t if isinstance(t, str) else validate_token_id(t, f"prompt[{k}]", vocab_size)
+                    for k, t in enumerate(value)]
         return validate_token_ids(value, "prompt", vocab_size)
     raise bad_request(f"'prompt' must be a string or an array of token ids, got {_kind(value)}")
 
 
+def validate_token_id(t: Any, where: str, vocab_size: int) -> int:
+    """One token id; `where` names it in errors (e.g. 'prompt[3]')."""
+    shown = t
+    if isinstance(t, float) and t.is_integer():
+        t = int(t)
+    if isinstance(t, bool) or not isinstance(t, int):
+        raise bad_request(f"'{where}' must be an integer token id, got {_kind(t)}")
+    if not 0 <= t < vocab_size:
+        raise bad_request(f"'{where}' = {_show(shown)} is outside the vocabulary (0..{vocab_size - 1})")
+    return t
+
+
 def validate_token_ids(value: Any, name: str, vocab_size: int) -> list[int]:
+    """An array of token ids named `name`; errors name the element ('tokens[2]')."""
     if not isinstance(value, list):
         raise bad_request(f"'{name}' must be an array of token ids, got {_kind(value)}")
-    out = []
-    for k, t in enumerate(value):
-        if isinstance(t, float) and t.is_integer():
-            t = int(t)
-        if isinstance(t, bool) or not isinstance(t, int):
-            raise bad_request(f"'{name}[{k}]' must be an integer token id, got {_kind(t)}")
-        if not 0 <= t < vocab_size:
-            raise bad_request(f"'{name}[{k}]' = {t} is outside the vocabulary (0..{vocab_size - 1})")
-        out.append(t)
-    return out
+    return [validate_token_id(t, f"{name}[{k}]", vocab_size) for k, t in enumerate(value)]
 
 
 def parse_completion(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]) -> CompletionRequest:

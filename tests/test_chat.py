@@ -449,6 +449,36 @@ def test_split_reasoning_streaming_only_grows():
     assert last == split_reasoning(final) == ("The user asks about the <heating>.\n\nCheck it.", "It is <b>on</b>.")
 
 
+def test_split_reasoning_stray_end_only_inferred_when_asked():
+    text = "Let me check. </think>\n\nThe kitchen is dimmed."
+    assert split_reasoning(text) == ("Let me check.", "The kitchen is dimmed.")   # documented default
+    assert split_reasoning(text, infer_open=False) == ("", text)                   # the server's reading
+    assert split_reasoning(text, think_open=True, infer_open=False) == ("Let me check.", "The kitchen is dimmed.")
+    # streaming holds back what a later </think> or <think> could still change
+    assert split_reasoning("\n\n", partial=True) == ("", "")
+    assert split_reasoning("\n\n", partial=True, infer_open=False) == ("", "")
+    assert split_reasoning("\n\nHi", partial=True, infer_open=False) == ("", "\n\nHi")
+    assert split_reasoning("Let me check. ", partial=True) == ("", "")   # inferred: may become reasoning
+    assert split_reasoning(" <thi", partial=True, think_open=True) == ("", "")
+
+
+def test_split_reasoning_partial_is_a_prefix_of_the_final_for_every_cut():
+    rng = random.Random(11)
+    atoms = ["<think>", "</think>", "<thi", "</thi", "<", "/", "\n", " ", "Done.", "x"]
+    for _ in range(1500):
+        text = "".join(rng.choice(atoms) for _ in range(rng.randint(0, 8)))
+        for think_open in (False, True):
+            for infer_open in (False, True):
+                kw = dict(think_open=think_open, infer_open=infer_open)
+                final = split_reasoning(text, **kw)
+                last = ("", "")
+                for n in range(len(text) + 1):
+                    cur = split_reasoning(text[:n], partial=True, **kw)
+                    assert _grows(last[0], cur[0]) and _grows(last[1], cur[1]), (text[:n], kw)
+                    assert _grows(cur[0], final[0]) and _grows(cur[1], final[1]), (text[:n], text, kw)
+                    last = cur
+
+
 # --- parse_tool_calls --------------------------------------------------------------------------
 def test_parse_single_call():
     text = '<tool_call>\n{"name": "set_light", "arguments": {"room": "kitchen", "on": true}}\n</tool_call>'
@@ -506,3 +536,34 @@ def test_parsers_never_raise_on_garbage():
         for partial in (False, True):
             reasoning, content = split_reasoning(text, partial=partial)
             parse_tool_calls(content, partial=partial)
+
+
+# --- tool and tool-call validation (review fixes) ------------------------------------------------
+@pytest.mark.parametrize("tools, match", [
+    ([{"type": 5}], r"tools\[0\]\.type is 5: unsupported tool type"),
+    ([{"type": None, "function": None}], r"tools\[0\]\.function must be an object .*got null"),
+    ([{"type": "retrieval"}], r'tools\[0\]\.type is "retrieval"'),
+    ([{"type": "function", "function": {"name": "f", "parameters": "not an object"}}],
+     r"tools\[0\]\.function\.parameters must be a JSON Schema object, got string"),
+    ([SET_LIGHT, "x"], r"tools\[1\] must be an object, got string"),
+    ([{"type": "x" * 100_000}], r'tools\[0\]\.type is "x{64}\.\.\."'),
+])
+def test_render_refuses_malformed_tools(tools, match):
+    with pytest.raises(ChatTemplateError, match=match) as e:
+        ChatTemplate.chatml().render([{"role": "user", "content": "x"}], tools=tools)
+    assert len(str(e.value)) < 200
+
+
+def test_validate_tool_call_is_strict_about_arguments():
+    from genie_rt.engine.chat import decode_tool_arguments, validate_tool_call
+    where = "messages[1].tool_calls[0]"
+    validate_tool_call(call("f", '{"a": 1}'), where)
+    validate_tool_call(call("f", {"a": 1}), where)
+    validate_tool_call(call("f", "  "), where)                       # blank: no arguments
+    with pytest.raises(ChatTemplateError, match=r"tool_calls\[0\]\.function\.arguments is not valid JSON"):
+        validate_tool_call(call("f", "{bad json"), where)
+    with pytest.raises(ChatTemplateError, match=r"must encode a JSON object, got 5"):
+        validate_tool_call(call("f", "5"), where)
+    with pytest.raises(ChatTemplateError, match=r"tool_calls\[0\] must be an object, got array"):
+        validate_tool_call([1], where)
+    assert decode_tool_arguments('{"on": true}', "x") == {"on": True}

@@ -516,3 +516,62 @@ def test_no_memory_growth_over_many_requests(server, reference):
     assert grown_objects < 500, f"{grown_objects} more live objects after 200 requests"
     assert grown_rss < 8 * 1024, f"RSS grew by {grown_rss} KiB over 200 requests"
     assert chat(server).json()["choices"][0]["message"]["content"] == reference
+
+
+# --- review fixes: malformed tools, element indexes, bounded messages -----------------------------------
+@pytest.mark.parametrize("tools, tool_choice, needle", [
+    ([{"type": 5}], None, "tools[0].type"),
+    ([{"type": None, "function": None}], None, "tools[0].function"),
+    ([{"type": "retrieval", "x": 1}], "auto", "unsupported tool type"),
+    ([{"type": "function", "function": {"name": "f", "parameters": "not an object"}}], None,
+     "tools[0].function.parameters"),
+    ([5, "x", None], "none", "tools[0]"),
+])
+def test_malformed_tools_are_400(server, reference, tools, tool_choice, needle):
+    extra = {"tool_choice": tool_choice} if tool_choice else {}
+    for path, body in (("/v1/chat/completions", {**GREEDY, "tools": tools, **extra}),
+                       ("/apply-template", {"messages": MESSAGES, "tools": tools, **extra})):
+        r = server.post(path, json=body)
+        assert r.status_code == 400, (path, r.text)
+        assert needle in r.json()["error"]["message"]
+    assert chat(server).json()["choices"][0]["message"]["content"] == reference
+
+
+def test_tool_call_arguments_that_are_not_json_are_400(server):
+    msgs = MESSAGES + [{"role": "assistant", "content": None,
+                        "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": "{bad json"}}]},
+                       {"role": "tool", "content": "ok"}]
+    for path, body in (("/v1/chat/completions", {**GREEDY, "messages": msgs}), ("/apply-template", {"messages": msgs})):
+        r = server.post(path, json=body)
+        assert r.status_code == 400, r.text
+        assert "messages[2].tool_calls[0].function.arguments is not valid JSON" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("path, body, needle", [
+    ("/v1/completions", {"prompt": ["turn on", 5, 6, 99999], "max_tokens": 2}, "'prompt[3]' = 99999"),
+    ("/tokenize", {"content": ["turn on", 5, 99999]}, "'content[2]' = 99999"),
+    ("/tokenize", {"content": [5, 99999]}, "'content[1]' = 99999"),
+])
+def test_bad_token_id_errors_name_the_element(server, path, body, needle):
+    r = server.post(path, json=body)
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert needle in message and "][0]" not in message, message
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"reasoning_format": "x" * 2_000_000}, "reasoning_format"),
+    ({"messages": [{"role": "x" * 2_000_000, "content": "hi"}]}, "messages[0].role"),
+    ({"response_format": {"type": "x" * 2_000_000}}, "response_format"),
+    ({"max_tokens": 1e300}, "max_tokens"),
+    ({"logit_bias": {"x" * 2_000_000 + "0": "a"}}, "logit_bias"),
+])
+def test_error_messages_do_not_echo_huge_values(server, fields, needle):
+    r = chat(server, **fields)
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert needle in message and len(message) < 300, message[:400]
+
+
+def test_rejected_too_large_series_is_exported(server):
+    assert 'genie_rt_requests_rejected_total{reason="too_large"}' in metric_values(server.get("/metrics").text)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 
 import pytest
 
@@ -138,6 +139,89 @@ def test_reasoning_format_none_returns_text_verbatim():
     assert out.message() == ({"role": "assistant", "content": "<think>a</think> b"}, False)
 
 
+def _stream(pieces, **kw):
+    """(content, reasoning, calls) added up from the streamed deltas of `pieces`, and the
+    non-streamed (content, reasoning, calls) of the same text; kw go to ChatOutput."""
+    stream = ChatOutput(**kw)
+    deltas = []
+    for piece in pieces:
+        deltas += stream.feed(piece)
+    deltas += stream.feed("", final=True)
+    final = ChatOutput(**kw)
+    final.text = "".join(pieces)
+    msg, _ = final.message()
+    streamed = ("".join(d.get("content", "") for d in deltas),
+                "".join(d.get("reasoning_content", "") for d in deltas),
+                [d["tool_calls"][0]["function"] for d in deltas if "tool_calls" in d])
+    plain = (msg["content"] or "", msg.get("reasoning_content", ""),
+             [c["function"] for c in msg.get("tool_calls", [])])
+    return streamed, plain
+
+
+def test_stream_whitespace_before_think_is_held_back():
+    # Case A of the review: "\n\n" went out as content, then "Done." never did.
+    streamed, plain = _stream(["\n\n", "<think>", "pondering", "</think>", "Done."],
+                              parse_reasoning=True, think_open=False, parse_tools=False)
+    assert plain == ("Done.", "pondering", [])
+    assert streamed == plain
+    # whitespace that no <think> follows is released verbatim, as the non-streamed message has it
+    streamed, plain = _stream(["\n", "\n", "Hi"], parse_reasoning=True, think_open=False, parse_tools=False)
+    assert streamed == plain == ("\n\nHi", "", [])
+
+
+STRAY = ["Let me ", "check. ", "</think>", "\n\nThe kitchen ", "is dimmed."]
+
+
+@pytest.mark.parametrize("tools", [False, True])
+def test_stream_stray_think_end(tools):
+    # Case B of the review: the text before '</think>' went out as content and then again as
+    # reasoning, and what followed was dropped.
+    kw = dict(parse_reasoning=True, parse_tools=tools)
+    # the prompt opened the block: the text before </think> is reasoning
+    streamed, plain = _stream(STRAY, think_open=True, **kw)
+    assert streamed == plain == ("The kitchen is dimmed.", "Let me check.", [])
+    # it did not (as llama-server): a stray </think> is ordinary content
+    streamed, plain = _stream(STRAY, think_open=False, **kw)
+    text = "".join(STRAY)
+    assert streamed == plain == (text.strip() if tools else text, "", [])
+    # split_reasoning's inference (infer_open): reasoning, and the stream holds content back for it
+    streamed, plain = _stream(STRAY, think_open=False, infer_open=True, **kw)
+    assert streamed == plain == ("The kitchen is dimmed.", "Let me check.", [])
+
+
+def test_stream_sends_plain_content_without_waiting():
+    out = ChatOutput(parse_reasoning=True, think_open=False, parse_tools=True)
+    assert out.feed("  ") == [] and out.feed("<thi") == []          # could still be <think>
+    assert out.feed("s is") == [{"content": "<this is"}]
+    assert out.feed(" it </thi") == [{"content": " it </thi"}]    # no block: content as it comes
+    assert out.feed("nk> <tool_c") == [{"content": "nk>"}]         # a tool tag being written waits
+
+
+_ATOMS = ["<think>", "</think>", "<tool_call>", "</tool_call>", '{"name": "f", "arguments": {"a": 1}}',
+          '{"name": "g"}', "{bad", "<thi", "</thi", "<tool_c", "</tool_", "<", "/", "\n", "\n\n", " ",
+          "  ", "Done.", "Hi", "ok", "é"]
+
+
+def _random_cut(rng, text):
+    cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1))) if len(text) > 1 else []
+    bounds = [0] + cuts + [len(text)]
+    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+def test_streamed_deltas_add_up_for_random_replies_and_cuts():
+    rng = random.Random(20240601)
+    failures = []
+    for trial in range(3000):
+        text = "".join(rng.choice(_ATOMS) for _ in range(rng.randint(0, 9)))
+        kw = dict(parse_reasoning=trial % 7 != 0, think_open=rng.random() < 0.3,
+                  parse_tools=rng.random() < 0.5, infer_open=rng.random() < 0.25)
+        pieces = list(text) if trial % 3 == 0 else _random_cut(rng, text)  # token by token, or chunks
+        streamed, plain = _stream(pieces, **kw)
+        if streamed != plain:
+            failures.append((text, pieces, kw, streamed, plain))
+    assert not failures, f"{len(failures)} mismatches, first: {failures[0]}"
+
+
 # --- metrics ---------------------------------------------------------------------------------------------------
 def _result(**kw) -> GenerationResult:
     base = dict(text="", tokens=[], finish_reason="stop", stop_word=None, n_prompt=10, n_cached=4,
@@ -224,3 +308,112 @@ def test_worker_queue_bound_cancel_and_stop():
         with pytest.raises(ShuttingDown):
             worker.submit(Job(GenerationRequest(prompt=[1]), loop))
     asyncio.run(scenario())
+
+
+# --- review fixes: tools, token-id indexes, bounded error messages, metrics -------------------------------
+def _api_error(fn, *args) -> str:
+    with pytest.raises(ApiError) as e:
+        fn(*args)
+    assert e.value.status == 400
+    return e.value.message
+
+
+SET_LIGHT = {"type": "function", "function": {"name": "set_light", "description": "Switch a light.",
+                                              "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.mark.parametrize("tools, needle", [
+    ([{"type": 5}], "tools[0].type is 5"),
+    ([{"type": None, "function": None}], "tools[0].function must be an object"),
+    ([{"type": "retrieval", "x": 1}], 'tools[0].type is "retrieval": unsupported tool type'),
+    ([{"type": "function", "function": {"name": "f", "parameters": "not an object"}}], "tools[0].function.parameters"),
+    ([SET_LIGHT, {"type": "function", "function": {"name": ""}}], "tools[1].function.name"),
+    ([SET_LIGHT, {"type": "function", "function": {"name": "f", "description": 3}}], "tools[1].function.description"),
+    ([5, "x", None], "tools[0] must be an object, got number"),
+])
+@pytest.mark.parametrize("choice", [None, "auto", "none"])
+def test_malformed_tools_are_400_whatever_tool_choice(tools, needle, choice):
+    body = {"tools": tools, **({"tool_choice": choice} if choice else {})}
+    assert needle in _api_error(schemas.parse_tools, body)
+
+
+def test_well_formed_tools_pass_unchanged():
+    tools = [SET_LIGHT, {"function": {"name": "f"}}, {"type": None, "function": {"name": "g", "parameters": None}}]
+    assert schemas.parse_tools({"tools": tools}) is tools
+    assert schemas.parse_tools({"tools": tools, "tool_choice": "none"}) is None
+
+
+@pytest.mark.parametrize("arguments, needle", [
+    ("{bad json", "messages[1].tool_calls[0].function.arguments is not valid JSON"),
+    ("[1, 2]", "messages[1].tool_calls[0].function.arguments must encode a JSON object"),
+    (5, "messages[1].tool_calls[0].function.arguments must be a JSON string or an object, got number"),
+])
+def test_tool_call_arguments_must_be_a_json_object(arguments, needle):
+    msgs = [{"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": arguments}}]}]
+    assert needle in _api_error(schemas.chat_messages, {"messages": msgs})
+    msgs[1]["tool_calls"][0]["function"]["arguments"] = '{"room": "hall"}'
+    assert schemas.chat_messages({"messages": msgs})[1] == msgs[1]          # good ones pass as sent
+
+
+def test_token_id_errors_name_the_element():
+    assert "'prompt[3]' = 99999" in _api_error(schemas.parse_prompt, ["turn on", 5, 6, 99999], VOCAB)
+    assert "'prompt[2]'" in _api_error(schemas.parse_prompt, [5, 6, 99999], VOCAB)
+    assert "'tokens[1]' = 99999" in _api_error(schemas.validate_token_ids, [5, 99999], "tokens", VOCAB)
+    # /tokenize's mixed content: strings and ids, the bad id named by its own index
+    from types import SimpleNamespace
+
+    from genie_rt.server.generation import tokenize_content
+    engine = SimpleNamespace(tokenizer=SimpleNamespace(encode=lambda text, **kw: [1, 2]))
+    assert tokenize_content(engine, ["turn on", 5], False, True, VOCAB) == [1, 2, 5]
+    message = _api_error(tokenize_content, engine, ["turn on", 5, 99999], False, True, VOCAB)
+    assert "'content[2]' = 99999" in message and "[2][0]" not in message
+    assert "'content[1]' = 99999" in _api_error(tokenize_content, engine, [5, 99999], False, True, VOCAB)
+
+
+def test_rejected_series_all_start_at_zero():
+    text = Metrics().render(processing=0, queued=0, kv_tokens=0, n_ctx=0)
+    for reason in ("queue_full", "invalid", "too_large"):
+        assert f'genie_rt_requests_rejected_total{{reason="{reason}"}} 0\n' in text
+
+
+BIG = "x" * 2_000_000
+
+
+@pytest.mark.parametrize("fields, needle", [
+    ({"reasoning_format": BIG}, "'reasoning_format'"),
+    ({"messages": [{"role": BIG, "content": "hi"}]}, "'messages[0].role'"),
+    ({"messages": [{"role": None, "content": "hi"}]}, "'messages[0].role'"),
+    ({"messages": [{"role": "user", "content": [{"type": BIG}]}]}, "'messages[0].content[0].type'"),
+    ({"messages": [5]}, "'messages[0]' must be an object, got a number"),
+    ({"messages": [{"role": "user", "content": {}}]}, "got an object"),
+    ({"messages": [{"role": "user", "content": [None]}]}, "'messages[0].content[0]' must be an object, got null"),
+    ({"messages": {"a": 1}}, "'messages' must be an array"),
+    ({"response_format": {"type": BIG}}, "'response_format.type'"),
+    ({"logit_bias": {BIG + "0": "a"}}, "'logit_bias'"),
+    ({"logit_bias": [[10 ** 4000, 1]]}, "an integer of 4001 digits"),
+    ({"max_tokens": 1e300}, "'max_tokens' must be between -1 and 2147483647, got 1e+300"),
+    ({"max_tokens": 10 ** 300}, "'max_tokens'"),
+    ({"prompt_tokens_x": 1, "seed": 2 ** 70}, "'seed'"),
+    ({"tools": [{"type": BIG}]}, "tools[0].type"),
+])
+def test_error_messages_are_short_json_worded_and_name_the_field(fields, needle):
+    body = {"messages": [{"role": "user", "content": "hi"}], **fields}
+    message = _api_error(schemas.parse_chat, body, VOCAB, tokenize)
+    assert needle in message and len(message) < 300, message[:400]
+    for python_word in ("NoneType", "got dict", "got int", "got str", "got list", "sys.set_int_max_str_digits"):
+        assert python_word not in message, message
+
+
+def test_overlong_integer_literals_name_their_field():
+    raw = b'{"messages": [], "max_tokens": 1' + b"0" * 5000 + b"}"
+    message = _api_error(schemas.parse_json_body, raw)
+    assert "'max_tokens'" in message and "5001 digits" in message and "sys." not in message
+    raw = b'{"logit_bias": [[5, 1], [-' + b"9" * 6000 + b", 2]]}"
+    assert "'logit_bias[1][0]' has 6000 digits" in _api_error(schemas.parse_json_body, raw)
+
+
+def test_api_errors_are_capped_whatever_built_them():
+    err = ApiError(400, "the chat template refused these messages: " + BIG)
+    assert len(err.message) <= 1024 and err.message.endswith("characters, cut)")
