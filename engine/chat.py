@@ -179,6 +179,9 @@ def _json_kind(v: Any) -> str:
     return type(v).__name__
 
 
+json_kind = _json_kind      # server/schemas.py words its errors the same way
+
+
 def _short(v: Any, limit: int = 64) -> str:
     """A scalar as JSON, cut to about `limit` characters; an object or array as its type."""
     if isinstance(v, str):

@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from genie_rt.engine.chat import ChatTemplateError, validate_tool_call, validate_tools
+from genie_rt.engine.chat import ChatTemplateError, json_kind, validate_tool_call, validate_tools
 from genie_rt.engine.sampling import SamplingParams
 
 from .errors import bad_request
@@ -179,17 +179,9 @@ def _show(v: Any) -> str:
 
 
 def _kind(v: Any) -> str:
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "a boolean"
-    if isinstance(v, (int, float)):
-        return "a number"
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, list):
-        return "an array"
-    return "an object"
+    """'null', 'a boolean', 'an array', ...: a value's JSON type for error messages."""
+    k = json_kind(v)
+    return k if k == "null" else ("an " if k[0] in "aeiou" else "a ") + k
 
 
 # --- scalar fields ------------------------------------------------------------------------------
