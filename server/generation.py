@@ -12,6 +12,7 @@ job is cancelled if it is still running (JobStream.close in every `finally`).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -19,6 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from genie_rt.engine.chat import TOOL_CALL_START
 from genie_rt.engine.generate import Delta, Done, GenerationRequest
 
 from . import schemas
@@ -135,9 +137,27 @@ async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done):
         stream.close()
 
 
-def _render_chat(engine, req: schemas.ChatRequest) -> tuple[str, list[int]]:
-    """Prompt text (kept for think detection) and ids."""
-    return engine.chat_prompt_text(req.messages, req.tools, True, **req.template_kwargs)
+def _render_chat(engine, req: schemas.ChatRequest) -> tuple[str, str, list[int]]:
+    """Prompt text (kept for think detection), the reply's forced start, and the ids of both."""
+    text = engine.template.render(req.messages, tools=req.tools, add_generation_prompt=True,
+                                  **req.template_kwargs)
+    forced = forced_tool_start(engine.template, text, req.forced_tool)
+    return text, forced, engine.tokenizer.encode(text + forced, add_special=True, parse_special=True)
+
+
+def forced_tool_start(template, prompt_text: str, forced_tool) -> str:
+    """The start of a reply that must call a tool (tool_choice "required", or a named function:
+    its name is written too), for templates whose tool calls are Qwen/Hermes `<tool_call>`
+    blocks - the format the reply parser reads. Without grammar sampling this is how the call
+    is enforced: the model continues inside the block. A prompt that leaves a think block open
+    has it closed first (a forced call has no reasoning). "" when nothing is forced or the
+    template writes calls another way (then the model decides, as with "auto")."""
+    if not forced_tool or TOOL_CALL_START not in (template.source or ""):
+        return ""
+    start = f"{TOOL_CALL_START}\n"
+    if isinstance(forced_tool, str):
+        start += '{"name": ' + json.dumps(forced_tool, ensure_ascii=False) + ', "arguments": '
+    return ("</think>\n\n" if prompt_opens_thinking(prompt_text) else "") + start
 
 
 @endpoint
@@ -146,10 +166,11 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
     body = await read_json(request, st.settings.max_body_bytes)
     # in the pool: logit_bias may carry text keys to tokenize (megabytes at worst)
     req = await run_in_threadpool(schemas.parse_chat, body, st.vocab_size, st.tokenize_text)
-    text, prompt = await run_in_threadpool(_render_chat, engine, req)
+    text, forced, prompt = await run_in_threadpool(_render_chat, engine, req)
     _check_prompt(prompt, engine.n_ctx)
     output = ChatOutput(parse_reasoning=req.parse_reasoning, think_open=prompt_opens_thinking(text),
                         parse_tools=req.tools is not None)
+    output.text = forced        # the reply is parsed with its forced start (held back until parsed)
     fmt = ChatFormatter(st.model_name, FINGERPRINT, output)
     stream = _start_job(request, st, req.gen, prompt)
     event = await _first_event(stream)
@@ -160,7 +181,8 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
                 st.metrics.on_tool_calls()
             return chunks
         return SSEResponse(_sse(stream, event, [fmt.first_chunk()], fmt.text_chunks, done))
-    output.text, result = await _collect(stream, event)
+    generated, result = await _collect(stream, event)
+    output.text = forced + generated
     response, has_calls = fmt.response(result)
     if has_calls and result.finish_reason == "stop":
         st.metrics.on_tool_calls()

@@ -372,6 +372,8 @@ class ChatRequest:
     messages: Any                          # validated by the chat template (engine/chat.py)
     tools: list | None                     # None when absent or tool_choice is "none"
     enable_thinking: bool
+    # tool_choice "required" (True) or a named function (its name): the reply must be a call
+    forced_tool: bool | str | None
     parse_reasoning: bool                  # reasoning_format != "none"
     template_kwargs: dict = field(default_factory=dict)
 
@@ -418,6 +420,22 @@ def parse_generation(body: dict, vocab_size: int, tokenize: Callable[[str], list
                             conversation_id=parse_conversation_id(body))
 
 
+def parse_tool_choice(body: dict, tools: list | None) -> bool | str | None:
+    """What parse_tools checked, read: True for "required", the function's name for a named
+    function (which must be one of `tools`), None otherwise."""
+    choice = body.get("tool_choice")
+    if not tools or choice in (None, "auto", "none"):
+        return None
+    if choice == "required":
+        return True
+    name = choice["function"]["name"]
+    names = [t.get("function", {}).get("name") for t in tools]
+    if name not in names:
+        raise bad_request(f"'tool_choice.function.name' {_show(name)} is not one of the tools "
+                          f"({', '.join(_show(n) for n in names[:8])}{', ...' if len(names) > 8 else ''})")
+    return name
+
+
 def parse_tools(body: dict) -> list | None:
     """The tools for the template, or None. Each tool is checked (engine/chat.py validate_tools:
     a function tool with a name, object parameters; llama-server refuses other tool types and
@@ -431,7 +449,7 @@ def parse_tools(body: dict) -> list | None:
         raise bad_request(str(e)) from None
     choice = body.get("tool_choice")
     if choice is None or choice in ("auto", "required"):
-        pass  # "required" cannot be enforced without grammar sampling; the model decides
+        pass  # "required": the server starts the reply with a tool-call tag (generation.py)
     elif choice == "none":
         return None
     elif isinstance(choice, dict):
@@ -527,8 +545,10 @@ def parse_chat(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]
     fmt = get_str(body, "reasoning_format", "auto")
     if fmt not in REASONING_FORMATS:
         raise bad_request(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}, got {_show(fmt)}")
+    tools = parse_tools(body)
     return ChatRequest(gen=parse_generation(body, vocab_size, tokenize), messages=messages,
-                       tools=parse_tools(body), enable_thinking=enable_thinking,
+                       tools=tools, enable_thinking=enable_thinking,
+                       forced_tool=parse_tool_choice(body, tools),
                        parse_reasoning=fmt != "none", template_kwargs=kwargs)
 
 

@@ -132,6 +132,55 @@ def test_tool_choice_none_and_no_tools_leave_text_alone(engine, client):
     assert '"light_set"' not in engine.tokenizer.decode(engine.requests[-1].prompt)
 
 
+CALL_BODY = '{"name": "light_set", "arguments": {"room": "kitchen", "level": 30}}\n</tool_call>'
+CALL_ARGS = '{"room": "kitchen", "level": 30}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("think", [False, True])
+@pytest.mark.parametrize("choice, reply, forced", [
+    ("required", CALL_BODY, "<tool_call>\n"),
+    ({"type": "function", "function": {"name": "light_set"}}, CALL_ARGS,
+     '<tool_call>\n{"name": "light_set", "arguments": '),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_tool_choice_required_and_named_start_the_reply_with_the_call(engine, client, choice, reply,
+                                                                      forced, stream, think):
+    """Without grammar sampling, a forced call is enforced by writing its start into the
+    prompt: the model continues inside the <tool_call> block, the reply is parsed with it."""
+    engine.reply = lambda req: pieces_of(reply, 5)
+    body = {"messages": ASK, "tools": TOOLS, "tool_choice": choice, "stream": stream, "think": think}
+    if stream:
+        with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            events = sse_events(r)
+        deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+        calls = [d["tool_calls"][0]["function"] for d in deltas if "tool_calls" in d]
+        assert not any(d.get("content") or d.get("reasoning_content") for d in deltas)
+        finish = events[-2]["choices"][0]["finish_reason"]
+    else:
+        msg = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+        calls, finish = [c["function"] for c in msg["message"]["tool_calls"]], msg["finish_reason"]
+        assert msg["message"]["content"] is None and "reasoning_content" not in msg["message"]
+    assert finish == "tool_calls" and [c["name"] for c in calls] == ["light_set"]
+    assert json.loads(calls[0]["arguments"]) == {"room": "kitchen", "level": 30}
+    prompt = engine.tokenizer.decode(engine.requests[-1].prompt)
+    assert prompt.endswith(forced), prompt[-80:]
+    # right after the assistant header (thinking off: after the template's empty think block);
+    # a forced call does not think first
+    header = "<|im_start|>assistant\n" + ("" if think else "<think>\n\n</think>\n\n")
+    assert prompt.endswith(header + forced), prompt[-80:]
+
+
+def test_tool_choice_auto_and_a_named_function_that_is_not_a_tool(engine, client):
+    engine.reply = lambda req: ["It is done."]
+    r = client.post("/v1/chat/completions", json={"messages": ASK, "tools": TOOLS, "tool_choice": "auto"})
+    assert r.json()["choices"][0]["message"]["content"] == "It is done."
+    assert not engine.tokenizer.decode(engine.requests[-1].prompt).endswith("<tool_call>\n")
+    r = client.post("/v1/chat/completions", json={"messages": ASK, "tools": TOOLS, "tool_choice": {
+        "type": "function", "function": {"name": "garage_open"}}})
+    assert r.status_code == 400 and "'tool_choice.function.name' \"garage_open\" is not one of the tools" \
+        in r.json()["error"]["message"]
+
+
 def test_tool_round_trip_messages_render(engine, client):
     history = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [

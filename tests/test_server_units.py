@@ -417,3 +417,16 @@ def test_overlong_integer_literals_name_their_field():
 def test_api_errors_are_capped_whatever_built_them():
     err = ApiError(400, "the chat template refused these messages: " + BIG)
     assert len(err.message) <= 1024 and err.message.endswith("characters, cut)")
+
+
+def test_forced_tool_start_closes_an_open_think_block_and_needs_tool_call_blocks():
+    from types import SimpleNamespace
+
+    from genie_rt.server.generation import forced_tool_start
+    hermes = SimpleNamespace(source="... <tool_call> ...")
+    assert forced_tool_start(hermes, "<|im_start|>assistant\n", None) == ""
+    assert forced_tool_start(hermes, "<|im_start|>assistant\n", True) == "<tool_call>\n"
+    assert forced_tool_start(hermes, "<|im_start|>assistant\n<think>\n", True) == "</think>\n\n<tool_call>\n"
+    assert forced_tool_start(hermes, "x", 'l"ight') == '<tool_call>\n{"name": "l\\"ight", "arguments": '
+    other = SimpleNamespace(source="{{ messages }} [TOOL_CALLS]")       # another call format
+    assert forced_tool_start(other, "x", True) == ""
