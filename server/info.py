@@ -10,7 +10,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from . import schemas
 from .errors import ApiError, JSONResp, endpoint
-from .generation import tokenize_content
+from .generation import render_chat, tokenize_content
 from .state import FINGERPRINT, ServerState
 from .streaming import read_json
 
@@ -163,6 +163,5 @@ async def apply_template(request: Request, st: ServerState) -> Response:
     messages = schemas.chat_messages(body)            # exactly what chat completions renders
     kwargs = schemas.template_kwargs(body)
     tools = schemas.parse_tools(body)
-    text = await run_in_threadpool(
-        lambda: engine.template.render(messages, tools=tools, add_generation_prompt=True, **kwargs))
+    text = await run_in_threadpool(render_chat, engine.template, messages, tools, kwargs)
     return JSONResp({"prompt": text})
