@@ -38,7 +38,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-n", "--max-tokens", type=int, default=256,
                    help="tokens to generate; -1 = until EOS or the context is full (default 256)")
     p.add_argument("--temp", type=float, default=0.8, help="temperature; 0 = greedy (default 0.8)")
-    p.add_argument("--top-k", type=int, default=40, help="default 40; 0 = off")
+    p.add_argument("--top-k", type=int, default=40, help="default 40; <= 0 or >= the vocabulary = off")
     p.add_argument("--top-p", type=float, default=0.95, help="default 0.95; 1 = off")
     p.add_argument("--min-p", type=float, default=0.05, help="default 0.05; 0 = off")
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="default 1.0 = off; must be > 0")
@@ -86,7 +86,9 @@ def cmd_run(args) -> int:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
                    [{"role": "user", "content": args.prompt}]
         prompt = engine.chat_prompt(messages, enable_thinking=args.think)
-    params = SamplingParams(temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+    vocab = engine.cfg.vocab_size
+    top_k = 0 if args.top_k <= 0 or args.top_k >= vocab else args.top_k    # off, as the server reads it
+    params = SamplingParams(temperature=args.temp, top_k=top_k, top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, seed=args.seed)
     max_tokens = None if args.max_tokens == -1 else args.max_tokens   # None: until EOS or the context ends
     req = GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, stop=args.stop,

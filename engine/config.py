@@ -154,3 +154,22 @@ class EngineConfig:
     kv_cache_budget: int = 1 << 30      # bytes on disk for conversation caches
     seed: int | None = None
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        """The checks the CLI makes, for callers of the Python API too."""
+        def integer(v):
+            return isinstance(v, int) and not isinstance(v, bool)
+        if self.backend not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"backend must be 'auto', 'cpu' or 'cuda', got {self.backend!r}")
+        if self.n_ctx is not None and (not integer(self.n_ctx) or self.n_ctx < 1):
+            raise ValueError(f"n_ctx must be an integer >= 1 (or None: what fits), got {self.n_ctx!r}")
+        if self.kv_dtype not in ("int8", "f16", "f32"):
+            raise ValueError(f"kv_dtype must be 'int8', 'f16' or 'f32', got {self.kv_dtype!r}")
+        if self.reserve_bytes is not None and (not integer(self.reserve_bytes) or self.reserve_bytes < 0):
+            raise ValueError(f"reserve_bytes must be an integer >= 0 (or None), got {self.reserve_bytes!r}")
+        if not integer(self.prefill_chunk) or self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be an integer >= 1, got {self.prefill_chunk!r}")
+        if self.gemv_mode not in ("dp4a", "f32"):
+            raise ValueError(f"gemv_mode must be 'dp4a' or 'f32', got {self.gemv_mode!r}")
+        if not integer(self.kv_cache_budget) or self.kv_cache_budget < 0:
+            raise ValueError(f"kv_cache_budget must be a byte count >= 0, got {self.kv_cache_budget!r}")

@@ -64,8 +64,11 @@ class SamplingParams:
         for tok, bias in self.logit_bias.items():
             if not isinstance(tok, int) or not 0 <= tok < vocab_size:
                 raise ValueError(f"'logit_bias' token id {tok!r} is outside the vocabulary (0..{vocab_size - 1})")
-            if not isinstance(bias, (int, float)) or bias != bias:
+            if not isinstance(bias, (int, float)) or isinstance(bias, bool) or bias != bias:
                 raise ValueError(f"'logit_bias' value for token {tok} must be a number, got {bias!r}")
+            if isinstance(bias, int) and abs(bias) > 1e300:     # would not convert to a float
+                raise ValueError(f"'logit_bias' value for token {tok} is out of range "
+                                 "(use -inf or a float to ban a token)")
 
 
 class Sampler:

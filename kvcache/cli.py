@@ -39,7 +39,8 @@ def _when(t: float) -> str:
 def _list(store: KVStore) -> int:
     entries = store.entries()[::-1]          # most recently used first
     if not entries:
-        print(f"no conversation caches in {store.folder}")
+        missing = "" if store.folder.is_dir() else " (the folder does not exist yet)"
+        print(f"no conversation caches in {store.folder}{missing}")
         return 0
     print(f"{'ID':<32} {'TOKENS':>8} {'KV':<5} {'SIZE':>10}  LAST USED")
     for e in entries:

@@ -251,13 +251,16 @@ class KVStore:
 
     def _reject(self, path: Path, st: os.stat_result | None, why: str) -> None:
         """Log why, delete the entry (the one that was examined, not a newer one)."""
+        done = "deleted"
         try:
             now = os.lstat(path)
             if st is None or (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
                 os.unlink(path)
-        except OSError:
+        except FileNotFoundError:
             pass
-        log.warning("kv cache %s: %s; deleted, running cold", path.name, why)
+        except OSError as exc:
+            done = f"could not delete it ({exc.strerror or exc})"
+        log.warning("kv cache %s: %s; %s, running cold", path.name, why, done)
 
     @staticmethod
     def _touch(path: Path) -> None:
@@ -271,6 +274,10 @@ class KVStore:
         tmp = self.folder / f".{path.stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         fd, renamed = None, False
         try:
+            if not self.folder.is_dir() and not self.folder.is_symlink():
+                # removed while the server ran (a cleanup, `rm -rf`): made again, not lost for good
+                self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                log.warning("kv cache folder %s was missing; created it again", self.folder)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o600)
             for chunk in chunks:
                 _write_all(fd, chunk)

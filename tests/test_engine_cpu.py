@@ -202,3 +202,31 @@ def test_tokenizer_metadata_errors_name_the_file(fixture_gguf, tmp_path):
     with pytest.raises(GGUFError) as info:
         Engine.load(bad, EngineConfig(backend="cpu"))
     assert str(bad) in str(info.value) and "99999" in str(info.value)
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("n_ctx", 0, "n_ctx must be an integer >= 1"),
+    ("n_ctx", -5, "n_ctx must be an integer >= 1"),
+    ("prefill_chunk", 0, "prefill_chunk must be an integer >= 1"),
+    ("kv_dtype", "q4", "kv_dtype must be"),
+    ("backend", "tpu", "backend must be"),
+    ("reserve_bytes", -1, "reserve_bytes must be"),
+    ("kv_cache_budget", 1.5, "kv_cache_budget must be"),
+    ("gemv_mode", "fast", "gemv_mode must be"),
+])
+def test_engine_config_refuses_what_the_cli_refuses(field, value, needle):
+    from genie_rt.engine.config import EngineConfig
+    with pytest.raises(ValueError, match=needle):
+        EngineConfig(**{field: value})
+
+
+def test_sampling_refuses_a_bias_too_large_for_a_float():
+    from genie_rt.engine.sampling import SamplingParams
+    with pytest.raises(ValueError, match="'logit_bias' value for token 5 is out of range"):
+        SamplingParams(logit_bias={5: 10 ** 400}).validate(100)
+    SamplingParams(logit_bias={5: float("-inf"), 6: -100}).validate(100)
+
+
+@pytest.mark.parametrize("k", ["-1", "100000"])
+def test_cli_top_k_out_of_range_is_off_as_in_the_server(k, capsys):
+    assert main(["run", "-p", "hi", "-n", "2", "--backend", "cpu", "--top-k", k, "--seed", "1"]) == 0

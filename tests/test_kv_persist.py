@@ -561,6 +561,36 @@ def test_disk_full_keeps_the_old_file(engine, saved, tmp_path, monkeypatch, capl
     engine.kv_tokens = []
 
 
+def test_folder_removed_while_running_is_made_again(engine, saved, tmp_path, caplog):
+    import shutil
+    folder = tmp_path / "cache"
+    store = KVStore(folder)
+    shutil.rmtree(folder)
+    engine.kv_tokens = list(saved["tokens"])
+    with caplog.at_level(logging.WARNING, logger="genie_rt.kvcache"):
+        assert store.save(engine, "c") is True
+    assert folder_files(folder) == ["c.kv"] and "created it again" in caplog.text
+    engine.kv_tokens = []
+    assert store.restore(engine, "c", saved["prompt"], 0) == len(saved["tokens"])
+    engine.kv_tokens = []
+
+
+def test_a_bad_file_that_cannot_be_deleted_is_not_said_to_be(engine, saved, tmp_path, monkeypatch, caplog):
+    folder = tmp_path / "cache"
+    store = KVStore(folder)
+    (folder / "c.kv").write_bytes(b"garbage" * 100)
+
+    def refuse(path, *a, **k):
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(persist.os, "unlink", refuse)
+    engine.kv_tokens = []
+    with caplog.at_level(logging.WARNING, logger="genie_rt.kvcache"):
+        assert store.restore(engine, "c", saved["prompt"], 0) == 0
+    assert "could not delete it (Operation not permitted)" in caplog.text and "; deleted" not in caplog.text
+    assert engine.kv_tokens == []
+
+
 # -- eviction ------------------------------------------------------------------------
 
 def test_lru_eviction_never_evicts_the_newest(engine, saved, tmp_path):
@@ -638,7 +668,9 @@ def test_cli_list_show_rm_clear(engine, saved, tmp_path, capsys):
         assert kv_cli(folder, action, "../x") == 1
         assert "invalid" in capsys.readouterr().err
         assert kv_cli(folder, action, None) == 1
+    capsys.readouterr()
     assert kv_cli(tmp_path / "missing", "list") == 0
+    assert "the folder does not exist yet" in capsys.readouterr().out     # a typo shows
     assert not (tmp_path / "missing").exists()
 
 
