@@ -430,3 +430,19 @@ def test_forced_tool_start_closes_an_open_think_block_and_needs_tool_call_blocks
     assert forced_tool_start(hermes, "x", 'l"ight') == '<tool_call>\n{"name": "l\\"ight", "arguments": '
     other = SimpleNamespace(source="{{ messages }} [TOOL_CALLS]")       # another call format
     assert forced_tool_start(other, "x", True) == ""
+
+
+def test_a_forced_call_after_an_open_think_block_parses_as_a_call_without_reasoning():
+    import json as _json
+
+    from genie_rt.server.openai_format import ChatOutput
+    out = ChatOutput(parse_reasoning=True, think_open=True, parse_tools=True)
+    out.text = "</think>\n\n<tool_call>\n"                            # forced_tool_start's text
+    deltas = []
+    for piece in ('{"name": "light_set", ', '"arguments": {"level": 3}}', "\n</tool_call>"):
+        deltas += out.feed(piece)
+    deltas += out.feed("", final=True)
+    msg, has_calls = out.message()
+    assert has_calls and "reasoning_content" not in msg and msg["content"] is None
+    assert _json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"level": 3}
+    assert not any("content" in d or "reasoning_content" in d for d in deltas)
