@@ -4,7 +4,8 @@
     app = create_app(lambda: Engine.load(path), settings)  # loads in the background
     serve(args, engine_config)                            # `genie-rt serve`: uvicorn, signals
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /completion (llama-server's own
+format; also /completions), GET /v1/models, GET /health,
 GET /props, GET /metrics, POST /tokenize, /detokenize, /apply-template (docs/server.md has
 every field). While the model loads, /health (and every other route) answers 503
 "Loading model"; the port is bound first so a supervisor can watch that.
@@ -45,7 +46,7 @@ from genie_rt.engine.generate import GenerationRequest
 
 from . import info
 from .errors import ApiError
-from .generation import chat_completions, completions
+from .generation import chat_completions, completion_native, completions
 from .state import ServerSettings, ServerState
 
 __all__ = ["GracefulServer", "ServerSettings", "ServerState", "create_app", "serve", "warm_up"]
@@ -108,6 +109,8 @@ def create_app(engine_or_loader, settings: ServerSettings | None = None) -> Star
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/completion", completion_native, methods=["POST"]),
+        Route("/completions", completion_native, methods=["POST"]),
         Route("/v1/models", info.models, methods=["GET"]),
         Route("/models", info.models, methods=["GET"]),
         Route("/props", info.props, methods=["GET"]),

@@ -25,7 +25,8 @@ from genie_rt.engine.generate import Delta, Done, GenerationRequest
 
 from . import schemas
 from .errors import ApiError, JSONResp, api_error, bad_request, endpoint, exceed_context
-from .openai_format import (SSE_DONE, ChatFormatter, ChatOutput, CompletionFormatter, prompt_opens_thinking,
+from .openai_format import (SSE_DONE, ChatFormatter, ChatOutput, CompletionFormatter, NativeCompletionFormatter,
+                            prompt_opens_thinking,
                             sse)
 from .state import FINGERPRINT, ServerState
 from .streaming import JobStream, SSEResponse, read_json
@@ -106,9 +107,10 @@ def _sse_error(exc: BaseException) -> bytes:
     return sse({"error": api_error(exc).error_object()})
 
 
-async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done):
+async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done, done_marker: bool = True):
     """SSE bytes for one job: the prelude chunks, `on_text(piece)` chunks per Delta, then
-    `on_done(result)` chunks and [DONE] - or an error chunk, or nothing once the client left."""
+    `on_done(result)` chunks and [DONE] (unless done_marker is False: llama-server's native
+    /completion sends none) - or an error chunk, or nothing once the client left."""
     try:
         for chunk in prelude:
             yield sse(chunk)
@@ -122,7 +124,8 @@ async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done):
                     return
                 for chunk in on_done(event.result):
                     yield sse(chunk)
-                yield SSE_DONE
+                if done_marker:
+                    yield SSE_DONE
                 return
             elif event is DISCONNECTED:
                 return
@@ -206,6 +209,17 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
 
 @endpoint
 async def completions(request: Request, st: ServerState) -> Response:
+    """POST /v1/completions: OpenAI text_completion objects."""
+    return await _completion(request, st, native=False)
+
+
+@endpoint
+async def completion_native(request: Request, st: ServerState) -> Response:
+    """POST /completion (and /completions): llama-server's own completion objects."""
+    return await _completion(request, st, native=True)
+
+
+async def _completion(request: Request, st: ServerState, native: bool) -> Response:
     engine = st.ready_engine()
     body = await read_json(request, st.settings.max_body_bytes)
     req = await run_in_threadpool(schemas.parse_completion, body, st.vocab_size, st.tokenize_text)
@@ -214,9 +228,17 @@ async def completions(request: Request, st: ServerState) -> Response:
     else:  # as llama-server: BOS if the model wants one, and special tokens (<|im_start|>) parsed
         prompt = await run_in_threadpool(tokenize_content, engine, req.prompt, True, True, st.vocab_size)
     _check_prompt(prompt, engine.n_ctx)
-    fmt = CompletionFormatter(st.model_name, FINGERPRINT)
     stream = _start_job(request, st, req.gen, prompt)
     event = await _first_event(stream)
+    if native:
+        nfmt = NativeCompletionFormatter(st.model_name, req.gen,
+                                         req.prompt if isinstance(req.prompt, str) else "")
+        if req.gen.stream:
+            return SSEResponse(_sse(stream, event, [], lambda text: [nfmt.text_chunk(text)] if text else [],
+                                    lambda result: [nfmt.response("", result)], done_marker=False))
+        text, result = await _collect(stream, event)
+        return JSONResp(nfmt.response(text, result))
+    fmt = CompletionFormatter(st.model_name, FINGERPRINT)
     if req.gen.stream:
         return SSEResponse(_sse(stream, event, [], lambda text: [fmt.text_chunk(text)] if text else [],
                                 lambda result: fmt.final_chunks(result, req.gen.include_usage)))

@@ -220,3 +220,40 @@ class CompletionFormatter:
 
     def response(self, text: str, result) -> dict:
         return self._obj(text, finish_reason(result, False), usage=usage(result), timings=timings(result))
+
+
+# --- llama-server's native /completion --------------------------------------------------------------
+def stop_type(result) -> str:
+    """llama-server's stop_type: "eos" (end of generation token), "word" (a stop string),
+    "limit" (n_predict or the end of the context)."""
+    if result.finish_reason == "length":
+        return "limit"
+    return "word" if result.stop_word else "eos"
+
+
+class NativeCompletionFormatter:
+    """The objects of llama-server's own POST /completion: streamed chunks carry only content,
+    tokens and stop (its README); the last one, and the non-streamed answer, carry the rest."""
+
+    def __init__(self, model: str, gen, prompt_text: str):
+        self.model, self.gen, self.prompt_text = model, gen, prompt_text
+
+    def text_chunk(self, piece: str) -> dict:
+        return {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0}
+
+    def generation_settings(self) -> dict:
+        p = self.gen.params
+        return {"n_predict": -1 if self.gen.max_tokens is None else self.gen.max_tokens,
+                "seed": 0xFFFFFFFF if p.seed is None else p.seed, "temperature": p.temperature,
+                "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+                "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repeat_penalty,
+                "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+                "stop": list(self.gen.stop), "ignore_eos": self.gen.ignore_eos, "stream": self.gen.stream}
+
+    def response(self, text: str, result) -> dict:
+        return {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": True,
+                "model": self.model, "tokens_predicted": result.n_generated,
+                "tokens_evaluated": result.n_prompt, "generation_settings": self.generation_settings(),
+                "prompt": self.prompt_text, "has_new_line": "\n" in (text or result.text),
+                "truncated": False, "stop_type": stop_type(result), "stopping_word": result.stop_word or "",
+                "tokens_cached": result.n_prompt + result.n_generated, "timings": timings(result)}

@@ -197,6 +197,17 @@ def test_completions_raw_prompt(server):
     assert by_ids["choices"][0]["text"] == text
 
 
+def test_native_completion_matches_v1_and_stops_on_a_word(server):
+    body = {"prompt": "The kitchen light", "n_predict": 12, "temperature": 0}
+    v1 = server.post("/v1/completions", json=body).json()["choices"][0]["text"]
+    native = server.post("/completion", json=body).json()
+    assert native["content"] == v1 and native["stop_type"] == "limit" and native["tokens_predicted"] == 12
+    word = v1[3:6]                           # a stop string the greedy text is known to contain
+    stopped = server.post("/completion", json={**body, "stop": [word]}).json()
+    assert stopped["stop_type"] == "word" and stopped["stopping_word"] == word
+    assert stopped["content"] == v1[:v1.index(word)]
+
+
 def test_completions_parse_special_tokens_and_mixed_prompts(server):
     text = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
     ids = server.post("/tokenize", json={"content": text}).json()["tokens"]

@@ -198,6 +198,34 @@ def test_final_assistant_message_is_continued(engine, client, content):
     assert r.status_code == 400 and "two assistant messages" in r.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("route", ["/completion", "/completions"])
+def test_native_completion_route_in_llama_servers_shape(engine, client, route):
+    engine.reply = lambda req: ["The kitchen", " lights", "\nare dimmed", "."]
+    body = {"prompt": "Q: kitchen?\nA:", "n_predict": 16, "stop": [" STOP"], "temperature": 0}
+    r = client.post(route, json=body)
+    assert r.status_code == 200, r.text
+    j = r.json()
+    assert j["content"] == "The kitchen lights\nare dimmed." and j["stop"] is True
+    assert j["stop_type"] == "eos" and j["stopping_word"] == "" and j["has_new_line"] is True
+    assert j["tokens_evaluated"] == len(engine.requests[-1].prompt) and j["tokens_predicted"] == 4
+    assert j["generation_settings"]["n_predict"] == 16 and j["generation_settings"]["stop"] == [" STOP"]
+    assert set(j["timings"]) >= {"prompt_n", "predicted_n", "predicted_per_second"}
+    assert j["prompt"] == body["prompt"] and j["truncated"] is False
+    # streamed: content pieces with stop false, a last object with stop true, no [DONE]
+    with client.stream("POST", route, json={**body, "stream": True}) as rs:
+        events = sse_events(rs)
+    assert "[DONE]" not in events
+    assert all(e["stop"] is False and set(e) == {"index", "content", "tokens", "stop", "id_slot"}
+               for e in events[:-1])
+    assert "".join(e["content"] for e in events) == j["content"]
+    assert events[-1]["stop"] is True and events[-1]["stop_type"] == "eos" and events[-1]["content"] == ""
+    # the token limit and the end of generation
+    engine.reply = lambda req: ["a", "b", "c"]
+    assert client.post(route, json={"prompt": "x", "n_predict": 2}).json()["stop_type"] == "limit"
+    r = client.post(route, json={"prompt": ""})
+    assert r.status_code == 400 and "'prompt' is empty" in r.json()["error"]["message"]
+
+
 def test_tool_round_trip_messages_render(engine, client):
     history = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [

@@ -446,3 +446,19 @@ def test_a_forced_call_after_an_open_think_block_parses_as_a_call_without_reason
     assert has_calls and "reasoning_content" not in msg and msg["content"] is None
     assert _json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"level": 3}
     assert not any("content" in d or "reasoning_content" in d for d in deltas)
+
+
+def test_native_completion_stop_type_and_stopping_word():
+    from genie_rt.engine.generate import GenerationResult
+    from genie_rt.server.openai_format import NativeCompletionFormatter, stop_type
+
+    def result(finish, word):
+        return GenerationResult(text="x", tokens=[1], finish_reason=finish, stop_word=word, n_prompt=5,
+                                n_cached=2, prompt_ms=1.0, n_generated=1, gen_ms=1.0)
+    assert stop_type(result("stop", None)) == "eos"
+    assert stop_type(result("stop", "\n\n")) == "word"
+    assert stop_type(result("length", None)) == "limit"
+    gen = schemas.parse_generation({"stop": ["\n\n"]}, VOCAB, lambda t: [])
+    j = NativeCompletionFormatter("m", gen, "hi").response("x", result("stop", "\n\n"))
+    assert (j["stop_type"], j["stopping_word"], j["tokens_cached"], j["tokens_evaluated"]) == ("word", "\n\n", 6, 5)
+    assert j["generation_settings"]["n_predict"] == -1 and j["timings"]["cache_n"] == 2
