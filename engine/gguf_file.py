@@ -244,7 +244,7 @@ def _parse(buf: mmap.mmap, path: Path) -> tuple[int, int, dict[str, Any], list[t
             metadata[key] = alignment
         else:
             metadata[key] = w.value(vtype, kq)
-    extents, entries, seen = [], [], set()
+    entries, seen = [], set()
     for i in range(n_tensors):
         name = w.string(f"tensor name #{i}")
         nq = _q(name)
@@ -258,10 +258,9 @@ def _parse(buf: mmap.mmap, path: Path) -> tuple[int, int, dict[str, Any], list[t
         qtype_raw = w.unpack("<I", 4, f"type of {nq}")
         offset = w.unpack("<Q", 8, f"offset of {nq}")
         qtype, nbytes = _tensor_nbytes(path, name, qtype_raw, ne)
-        extents.append((name, offset, nbytes))
         entries.append((name, qtype, ne, offset, nbytes))
     data_offset = -(-w.pos // alignment) * alignment
-    for name, offset, nbytes in extents:
+    for name, _, _, offset, nbytes in entries:
         if offset % alignment:
             raise GGUFError(f"{path}: tensor {_q(name)} offset {offset} is not aligned to {alignment}")
         if data_offset + offset + nbytes > w.end:
@@ -269,8 +268,8 @@ def _parse(buf: mmap.mmap, path: Path) -> tuple[int, int, dict[str, Any], list[t
                             f"but the file has {w.end}; the file is truncated - download it again")
     # Tensors never share bytes: a type or offset changed by corruption would otherwise
     # make a tensor read its neighbours' data and run on garbage.
-    ordered = sorted(extents, key=lambda e: e[1])
-    for (name, offset, nbytes), (nxt, nxt_offset, _) in zip(ordered, ordered[1:]):
+    ordered = sorted(entries, key=lambda e: e[3])
+    for (name, _, _, offset, nbytes), (nxt, _, _, nxt_offset, _) in zip(ordered, ordered[1:]):
         if offset + nbytes > nxt_offset:
             raise GGUFError(f"{path}: tensor {_q(name)} (data bytes {offset}..{offset + nbytes} after the "
                             f"header) overlaps tensor {_q(nxt)} (from {nxt_offset}): the tensor table "
