@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -162,7 +163,7 @@ def _content_text(content: Any, where: str) -> str:
                             f"got {type(content).__name__}")
 
 
-def _json_kind(v: Any) -> str:
+def json_kind(v: Any) -> str:
     """The JSON type of a value, for error messages (never Python's type names)."""
     if v is None:
         return "null"
@@ -179,21 +180,33 @@ def _json_kind(v: Any) -> str:
     return type(v).__name__
 
 
-json_kind = _json_kind      # server/schemas.py words its errors the same way
+MAX_SHOWN_CHARS = 64           # an offending value quoted in an error message is cut to about this
 
 
-def _short(v: Any, limit: int = 64) -> str:
-    """A scalar as JSON, cut to about `limit` characters; an object or array as its type."""
-    if isinstance(v, str):
-        shown = json.dumps(v[:limit], ensure_ascii=False)
-        return shown if len(v) <= limit else shown[:-1] + f'..." ({len(v)} characters)'
-    if v is None or isinstance(v, (bool, int, float)):
+def show_json(v: Any) -> str:
+    """An offending value for an error message (here and in server/schemas.py): null / true /
+    false, a number or a string as JSON cut to about MAX_SHOWN_CHARS characters (with '...'
+    and the full length), an object or an array by its type only."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
         try:
-            shown = json.dumps(v)
-        except ValueError:       # an integer too long to print
+            text = str(v)
+        except ValueError:               # longer than Python will print
             return "an integer with thousands of digits"
-        return shown if len(shown) <= limit else f"{shown[:24]}... (a number of {len(shown)} characters)"
-    return f"an {_json_kind(v)}" if _json_kind(v)[0] in "aeiou" else f"a {_json_kind(v)}"
+        if len(text) <= MAX_SHOWN_CHARS:
+            return text
+        return f"{text[:24]}... (an integer of {len(text.lstrip('-'))} digits)"
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("Infinity" if v > 0 else "-Infinity" if v < 0 else "NaN")
+    if isinstance(v, str):
+        if len(v) <= MAX_SHOWN_CHARS:
+            return json.dumps(v, ensure_ascii=False)
+        return json.dumps(v[:MAX_SHOWN_CHARS], ensure_ascii=False)[:-1] + f'..." ({len(v)} characters)'
+    k = json_kind(v)
+    return ("an " if k[0] in "aeiou" else "a ") + k
 
 
 def decode_tool_arguments(args: str, where: str) -> dict:
@@ -208,17 +221,17 @@ def decode_tool_arguments(args: str, where: str) -> dict:
     except (ValueError, RecursionError):      # integers too long to convert, nesting too deep
         raise ChatTemplateError(f"{where} is not valid JSON") from None
     if not isinstance(decoded, dict):
-        raise ChatTemplateError(f"{where} must encode a JSON object, got {_short(decoded)}")
+        raise ChatTemplateError(f"{where} must encode a JSON object, got {show_json(decoded)}")
     return decoded
 
 
 def _normalize_tool_call(call: Any, where: str, object_arguments: bool) -> dict:
     if not isinstance(call, Mapping):
-        raise ChatTemplateError(f"{where} must be an object, got {_json_kind(call)}")
+        raise ChatTemplateError(f"{where} must be an object, got {json_kind(call)}")
     fn = call.get("function")
     if not isinstance(fn, Mapping):
         raise ChatTemplateError(f"{where}.function must be an object with name and arguments, "
-                                f"got {_json_kind(fn)}")
+                                f"got {json_kind(fn)}")
     name = fn.get("name")
     if not isinstance(name, str) or not name:
         raise ChatTemplateError(f"{where}.function.name must be a non-empty string")
@@ -230,7 +243,7 @@ def _normalize_tool_call(call: Any, where: str, object_arguments: bool) -> dict:
         args = dict(args)
     else:
         raise ChatTemplateError(f"{where}.function.arguments must be a JSON string or an object, "
-                                f"got {_json_kind(args)}")
+                                f"got {json_kind(args)}")
     out = {k: v for k, v in call.items() if k != "function"}
     out.setdefault("type", "function")
     out["function"] = {**fn, "name": name, "arguments": args}
@@ -289,7 +302,7 @@ def normalize_messages(messages: Any, *, object_arguments: bool = False) -> list
     return out
 
 
-def _validate_tools(tools: Any) -> list[dict] | None:
+def validate_tools(tools: Any) -> list[dict] | None:
     """`tools` as the template gets it (unchanged), after checking each entry is an OpenAI
     function tool: {"type": "function", "function": {"name": non-empty string, "description":
     string, "parameters": object}} ("type" absent or null is read as "function"; description and
@@ -298,33 +311,30 @@ def _validate_tools(tools: Any) -> list[dict] | None:
     if tools is None:
         return None
     if not isinstance(tools, list):
-        raise ChatTemplateError(f"tools must be a list of tool definitions, got {_json_kind(tools)}")
+        raise ChatTemplateError(f"tools must be a list of tool definitions, got {json_kind(tools)}")
     for k, tool in enumerate(tools):
         where = f"tools[{k}]"
         if not isinstance(tool, Mapping):
-            raise ChatTemplateError(f"{where} must be an object, got {_json_kind(tool)}")
+            raise ChatTemplateError(f"{where} must be an object, got {json_kind(tool)}")
         kind = tool.get("type")
         if kind is not None and kind != "function":
-            raise ChatTemplateError(f"{where}.type is {_short(kind)}: unsupported tool type; "
+            raise ChatTemplateError(f"{where}.type is {show_json(kind)}: unsupported tool type; "
                                     'only "function" tools are supported')
         fn = tool.get("function")
         if not isinstance(fn, Mapping):
             raise ChatTemplateError(f"{where}.function must be an object with a string name "
-                                    f"(missing tool function), got {_json_kind(fn)}")
+                                    f"(missing tool function), got {json_kind(fn)}")
         name = fn.get("name")
         if not isinstance(name, str) or not name:
-            raise ChatTemplateError(f"{where}.function.name must be a non-empty string, got {_short(name)}")
+            raise ChatTemplateError(f"{where}.function.name must be a non-empty string, got {show_json(name)}")
         description = fn.get("description")
         if description is not None and not isinstance(description, str):
-            raise ChatTemplateError(f"{where}.function.description must be a string, got {_json_kind(description)}")
+            raise ChatTemplateError(f"{where}.function.description must be a string, got {json_kind(description)}")
         parameters = fn.get("parameters")
         if parameters is not None and not isinstance(parameters, Mapping):
             raise ChatTemplateError(f"{where}.function.parameters must be a JSON Schema object, "
-                                    f"got {_json_kind(parameters)}")
+                                    f"got {json_kind(parameters)}")
     return tools
-
-
-validate_tools = _validate_tools    # the server checks tools with it too (also with tool_choice "none")
 
 
 # --- the template ------------------------------------------------------------------------------
@@ -407,7 +417,7 @@ class ChatTemplate:
         starts with the BOS text, that leading copy is removed (as llama.cpp does), so the
         caller always encodes with add_special=True, parse_special=True."""
         msgs = normalize_messages(messages, object_arguments=self._requires_object_arguments)
-        text = self._render(msgs, _validate_tools(tools), add_generation_prompt, kwargs)
+        text = self._render(msgs, validate_tools(tools), add_generation_prompt, kwargs)
         if self._add_bos and self._bos_token and text.startswith(self._bos_token):
             text = text[len(self._bos_token):]
         return text

@@ -74,7 +74,7 @@ def _load(args):
 
 def cmd_run(args) -> int:
     from .generate import Delta, Done, GenerationRequest
-    from .sampling import SamplingParams
+    from .sampling import SamplingParams, requested_top_k
     if args.max_tokens < -1:
         raise ValueError(f"-n/--max-tokens must be >= 0, or -1 for no limit; got {args.max_tokens}")
     if args.conversation is not None and not args.kv_cache_dir:
@@ -86,9 +86,8 @@ def cmd_run(args) -> int:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
                    [{"role": "user", "content": args.prompt}]
         prompt = engine.chat_prompt(messages, enable_thinking=args.think)
-    vocab = engine.cfg.vocab_size
-    top_k = 0 if args.top_k <= 0 or args.top_k >= vocab else args.top_k    # off, as the server reads it
-    params = SamplingParams(temperature=args.temp, top_k=top_k, top_p=args.top_p, min_p=args.min_p,
+    params = SamplingParams(temperature=args.temp, top_k=requested_top_k(args.top_k, engine.cfg.vocab_size),
+                            top_p=args.top_p, min_p=args.min_p,
                             repeat_penalty=args.repeat_penalty, seed=args.seed)
     max_tokens = None if args.max_tokens == -1 else args.max_tokens   # None: until EOS or the context ends
     req = GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, stop=args.stop,

@@ -19,6 +19,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+def requested_top_k(k: int, vocab_size: int) -> int:
+    """top_k as a user asks for it (CLI, server; as llama.cpp reads it): <= 0 or >= the
+    vocabulary means off (0); SamplingParams itself takes only 0..vocab_size."""
+    return 0 if k <= 0 or k >= vocab_size else k
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 0.8

@@ -6,8 +6,9 @@ What it does
   the engine's `SamplingParams` plus the rest of a generation request. Every failure is an
   `ApiError(400, invalid_request_error)` whose message names the field - never an `assert`.
   Messages speak JSON (null, object, array, string, number, boolean) and show an offending
-  value through `_show`: a scalar as JSON, cut to about 64 characters, a container by its type
-  only, so an error never echoes a megabyte string or a 300-digit number back.
+  value through engine/chat.py's `show_json`: a scalar as JSON, cut to about 64 characters,
+  a container by its type only, so an error never echoes a megabyte string or a 300-digit
+  number back.
 - Accepts llama-server's spellings: max_tokens / max_completion_tokens / n_predict (n_predict
   wins, then max_completion_tokens), stop as a string or a list, logit_bias as an object
   ({"15043": -100} or {"text": bias}) or a list ([[15043, -100], ["text", false]]), seed -1
@@ -32,8 +33,9 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from genie_rt.engine.chat import ChatTemplateError, json_kind, validate_tool_call, validate_tools
-from genie_rt.engine.sampling import SamplingParams
+from genie_rt.engine.chat import MAX_SHOWN_CHARS, ChatTemplateError, json_kind, validate_tool_call, validate_tools
+from genie_rt.engine.chat import show_json as _show
+from genie_rt.engine.sampling import SamplingParams, requested_top_k
 
 from .errors import bad_request
 
@@ -43,7 +45,6 @@ MAX_STOP_CHARS = 512           # per stop string
 MAX_LOGIT_BIAS_ABS = 1e9       # |bias|; `false` means "ban" (-inf)
 MAX_LOGIT_BIAS = 4096          # entries (after text keys are tokenized); the sampler loops over them
 MAX_JSON_DEPTH = 64
-MAX_SHOWN_CHARS = 64           # an offending value quoted in an error message is cut to about this
 RANDOM_SEED = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: "pick one at random"
 REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
 _INT_KEY = re.compile(r"-?\d+")
@@ -151,31 +152,6 @@ def parse_json_body(raw: bytes) -> dict:
     if _depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise bad_request(f"invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
     return body
-
-
-def _show(v: Any) -> str:
-    """An offending value for an error message: null / true / false, a number or a string as
-    JSON cut to about MAX_SHOWN_CHARS characters (with '...' and the full length), an object or
-    an array by its type only."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        try:
-            text = str(v)
-        except ValueError:               # longer than Python will print
-            return "an integer with thousands of digits"
-        if len(text) <= MAX_SHOWN_CHARS:
-            return text
-        return f"{text[:24]}... (an integer of {len(text.lstrip('-'))} digits)"
-    if isinstance(v, float):
-        return repr(v) if math.isfinite(v) else ("Infinity" if v > 0 else "-Infinity" if v < 0 else "NaN")
-    if isinstance(v, str):
-        if len(v) <= MAX_SHOWN_CHARS:
-            return json.dumps(v, ensure_ascii=False)
-        return json.dumps(v[:MAX_SHOWN_CHARS], ensure_ascii=False)[:-1] + f'..." ({len(v)} characters)'
-    return _kind(v)
 
 
 def _kind(v: Any) -> str:
@@ -396,7 +372,7 @@ def parse_generation(body: dict, vocab_size: int, tokenize: Callable[[str], list
     repeat_penalty = get_float(body, "repeat_penalty", 1.0, 0.0, 100.0)
     params = SamplingParams(
         temperature=get_float(body, "temperature", 0.8, 0.0, 100.0),
-        top_k=0 if top_k <= 0 or top_k >= vocab_size else top_k,
+        top_k=requested_top_k(top_k, vocab_size),
         top_p=get_float(body, "top_p", 0.95, 0.0, 1.0),
         min_p=get_float(body, "min_p", 0.05, 0.0, 1.0),
         seed=None if seed < 0 or seed == RANDOM_SEED else seed,
