@@ -140,10 +140,11 @@ async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done, 
         stream.close()
 
 
-def render_chat(template, messages: list, tools, kwargs: dict) -> str:
-    """The prompt text of a chat request. As llama-server, a final assistant message is a
-    prefill: the conversation before it is rendered with the generation prompt and its text
-    appended as is, so the model continues it (no end-of-turn) and the reply is what follows."""
+def render_chat(template, messages: list, tools, kwargs: dict) -> tuple[str, bool]:
+    """The prompt text of a chat request, and whether it ends with a prefill. As llama-server,
+    a final assistant message is a prefill: the conversation before it is rendered with the
+    generation prompt and its text appended as is, so the model continues it (no end-of-turn)
+    and the reply is what follows."""
     if messages and messages[-1].get("role") == "assistant" and not messages[-1].get("tool_calls"):
         if len(messages) > 1 and messages[-2].get("role") == "assistant":
             raise bad_request("'messages' ends with two assistant messages; only the last one can "
@@ -151,14 +152,13 @@ def render_chat(template, messages: list, tools, kwargs: dict) -> str:
         content = messages[-1].get("content")
         prefill = content if isinstance(content, str) else "".join(
             p.get("text", "") for p in content or [] if isinstance(p, dict))
-        return template.render(messages[:-1], tools=tools, add_generation_prompt=True, **kwargs) + prefill
-    return template.render(messages, tools=tools, add_generation_prompt=True, **kwargs)
+        return template.render(messages[:-1], tools=tools, add_generation_prompt=True, **kwargs) + prefill, True
+    return template.render(messages, tools=tools, add_generation_prompt=True, **kwargs), False
 
 
 def _render_chat(engine, req: schemas.ChatRequest) -> tuple[str, str, list[int]]:
     """Prompt text (kept for think detection), the reply's forced start, and the ids of both."""
-    text = render_chat(engine.template, req.messages, req.tools, req.template_kwargs)
-    prefilled = req.messages and req.messages[-1].get("role") == "assistant"
+    text, prefilled = render_chat(engine.template, req.messages, req.tools, req.template_kwargs)
     forced = "" if prefilled else forced_tool_start(engine.template, text, req.forced_tool)
     return text, forced, engine.tokenizer.encode(text + forced, add_special=True, parse_special=True)
 

@@ -11,6 +11,7 @@ from starlette.responses import PlainTextResponse, Response
 from . import schemas
 from .errors import ApiError, JSONResp, endpoint
 from .generation import render_chat, tokenize_content
+from .openai_format import sampling_settings
 from .state import FINGERPRINT, ServerState
 from .streaming import read_json
 
@@ -73,12 +74,8 @@ async def models(request: Request, st: ServerState) -> Response:
 
 
 def _default_params() -> dict:
-    p = schemas.SamplingParams()
-    return {"seed": schemas.RANDOM_SEED, "temperature": p.temperature, "top_k": p.top_k, "top_p": p.top_p,
-            "min_p": p.min_p, "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repeat_penalty,
-            "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
-            "max_tokens": -1, "n_predict": -1, "ignore_eos": False, "stream": False, "n_probs": 0,
-            "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"]}
+    return {**sampling_settings(schemas.SamplingParams(), None, False, False), "max_tokens": -1,
+            "n_probs": 0, "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"]}
 
 
 @endpoint
@@ -163,5 +160,5 @@ async def apply_template(request: Request, st: ServerState) -> Response:
     messages = schemas.chat_messages(body)            # exactly what chat completions renders
     kwargs = schemas.template_kwargs(body)
     tools = schemas.parse_tools(body)
-    text = await run_in_threadpool(render_chat, engine.template, messages, tools, kwargs)
+    text, _ = await run_in_threadpool(render_chat, engine.template, messages, tools, kwargs)
     return JSONResp({"prompt": text})

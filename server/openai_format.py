@@ -30,6 +30,7 @@ import time
 from genie_rt.engine.chat import THINK_START, parse_tool_calls, split_reasoning
 
 from .errors import json_bytes
+from .schemas import RANDOM_SEED
 
 _ALPHABET = string.ascii_letters + string.digits
 SSE_DONE = b"data: [DONE]\n\n"
@@ -223,6 +224,17 @@ class CompletionFormatter:
 
 
 # --- llama-server's native /completion --------------------------------------------------------------
+def sampling_settings(p, max_tokens: int | None, ignore_eos: bool, stream: bool) -> dict:
+    """llama-server's names for a request's sampling settings (its generation_settings, and
+    /props' defaults); seed 0xFFFFFFFF (RANDOM_SEED) means a random one."""
+    return {"seed": RANDOM_SEED if p.seed is None else p.seed, "temperature": p.temperature,
+            "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+            "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repeat_penalty,
+            "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
+            "n_predict": -1 if max_tokens is None else max_tokens, "ignore_eos": ignore_eos,
+            "stream": stream}
+
+
 def stop_type(result) -> str:
     """llama-server's stop_type: "eos" (end of generation token), "word" (a stop string),
     "limit" (n_predict or the end of the context)."""
@@ -242,13 +254,8 @@ class NativeCompletionFormatter:
         return {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0}
 
     def generation_settings(self) -> dict:
-        p = self.gen.params
-        return {"n_predict": -1 if self.gen.max_tokens is None else self.gen.max_tokens,
-                "seed": 0xFFFFFFFF if p.seed is None else p.seed, "temperature": p.temperature,
-                "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
-                "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repeat_penalty,
-                "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
-                "stop": list(self.gen.stop), "ignore_eos": self.gen.ignore_eos, "stream": self.gen.stream}
+        g = self.gen
+        return {**sampling_settings(g.params, g.max_tokens, g.ignore_eos, g.stream), "stop": list(g.stop)}
 
     def response(self, text: str, result) -> dict:
         return {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": True,
