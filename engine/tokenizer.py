@@ -149,9 +149,10 @@ def _clean_surrogates(text: str) -> str:
 
 # Texts at least this long are encoded through encode_batch, which releases the GIL while
 # the Rust tokenizer runs (`encode` keeps it): a server thread tokenizing a megabyte prompt
-# then no longer stops the event loop for a second per megabyte (measured 2026-12-01 with
-# tokenizers 0.23 on the 2-core CI machine: a 4.3 MB text took 4.0 s either way and stalled
-# a thread ticking every 5 ms for 3.8 s through encode, 0.3 s through encode_batch).
+# then no longer stops the event loop for a second per megabyte (`python
+# tools/bench_tokenize_gil.py`, tokenizers 0.23 on the 2-core CI machine, 2026-12-02: a
+# 4.3 MB text, the same ids both ways, stalled a thread ticking every 5 ms for 4.2 s through
+# encode, 0.21 s through encode_batch).
 _GIL_FREE_CHARS = 16384
 
 

@@ -15,17 +15,19 @@ from pathlib import Path
 import numpy as np
 
 CHILD = """
-import resource, sys, time
+import hashlib, resource, sys, time
 path, which = sys.argv[1], sys.argv[2]
 t = time.perf_counter()
 if which == "genie_rt":
     from genie_rt.engine.gguf_file import open_gguf
-    n = len(open_gguf(path).metadata["tokenizer.ggml.tokens"])
+    meta = open_gguf(path).metadata
 else:
     import gguf
-    n = len(gguf.GGUFReader(path).fields["tokenizer.ggml.tokens"].contents())
+    meta = {k: f.contents() for k, f in gguf.GGUFReader(path).fields.items() if not k.startswith("GGUF.")}
 dt = time.perf_counter() - t
-print(f"{which:<18} {dt:7.2f} s  peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:6.0f} MB  ({n} tokens)")
+digest = hashlib.sha256(repr(sorted((k, meta[k]) for k in meta)).encode()).hexdigest()[:16]
+print(f"{which:<18} {dt:7.2f} s  peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:6.0f} MB  "
+      f"({len(meta['tokenizer.ggml.tokens'])} tokens, metadata digest {digest})")
 """
 
 
@@ -52,8 +54,16 @@ def main(argv=None) -> int:
         path = args.keep or Path(tmp) / "vocab.gguf"
         write(path, args.tokens, args.merges)
         print(f"{path}: {path.stat().st_size / 1e6:.1f} MB, {args.tokens} tokens, {args.merges} merges")
+        digests = set()
         for which in ("genie_rt", "gguf.GGUFReader"):
-            subprocess.run([sys.executable, "-c", CHILD, str(path), which], check=True)
+            out = subprocess.run([sys.executable, "-c", CHILD, str(path), which], check=True,
+                                 capture_output=True, text=True).stdout
+            print(out, end="")
+            digests.add(out.rsplit("digest ", 1)[1].rstrip(")\n"))
+        if len(digests) != 1:
+            print("FAILED: the two readers give different metadata", file=sys.stderr)
+            return 1
+        print("same metadata from both readers")
     return 0
 
 
