@@ -620,16 +620,39 @@ else:
         _counted_syncthreads._genie_counted = True
         _sim_kernel.BlockThread.syncthreads = _counted_syncthreads
 
+    # Threads of a block that have finished, recorded by a wrapper around BlockThread.run.
+    # The simulator starts a block's threads one by one, so under a loaded GIL a lane can be
+    # missing from threading.enumerate() because it has not started yet: only a lane that
+    # has run to its end can never arrive.
+    if not getattr(_sim_kernel.BlockThread.run, "_genie_counted", False):
+        _sim_run = _sim_kernel.BlockThread.run
+
+        def _recorded_run(self):
+            try:
+                _sim_run(self)
+            finally:
+                with _create_lock:
+                    done = getattr(self._manager, "_genie_exited", None)
+                    if done is None:
+                        done = self._manager._genie_exited = set()
+                    done.add(self.thread_id)
+
+        _recorded_run._genie_counted = True
+        _sim_kernel.BlockThread.run = _recorded_run
+
     def _stall_check(th, rnd, waited_s):
         """Raise if a lane that this collective waits for can never arrive."""
         missing = rnd.mask & ~rnd.arrived
         warp_base = th.thread_id & ~31
         alive = {t.thread_id: t for t in threading.enumerate()
                  if getattr(t, "_manager", None) is th._manager}
+        exited = getattr(th._manager, "_genie_exited", ())
         for lane in range(32):
             if not (missing >> lane) & 1:
                 continue
             t = alive.get(warp_base + lane)
+            if t is None and warp_base + lane not in exited:
+                continue                 # not started yet: the simulator is still creating threads
             if t is None:
                 raise RuntimeError(
                     f"{rnd.name}: lane {lane} of warp {th.thread_id >> 5} (mask {rnd.mask:#010x}) "

@@ -12,6 +12,7 @@ subprocess without the simulator.
 """
 
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -679,6 +680,31 @@ def test_sim_stall_check_tells_a_lane_being_released_from_a_deadlock(late_lane_p
         rnd.arrived = 0b01
         if deadlock:
             with pytest.raises(RuntimeError, match="lane 1 .* waits in syncthreads"):
+                mod._stall_check(waiter, rnd, 6.0)
+        else:
+            mod._stall_check(waiter, rnd, 6.0)
+    finally:
+        stop.set()
+
+
+@sim_only
+@pytest.mark.parametrize("exited", [False, True])
+def test_sim_stall_check_tells_a_lane_not_started_yet_from_one_that_exited(exited):
+    # Full run on a loaded 2-core machine, 2026-12-02: lane 23 of a 128-thread rope_write
+    # block was "exited without reaching" a shuffle - it had not been started yet (the
+    # simulator starts a block's threads one by one). Only a lane that ran to its end is
+    # reported; a lane with no live thread that never finished is still to come.
+    import genie_rt.quant.ptx as mod
+    stop, manager = threading.Event(), SimpleNamespace()
+    waiter = _FakeLane(manager, 0, False, 0, stop)
+    waiter.start()
+    if exited:
+        manager._genie_exited = {1}
+    try:
+        rnd = mod._Round("shfl_xor_sync", 0b11)
+        rnd.arrived = 0b01
+        if exited:
+            with pytest.raises(RuntimeError, match="lane 1 .* exited"):
                 mod._stall_check(waiter, rnd, 6.0)
         else:
             mod._stall_check(waiter, rnd, 6.0)
