@@ -1,19 +1,30 @@
-"""The numpy back-end: the reference forward (engine/qwen3.py) with a host KV pool.
+"""The CPU back-end: an architecture's forward (engine/models/) run by CPU ops, a host KV pool.
 
-Weights are dequantized to float32 once at load, so this back-end is for small models
-(the README demo, tests, machines without a GPU). Its memory budget counts the
-dequantized weights, not the file size.
+The ops are `ReferenceOps` (engine/models/reference.py): numpy on weights dequantized to
+float32 once at load. This back-end is exact and simple, and the reference the CUDA
+back-end is checked against; its memory budget counts the dequantized weights.
+
+Per chunk of prompt tokens (or one decode token) at positions start..start+n-1:
+
+    body(ops, weights, attn, s)        embed s.ids into s.x, run every layer
+    head(ops, weights, s.x[-1:])       logits of the last row (every row with all_logits)
 """
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 
 from genie_rt.kvcache.pool import HostKVPool, KVShape
+from genie_rt.quant.formats import dequantize
 
 from .config import ModelConfig
 from .gguf_file import GGUFFile
 from .memory import MemoryBudget, mem_available_bytes
-from .qwen3 import Qwen3Weights, check_tensors, forward
+from .models import architecture
+from .models.ops import attn_layers, scratch_widths
+from .models.reference import ReferenceOps
+from .models.weights import bind_weights, check_tensors
 from .sampling import Sampler
 
 DEFAULT_RESERVE = 512 << 20
@@ -23,10 +34,11 @@ INTERPRETER_OVERHEAD = 256 << 20
 def cpu_budget(g: GGUFFile, cfg: ModelConfig, kv_dtype: str, prefill_chunk: int,
                reserve: int | None) -> MemoryBudget:
     tensors = check_tensors(g, cfg)
+    # the tied output projection is the embedding table itself: counted once
     n_weights = sum(int(np.prod(t.shape)) for t in tensors.values())
     kv = KVShape(cfg.n_layers, 1, cfg.n_head_kv, cfg.head_dim, kv_dtype)
-    # per prefill chunk: residual, norms, q/k/v, attention out, ffn gate/up, logits row
-    act = prefill_chunk * (4 * cfg.n_embd + cfg.q_dim + 2 * cfg.kv_dim + 3 * cfg.n_ff) * 4
+    widths = scratch_widths(cfg)
+    act = prefill_chunk * (sum(widths.values()) + 2 * cfg.n_ff) * 4   # + gate/up temporaries
     available = mem_available_bytes()
     return MemoryBudget(
         weights=n_weights * 4,
@@ -41,6 +53,33 @@ def cpu_budget(g: GGUFFile, cfg: ModelConfig, kv_dtype: str, prefill_chunk: int,
     )
 
 
+def reference_weights(g: GGUFFile, cfg: ModelConfig, dtype=np.float32):
+    """Every tensor dequantized to `dtype` (the tied output is the embedding array itself)."""
+    def bind(t):
+        return dequantize(t.data, t.qtype, t.shape).astype(dtype, copy=False)
+    return bind_weights(g, cfg, bind)
+
+
+def forward(w, cfg: ModelConfig, tokens, start: int, kv, all_logits=False,
+            dtype=np.float32) -> np.ndarray:
+    """The reference forward of any architecture: `tokens` at positions start.., K/V into `kv`.
+
+    Returns logits [vocab] of the last token, [n, vocab] with all_logits=True, or the rows
+    of the chunk indices given as all_logits (an index array: tests of long prompts)."""
+    spec = architecture(cfg.arch)
+    tokens = np.asarray(tokens, np.int32)
+    n = len(tokens)
+    s = SimpleNamespace(ids=tokens, **{name: np.zeros((n, width), dtype)
+                                       for name, width in scratch_widths(cfg).items()})
+    ops = ReferenceOps(cfg, kv, start, n, dtype)
+    spec.body(ops, w, attn_layers(cfg, w.layers, w.rope_freqs), s, cfg)
+    pick = isinstance(all_logits, np.ndarray)
+    rows = s.x[all_logits] if pick else s.x if all_logits else s.x[-1:]
+    logits = np.empty((len(rows), cfg.vocab_size), dtype)
+    spec.head(ops, w, rows, logits, cfg)
+    return logits if pick or all_logits else logits[0]
+
+
 class CPUBackend:
     name = "cpu"
 
@@ -49,7 +88,8 @@ class CPUBackend:
         self.cfg = cfg
         self.n_ctx = n_ctx
         self.prefill_chunk = prefill_chunk
-        self.weights = Qwen3Weights.load(g, cfg, dtype)
+        self.dtype = dtype
+        self.weights = reference_weights(g, cfg, dtype)
         self.kv = HostKVPool(KVShape(cfg.n_layers, n_ctx, cfg.n_head_kv, cfg.head_dim, kv_dtype))
 
     def device_info(self) -> dict:
@@ -67,11 +107,11 @@ class CPUBackend:
             if cancel is not None and cancel.is_set():
                 return None
             chunk = tokens[i:i + self.prefill_chunk]
-            outs.append(forward(self.weights, self.cfg, chunk, start + i, self.kv, all_logits))
+            outs.append(forward(self.weights, self.cfg, chunk, start + i, self.kv, all_logits, self.dtype))
         return np.concatenate(outs) if all_logits else outs[-1]
 
     def decode(self, token: int, pos: int) -> np.ndarray:
-        return forward(self.weights, self.cfg, np.array([token], np.int32), pos, self.kv)
+        return forward(self.weights, self.cfg, np.array([token], np.int32), pos, self.kv, dtype=self.dtype)
 
     # The generation loop calls these; the CUDA back-end samples on the device instead.
     def prefill_sample(self, tokens, start: int, sampler: Sampler, history: list[int], cancel=None) -> int | None:

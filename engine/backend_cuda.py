@@ -1,285 +1,52 @@
-"""The CUDA back-end: Qwen3 on Numba kernels, one arena, CUDA graphs for every step.
+"""The CUDA back-end's runtime: one arena, the device state, CUDA graphs for every step.
 
-Load (all before the first token):
-  1. `CudaLayout` lays out every buffer - weights in the planar device layout
-     (quant/layout.py; Q/K/V and gate/up stacked where their types agree, so one GEMM
-     serves them), norms, RoPE tables, the KV pool, prefill and decode scratch, the
-     sampler - and `cuda_budget` checks its size against free memory.
-  2. One `Arena` is allocated; weights are packed tensor by tensor from the memory-mapped
-     file into it (on an integrated GPU the file's pages are dropped as they are copied,
-     so the weights exist once in the shared memory).
-  3. Every kernel is compiled and the decode step and the prefill buckets are captured
-     into CUDA graphs (a first, uncaptured run compiles; the capture records).
+What lives where:
+    engine/cuda_layout.py    every buffer laid out before anything is allocated; the budget
+    engine/cuda_weights.py   weights packed into the arena and bound to the typed weights
+    engine/cuda_ops.py       the op vocabulary as kernel launches (decode and prefill)
+    engine/models/<arch>.py  the forward (`body`, `head`), the same code on every back-end
+    engine/device_state.py   the slots of `state` that graphs read per step
+    this file                load, warm-up and capture, and the back-end interface
 
-Decode step (one token, `_record_decode`), per layer - 9 launches, one graph:
-    q8(rmsnorm(x) * attn_norm)                      engine/norm.py (one fused launch)
-    qkv = [Wq h | Wk h | Wv h]                      one GEMV launch, mixed types allowed
-    q, cache <- qk_norm + rope(qkv) at state[0]     kvcache/rope_write.py
-    a = attention(q, cache[0 .. state[0]])          kvcache/attention.py (flash-decoding)
-    x += Wo q8(a)                                   GEMV with fused residual
-    q8(rmsnorm(x) * ffn_norm)                       one fused launch
-    f = silu(Wg h) * (Wu h)                         one GEMV launch
-    x += Wdown q8(f)
-then the head: rmsnorm, the output GEMV into the logits, sampling on the GPU (the token
-goes to state[1] for the next replay and to a host-mapped slot for streaming), and
-state[0] += 1. Between replays the host only reads the token: replays run one step
-ahead of the host, so the GPU never waits for Python.
+Load (all before the first token): the layout is planned and budgeted; one Arena is
+allocated; the weights are uploaded; every kernel is compiled and each sequence below is
+captured into a CUDA graph (a first, uncaptured run compiles; the capture records):
 
-Prefill (`_record_prefill`): layer-major over a chunk of N tokens (N rounded up to a
-bucket so graphs are reused; padded rows are computed and ignored): the MMQ GEMM with
-fused RMSNorm in its input conversion, tensor-core causal attention over the cache
-(positions < start come from earlier chunks or prefix reuse), logits for the last real
-token only (`gather_row` picks it by an index in device memory).
+    ("decode", mode)         body(DecodeOps) on one row, head, sampling (greedy / full /
+                             none), S_POS += 1 - one graph per token
+    ("prefill", n, splits)   body(PrefillOps) on a chunk of n rows (a bucket: padded rows
+                             are computed and ignored), then x_last <- x[S_LAST]
+    ("head", mode)           the head on x_last and the sampling of the first token
 
-State (int32, device): [0] position (decode) / chunk start (prefill), [1] current
-token, [2] draws this request, [3] tokens in the penalty ring (engine/gpu_sampling.py),
-[4] last real row of the prefill chunk.
+Between decode replays the host only reads the sampled token from a host-mapped ring;
+replays run one step ahead of the host, so the GPU never waits for Python.
 """
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 
-from genie_rt.kvcache.pool import KVShape
-from genie_rt.quant.formats import QType
-from genie_rt.quant.layout import PLANES, PackedWeight, pack
-
-from .arena import Arena, ArenaLayout
+from . import cuda_layout
+from .arena import Arena
 from .config import EngineConfig, ModelConfig
-from .gguf_file import GGUFError, GGUFFile
+from .cuda_layout import BUCKETS, MAX_BIAS, cuda_budget, is_integrated, plan_layout, rope_keys  # noqa: F401
+from .device_state import N_SLOTS, S_LAST, S_POS, S_TOKEN
+from .gguf_file import GGUFFile
 from .h2d import pinned_like, upload
-from .memory import MemoryBudget, MemoryPlan, mem_available_bytes
-from .qwen3 import check_tensors
+from .memory import MemoryPlan
+from .models import architecture
+from .models.ops import AttnLayer, attn_layers, scratch_widths
 
 log = logging.getLogger("genie_rt.cuda")
 
-MiB = 1 << 20
-# Prefill graph sizes: a prompt runs as the smallest bucket that holds it (padded rows are
-# computed and ignored). Up to 64 each size compiles its own GEMM tile (8 tokens per mma
-# column), so the buckets are dense where home commands live (18-48 tokens after the
-# chat template). Qwen3-4B on the H200 (tools/profile_prefill.py, 2026-11-29): 40 tokens
-# 6.33 ms, 64 tokens 8.52 ms, so a 33-token prompt gains 26 % from the 40 bucket. Each
-# bucket costs compile and capture time at load (~25 s on the H200 for a new tile width),
-# which is why 24 (pp18: +3.5 %) is not one.
-BUCKETS = (16, 32, 40, 48, 64, 128, 256, 512)
 OUT_SLOTS = 64                    # host-mapped ring of sampled tokens
-S_POS, S_TOKEN, S_DRAWS, S_HIST, S_LAST = 0, 1, 2, 3, 4
-OVERHEAD_DISCRETE = 384 * MiB     # modules, graphs, numba and driver allocations
-OVERHEAD_INTEGRATED = 512 * MiB   # the same plus the interpreter's share of the one pool
-RESERVE_DISCRETE = 512 * MiB
-RESERVE_INTEGRATED = 1536 * MiB   # OS, speech-to-text, text-to-speech, Home Assistant
-MAX_BIAS = 256
-MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-# =====================================================================================
-# Layout: every buffer, before anything is allocated
-# =====================================================================================
-@dataclass
-class WeightGroup:
-    """Matrices stacked by rows into one set of planes (same type, same columns)."""
-    name: str                      # arena prefix, e.g. "blk.3.qkv"
-    members: list[tuple[str, int]]  # (GGUF tensor name, rows)
-    qtype: QType
-    cols: int
-
-    @property
-    def rows(self) -> int:
-        return sum(r for _, r in self.members)
-
-
-def _stack(prefix: str, names: list[str], tensors) -> list[WeightGroup]:
-    """Consecutive tensors of equal type become one group."""
-    groups: list[WeightGroup] = []
-    for name in names:
-        t = tensors[name]
-        if groups and groups[-1].qtype == t.qtype and groups[-1].cols == t.shape[1]:
-            groups[-1].members.append((name, t.shape[0]))
-        else:
-            groups.append(WeightGroup(f"{prefix}{len(groups)}", [(name, t.shape[0])], t.qtype, t.shape[1]))
-    return groups
-
-
-@dataclass
-class CudaLayout:
-    layout: ArenaLayout
-    groups: dict[str, list[WeightGroup]]  # per layer key "i.qkv", "i.o", "i.gu", "i.down", and "embd", "out"
-    norms: list[str]
-    kv_shape: KVShape
-    weight_bytes: int
-    stream_bytes_per_token: int            # what one decode step reads from weights
-    chunk: int
-    decode_plan: object
-    prefill_plan: object
-    mmq_workspace: int
-    mixed_qkv: bool
-    split_gu: bool
-
-
-def _plane_entries(layout: ArenaLayout, g: WeightGroup) -> None:
-    from genie_rt.quant.formats import BLOCK_SIZES
-    nb = g.cols // BLOCK_SIZES[g.qtype][0]
-    for plane, _, size, dt in PLANES[g.qtype]:
-        width = nb * size // np.dtype(dt).itemsize
-        layout.add(f"{g.name}.{plane}", (g.rows, width), np.dtype(dt))
-
-
-def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -> CudaLayout:
-    from genie_rt.engine import gpu_sampling
-    from genie_rt.kvcache.attention import plan_decode
-    from genie_rt.kvcache.attention_prefill import plan_prefill
-    from genie_rt.kvcache.device_pool import DeviceKVPool
-    from genie_rt.quant import gemv, mmq
-
-    tensors = check_tensors(g, cfg)
-    for name, t in tensors.items():
-        if t.shape[-1:] and len(t.shape) == 2 and t.qtype not in PLANES:
-            raise GGUFError(f"{g.path}: tensor '{name}' is {t.qtype.name}; the CUDA back-end reads "
-                            f"{', '.join(sorted(q.name for q in PLANES))} (use --backend cpu, or re-quantize)")
-    for i in range(cfg.n_layers):
-        for m in MATRICES:
-            t = tensors[f"blk.{i}.{m}.weight"]
-            if t.qtype not in gemv.SUPPORTED or t.qtype not in mmq.SUPPORTED:
-                raise GGUFError(f"{g.path}: tensor 'blk.{i}.{m}.weight' is {t.qtype.name}; the CUDA "
-                                f"kernels handle {', '.join(q.name for q in mmq.SUPPORTED)} "
-                                "(Q4_K_M / Q6_K / Q8_0 files); use --backend cpu")
-    L = ArenaLayout()
-    groups: dict[str, list[WeightGroup]] = {}
-    mixed_qkv = split_gu = False
-    for i in range(cfg.n_layers):
-        b = f"blk.{i}."
-        groups[f"{i}.qkv"] = _stack(f"{b}qkv", [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"], tensors)
-        groups[f"{i}.o"] = _stack(f"{b}o", [b + "attn_output.weight"], tensors)
-        groups[f"{i}.gu"] = _stack(f"{b}gu", [b + "ffn_gate.weight", b + "ffn_up.weight"], tensors)
-        groups[f"{i}.down"] = _stack(f"{b}down", [b + "ffn_down.weight"], tensors)
-        mixed_qkv |= len(groups[f"{i}.qkv"]) > 1
-        split_gu |= len(groups[f"{i}.gu"]) > 1
-    groups["embd"] = _stack("embd", ["token_embd.weight"], tensors)
-    if not cfg.tied_embeddings:
-        groups["out"] = _stack("out", ["output.weight"], tensors)
-    for gs in groups.values():
-        for grp in gs:
-            _plane_entries(L, grp)
-    norms = [n for n in tensors if tensors[n].qtype in (QType.F32, QType.F16) and len(tensors[n].shape) == 1]
-    for n in norms:
-        L.add(n, tensors[n].shape, np.float32)
-    weight_bytes = L.nbytes
-
-    out_t = tensors["output.weight" if not cfg.tied_embeddings else "token_embd.weight"]
-    stream = sum(tensors[f"blk.{i}.{m}.weight"].nbytes for i in range(cfg.n_layers) for m in MATRICES)
-    stream += out_t.nbytes + tensors["token_embd.weight"].nbytes // cfg.vocab_size
-
-    # -- KV pool and RoPE tables -------------------------------------------------------
-    kv_shape = KVShape(cfg.n_layers, n_ctx, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype)
-    L.add("kv_pool", (DeviceKVPool.nbytes(kv_shape),), np.uint8)
-    L.add("rope.cos", (n_ctx, cfg.head_dim // 2), np.float32)
-    L.add("rope.sin", (n_ctx, cfg.head_dim // 2), np.float32)
-
-    # -- scratch ---------------------------------------------------------------------
-    N, E, Q, KV, F = ecfg.prefill_chunk, cfg.n_embd, cfg.q_dim, cfg.kv_dim, cfg.n_ff
-    widest = max(E, Q, F)
-    L.add("state", (8,), np.int32)
-    L.add("ids", (N,), np.int32)
-    L.add("x", (N, E), np.float32)            # residual stream
-    L.add("h", (1, E), np.float32)            # decode: normed input of a GEMV
-    L.add("x_last", (1, E), np.float32)
-    L.add("x16", (N, widest), np.float16)     # MMQ input
-    L.add("xscale", (N,), np.float32)
-    L.add("qkv", (N, Q + 2 * KV), np.float32)
-    if mixed_qkv:
-        L.add("qkv_a", (N, Q + 2 * KV), np.float32)
-        L.add("qkv_b", (N, Q + 2 * KV), np.float32)
-    L.add("q", (N, cfg.n_head, cfg.head_dim), np.float32)
-    L.add("attn", (N, Q), np.float32)
-    L.add("ff", (N, F), np.float32)
-    if split_gu:
-        L.add("ff_up", (N, F), np.float32)
-        L.add("ff_gate", (N, F), np.float32)
-    for name, cols in (("E", E), ("Q", Q), ("F", F)):
-        L.add(f"xq.{name}", (1, cols), np.int8)
-        L.add(f"xs.{name}", (1, cols // gemv.Q8_BLOCK * gemv.Q8_FLOATS), np.float32)
-    L.add("logits", (1, cfg.vocab_size), np.float32)
-    dplan = plan_decode(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, n_ctx)
-    L.add("ws.decode", (dplan.workspace_bytes,), np.uint8)
-    pplan = plan_prefill(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, N)
-    L.add("ws.prefill", (max(pplan.workspace_bytes, 16),), np.uint8)
-    mmq_ws = 0
-    for gs in groups.values():
-        for grp in gs:
-            shell = PackedWeight(grp.qtype, grp.rows, grp.cols, {})
-            if grp.qtype not in mmq.SUPPORTED:
-                continue
-            for n in BUCKETS:
-                if n <= N:
-                    for mode in ("store", "add", "swiglu"):
-                        if mode == "swiglu" and grp.rows % 2:
-                            continue
-                        mmq_ws = max(mmq_ws, mmq.workspace_bytes(shell, n, mode))
-    L.add("ws.mmq", (max(mmq_ws, 16),), np.uint8)
-    gpu_sampling.workspace_layout(L, cfg.vocab_size, prefix="sampler.", ring_capacity=max(n_ctx, 64),
-                                  max_bias=MAX_BIAS)
-    return CudaLayout(L, groups, norms, kv_shape, weight_bytes, stream, N, dplan, pplan, mmq_ws,
-                      mixed_qkv, split_gu)
-
-
-def _device():
-    from numba import cuda
-    return cuda.get_current_device()
-
-
-def _is_integrated(dev) -> bool:
-    """True on a GPU that shares the host's memory (Jetson); the simulator's device has no
-    such attribute and counts as discrete."""
-    return bool(getattr(dev, "INTEGRATED", 0))
-
-
-def _drop_file_pages(fd: int, offset: int, nbytes: int, path) -> bool:
-    """posix_fadvise(DONTNEED) over one tensor's bytes of the mapped file, so that on an
-    integrated GPU the weights live once in the shared memory (arena), not twice (arena +
-    page cache). Only advice: a file system that refuses it costs memory, not correctness,
-    so a failure is logged and the caller stops asking (returns False)."""
-    try:
-        os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
-        return True
-    except OSError as exc:
-        log.warning("%s: cannot drop the file's pages after copying them (posix_fadvise: %s); "
-                    "the page cache keeps a second copy of the weights until the kernel evicts it",
-                    path, exc)
-        return False
-
-
-def cuda_budget(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig) -> MemoryBudget:
-    """Weights and scratch from the real layout; KV (+ RoPE table, sampler ring) per token."""
-    from numba import cuda
-    dev = _device()
-    integrated = _is_integrated(dev)
-    small = plan_layout(g, cfg, ecfg, 256)
-    big = plan_layout(g, cfg, ecfg, 512)
-    per_token = (big.layout.nbytes - small.layout.nbytes) // 256
-    fixed = small.layout.nbytes - 256 * per_token
-    if integrated:
-        avail = mem_available_bytes() or 0
-        where = "shared memory (MemAvailable; integrated GPU)"
-        overhead, reserve = OVERHEAD_INTEGRATED, RESERVE_INTEGRATED
-    else:
-        free, _total = cuda.current_context().get_memory_info()
-        avail, where = int(free), f"GPU memory ({dev.name.decode() if isinstance(dev.name, bytes) else dev.name}, free)"
-        overhead, reserve = OVERHEAD_DISCRETE, RESERVE_DISCRETE
-    if ecfg.reserve_bytes is not None:
-        reserve = ecfg.reserve_bytes
-    return MemoryBudget(weights=small.weight_bytes, kv_bytes_per_token=per_token,
-                        scratch=fixed - small.weight_bytes, overhead=overhead, reserve=reserve,
-                        available=avail, where=where, n_ctx_train=cfg.n_ctx_train, kv_dtype=ecfg.kv_dtype)
-
-
-# =====================================================================================
-# The back-end
-# =====================================================================================
 @dataclass
 class _Request:
     sampler: object = None
@@ -298,24 +65,27 @@ class CUDABackend:
         from genie_rt.kvcache.attention import DecodeWorkspace
         from genie_rt.kvcache.attention_prefill import PrefillWorkspace
         from genie_rt.kvcache.device_pool import DeviceKVPool
-        from genie_rt.kvcache.rope_write import rope_table
-        from genie_rt.quant import ptx
+        from genie_rt.quant import embed, ptx
+
+        from . import cuda_weights
 
         t0 = time.perf_counter()
         self.cfg, self.ecfg, self.n_ctx = cfg, ecfg, plan.n_ctx
+        self.spec = architecture(cfg.arch)
         self.simulator = ptx.SIMULATOR
         self.use_graphs = (not self.simulator) if use_graphs is None else use_graphs
         self.lay = lay = plan_layout(g, cfg, ecfg, plan.n_ctx)
         self.stream = cuda.stream()
         self.arena = A = Arena(lay.layout)
-        self.integrated = _is_integrated(_device())
-        self._upload_weights(g)
-        cos, sin = rope_table(plan.n_ctx, cfg.head_dim, cfg.rope_base)
-        A["rope.cos"].copy_to_device(cos, stream=self.stream)
-        A["rope.sin"].copy_to_device(sin, stream=self.stream)
+        self.integrated = is_integrated(cuda_layout.device())
+        cuda_weights.upload(A, lay, g, self.stream, self.integrated)
+        self.weights, self.stacks = cuda_weights.bind(A, lay, g, cfg, ecfg.gemv_mode)
+        self.attn = attn_layers(cfg, self.weights.layers, self.weights.rope_freqs)
+        self._upload_rope_tables()
         self.kv = DeviceKVPool(lay.kv_shape, A["kv_pool"], stream=self.stream)
+        self.kv_layers = [self.kv.layer(i) for i in range(cfg.n_layers)]
         self.state = A["state"]
-        self.state.copy_to_device(np.zeros(8, np.int32), stream=self.stream)
+        self.state.copy_to_device(np.zeros(N_SLOTS, np.int32), stream=self.stream)
         self.dws = DecodeWorkspace(lay.decode_plan, A["ws.decode"], stream=self.stream)
         self.pws = PrefillWorkspace(lay.prefill_plan, A["ws.prefill"] if lay.prefill_plan.workspace_bytes else None)
         A["ws.mmq"].copy_to_device(np.zeros(A["ws.mmq"].shape, np.uint8), stream=self.stream)
@@ -323,10 +93,15 @@ class CUDABackend:
                                                      ring_capacity=max(plan.n_ctx, 64), max_bias=MAX_BIAS,
                                                      stream=self.stream)
         self.out = cuda.mapped_array(OUT_SLOTS, np.int32) if not self.simulator else cuda.device_array(OUT_SLOTS, np.int32)
+        self.embd_planes = embed.device_planes(self.weights.tok_embd.packed)
+        modes = [m.gemv.mode for m in self._matrices()]
+        self.q8_inputs = any(m == "dp4a" for m in modes)      # some GEMV reads 8-bit activations
+        self.float_inputs = any(m != "dp4a" for m in modes)   # some GEMV reads float activations
         self._host_state = pinned_like(self.state)
         self._host_ids = pinned_like(A["ids"])
         self._slot_views = {k: (self.state[k:k + 1], self._host_state[k:k + 1]) for k in (S_POS, S_TOKEN, S_LAST)}
-        self._build_views()
+        self._decode_scratch = self._scratch(1, self.state[S_TOKEN:S_TOKEN + 1])
+        self._prefill_scratch = {}
         self._req = _Request()
         self._graphs: dict = {}
         self.stream.synchronize()
@@ -335,195 +110,77 @@ class CUDABackend:
         if warm and not self.simulator:
             self.warm_up()
 
-    # -- weights ---------------------------------------------------------------------
-    def _upload_weights(self, g: GGUFFile) -> None:
-        """Pack each tensor from the mapped file into its arena rows; on an integrated GPU
-        drop the file's pages behind us so the weights live once in the shared memory."""
-        A, s = self.arena, self.stream
-        fd = os.open(g.path, os.O_RDONLY) if self.integrated and hasattr(os, "posix_fadvise") else None
-        try:
-            for gs in self.lay.groups.values():
-                for grp in gs:
-                    r0 = 0
-                    for name, rows in grp.members:
-                        t = g.tensors[name]
-                        host = pack(t.data, t.qtype, t.shape)
-                        for plane, arr in host.planes.items():
-                            A[f"{grp.name}.{plane}"][r0:r0 + rows].copy_to_device(arr, stream=s)
-                        s.synchronize()          # host planes are temporaries
-                        r0 += rows
-                        if fd is not None and not _drop_file_pages(fd, t.offset, t.nbytes, g.path):
-                            os.close(fd)
-                            fd = None
-            from genie_rt.quant.formats import dequantize
-            for n in self.lay.norms:
-                t = g.tensors[n]
-                A[n].copy_to_device(dequantize(t.data, t.qtype, t.shape).astype(np.float32), stream=s)
-        finally:
-            if fd is not None:
-                os.close(fd)
+    # -- load helpers --------------------------------------------------------------------
+    def _matrices(self):
+        w = self.weights
+        seen = {}
+        for m in [w.tok_embd, w.output] + [getattr(L, f) for L in w.layers for f in vars(L)]:
+            if hasattr(m, "gemv"):
+                seen[m.name] = m
+        return list(seen.values())
 
-    def _packed(self, grp: WeightGroup, r0: int = 0, rows: int | None = None) -> PackedWeight:
-        rows = grp.rows if rows is None else rows
-        planes = {p: self.arena[f"{grp.name}.{p}"][r0:r0 + rows] for p, *_ in PLANES[grp.qtype]}
-        return PackedWeight(grp.qtype, rows, grp.cols, planes)
-
-    def _matrix(self, key: str, tensor: str) -> PackedWeight:
-        """The PackedWeight of one GGUF matrix (a row range of its group's planes)."""
-        for grp in self.lay.groups[key]:
-            r0 = 0
-            for name, rows in grp.members:
-                if name == tensor:
-                    return self._packed(grp, r0, rows)
-                r0 += rows
-        raise KeyError(tensor)
-
-    def _gemv_weight(self, w: PackedWeight):
-        """The decode GEMV view of a matrix, in the configured mode where the format has it."""
-        from genie_rt.quant import gemv
-        modes = gemv.K.MODES[QType(w.qtype)]
-        return gemv.prepare_weight(w, self.ecfg.gemv_mode if self.ecfg.gemv_mode in modes else None)
-
-    def _build_views(self) -> None:
-        from genie_rt.quant import embed
+    def _upload_rope_tables(self) -> None:
+        from genie_rt.kvcache.rope_write import rope_table
         cfg, A = self.cfg, self.arena
-        self.layers = []
-        for i in range(cfg.n_layers):
-            b = f"blk.{i}."
-            m = {k: self._matrix(key, b + k + ".weight") for key, ks in
-                 ((f"{i}.qkv", ("attn_q", "attn_k", "attn_v")), (f"{i}.o", ("attn_output",)),
-                  (f"{i}.gu", ("ffn_gate", "ffn_up")), (f"{i}.down", ("ffn_down",))) for k in ks}
-            gw = self._gemv_weight
-            self.layers.append(dict(
-                g_q=gw(m["attn_q"]), g_k=gw(m["attn_k"]), g_v=gw(m["attn_v"]), g_o=gw(m["attn_output"]),
-                g_gate=gw(m["ffn_gate"]), g_up=gw(m["ffn_up"]), g_down=gw(m["ffn_down"]),
-                m_qkv=[self._packed(grp) for grp in self.lay.groups[f"{i}.qkv"]],
-                m_o=self._packed(self.lay.groups[f"{i}.o"][0]),
-                m_gu=[self._packed(grp) for grp in self.lay.groups[f"{i}.gu"]],
-                m_down=self._packed(self.lay.groups[f"{i}.down"][0]),
-                attn_norm=A[b + "attn_norm.weight"], ffn_norm=A[b + "ffn_norm.weight"],
-                q_norm=A[b + "attn_q_norm.weight"], k_norm=A[b + "attn_k_norm.weight"],
-                kv=self.kv.layer(i)))
-        self.embd = self._packed(self.lay.groups["embd"][0])
-        self.embd_planes = embed.device_planes(self.embd)
-        out_grp = self.lay.groups["out" if "out" in self.lay.groups else "embd"][0]
-        self.g_out = self._gemv_weight(self._packed(out_grp))
-        self.output_norm = A["output_norm.weight"]
+        self._rope = {}
+        for k, (base, scale, factors) in enumerate(rope_keys(cfg)):
+            extra = {}
+            if scale != 1.0:
+                extra["scale"] = scale
+            if factors:
+                extra["factors"] = self.weights.rope_freqs
+            cos, sin = rope_table(self.n_ctx, cfg.head_dim, base, **extra)
+            A[f"rope.{k}.cos"].copy_to_device(cos, stream=self.stream)
+            A[f"rope.{k}.sin"].copy_to_device(sin, stream=self.stream)
+            self._rope[(base, scale, bool(factors))] = (A[f"rope.{k}.cos"], A[f"rope.{k}.sin"])
+
+    def rope_table(self, a: AttnLayer):
+        """(cos, sin) device tables [n_ctx, head_dim/2] of a layer's RoPE."""
+        return self._rope[(a.rope_base, a.rope_scale, a.rope_factors is not None)]
+
+    def _scratch(self, rows: int, ids) -> SimpleNamespace:
+        """The forward's buffers (engine/models/ops.py scratch_widths) as views of `rows` rows,
+        made once: the ops recognise a buffer by its view object."""
+        A = self.arena
+        return SimpleNamespace(ids=ids, **{name: A[name][:rows] for name in scratch_widths(self.cfg)})
 
     # -- the recorded sequences ----------------------------------------------------------
-    def _q8(self, x, key, *weights, norm_of=None):
-        """q8 activations of x for the GEMVs of `weights` (no launch if none reads them).
-
-        norm_of=(src, w): x is rmsnorm(src) * w, computed here too. When a weight reads
-        q8, one rmsnorm_q8 launch writes xq, xs - and x only if a weight reads float x
-        (an "f32"-mode weight); otherwise a plain rmsnorm writes x. Same values either
-        way (rmsnorm_q8 is bit-identical to rmsnorm + quantize_q8)."""
-        from genie_rt.engine import norm
-        from genie_rt.quant import gemv
-        if not gemv.needs_q8(*weights):
-            if norm_of is not None:
-                norm.rmsnorm(norm_of[0], norm_of[1], x, self.cfg.rms_eps, stream=self.stream)
-            return None, None
-        xq, xs = self.arena[f"xq.{key}"], self.arena[f"xs.{key}"]
-        if norm_of is None:
-            gemv.quantize_q8(x, xq, xs, stream=self.stream)
-        else:
-            reads_float = any(w.mode != "dp4a" for w in weights)
-            norm.rmsnorm_q8(norm_of[0], norm_of[1], xq, xs, self.cfg.rms_eps, stream=self.stream,
-                            out=x if reads_float else None)
-        return xq, xs
-
-    def _record_decode_layers(self) -> None:
-        from genie_rt.kvcache.attention import decode_attention
-        from genie_rt.kvcache.rope_write import rope_write
-        from genie_rt.quant import embed, gemv
-        cfg, A, s = self.cfg, self.arena, self.stream
-        x, h = A["x"][:1], A["h"]
-        qkv, q, attn, ff = A["qkv"][:1], A["q"][:1], A["attn"][:1], A["ff"][:1]
-        embed.embed(self.embd, self.state[S_TOKEN:S_TOKEN + 1], x, stream=s, planes=self.embd_planes)
-        for Lw in self.layers:
-            # h = rmsnorm(x) * attn_norm and its q8: one launch (see _q8)
-            xq, xs = self._q8(h, "E", Lw["g_q"], Lw["g_k"], Lw["g_v"], norm_of=(x, Lw["attn_norm"]))
-            gemv.gemv_qkv(Lw["g_q"], Lw["g_k"], Lw["g_v"], h, qkv, xq=xq, xs=xs, stream=s)
-            rope_write(qkv, Lw["q_norm"], Lw["k_norm"], cfg.rms_eps, A["rope.cos"], A["rope.sin"],
-                       self.state, q, Lw["kv"], stream=s)
-            decode_attention(q, Lw["kv"], self.state, attn, self.dws, stream=s)
-            xq, xs = self._q8(attn, "Q", Lw["g_o"])
-            gemv.gemv(Lw["g_o"], attn, x, xq=xq, xs=xs, residual=x, stream=s)
-            xq, xs = self._q8(h, "E", Lw["g_gate"], Lw["g_up"], norm_of=(x, Lw["ffn_norm"]))
-            gemv.gemv_swiglu(Lw["g_gate"], Lw["g_up"], h, ff, xq=xq, xs=xs, stream=s)
-            xq, xs = self._q8(ff, "F", Lw["g_down"])
-            gemv.gemv(Lw["g_down"], ff, x, xq=xq, xs=xs, residual=x, stream=s)
+    def _decode_ops(self):
+        from .cuda_ops import DecodeOps
+        ops = DecodeOps(self)
+        ops.bind_scratch(self._decode_scratch)
+        return ops
 
     def _record_head(self, x_last, sample: str | None) -> None:
         """Final norm, output projection, and (optionally) sampling of one row."""
         from genie_rt.engine import gpu_sampling
-        from genie_rt.quant import gemv
-        A, s = self.arena, self.stream
-        h = A["h"]
-        xq, xs = self._q8(h, "E", self.g_out, norm_of=(x_last, self.output_norm))
-        gemv.gemv(self.g_out, h, A["logits"], xq=xq, xs=xs, stream=s)
-        logits = A["logits"].reshape(self.cfg.vocab_size)
+        ops = self._decode_ops()
+        self.spec.head(ops, self.weights, x_last, self.arena["logits"], self.cfg)
+        logits = self.arena["logits"].reshape(self.cfg.vocab_size)
         if sample == "greedy":
-            gpu_sampling.sample_greedy(self.sws, logits, self.state, self.out, stream=s)
+            gpu_sampling.sample_greedy(self.sws, logits, self.state, self.out, stream=self.stream)
         elif sample == "full":
-            gpu_sampling.sample(self.sws, logits, self.state, self.out, stream=s)
+            gpu_sampling.sample(self.sws, logits, self.state, self.out, stream=self.stream)
 
     def _record_decode(self, sample: str | None) -> None:
         from genie_rt.engine import gpu_sampling
-        self._record_decode_layers()
-        self._record_head(self.arena["x"][:1], sample)
+        s = self._decode_scratch
+        self.spec.body(self._decode_ops(), self.weights, self.attn, s, self.cfg)
+        self._record_head(s.x, sample)
         if sample is not None:
             gpu_sampling.advance_state(self.state, stream=self.stream)
 
     def _record_prefill(self, n: int, n_splits: int) -> None:
-        """Layer-major prefill of n rows (ids[:n]) at start = state[0]; x_last <- x[state[4]]."""
-        from genie_rt.engine import norm
-        from genie_rt.kvcache.attention_prefill import prefill_attention
-        from genie_rt.kvcache.rope_write import rope_write
-        from genie_rt.quant import embed, mmq
-        from .copy_kernels import copy_cols, gather_row
-        cfg, A, s = self.cfg, self.arena, self.stream
-        x, xscale = A["x"][:n], A["xscale"][:n]
-        qkv, q, attn, ff = A["qkv"][:n], A["q"][:n], A["attn"][:n], A["ff"][:n]
-        ws = A["ws.mmq"]
-        E, Q, F = cfg.n_embd, cfg.q_dim, cfg.n_ff
-
-        def x16(cols):
-            return A["x16"][:n, :cols] if cols == A["x16"].shape[1] else \
-                A["x16"].reshape(-1)[:n * cols].reshape(n, cols)
-
-        embed.embed(self.embd, A["ids"][:n], x, stream=s, planes=self.embd_planes)
-        for Lw in self.layers:
-            xe = x16(E)
-            mmq.prepare_x(x, xe, xscale, stream=s, norm_weight=Lw["attn_norm"], eps=cfg.rms_eps)
-            if len(Lw["m_qkv"]) == 1:
-                mmq.mmq(Lw["m_qkv"][0], xe, xscale, qkv, "store", workspace=ws, stream=s)
-            else:
-                col = 0
-                for j, w in enumerate(Lw["m_qkv"]):
-                    tmp = A["qkv_a" if j % 2 == 0 else "qkv_b"].reshape(-1)[:n * w.rows].reshape(n, w.rows)
-                    mmq.mmq(w, xe, xscale, tmp, "store", workspace=ws, stream=s)
-                    copy_cols(tmp, qkv, col, stream=s)
-                    col += w.rows
-            rope_write(qkv, Lw["q_norm"], Lw["k_norm"], cfg.rms_eps, A["rope.cos"], A["rope.sin"],
-                       self.state, q, Lw["kv"], stream=s)
-            prefill_attention(q, Lw["kv"], self.state, attn, self.pws, n_splits=n_splits, stream=s)
-            xa = x16(Q)
-            mmq.prepare_x(attn, xa, xscale, stream=s)
-            mmq.mmq(Lw["m_o"], xa, xscale, x, "add", workspace=ws, stream=s)
-            mmq.prepare_x(x, xe, xscale, stream=s, norm_weight=Lw["ffn_norm"], eps=cfg.rms_eps)
-            if len(Lw["m_gu"]) == 1:
-                mmq.mmq(Lw["m_gu"][0], xe, xscale, ff, "swiglu", workspace=ws, stream=s)
-            else:
-                gate, up = A["ff_gate"][:n], A["ff_up"][:n]
-                mmq.mmq(Lw["m_gu"][0], xe, xscale, gate, "store", workspace=ws, stream=s)
-                mmq.mmq(Lw["m_gu"][1], xe, xscale, up, "store", workspace=ws, stream=s)
-                norm.swiglu(gate, up, ff, stream=s)
-            xf = x16(F)
-            mmq.prepare_x(ff, xf, xscale, stream=s)
-            mmq.mmq(Lw["m_down"], xf, xscale, x, "add", workspace=ws, stream=s)
-        gather_row(x, self.state, S_LAST, A["x_last"], stream=s)
+        """Layer-major prefill of n rows (ids[:n]) at start = state[S_POS]; x_last <- x[state[S_LAST]]."""
+        from .copy_kernels import gather_row
+        from .cuda_ops import PrefillOps
+        s = self._prefill_scratch.get(n)
+        if s is None:
+            s = self._prefill_scratch[n] = self._scratch(n, self.arena["ids"][:n])
+        ops = PrefillOps(self, n, n_splits)
+        ops.bind_scratch(s)
+        self.spec.body(ops, self.weights, self.attn, s, self.cfg)
+        gather_row(s.x, self.state, S_LAST, self.arena["x_last"], stream=self.stream)
 
     # -- graphs ------------------------------------------------------------------------
     def _run(self, key, record) -> None:
@@ -587,7 +244,7 @@ class CUDABackend:
         self._req.draws += 1
         return tok
 
-    # -- the back-end interface (engine/engine.py) ---------------------------------------
+    # -- the back-end interface (engine/backend.py) --------------------------------------
     def _enter(self) -> None:
         """Make the CUDA context current on the calling thread before any driver call: the
         server loads the model on one thread and generates on another."""
@@ -598,7 +255,7 @@ class CUDABackend:
     def device_info(self) -> dict:
         if self.simulator:
             return {"backend": "cuda", "device": "simulator"}
-        dev = _device()
+        dev = cuda_layout.device()
         name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
         return {"backend": "cuda", "device": name, "compute_capability": "%d.%d" % dev.compute_capability,
                 "integrated": self.integrated, "arena_bytes": self.lay.layout.nbytes,

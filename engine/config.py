@@ -13,11 +13,50 @@ from typing import Literal
 
 from .gguf_file import GGUFError, GGUFFile, short_repr as _short
 
-SUPPORTED_ARCHITECTURES = ("qwen3",)
+
+class MetaReader:
+    """Typed, range-checked access to `{arch}.*` metadata of one file (GGUFError naming the key)."""
+
+    def __init__(self, g: GGUFFile, arch: str):
+        self.g, self.arch = g, arch
+
+    def num(self, key: str, kind=int, default=None, positive: bool = True):
+        full = f"{self.arch}.{key}"
+        value = self.g.get(full, default)
+        if value is None:
+            raise GGUFError(f"{self.g.path}: metadata key '{full}' is missing")
+        # GGUF stores numbers typed: an integer field must hold an integer type, a float
+        # field an integer or float one (a float head count or a string is corruption
+        # or a broken converter, not something to round)
+        if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+            raise GGUFError(f"{self.g.path}: metadata '{full}' = {_short(value)} is not "
+                            f"{'a number' if kind is float else 'an integer'}; the file's "
+                            "metadata is corrupt or was written by a broken converter")
+        value = kind(value)
+        if (value <= 0 if positive else value < 0) or (kind is int and value > 1 << 24) \
+                or value != value or value == float("inf"):
+            raise GGUFError(f"{self.g.path}: metadata '{full}' = {value!r} is out of range")
+        return value
+
+    def opt(self, key: str, kind=float, positive: bool = True):
+        """The value, or None when the key is absent."""
+        return self.num(key, kind, positive=positive) if f"{self.arch}.{key}" in self.g.metadata else None
+
+    def text(self, key: str) -> str | None:
+        full = f"{self.arch}.{key}"
+        value = self.g.get(full)
+        if value is not None and not isinstance(value, str):
+            raise GGUFError(f"{self.g.path}: metadata '{full}' = {_short(value)} is not a string")
+        return value
 
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """Everything the forward needs to know about a model, from its GGUF metadata alone.
+
+    The fields are the union over the supported architectures (engine/models/): each
+    architecture's `hparams()` sets the ones that differ from the Llama defaults."""
+
     arch: str                 # general.architecture, e.g. "qwen3"
     name: str                 # general.name (informational)
     n_layers: int             # {arch}.block_count
@@ -26,7 +65,7 @@ class ModelConfig:
     n_head: int               # query heads
     n_head_kv: int            # key/value heads (GQA)
     head_dim: int             # {arch}.attention.key_length (Qwen3: 128, not n_embd / n_head)
-    rope_base: float          # {arch}.rope.freq_base
+    rope_base: float          # {arch}.rope.freq_base (global layers)
     rms_eps: float            # {arch}.attention.layer_norm_rms_epsilon
     n_ctx_train: int          # {arch}.context_length
     vocab_size: int           # rows of token_embd
@@ -35,6 +74,18 @@ class ModelConfig:
     eos_id: int | None
     chat_template: str | None = field(repr=False)
     file_type: int | None     # general.file_type (15 = MOSTLY_Q4_K_M)
+    # -- what differs between architectures (defaults: Llama) --------------------------
+    rope_style: str = "norm"              # "norm": pairs (2i, 2i+1); "neox": pairs (i, i+d/2)
+    rope_scale: float = 1.0               # llama.cpp freq_scale of global layers (1 / linear factor)
+    qk_norm: bool = False                 # per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3)
+    ffn_act: str = "silu"                 # gate activation: "silu" (SwiGLU) or "gelu" (GeGLU, tanh)
+    embd_scale: float | None = None       # embeddings multiplied by this (Gemma: sqrt(n_embd))
+    attn_scale: float | None = None       # q k^T scale; None: 1 / sqrt(head_dim)
+    logit_softcap: float | None = None    # logits = c * tanh(logits / c) when set
+    post_norms: bool = False              # RMSNorm of the attention and FFN outputs (Gemma)
+    layer_windows: tuple = ()             # per layer: sliding-window size, or None (global)
+    rope_base_local: float = 10000.0      # RoPE base of sliding-window layers
+    rope_freqs: bool = False              # a rope_freqs tensor divides the frequencies (Llama 3.1+)
 
     @property
     def q_dim(self) -> int:
@@ -49,29 +100,21 @@ class ModelConfig:
         """Query heads per KV head."""
         return self.n_head // self.n_head_kv
 
+    @property
+    def rope_dim(self) -> int:
+        return self.head_dim
+
+    def window(self, layer: int) -> int | None:
+        """The layer's sliding window (None: it attends to the whole context)."""
+        return self.layer_windows[layer] if self.layer_windows else None
+
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> "ModelConfig":
+        from .models import architecture
         arch = g.require("general.architecture")
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise GGUFError(f"{g.path}: architecture '{arch}' is not supported "
-                            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-
-        def num(key: str, kind=int, default=None):
-            full = f"{arch}.{key}"
-            value = g.get(full, default)
-            if value is None:
-                raise GGUFError(f"{g.path}: metadata key '{full}' is missing")
-            # GGUF stores numbers typed: an integer field must hold an integer type, a float
-            # field an integer or float one (a float head count or a string is corruption
-            # or a broken converter, not something to round)
-            if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
-                raise GGUFError(f"{g.path}: metadata '{full}' = {_short(value)} is not "
-                                f"{'a number' if kind is float else 'an integer'}; the file's "
-                                "metadata is corrupt or was written by a broken converter")
-            value = kind(value)
-            if value <= 0 or (kind is int and value > 1 << 24) or value != value or value == float("inf"):
-                raise GGUFError(f"{g.path}: metadata '{full}' = {value!r} is out of range")
-            return value
+        spec = architecture(arch, g.path)
+        r = MetaReader(g, arch)
+        num = r.num
 
         n_embd = num("embedding_length")
         n_head = num("attention.head_count")
@@ -84,6 +127,10 @@ class ModelConfig:
             raise GGUFError(f"{g.path}: head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
         if head_dim % 2:
             raise GGUFError(f"{g.path}: head dimension {head_dim} must be even for RoPE")
+        n_rot = num("rope.dimension_count", default=head_dim)
+        if n_rot != head_dim:
+            raise GGUFError(f"{g.path}: rope.dimension_count {n_rot} != head dimension {head_dim}: "
+                            "partial RoPE is not supported")
         emb = g.tensors.get("token_embd.weight")
         if emb is None:
             raise GGUFError(f"{g.path}: tensor 'token_embd.weight' is missing")
@@ -112,7 +159,7 @@ class ModelConfig:
             raise GGUFError(f"{g.path}: block_count says {n_layers} layers but the tensor table has "
                             f"tensors for {len(present)} layers ({have}); the metadata or the tensor "
                             "table is wrong - convert the model again")
-        return cls(
+        base = dict(
             arch=arch,
             name=name if isinstance(name, str) else g.path.stem,
             n_layers=n_layers,
@@ -130,7 +177,25 @@ class ModelConfig:
             eos_id=special["eos"],
             chat_template=template if isinstance(template, str) else None,
             file_type=ftype if isinstance(ftype, int) and not isinstance(ftype, bool) else None,
+            rope_scale=_rope_scale(r),
         )
+        base.update(spec.hparams(r, base))
+        return cls(**base)
+
+
+def _rope_scale(r: MetaReader) -> float:
+    """llama.cpp's freq_scale from `rope.scaling.*`: 1 / factor for linear scaling, 1 without.
+    Scalings that change the formula itself (YaRN, LongRoPE) are refused, not approximated."""
+    kind = r.text("rope.scaling.type")
+    factor = r.opt("rope.scaling.factor")
+    if kind in (None, "none") or (kind == "linear" and factor in (None, 1.0)):
+        if kind is None and factor not in (None, 1.0):     # old files: a factor without a type
+            return 1.0 / factor
+        return 1.0
+    if kind == "linear":
+        return 1.0 / factor
+    raise GGUFError(f"{r.g.path}: RoPE scaling type '{kind}' ({r.arch}.rope.scaling.type) is not "
+                    "supported (only linear scaling and rope_freqs factors are)")
 
 
 _LAYER_TENSOR = re.compile(r"blk\.(0|[1-9][0-9]{0,7})\.", re.ASCII)   # "blk.<layer>." (ASCII digits)

@@ -39,12 +39,12 @@ Each multi-block kernel ends with "the last block to finish" (a threadfence, an 
 ticket): no grid-wide barrier, safe in the simulator and in any grid size.
 `advance_state` (state[0] += 1) is a separate tiny kernel so the caller orders it.
 
-Device state (int32, owned by the caller; the slots this module uses):
-    state[0]  position of the current token      (advance_state adds 1)
-    state[1]  current token id                   (written by the sampler)
-    state[2]  sample counter: draws so far in this request; the RNG step, and the output
-              slot is out[state[2] % len(out)]   (set to 0 by set_request)
-    state[3]  tokens pushed into the recent-token ring so far (prompt + generated); the
+Device state (int32, owned by the caller; the slots are defined in engine/device_state.py):
+    S_POS     position of the current token      (advance_state adds 1)
+    S_TOKEN   current token id                   (written by the sampler)
+    S_DRAWS   sample counter: draws so far in this request; the RNG step, and the output
+              slot is out[state[S_DRAWS] % len(out)]   (set to 0 by set_request)
+    S_HIST    tokens pushed into the recent-token ring so far (prompt + generated); the
               sampler pushes each sampled token (set to len(history) by set_request)
 Parameters (set per request by `set_request`, never per token):
     params_f float32[8]: temperature, top_p, min_p, repeat_penalty, presence_penalty,
@@ -71,6 +71,8 @@ from numba import cuda, float32, int32, int64, uint32, uint64
 from genie_rt.quant import ptx   # simulator: installs warp shuffles on the fake cuda module
 
 from .arena import Arena, ArenaLayout
+from .device_state import S_DRAWS as S_COUNTER
+from .device_state import S_HIST, S_POS, S_TOKEN
 from .h2d import pinned_like, upload
 
 SIMULATOR = ptx.SIMULATOR
@@ -80,8 +82,7 @@ FULL = 0xFFFFFFFF
 P_TEMP, P_TOPP, P_MINP, P_REPEAT, P_PRESENCE, P_FREQUENCY = 0, 1, 2, 3, 4, 5
 # params_i slots
 P_TOPK, P_LASTN, P_NBIAS, P_SEED_LO, P_SEED_HI = 0, 1, 2, 3, 4
-# state slots
-S_POS, S_TOKEN, S_COUNTER, S_HIST = 0, 1, 2, 3
+# state slots: S_POS, S_TOKEN, S_COUNTER (= S_DRAWS), S_HIST from engine/device_state.py
 # ws_i (workspace int32) slots
 W_TICKET_ARGMAX, W_TICKET_HIST, W_TICKET_SELECT = 0, 1, 2
 W_DONE = 3        # 1: the token of this step is already emitted (greedy / non-finite max)

@@ -93,13 +93,13 @@ class HostKVPool:
             self.k[layer, start:start + n] = k
             self.v[layer, start:start + n] = v
 
-    def read(self, layer: int, end: int, dtype=np.float32) -> tuple[np.ndarray, np.ndarray]:
-        """K, V of positions 0 .. end-1 as float [end, n_kv_heads, head_dim]."""
+    def read(self, layer: int, end: int, dtype=np.float32, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """K, V of positions start .. end-1 as float [end - start, n_kv_heads, head_dim]."""
         if self.shape.dtype == "int8":
-            k = dequantize_rows_int8(self.k[layer, :end], self.k_scale[layer, :end])
-            v = dequantize_rows_int8(self.v[layer, :end], self.v_scale[layer, :end])
+            k = dequantize_rows_int8(self.k[layer, start:end], self.k_scale[layer, start:end])
+            v = dequantize_rows_int8(self.v[layer, start:end], self.v_scale[layer, start:end])
             return k.astype(dtype, copy=False), v.astype(dtype, copy=False)
-        return self.k[layer, :end].astype(dtype), self.v[layer, :end].astype(dtype)
+        return self.k[layer, start:end].astype(dtype), self.v[layer, start:end].astype(dtype)
 
     # -- persistence: the raw stored bytes of the first n positions ----------------
     def export_positions(self, n: int) -> dict[str, np.ndarray]:

@@ -7,7 +7,7 @@ import pytest
 
 from genie_rt.engine.config import ModelConfig
 from genie_rt.engine.gguf_file import GGUFError, open_gguf
-from genie_rt.engine.qwen3 import check_tensors
+from genie_rt.engine.models.weights import check_tensors
 
 
 def test_fixture_opens(fixture_gguf):
@@ -131,8 +131,8 @@ def _rewrite_metadata(fixture_gguf, tmp_path, key, value_bytes_fn):
 
 
 def test_unsupported_architecture(fixture_gguf, tmp_path):
-    p = _rewrite_metadata(fixture_gguf, tmp_path, "general.architecture", lambda part: b"llama")
-    _expect_error(p, "architecture 'llama' is not supported")
+    p = _rewrite_metadata(fixture_gguf, tmp_path, "general.architecture", lambda part: b"mamba")
+    _expect_error(p, "architecture 'mamba' is not supported")
 
 
 def test_inconsistent_shapes(fixture_gguf, tmp_path):

@@ -17,6 +17,8 @@ import numpy as np
 import pytest
 
 from genie_rt.engine import backend_cuda as bc
+from genie_rt.engine import cuda_layout as lay
+from genie_rt.quant.layout import PLANES
 from genie_rt.engine.config import EngineConfig, ModelConfig
 from genie_rt.engine.gguf_file import open_gguf
 from genie_rt.engine.memory import GiB, MemoryBudgetError, MemoryPlan
@@ -43,43 +45,43 @@ def _load(path, **ecfg):
 
 def test_budget_on_an_integrated_gpu_counts_the_shared_pool(tiny, monkeypatch):
     g, cfg, ecfg = _load(tiny, kv_dtype="int8")
-    monkeypatch.setattr(bc, "_device", lambda: ORIN)
-    monkeypatch.setattr(bc, "mem_available_bytes", lambda: 5 * GiB)
-    budget = bc.cuda_budget(g, cfg, ecfg)
+    monkeypatch.setattr(lay, "device", lambda: ORIN)
+    monkeypatch.setattr(lay, "mem_available_bytes", lambda: 5 * GiB)
+    budget = lay.cuda_budget(g, cfg, ecfg)
     assert budget.available == 5 * GiB and "integrated" in budget.where
-    assert (budget.overhead, budget.reserve) == (bc.OVERHEAD_INTEGRATED, bc.RESERVE_INTEGRATED)
+    assert (budget.overhead, budget.reserve) == (lay.OVERHEAD_INTEGRATED, lay.RESERVE_INTEGRATED)
     assert budget.weights > 0 and budget.kv_bytes_per_token > 0
     # --reserve-mb replaces the default reserve for the voice stack
     g, cfg, ecfg = _load(tiny, kv_dtype="int8", reserve_bytes=3 * GiB)
-    assert bc.cuda_budget(g, cfg, ecfg).reserve == 3 * GiB
+    assert lay.cuda_budget(g, cfg, ecfg).reserve == 3 * GiB
 
 
 def test_budget_on_an_integrated_gpu_refuses_what_the_pool_cannot_hold(tiny, monkeypatch):
     g, cfg, ecfg = _load(tiny, kv_dtype="int8")
-    monkeypatch.setattr(bc, "_device", lambda: ORIN)
-    monkeypatch.setattr(bc, "mem_available_bytes", lambda: bc.RESERVE_INTEGRATED + 64 * 1024 ** 2)
-    budget = bc.cuda_budget(g, cfg, ecfg)
+    monkeypatch.setattr(lay, "device", lambda: ORIN)
+    monkeypatch.setattr(lay, "mem_available_bytes", lambda: lay.RESERVE_INTEGRATED + 64 * 1024 ** 2)
+    budget = lay.cuda_budget(g, cfg, ecfg)
     with pytest.raises(MemoryBudgetError, match=r"does not fit(.|\n)*shared memory \(MemAvailable; integrated GPU\)"):
         budget.plan(None)
-    monkeypatch.setattr(bc, "mem_available_bytes", lambda: None)    # no /proc/meminfo: nothing is assumed
+    monkeypatch.setattr(lay, "mem_available_bytes", lambda: None)    # no /proc/meminfo: nothing is assumed
     with pytest.raises(MemoryBudgetError, match="does not fit"):
-        bc.cuda_budget(g, cfg, ecfg).plan(None)
+        lay.cuda_budget(g, cfg, ecfg).plan(None)
 
 
 def test_budget_on_a_discrete_gpu_counts_its_free_memory(tiny, monkeypatch):
     from numba import cuda
     g, cfg, ecfg = _load(tiny, kv_dtype="int8")
-    monkeypatch.setattr(bc, "_device", lambda: DISCRETE)
-    monkeypatch.setattr(bc, "mem_available_bytes", lambda: 1)       # must not be consulted
+    monkeypatch.setattr(lay, "device", lambda: DISCRETE)
+    monkeypatch.setattr(lay, "mem_available_bytes", lambda: 1)       # must not be consulted
     monkeypatch.setattr(cuda, "current_context",
                         lambda: SimpleNamespace(get_memory_info=lambda: (7 * GiB, 8 * GiB)))
-    budget = bc.cuda_budget(g, cfg, ecfg)
+    budget = lay.cuda_budget(g, cfg, ecfg)
     assert budget.available == 7 * GiB and "GPU memory" in budget.where and "H200" in budget.where
-    assert (budget.overhead, budget.reserve) == (bc.OVERHEAD_DISCRETE, bc.RESERVE_DISCRETE)
+    assert (budget.overhead, budget.reserve) == (lay.OVERHEAD_DISCRETE, lay.RESERVE_DISCRETE)
 
 
 def _backend(path, device, monkeypatch, fadvise):
-    monkeypatch.setattr(bc, "_device", lambda: device)
+    monkeypatch.setattr(lay, "device", lambda: device)
     monkeypatch.setattr(os, "posix_fadvise", fadvise, raising=False)
     g, cfg, ecfg = _load(path, kv_dtype="f16", n_ctx=64, prefill_chunk=16)
     plan = MemoryPlan(64, 0, 0, 0, 0, 0, 1 << 50, "test")
@@ -88,7 +90,7 @@ def _backend(path, device, monkeypatch, fadvise):
 
 def _weights(be):
     return {f"{grp.name}.{p}": be.arena[f"{grp.name}.{p}"].copy_to_host()
-            for gs in be.lay.groups.values() for grp in gs for p, *_ in bc.PLANES[grp.qtype]}
+            for gs in be.lay.groups.values() for grp in gs for p, *_ in PLANES[grp.qtype]}
 
 
 def test_upload_on_an_integrated_gpu_drops_each_tensors_file_pages(tiny, monkeypatch):

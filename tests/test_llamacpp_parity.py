@@ -138,16 +138,16 @@ def write_file(name: str, directory) -> pathlib.Path:
 def run_forward(path, tokens_list, dtype) -> list[np.ndarray]:
     from genie_rt.engine.config import ModelConfig
     from genie_rt.engine.gguf_file import open_gguf
-    from genie_rt.engine.qwen3 import Qwen3Weights, forward
+    from genie_rt.engine.backend_cpu import forward, reference_weights
     from genie_rt.kvcache.pool import HostKVPool, KVShape
 
     g = open_gguf(path)
     cfg = ModelConfig.from_gguf(g)
-    w = Qwen3Weights.load(g, cfg, dtype)
+    w = reference_weights(g, cfg, dtype)
     out = []
     for tokens in tokens_list:
         pool = HostKVPool(KVShape(cfg.n_layers, 64, cfg.n_head_kv, cfg.head_dim, "f32"))
-        out.append(forward(w, cfg, tokens, 0, pool, all_logits=True))
+        out.append(forward(w, cfg, tokens, 0, pool, all_logits=True, dtype=dtype))
     return out
 
 

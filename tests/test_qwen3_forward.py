@@ -4,7 +4,8 @@ import pytest
 
 from genie_rt.engine.config import ModelConfig
 from genie_rt.engine.gguf_file import open_gguf
-from genie_rt.engine.qwen3 import Qwen3Weights, attention, forward, rope_neox, rope_tables
+from genie_rt.engine.backend_cpu import forward, reference_weights
+from genie_rt.engine.models.reference import attention, rope_neox, rope_tables
 from genie_rt.kvcache.pool import HostKVPool, KVShape
 
 
@@ -35,24 +36,25 @@ def check_against_llamacpp(logits, ref, min_cos):
                                       (np.float32, "int8")])
 def test_logits_match_llamacpp(model, llamacpp_logits, dtype, kv):
     g, cfg = model
-    w = Qwen3Weights.load(g, cfg, dtype)
+    w = reference_weights(g, cfg, dtype)
     min_cos = 0.9995 if kv != "int8" else 0.999
     for i in range(3):
         tokens = llamacpp_logits[f"tokens_{i}"]
         pool = HostKVPool(KVShape(cfg.n_layers, 64, cfg.n_head_kv, cfg.head_dim, kv))
-        logits = forward(w, cfg, tokens, 0, pool, all_logits=True)
+        logits = forward(w, cfg, tokens, 0, pool, all_logits=True, dtype=w.tok_embd.dtype)
         check_against_llamacpp(logits, llamacpp_logits[f"logits_{i}"], min_cos)
 
 
 def test_incremental_decode_equals_batch(model, llamacpp_logits):
     """Prefill in pieces and one token at a time give the same logits as one batch."""
     g, cfg = model
-    w = Qwen3Weights.load(g, cfg, np.float64)
+    w = reference_weights(g, cfg, np.float64)
     tokens = llamacpp_logits["tokens_2"]
-    full = forward(w, cfg, tokens, 0, HostKVPool(KVShape(2, 64, 2, 64, "f32")), all_logits=True)
+    full = forward(w, cfg, tokens, 0, HostKVPool(KVShape(2, 64, 2, 64, "f32")), all_logits=True,
+                   dtype=w.tok_embd.dtype)
     pool = HostKVPool(KVShape(2, 64, 2, 64, "f32"))
-    first = forward(w, cfg, tokens[:7], 0, pool, all_logits=True)
-    rest = [forward(w, cfg, tokens[t:t + 1], t, pool) for t in range(7, len(tokens))]
+    first = forward(w, cfg, tokens[:7], 0, pool, all_logits=True, dtype=w.tok_embd.dtype)
+    rest = [forward(w, cfg, tokens[t:t + 1], t, pool, dtype=w.tok_embd.dtype) for t in range(7, len(tokens))]
     np.testing.assert_allclose(np.vstack([first, np.stack(rest)]), full, rtol=1e-9, atol=1e-9)
 
 

@@ -1,0 +1,256 @@
+"""The CUDA back-end's memory plan: every buffer laid out before anything is allocated.
+
+`plan_layout` places, in one ArenaLayout (engine/arena.py):
+
+- the weights, in the planar device layout (quant/layout.py). Matrices that one op reads
+  together (an architecture's GROUPS: Wq|Wk|Wv, Wgate|Wup) are stacked by rows into one
+  set of planes where consecutive members share a type, so one GEMM serves them; a group
+  of mixed types becomes several WeightGroups;
+- 1-D tensors (norm weights) as float32;
+- the KV pool and one RoPE table per (base, scale, factors) the layers use;
+- the activation buffers of engine/models/ops.py `scratch_widths` ([prefill_chunk, width]
+  float32, decode uses row 0), the 8-bit activations of the decode GEMVs per buffer they
+  are made from, the fp16 input of the prefill GEMMs, the attention and GEMM workspaces,
+  the logits and the sampler's workspace.
+
+`cuda_budget` prices two contexts to split the total into a fixed part and a per-token
+part, from the very layout that will be allocated.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from genie_rt.kvcache.pool import KVShape
+from genie_rt.quant.formats import BLOCK_SIZES, QType
+from genie_rt.quant.layout import PLANES, PackedWeight
+
+from .arena import ArenaLayout
+from .config import EngineConfig, ModelConfig
+from .gguf_file import GGUFError, GGUFFile
+from .memory import MemoryBudget, mem_available_bytes
+from .models import architecture
+from .models.ops import attn_layers, scratch_widths
+from .models.weights import check_tensors
+
+MiB = 1 << 20
+# Prefill graph sizes: a prompt runs as the smallest bucket that holds it (padded rows are
+# computed and ignored). Up to 64 each size compiles its own GEMM tile (8 tokens per mma
+# column), so the buckets are dense where home commands live (18-48 tokens after the
+# chat template). Qwen3-4B on the H200 (tools/profile_prefill.py, 2026-11-29): 40 tokens
+# 6.33 ms, 64 tokens 8.52 ms, so a 33-token prompt gains 26 % from the 40 bucket. Each
+# bucket costs compile and capture time at load (~25 s on the H200 for a new tile width),
+# which is why 24 (pp18: +3.5 %) is not one.
+BUCKETS = (16, 32, 40, 48, 64, 128, 256, 512)
+OVERHEAD_DISCRETE = 384 * MiB     # modules, graphs, numba and driver allocations
+OVERHEAD_INTEGRATED = 512 * MiB   # the same plus the interpreter's share of the one pool
+RESERVE_DISCRETE = 512 * MiB
+RESERVE_INTEGRATED = 1536 * MiB   # OS, speech-to-text, text-to-speech, Home Assistant
+MAX_BIAS = 256
+Q8_SOURCES = ("h", "attn", "ff")  # buffers whose 8-bit copy a decode GEMV reads
+
+
+@dataclass
+class WeightGroup:
+    """Matrices stacked by rows into one set of planes (same type, same columns)."""
+    name: str                       # arena prefix, e.g. "blk.3.g0.0"
+    members: list[tuple[str, int]]  # (GGUF tensor name, rows)
+    qtype: QType
+    cols: int
+
+    @property
+    def rows(self) -> int:
+        return sum(r for _, r in self.members)
+
+
+def _stack(prefix: str, names: list[str], tensors) -> list[WeightGroup]:
+    """Consecutive tensors of equal type become one group."""
+    groups: list[WeightGroup] = []
+    for name in names:
+        t = tensors[name]
+        if groups and groups[-1].qtype == t.qtype and groups[-1].cols == t.shape[1]:
+            groups[-1].members.append((name, t.shape[0]))
+        else:
+            groups.append(WeightGroup(f"{prefix}.{len(groups)}", [(name, t.shape[0])], t.qtype, t.shape[1]))
+    return groups
+
+
+def rope_keys(cfg: ModelConfig) -> list[tuple]:
+    """The distinct (base, scale, has_factors) RoPE tables the layers use, in layer order."""
+    keys = []
+    for a in attn_layers(cfg, [None] * cfg.n_layers):
+        k = (a.rope_base, a.rope_scale, a.window is None and cfg.rope_freqs)
+        if k not in keys:
+            keys.append(k)
+    return keys
+
+
+@dataclass
+class CudaLayout:
+    layout: ArenaLayout
+    groups: dict[tuple, list[WeightGroup]]  # (tensor names read together) -> its stacked groups
+    matrices: list[str]                     # every 2-D weight tensor, GGUF name
+    norms: list[str]                        # 1-D tensors uploaded as float32
+    kv_shape: KVShape
+    weight_bytes: int
+    stream_bytes_per_token: int             # what one decode step reads from weights
+    chunk: int
+    decode_plan: object
+    prefill_plan: object
+    mmq_workspace: int
+    stacked: dict[str, int]                 # "mixed" groups (several WeightGroups): the widest
+
+
+def _plane_entries(layout: ArenaLayout, g: WeightGroup) -> None:
+    nb = g.cols // BLOCK_SIZES[g.qtype][0]
+    for plane, _, size, dt in PLANES[g.qtype]:
+        width = nb * size // np.dtype(dt).itemsize
+        layout.add(f"{g.name}.{plane}", (g.rows, width), np.dtype(dt))
+
+
+def _check_types(g: GGUFFile, tensors) -> None:
+    """Layer matrices need the decode GEMV and the prefill GEMM; the embedding table the
+    lookup (and the GEMV when it is the tied output); output.weight the GEMV."""
+    from genie_rt.quant import embed, gemv, mmq
+    for name, t in tensors.items():
+        if len(t.shape) != 2:
+            continue
+        if name.startswith("blk."):
+            need = {"GEMV": gemv.SUPPORTED, "GEMM": mmq.SUPPORTED}
+        elif name == "token_embd.weight":
+            need = {"embedding": embed.SUPPORTED, "GEMV": gemv.SUPPORTED}
+        else:
+            need = {"GEMV": gemv.SUPPORTED}
+        need["layout"] = PLANES
+        for what, types in need.items():
+            if t.qtype not in types:
+                raise GGUFError(f"{g.path}: tensor '{name}' is {t.qtype.name}; the CUDA {what} kernels "
+                                f"handle {', '.join(sorted(QType(q).name for q in types))}; use "
+                                "--backend cpu, or a file of those types")
+
+
+def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -> CudaLayout:
+    from genie_rt.engine import gpu_sampling
+    from genie_rt.kvcache.attention import plan_decode
+    from genie_rt.kvcache.attention_prefill import plan_prefill
+    from genie_rt.kvcache.device_pool import DeviceKVPool
+    from genie_rt.quant import gemv, mmq
+
+    spec = architecture(cfg.arch, g.path)
+    tensors = check_tensors(g, cfg, spec)
+    _check_types(g, tensors)
+    field_to_suffix = {t.field: suffix for suffix, t in spec.LAYER_TENSORS.items()}
+    L = ArenaLayout()
+    groups: dict[tuple, list[WeightGroup]] = {}
+    matrices = [n for n, t in tensors.items() if len(t.shape) == 2]
+    for i in range(cfg.n_layers):
+        grouped = set()
+        for j, fields in enumerate(spec.GROUPS):
+            names = tuple(f"blk.{i}.{field_to_suffix[f]}" for f in fields)
+            groups[names] = _stack(f"blk.{i}.g{j}", list(names), tensors)
+            grouped.update(names)
+        for name in matrices:
+            if name.startswith(f"blk.{i}.") and name not in grouped:
+                groups[(name,)] = _stack(name[:-len(".weight")], [name], tensors)
+    for name in ("token_embd.weight", "output.weight"):
+        if name in tensors:
+            groups[(name,)] = _stack(name[:-len(".weight")], [name], tensors)
+    stacked: dict[str, int] = {}
+    for names, gs in groups.items():
+        for grp in gs:
+            _plane_entries(L, grp)
+        if len(gs) > 1:
+            stacked["any"] = max(stacked.get("any", 0), sum(grp.rows for grp in gs))
+    norms = [n for n, t in tensors.items() if len(t.shape) == 1 and n != "rope_freqs.weight"]
+    for n in norms:
+        L.add(n, tensors[n].shape, np.float32)
+    weight_bytes = L.nbytes
+
+    out_t = tensors.get("output.weight", tensors["token_embd.weight"])
+    stream = sum(tensors[n].nbytes for n in matrices if n.startswith("blk."))
+    stream += out_t.nbytes + tensors["token_embd.weight"].nbytes // cfg.vocab_size
+
+    # -- KV pool and RoPE tables -------------------------------------------------------
+    kv_shape = KVShape(cfg.n_layers, n_ctx, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype)
+    L.add("kv_pool", (DeviceKVPool.nbytes(kv_shape),), np.uint8)
+    for k, _ in enumerate(rope_keys(cfg)):
+        L.add(f"rope.{k}.cos", (n_ctx, cfg.head_dim // 2), np.float32)
+        L.add(f"rope.{k}.sin", (n_ctx, cfg.head_dim // 2), np.float32)
+
+    # -- scratch ---------------------------------------------------------------------
+    N = ecfg.prefill_chunk
+    widths = scratch_widths(cfg)
+    L.add("state", (8,), np.int32)
+    L.add("ids", (N,), np.int32)
+    for name, width in widths.items():
+        L.add(name, (N, width), np.float32)
+    L.add("x_last", (1, cfg.n_embd), np.float32)
+    L.add("x16", (N, max(widths.values())), np.float16)     # MMQ input
+    L.add("xscale", (N,), np.float32)
+    if stacked:                                             # mixed-type groups: one GEMM per part
+        L.add("part_a", (N, stacked["any"]), np.float32)
+        L.add("part_b", (N, stacked["any"]), np.float32)
+    L.add("split_gate", (N, cfg.n_ff), np.float32)          # gate/up of different types
+    L.add("split_up", (N, cfg.n_ff), np.float32)
+    for name in Q8_SOURCES:
+        cols = widths[name]
+        L.add(f"xq.{name}", (1, cols), np.int8)
+        L.add(f"xs.{name}", (1, cols // gemv.Q8_BLOCK * gemv.Q8_FLOATS), np.float32)
+    L.add("logits", (1, cfg.vocab_size), np.float32)
+    dplan = plan_decode(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, n_ctx)
+    L.add("ws.decode", (dplan.workspace_bytes,), np.uint8)
+    pplan = plan_prefill(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, N)
+    L.add("ws.prefill", (max(pplan.workspace_bytes, 16),), np.uint8)
+    mmq_ws = 0
+    for names, gs in groups.items():
+        if not names[0].startswith("blk."):
+            continue                                        # embedding / output: GEMV only
+        for grp in gs:
+            shell = PackedWeight(grp.qtype, grp.rows, grp.cols, {})
+            for n in BUCKETS:
+                if n <= N:
+                    for mode in ("store", "add", "swiglu"):
+                        if mode == "swiglu" and grp.rows % 2:
+                            continue
+                        mmq_ws = max(mmq_ws, mmq.workspace_bytes(shell, n, mode))
+    L.add("ws.mmq", (max(mmq_ws, 16),), np.uint8)
+    gpu_sampling.workspace_layout(L, cfg.vocab_size, prefix="sampler.", ring_capacity=max(n_ctx, 64),
+                                  max_bias=MAX_BIAS)
+    return CudaLayout(L, groups, matrices, norms, kv_shape, weight_bytes, stream, N, dplan, pplan,
+                      mmq_ws, stacked)
+
+
+def device():
+    from numba import cuda
+    return cuda.get_current_device()
+
+
+def is_integrated(dev) -> bool:
+    """True on a GPU that shares the host's memory (Jetson); the simulator's device has no
+    such attribute and counts as discrete."""
+    return bool(getattr(dev, "INTEGRATED", 0))
+
+
+def cuda_budget(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig) -> MemoryBudget:
+    """Weights and scratch from the real layout; KV (+ RoPE table, sampler ring) per token."""
+    from numba import cuda
+    dev = device()
+    integrated = is_integrated(dev)
+    small = plan_layout(g, cfg, ecfg, 256)
+    big = plan_layout(g, cfg, ecfg, 512)
+    per_token = (big.layout.nbytes - small.layout.nbytes) // 256
+    fixed = small.layout.nbytes - 256 * per_token
+    if integrated:
+        avail = mem_available_bytes() or 0
+        where = "shared memory (MemAvailable; integrated GPU)"
+        overhead, reserve = OVERHEAD_INTEGRATED, RESERVE_INTEGRATED
+    else:
+        free, _total = cuda.current_context().get_memory_info()
+        avail, where = int(free), f"GPU memory ({dev.name.decode() if isinstance(dev.name, bytes) else dev.name}, free)"
+        overhead, reserve = OVERHEAD_DISCRETE, RESERVE_DISCRETE
+    if ecfg.reserve_bytes is not None:
+        reserve = ecfg.reserve_bytes
+    return MemoryBudget(weights=small.weight_bytes, kv_bytes_per_token=per_token,
+                        scratch=fixed - small.weight_bytes, overhead=overhead, reserve=reserve,
+                        available=avail, where=where, n_ctx_train=cfg.n_ctx_train, kv_dtype=ecfg.kv_dtype)

@@ -1,0 +1,243 @@
+"""The op vocabulary (engine/models/ops.py) as CUDA kernel launches: what a forward records.
+
+`DecodeOps` (one row, the decode GEMVs) and `PrefillOps` (a chunk of n rows, the
+tensor-core GEMMs) launch on the runtime's stream and never allocate, copy from the host
+or synchronise, so an architecture's `body` run inside a capture is a CUDA graph. Positions
+are read by the kernels from the device state (engine/device_state.py), so one graph serves
+every position.
+
+Activations in the form their consumer reads. A decode GEMV of an integer format reads x
+as 8-bit blocks (xq, xs: quant/gemv.py); a prefill GEMM reads it as fp16 (x16, xscale:
+quant/mmq.py `prepare_x`). The norm writes that form directly (one fused launch: rmsnorm_q8,
+or prepare_x with the norm folded in), and a matrix product whose input is a plain buffer
+(the attention output, the FFN activation) converts it first. The ops track, while
+recording, which buffer each prepared copy holds; a buffer whose float values were never
+written (a prefill norm output: only its fp16 copy exists) is refused by any op that would
+read it as float - a recording-time assertion, not a run-time cost.
+"""
+from __future__ import annotations
+
+from .models.ops import AttnLayer
+
+
+class _Ops:
+    def __init__(self, rt, rows: int):
+        self.rt, self.A, self.stream, self.cfg = rt, rt.arena, rt.stream, rt.cfg
+        self.rows = rows
+        self._names = {}            # id(buffer view) -> scratch name (for the preparation tracking)
+        self._no_float = set()      # buffers whose float values were not written (prefill norm)
+
+    def bind_scratch(self, s) -> None:
+        """Name the buffers of `s` (the Scratch the forward will pass) for the tracking."""
+        self.s = s
+        self._names = {id(v): k for k, v in vars(s).items()}
+
+    def _name(self, buf) -> str:
+        return self._names.get(id(buf), f"<{id(buf)}>")
+
+    def _wrote(self, buf) -> None:
+        self._no_float.discard(self._name(buf))
+        self._invalidate(self._name(buf))
+
+    def _reads_float(self, *bufs) -> None:
+        for b in bufs:
+            assert self._name(b) not in self._no_float, \
+                f"{self._name(b)} holds no float values here (only its prepared copy)"
+
+    def _invalidate(self, name: str) -> None:
+        raise NotImplementedError
+
+    # -- ops that are the same for one row and n rows ---------------------------------------
+    def embed(self, table, ids, out, scale: float | None = None) -> None:
+        from genie_rt.quant import embed
+        kw = {"scale": scale} if scale is not None else {}
+        embed.embed(table.packed, ids, out, stream=self.stream, planes=self.rt.embd_planes, **kw)
+        self._wrote(out)
+
+    def rope_write(self, qkv, a: AttnLayer, q_out) -> None:
+        from genie_rt.kvcache.rope_write import rope_write
+        self._reads_float(qkv)
+        cfg, rt = self.cfg, self.rt
+        cos, sin = rt.rope_table(a)
+        q3 = q_out.reshape(self.rows, cfg.n_head, cfg.head_dim)
+        rope_write(qkv, a.q_norm, a.k_norm, cfg.rms_eps, cos, sin, rt.state, q3, rt.kv_layers[a.index],
+                   stream=self.stream)
+        self._wrote(q_out)
+
+    def post_norm_add(self, x, y, w) -> None:
+        from genie_rt.engine import norm
+        self._reads_float(x, y)
+        norm.post_norm_add(x, y, w, self.cfg.rms_eps, stream=self.stream)
+        self._wrote(x)
+
+
+class DecodeOps(_Ops):
+    """One token: GEMVs, flash-decoding attention."""
+
+    def __init__(self, rt):
+        super().__init__(rt, 1)
+        self._q8_fresh = set()      # buffers whose xq.<name>, xs.<name> hold their current values
+
+    def _invalidate(self, name: str) -> None:
+        self._q8_fresh.discard(name)
+
+    def _q8_views(self, buf):
+        name = self._name(buf)
+        return self.A[f"xq.{name}"], self.A[f"xs.{name}"]
+
+    def _prepared(self, x, weights):
+        """(xq, xs) holding x's 8-bit blocks if any weight reads them (quantized here if the
+        producer did not write them), else (None, None)."""
+        from genie_rt.quant import gemv
+        if not gemv.needs_q8(*weights):
+            return None, None
+        xq, xs = self._q8_views(x)
+        if self._name(x) not in self._q8_fresh:
+            self._reads_float(x)
+            gemv.quantize_q8(x, xq, xs, stream=self.stream)
+            self._q8_fresh.add(self._name(x))
+        return xq, xs
+
+    def norm(self, x, w, out) -> None:
+        """out = rmsnorm(x) * w, and its 8-bit blocks in one launch (rmsnorm_q8 is bit-identical
+        to rmsnorm + quantize_q8); the float out only if some matrix reads float input."""
+        from genie_rt.engine import norm
+        self._reads_float(x)
+        self._wrote(out)
+        if not self.rt.q8_inputs:
+            norm.rmsnorm(x, w, out, self.cfg.rms_eps, stream=self.stream)
+            return
+        xq, xs = self._q8_views(out)
+        norm.rmsnorm_q8(x, w, xq, xs, self.cfg.rms_eps, stream=self.stream,
+                        out=out if self.rt.float_inputs else None)
+        if not self.rt.float_inputs:
+            self._no_float.add(self._name(out))
+        self._q8_fresh.add(self._name(out))
+
+    def linear(self, x, w, out, add: bool = False) -> None:
+        from genie_rt.quant import gemv
+        ws = w if isinstance(w, tuple) else (w,)
+        gw = [m.gemv for m in ws]
+        xq, xs = self._prepared(x, gw)
+        if any(m.mode != "dp4a" for m in gw):
+            self._reads_float(x)
+        if len(ws) == 3:
+            assert not add
+            gemv.gemv_qkv(*gw, x, out, xq=xq, xs=xs, stream=self.stream)
+        elif len(ws) == 1:
+            gemv.gemv(gw[0], x, out, xq=xq, xs=xs, residual=out if add else None, stream=self.stream)
+        else:                       # concatenated outputs: column slices of the one row
+            assert not add and self.rows == 1
+            c = 0
+            for m in gw:
+                gemv.gemv(m, x, out[:, c:c + m.rows], xq=xq, xs=xs, stream=self.stream)
+                c += m.rows
+        self._wrote(out)
+
+    def gated(self, x, w, out, act: str) -> None:
+        from genie_rt.quant import gemv
+        wg, wu = (m.gemv for m in w)
+        xq, xs = self._prepared(x, (wg, wu))
+        kw = {} if act == "silu" else {"act": act}
+        gemv.gemv_swiglu(wg, wu, x, out, xq=xq, xs=xs, stream=self.stream, **kw)
+        self._wrote(out)
+
+    def attention(self, q, a: AttnLayer, out) -> None:
+        from genie_rt.kvcache.attention import decode_attention
+        self._reads_float(q)
+        decode_attention(q, self.rt.kv_layers[a.index], self.rt.state, out, self.rt.dws, stream=self.stream)
+        self._wrote(out)
+
+    def head(self, x, norm_w, w, logits, softcap: float | None = None) -> None:
+        h = self.s.h
+        self.norm(x, norm_w, h)
+        self.linear(h, w, logits)
+        if softcap:
+            from .copy_kernels import softcap as softcap_kernel
+            softcap_kernel(logits, softcap, stream=self.stream)
+
+
+class PrefillOps(_Ops):
+    """A chunk of n rows: tensor-core GEMMs (MMQ), tensor-core causal attention."""
+
+    def __init__(self, rt, n: int, n_splits: int):
+        super().__init__(rt, n)
+        self.n, self.n_splits = n, n_splits
+        self._x16_holds = None      # the buffer whose fp16 copy is in x16 now
+
+    def _invalidate(self, name: str) -> None:
+        if self._x16_holds == name:
+            self._x16_holds = None
+
+    def _x16(self, cols: int):
+        buf = self.A["x16"]
+        return buf[:self.n, :cols] if cols == buf.shape[1] else buf.reshape(-1)[:self.n * cols].reshape(self.n, cols)
+
+    def _prepared(self, x):
+        from genie_rt.quant import mmq
+        xe, xscale = self._x16(x.shape[1]), self.A["xscale"][:self.n]
+        if self._x16_holds != self._name(x):
+            self._reads_float(x)
+            mmq.prepare_x(x, xe, xscale, stream=self.stream)
+            self._x16_holds = self._name(x)
+        return xe, xscale
+
+    def norm(self, x, w, out) -> None:
+        """The norm folded into the GEMM input conversion: out's fp16 copy only."""
+        from genie_rt.quant import mmq
+        self._reads_float(x)
+        self._wrote(out)
+        xe, xscale = self._x16(x.shape[1]), self.A["xscale"][:self.n]
+        mmq.prepare_x(x, xe, xscale, stream=self.stream, norm_weight=w, eps=self.cfg.rms_eps)
+        self._x16_holds = self._name(out)
+        self._no_float.add(self._name(out))
+
+    def _gemm(self, x, stacks, out, mode: str) -> None:
+        """out = x [W0 | W1 | ...]^T over a group's stacked parts (one GEMM per part)."""
+        from genie_rt.quant import mmq
+        from .copy_kernels import copy_cols
+        xe, xscale = self._prepared(x)
+        ws = self.A["ws.mmq"]
+        if len(stacks) == 1:
+            mmq.mmq(stacks[0], xe, xscale, out, mode, workspace=ws, stream=self.stream)
+            return
+        assert mode == "store"
+        col = 0
+        for j, w in enumerate(stacks):
+            tmp = self.A["part_a" if j % 2 == 0 else "part_b"].reshape(-1)[:self.n * w.rows].reshape(self.n, w.rows)
+            mmq.mmq(w, xe, xscale, tmp, "store", workspace=ws, stream=self.stream)
+            copy_cols(tmp, out, col, stream=self.stream)
+            col += w.rows
+
+    def linear(self, x, w, out, add: bool = False) -> None:
+        ws = w if isinstance(w, tuple) else (w,)
+        self._gemm(x, self.rt.stacks[tuple(m.name for m in ws)], out, "add" if add else "store")
+        self._wrote(out)
+
+    def gated(self, x, w, out, act: str) -> None:
+        from genie_rt.engine import norm
+        stacks = self.rt.stacks[tuple(m.name for m in w)]
+        mode = {"silu": "swiglu", "gelu": "geglu"}[act]
+        if len(stacks) == 1:
+            self._gemm(x, stacks, out, mode)
+        else:                       # gate and up of different types: two GEMMs, then the product
+            gate, up = self.A["split_gate"][:self.n], self.A["split_up"][:self.n]
+            self._gemm(x, stacks[:1], gate, "store")
+            self._gemm(x, stacks[1:], up, "store")
+            if act == "silu":
+                norm.swiglu(gate, up, out, stream=self.stream)
+            else:
+                norm.geglu(gate, up, out, stream=self.stream)
+        self._wrote(out)
+
+    def attention(self, q, a: AttnLayer, out) -> None:
+        from genie_rt.kvcache.attention_prefill import prefill_attention
+        self._reads_float(q)
+        q3 = q.reshape(self.n, self.cfg.n_head, self.cfg.head_dim)
+        prefill_attention(q3, self.rt.kv_layers[a.index], self.rt.state, out, self.rt.pws,
+                          n_splits=self.n_splits, stream=self.stream)
+        self._wrote(out)
+
+    def head(self, x, norm_w, w, logits, softcap: float | None = None) -> None:
+        raise AssertionError("the prefill graph ends at the hidden state; the head runs on one row")
+

@@ -1,0 +1,114 @@
+"""The CUDA back-end's weights: packed from the memory-mapped file into the arena, then bound
+to the architecture's typed weights (engine/models/weights.py) as device views.
+
+`upload` copies tensor by tensor (host planes are temporaries of one tensor), so the peak
+host memory is one matrix; on an integrated GPU it drops the file's pages behind it, so
+the weights live once in the shared memory (arena), not twice (arena + page cache).
+
+`bind` gives each matrix a `CudaMatrix` (its GEMV view for decode and its planes for the
+GEMM), each 1-D tensor its float32 device array, and returns the stacked groups by the
+names they hold, which the prefill ops use for one GEMM over Wq|Wk|Wv.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from genie_rt.quant.formats import QType, dequantize
+from genie_rt.quant.layout import PLANES, PackedWeight, pack
+
+from .cuda_layout import CudaLayout, WeightGroup
+from .gguf_file import GGUFFile
+from .models.weights import bind_weights
+
+log = logging.getLogger("genie_rt.cuda")
+
+
+@dataclass
+class CudaMatrix:
+    """One GGUF matrix on the device: what the decode GEMV and the prefill GEMM read."""
+    name: str                 # GGUF tensor name
+    gemv: object              # quant.gemv.GemvWeight (flat views of the planes below)
+    packed: PackedWeight      # the matrix's rows of its group's planes
+
+    @property
+    def rows(self) -> int:
+        return self.packed.rows
+
+
+def _drop_file_pages(fd: int, offset: int, nbytes: int, path) -> bool:
+    """posix_fadvise(DONTNEED) over one tensor's bytes of the mapped file, so that on an
+    integrated GPU the weights live once in the shared memory (arena), not twice (arena +
+    page cache). Only advice: a file system that refuses it costs memory, not correctness,
+    so a failure is logged and the caller stops asking (returns False)."""
+    try:
+        os.posix_fadvise(fd, offset, nbytes, os.POSIX_FADV_DONTNEED)
+        return True
+    except OSError as exc:
+        log.warning("%s: cannot drop the file's pages after copying them (posix_fadvise: %s); "
+                    "the page cache keeps a second copy of the weights until the kernel evicts it",
+                    path, exc)
+        return False
+
+
+def upload(arena, lay: CudaLayout, g: GGUFFile, stream, integrated: bool, progress=None) -> None:
+    """Pack each tensor from the mapped file into its arena rows (and norms as float32)."""
+    fd = os.open(g.path, os.O_RDONLY) if integrated and hasattr(os, "posix_fadvise") else None
+    try:
+        for gs in lay.groups.values():
+            for grp in gs:
+                r0 = 0
+                for name, rows in grp.members:
+                    t = g.tensors[name]
+                    host = pack(t.data, t.qtype, t.shape)
+                    for plane, arr in host.planes.items():
+                        arena[f"{grp.name}.{plane}"][r0:r0 + rows].copy_to_device(arr, stream=stream)
+                    stream.synchronize()          # host planes are temporaries
+                    r0 += rows
+                    if progress is not None:
+                        progress(t.nbytes)
+                    if fd is not None and not _drop_file_pages(fd, t.offset, t.nbytes, g.path):
+                        os.close(fd)
+                        fd = None
+        for n in lay.norms:
+            t = g.tensors[n]
+            arena[n].copy_to_device(dequantize(t.data, t.qtype, t.shape).astype(np.float32), stream=stream)
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _packed(arena, grp: WeightGroup, r0: int = 0, rows: int | None = None) -> PackedWeight:
+    rows = grp.rows if rows is None else rows
+    planes = {p: arena[f"{grp.name}.{p}"][r0:r0 + rows] for p, *_ in PLANES[grp.qtype]}
+    return PackedWeight(grp.qtype, rows, grp.cols, planes)
+
+
+def bind(arena, lay: CudaLayout, g: GGUFFile, cfg, gemv_mode: str):
+    """(typed weights with CUDA objects, {tensor names: [PackedWeight per stacked group]})."""
+    from genie_rt.quant import gemv
+    where: dict[str, PackedWeight] = {}          # tensor name -> its rows of its group
+    stacks: dict[tuple, list[PackedWeight]] = {}
+    for names, gs in lay.groups.items():
+        stacks[names] = [_packed(arena, grp) for grp in gs]
+        for grp in gs:
+            r0 = 0
+            for name, rows in grp.members:
+                where[name] = _packed(arena, grp, r0, rows)
+                r0 += rows
+
+    def gemv_weight(w: PackedWeight):
+        modes = gemv.K.MODES[QType(w.qtype)]
+        return gemv.prepare_weight(w, gemv_mode if gemv_mode in modes else None)
+
+    def bind_one(t):
+        if t.name == "rope_freqs.weight":             # folded into the RoPE tables on the host
+            return dequantize(t.data, t.qtype, t.shape)
+        if len(t.shape) == 1:
+            return arena[t.name]
+        return CudaMatrix(t.name, gemv_weight(where[t.name]), where[t.name])
+
+    return bind_weights(g, cfg, bind_one), stacks

@@ -1,0 +1,23 @@
+"""The device-state slots: the per-step values CUDA graphs read from device memory.
+
+Pointers and scalar arguments are frozen into a captured graph, so everything that
+changes between replays lives in one small int32 array in the arena (`state`, 8 slots).
+This table is its one definition; every kernel that reads or writes a slot imports its
+name from here.
+
+    slot        written by                              read by
+    S_POS   0   host (_set_state) before a prefill       rope_write, decode/prefill attention:
+                chunk or a decode run; advance_state     the position of the chunk's first row
+                (+1 after each decode step)              (decode: of the token)
+    S_TOKEN 1   host before a decode run; the sampler    embed (the decode step's input token)
+                (the token it drew)
+    S_DRAWS 2   set_request (0); the sampler (+1 per     the sampler: the RNG step, and the
+                draw)                                    output slot out[S_DRAWS % len(out)]
+    S_HIST  3   set_request (the prompt's length); the   the sampler's repetition penalties
+                sampler (+1 per draw)                    (tokens in the recent-token ring)
+    S_LAST  4   host before a prefill chunk              gather_row: the last real row of a
+                                                         padded chunk (its logits are wanted)
+    5..7        free
+"""
+S_POS, S_TOKEN, S_DRAWS, S_HIST, S_LAST = 0, 1, 2, 3, 4
+N_SLOTS = 8
