@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
+from . import kernel_cache
+
 BLOCK = 256
 
 
@@ -45,6 +47,9 @@ def _copy_cols_kernel(src, dst, col0):
     t = cuda.blockIdx.y
     if i < src.shape[1]:
         dst[t, col0 + i] = src[t, i]
+
+
+kernel_cache.attach_module(globals())   # compiled kernels persist on disk (engine/kernel_cache.py)
 
 
 # -- launchers --------------------------------------------------------------------------
