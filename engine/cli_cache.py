@@ -36,7 +36,8 @@ def add_kernel_cache_args(p: argparse.ArgumentParser) -> None:
 
 
 def apply_kernel_cache_args(args) -> None:
-    """Configure the kernel cache from parsed arguments (before anything loads)."""
+    """Configure the kernel cache from parsed arguments (before anything loads); without
+    either flag: $GENIE_RT_KERNEL_CACHE or the default."""
     from . import kernel_cache
     folder = getattr(args, "kernel_cache", None)
     if getattr(args, "no_kernel_cache", False):
@@ -47,6 +48,8 @@ def apply_kernel_cache_args(args) -> None:
             raise ValueError(f"--kernel-cache {folder!r} is not a folder; name a folder (it is created "
                              "if missing) or use --no-kernel-cache")
         kernel_cache.configure(folder)
+    else:
+        kernel_cache.configure(None)
 
 
 def add_commands(sub, add_model_args) -> None:

@@ -70,6 +70,7 @@ class EntryStore:
         self.components = components
         self.writable = True
         self.write_error: str | None = None     # why writing stopped (warned at the first save)
+        self.trusted = True                     # False: others may write here; never loaded from
         self._prepared = False
 
     def path(self, name: str, entry: str) -> Path:
@@ -77,12 +78,19 @@ class EntryStore:
         return self.folder / f"{safe}.{entry[:24]}.kc"
 
     def prepare(self) -> None:
-        """First use: create the folder, describe the key, prune old keys and dead temps."""
+        """First use: create the folder, check who may write it, describe the key, prune
+        old keys and dead temps."""
         if self._prepared:
             return
         self._prepared = True
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not _private(self.folder):
+                self.trusted = self.writable = False
+                warn_once("trust", "kernel cache: %s may be written by other users; it is not used (entries "
+                          "are code that this process would run: chmod go-w it, or choose another folder)",
+                          self.folder)
+                return
             if self.components is not None and not (self.folder / "key.json").exists():
                 self._write_atomic(self.folder / "key.json", json.dumps(
                     {"key": self.key, "created": time.time(), **self.components}, indent=1).encode())
@@ -94,6 +102,9 @@ class EntryStore:
         prune(self.root, keep=KEEP_KEYS, protect=self.key)
 
     def load(self, name: str, entry: str) -> bytes | None:
+        self.prepare()
+        if not self.trusted:
+            return None
         path = self.path(name, entry)
         try:
             blob = path.read_bytes()
@@ -116,11 +127,14 @@ class EntryStore:
             pass
 
     def save(self, name: str, entry: str, payload: bytes) -> bool:
+        self.prepare()
+        if not self.trusted:
+            return False
         if not self.writable:
             self._warn_unwritable()
             return False
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)    # a pruner elsewhere may have removed it
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)   # a pruner may have removed it
             self._write_atomic(self.path(name, entry), encode_entry(payload, self.key, entry, name))
         except OSError as exc:
             self.writable, self.write_error = False, exc.strerror or str(exc)
@@ -227,6 +241,12 @@ def prune(root: Path, keep: int = KEEP_KEYS, protect: str | None = None) -> list
             remove_ours(p)
             removed.append(p.name)
     return removed
+
+
+def _private(folder: Path) -> bool:
+    """Owned by this user (or root) and not writable by group or others."""
+    st = folder.stat()
+    return st.st_uid in (os.getuid(), 0) and not st.st_mode & 0o022
 
 
 def _mtime(p: Path) -> float:
