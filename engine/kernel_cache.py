@@ -214,7 +214,7 @@ class KernelDiskCache:
         self._store = store
         self._name = getattr(dispatcher.py_func, "__qualname__", "kernel").replace(".<locals>", "")
         self._enabled = True
-        self._started: dict[str, float] = {}     # entry -> time of its miss
+        self._pending: dict[tuple, tuple[str, float]] = {}   # argtypes -> (entry, time of its miss)
         self._paths: set[Path] = set()
 
     @property
@@ -237,8 +237,8 @@ class KernelDiskCache:
                 pass
         self._paths.clear()
 
-    def _entry(self, sig) -> str:
-        return entry_hash(self._disp.py_func, self._disp.targetoptions, self._codec.argtypes(sig))
+    def _entry(self, argtypes) -> str:
+        return entry_hash(self._disp.py_func, self._disp.targetoptions, argtypes)
 
     def load_overload(self, sig, target_context=None):
         t0 = time.perf_counter()
@@ -246,7 +246,8 @@ class KernelDiskCache:
             store = self._store() if self._enabled else None
             if store is None:
                 return None
-            entry = self._entry(sig)
+            argtypes = self._codec.argtypes(sig)
+            entry = self._entry(argtypes)
         except Exception as exc:
             log.debug("kernel cache: %s not looked up (%s)", self._name, exc)
             return None
@@ -262,7 +263,7 @@ class KernelDiskCache:
         now = time.perf_counter()
         if kernel is None:
             STATS.misses += 1
-            self._started[entry] = now
+            self._pending[tuple(map(str, argtypes))] = (entry, now)     # save_overload follows the compile
         else:
             STATS.hits += 1
             STATS.load_seconds += now - t0
@@ -273,10 +274,12 @@ class KernelDiskCache:
             store = self._store() if self._enabled else None
             if store is None:
                 return
-            entry = self._entry(sig)
-            started = self._started.pop(entry, None)
+            argtypes = self._codec.argtypes(sig)
+            entry, started = self._pending.pop(tuple(map(str, argtypes)), (None, None))
             if started is not None:
                 STATS.compile_seconds += time.perf_counter() - started
+            else:
+                entry = self._entry(argtypes)
             why = self._codec.uncachable(kernel)
             payload = self._codec.dumps(kernel) if why is None else None
         except Exception as exc:

@@ -620,7 +620,7 @@ ks += [G.gemv_kernel(QType.Q4_K, "dp4a", 1, 1, False), G.gemv_kernel(QType.Q4_K,
 unattached = [k.py_func.__qualname__ for k in ks if not isinstance(k._cache, kernel_cache.KernelDiskCache)]
 g = ks[-9:-7]
 print(json.dumps({"n": len(ks), "unattached": unattached,
-                  "gemv_entries_differ": g[0]._cache._entry("void(int32)") != g[1]._cache._entry("void(int32)")}))
+                  "gemv_entries_differ": g[0]._cache._entry(("int32",)) != g[1]._cache._entry(("int32",))}))
 """
 
 
