@@ -689,6 +689,72 @@ def test_numba_kernel_round_trips_through_the_codec():
     assert "callbacks" in r["foreign_setup"]
 
 
+_PROTOCOL_CHILD = r"""
+import json, sys, types
+import numpy as np
+import numba.cuda.dispatcher as D
+import numba.cuda.codegen as CG
+import numba.cuda
+fake_dev = lambda: types.SimpleNamespace(compute_capability=(8, 7), id=0)
+D.get_current_device = fake_dev
+numba.cuda.get_current_device = fake_dev
+CG.CUDACodeLibrary._ensure_cc = lambda self, cc: cc if cc is not None else (8, 7, "")
+from cuda.core import ObjectCode
+_orig_get_cubin = CG.CUDACodeLibrary.get_cubin
+def get_cubin(self, cc=None):            # no driver here: a stand-in for the linked cubin
+    cc = self._ensure_cc(cc)
+    if cc not in self._cubin_cache:
+        self._cubin_cache[cc] = ObjectCode.from_cubin(b"stand-in " + self._entry_name.encode(), name="x")
+    return self._cubin_cache[cc]
+CG.CUDACodeLibrary.get_cubin = get_cubin
+D._Kernel.bind = lambda self: self._codelibrary.get_cubin()   # what bind() does first
+from genie_rt.engine import kernel_key, kernel_cache
+kernel_key.toolchain = lambda: {"cc": "8.7", "nvvm": "stand-in"}
+kernel_cache.configure(sys.argv[1])
+from genie_rt.engine.kernel_store import STATS
+from genie_rt.engine import copy_kernels
+from numba import cuda
+
+@cuda.jit
+def halves(x, y):
+    i = cuda.grid(1)
+    if i < x.size:
+        y[i] = x[i] * np.float16(2) + np.float16(1)
+kernel_cache.attach(halves)
+
+k = copy_kernels._copy_cols_kernel
+if sys.argv[2] == "eager":
+    a = k.compile("void(float32[:, ::1], float32[:, ::1], int64)")
+    b = halves.compile("void(float16[::1], float16[::1])")
+else:                                    # what a first launch does
+    a = k._compile_for_args(np.zeros((2, 3), np.float32), np.zeros((2, 5), np.float32), np.int64(1))
+    b = halves._compile_for_args(np.zeros(3, np.float16), np.zeros(3, np.float16))
+print(json.dumps({"hits": STATS.hits, "misses": STATS.misses, "saved": STATS.saved, "uncachable": STATS.uncachable,
+                  "cubins": [x._codelibrary.get_cubin().code.decode() for x in (a, b)],
+                  "types": [type(x).__name__ for x in (a, b)], "overloads": len(k.overloads),
+                  "summary": kernel_cache.run_summary()}))
+"""
+
+
+@pytest.mark.slow
+def test_numba_compile_uses_the_cache_eager_then_lazy(tmp_path):
+    """numba's own CUDADispatcher.compile and first-launch path (_compile_for_args) with the
+    disk cache, a stand-in for the device (no GPU: the cubin is fake bytes, bind() only
+    fetches it): a process that compiles with a signature string fills the cache; a fresh
+    process whose first launch types the arguments loads the same entries."""
+    def child(mode):
+        out = subprocess.run([sys.executable, "-c", _PROTOCOL_CHILD, str(tmp_path / "kc"), mode],
+                             capture_output=True, text=True, env=child_env(), timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    eager = child("eager")
+    assert (eager["hits"], eager["misses"], eager["saved"], eager["uncachable"]) == (0, 2, 2, 0)
+    lazy = child("lazy")
+    assert (lazy["hits"], lazy["misses"], lazy["saved"]) == (2, 0, 0)
+    assert lazy["cubins"] == eager["cubins"] and lazy["types"] == ["_Kernel", "_Kernel"]
+    assert lazy["overloads"] == 1 and "2 loaded" in lazy["summary"]
+
+
 # =====================================================================================
 # Command line
 # =====================================================================================
