@@ -11,6 +11,8 @@ same folder, is fsynced and renamed into place: two processes writing one entry 
 leave a whole file (the last rename wins), and a reader never sees half of one. A
 folder that cannot be written (read-only, full disk) gives one warning per process and
 the store stops writing; reading still works (a read-only image can ship a filled cache).
+Entries are code the process runs, so a key folder that another user (not root) owns or
+that group or others may write is not used at all (one warning); folders are made 0700.
 Pruning keeps the most recently used KEEP_KEYS folders, never one used in the last
 STALE_SECONDS, and deletes only the files this module writes (`cache clear` in a folder
 the user named cannot remove anything else). The payload is opaque bytes here: what a
