@@ -637,3 +637,6 @@ def quantize_q8_kernel(x, xq, xs, n):
             xs[b + 1] = d * float32(s)
             xs[b + 2] = d * float32(s_hi)
             xs[b + 3] = d * float32(s + s_hi)
+
+
+kernel_cache.attach(quantize_q8_kernel)   # compiled kernels persist on disk (engine/kernel_cache.py)
