@@ -15,11 +15,11 @@ is one pickle per function, shared by every closure of a factory (two processes 
 write it lose each other's entries; a garbled index raises out of `compile`); entries
 carry no checksum; freshness is the mtime of the function's own file only (an edited
 device function in another module is not seen); and it refuses to pickle kernels that
-link the cuda_fp16 shims (most of ours). So each dispatcher gets a `_cache` object that
-speaks numba's cache protocol - `CUDADispatcher.compile` calls load_overload before
-compiling and save_overload after, whether the compile is eager (`kernel.compile(sig)`)
-or comes from a first launch - and stores the *linked* cubin (and PTX) in our own
-checked entries. A hit is rebuilt with numba-cuda's `CUDACodeLibrary._rebuild` and
+link the cuda_fp16 shims (numba's float16 arithmetic). So each dispatcher gets a
+`_cache` object that speaks numba's cache protocol - `CUDADispatcher.compile` calls
+load_overload before compiling and save_overload after, whether the compile is eager
+(`kernel.compile(sig)`) or comes from a first launch - and stores the *linked* cubin (and
+PTX) in our own checked entries. A hit is rebuilt with numba-cuda's `CUDACodeLibrary._rebuild` and
 `_Kernel._rebuild` (what its own cache does) and loaded into the context at once, so a
 bad image is a miss, and launches and graph capture run exactly numba's code. The cubin
 is the one the miss compiled: no kernel's code changes.
