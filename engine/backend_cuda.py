@@ -218,7 +218,9 @@ class CUDABackend:
         self.kv.zero(self.stream)
         self.stream.synchronize()
         self.compile_seconds = time.perf_counter() - t0
-        log.info("CUDA kernels compiled and %d graphs captured in %.1f s", len(self._graphs), self.compile_seconds)
+        from .kernel_cache import run_summary
+        log.info("CUDA kernels compiled and %d graphs captured in %.1f s; %s", len(self._graphs),
+                 self.compile_seconds, run_summary())
 
     # -- host <-> device per step -------------------------------------------------------
     def _set_state(self, pos: int | None = None, token: int | None = None, last: int | None = None) -> None:

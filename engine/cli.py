@@ -4,6 +4,8 @@
     genie-rt serve -m MODEL                 OpenAI-compatible HTTP server
     genie-rt bench -m MODEL                 llama-bench-like pp/tg numbers
     genie-rt kv list|show|rm|clear          persistent conversation caches
+    genie-rt cache info|clear               compiled CUDA kernels (engine/cli_cache.py)
+    genie-rt warmup -m MODEL                compile and cache a model's kernels, then exit
 
 Without -m, `run` uses the built-in micro model (random weights, 2 layers): it proves
 the install and the pipeline on any machine; its text is gibberish by design.
@@ -14,6 +16,8 @@ import argparse
 import logging
 import sys
 from pathlib import Path
+
+from .cli_cache import add_commands as add_cache_commands, add_kernel_cache_args, apply_kernel_cache_args
 
 BUILTIN_MODEL = Path(__file__).parent / "data" / "qwen3-micro-q4km.gguf"
 
@@ -32,6 +36,7 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool) -> None:
     p.add_argument("--kv-cache-dir", default=None, help="folder for persistent per-conversation KV caches")
     p.add_argument("--kv-cache-budget-mb", type=int, default=1024, help="disk budget of --kv-cache-dir, MiB (LRU eviction)")
     p.add_argument("-v", "--verbose", action="store_true")
+    add_kernel_cache_args(p)
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -173,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_argument("id", nargs="?", default=None)
     kv.add_argument("--kv-cache-dir", required=True)
     kv.set_defaults(func=cmd_kv)
+    add_cache_commands(sub, _add_model_args)
     return parser
 
 
@@ -183,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     from .gguf_file import GGUFError
     from .memory import MemoryBudgetError
     try:
+        apply_kernel_cache_args(args)
         return args.func(args)
     except (GGUFError, MemoryBudgetError, ValueError, OSError) as exc:
         print(f"genie-rt: error: {exc}", file=sys.stderr)

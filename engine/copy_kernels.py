@@ -18,6 +18,8 @@ import math
 import numpy as np
 from numba import cuda, float32
 
+from . import kernel_cache
+
 BLOCK = 256
 
 
@@ -62,6 +64,9 @@ def _copy_cols_kernel(src, dst, col0):
     t = cuda.blockIdx.y
     if i < src.shape[1]:
         dst[t, col0 + i] = src[t, i]
+
+
+kernel_cache.attach_module(globals())   # compiled kernels persist on disk (engine/kernel_cache.py)
 
 
 # -- launchers --------------------------------------------------------------------------

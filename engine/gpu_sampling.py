@@ -70,6 +70,7 @@ from numba import cuda, float32, int32, int64, uint32, uint64
 
 from genie_rt.quant import ptx   # simulator: installs warp shuffles on the fake cuda module
 
+from . import kernel_cache
 from .arena import Arena, ArenaLayout
 from .device_state import S_DRAWS as S_COUNTER
 from .device_state import S_HIST, S_POS, S_TOKEN
@@ -892,6 +893,9 @@ def _advance_state_kernel(state):
     """state[0] += 1 (the position of the next token)."""
     if cuda.threadIdx.x == 0 and cuda.blockIdx.x == 0:
         state[S_POS] += 1
+
+
+kernel_cache.attach_module(globals())   # compiled kernels persist on disk (engine/kernel_cache.py)
 
 
 # =====================================================================================

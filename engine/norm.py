@@ -40,6 +40,8 @@ from numba import cuda, float32, int8
 from genie_rt.quant import ptx   # simulator: installs warp shuffles
 from genie_rt.quant.gemv_kernels import q8_of_warp
 
+from . import kernel_cache
+
 SIMULATOR = ptx.SIMULATOR
 FULL = 0xFFFFFFFF
 Q8_BLOCK = 32                      # values per q8 scale (quant/gemv.py)
@@ -178,7 +180,7 @@ def _make_rmsnorm_q8_kernel(write_h: bool):
             if write_h:
                 out[r, i] = v
             _q8_store(v, xq, xs, r, i)
-    return kernel
+    return kernel_cache.attach(kernel)
 
 
 _rmsnorm_q8_kernel = _make_rmsnorm_q8_kernel(False)
@@ -221,7 +223,7 @@ def _make_rmsnorm_q8_resident(write_h: bool, J: int):
                 if write_h:
                     out[r, i] = v
                 _q8_store(v, xq, xs, r, i)
-    return kernel
+    return kernel_cache.attach(kernel)
 
 
 _rmsnorm_q8_r4_kernel = _make_rmsnorm_q8_resident(False, 4)      # d = 4 * block: 1024-4096
@@ -248,6 +250,9 @@ def _swiglu_kernel(g, g_col, u, u_col, out):
     if j < out.shape[1]:
         a = g[r, g_col + j]
         out[r, j] = a / (float32(1) + math.exp(-a)) * u[r, u_col + j]
+
+
+kernel_cache.attach_module(globals())   # compiled kernels persist on disk (engine/kernel_cache.py)
 
 
 # =====================================================================================

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
+from genie_rt.engine import kernel_cache
 from genie_rt.engine.qwen3 import attention as attention_reference
 from genie_rt.quant import ptx
 from genie_rt.quant.ptx import SIMULATOR
@@ -362,7 +363,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
             tickets[kvh * n_sub + sub] = 0       # ready for the next launch (graph replay)
 
     kernel.tile = TILE
-    return kernel
+    return kernel_cache.attach(kernel)
 
 
 DECODE_SIGNATURE = ("void(float32[::1], uint32[::1], uint32[::1], float32[:, ::1], "

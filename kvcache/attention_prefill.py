@@ -53,6 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import cuda, float32, uint32
 
+from genie_rt.engine import kernel_cache
 from genie_rt.engine.qwen3 import attention as attention_reference
 from genie_rt.quant import ptx
 from genie_rt.quant.ptx import SIMULATOR
@@ -364,7 +365,7 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0):
                         part_ml[split, prow, 1] = l_row
 
     kernel.block_n = BN
-    return kernel
+    return kernel_cache.attach(kernel)
 
 
 @cuda.jit
@@ -395,6 +396,7 @@ PREFILL_SIGNATURE = ("void(float32[:, :, ::1], uint32[::1], uint32[::1], float32
                      "float32[:, ::1], int32[::1], float32[:, ::1], float32[:, :, ::1], "
                      "float32[:, :, ::1])")
 MERGE_SIGNATURE = "void(float32[:, :, ::1], float32[:, :, ::1], int32, float32[:, ::1])"
+kernel_cache.attach(prefill_merge)   # compiled kernels persist on disk (engine/kernel_cache.py)
 
 
 # =====================================================================================

@@ -36,6 +36,7 @@ import math
 import numpy as np
 from numba import cuda, float32, int32
 
+from genie_rt.engine import kernel_cache
 from genie_rt.engine.qwen3 import rmsnorm, rope_neox, rope_tables
 from genie_rt.quant import ptx  # noqa: F401  (installs warp shuffles in the simulator)
 from genie_rt.quant.ptx import SIMULATOR
@@ -186,7 +187,7 @@ def _make_kernel(int8_cache: bool):
                     v_cache[pos, kvh, d] = buf[warp, d]
                 else:
                     k_cache[pos, kvh, d] = buf[warp, d]
-    return kernel
+    return kernel_cache.attach(kernel)
 
 
 rope_write_int8 = _make_kernel(True)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
+from genie_rt.engine import kernel_cache
+
 from . import ptx
 from .formats import BLOCK_SIZES, QType, dequantize
 from .layout import PackedWeight, unpack
@@ -206,6 +208,9 @@ def _embed_f32(ids, w, out):
     if tok < 0:
         return
     out[cuda.blockIdx.x, i] = w[tok, i]
+
+
+kernel_cache.attach_module(globals())   # compiled kernels persist on disk (engine/kernel_cache.py)
 
 
 # =====================================================================================

@@ -43,6 +43,8 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, int8, uint32
 
+from genie_rt.engine import kernel_cache
+
 from . import ptx
 from .formats import QType
 
@@ -518,7 +520,7 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32):
                     y[i] = acc[t] + res[i]      # same thread reads then writes: y may be res
                 else:
                     y[i] = acc[t]
-    return gemv
+    return kernel_cache.attach(gemv)
 
 
 def qkv_kernel(specs, NT, KSPLIT, LPR=32):
@@ -564,7 +566,7 @@ def qkv_kernel(specs, NT, KSPLIT, LPR=32):
         if (lane & SUB) == 0 and ks == 0 and row < nrows:
             for t in range(NT):
                 y[t * ldy + off + row] = acc[t]
-    return qkv
+    return kernel_cache.attach(qkv)
 
 
 def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32):
@@ -595,7 +597,7 @@ def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32):
             for t in range(NT):
                 g = acc[t]
                 h[t * rows + row] = g / (float32(1) + math.exp(-g)) * acc[NT + t]
-    return swiglu
+    return kernel_cache.attach(swiglu)
 
 
 @_dev
@@ -635,3 +637,6 @@ def quantize_q8_kernel(x, xq, xs, n):
             xs[b + 1] = d * float32(s)
             xs[b + 2] = d * float32(s_hi)
             xs[b + 3] = d * float32(s + s_hi)
+
+
+kernel_cache.attach(quantize_q8_kernel)   # compiled kernels persist on disk (engine/kernel_cache.py)

@@ -40,6 +40,8 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
+from genie_rt.engine import kernel_cache
+
 from .ptx import hfma2
 from .ptx import (SIMULATOR, cp_async16_zfill, cp_async_commit, cp_async_wait_group_0,
                   cp_async_wait_group_1, cp_async_wait_group_2, f16_bits_to_f32,
@@ -612,7 +614,7 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
 
     kernel.mmq_meta = dict(fmt=fmt, wm=wm, wn=wn, mt=mt, nt=nt, stages=stages, epi=epi, red=red,
                            threads=NTH, bm=BM, bm_out=BM // 2 if swiglu else BM, bn=8 * nt * wn)
-    return kernel
+    return kernel_cache.attach(kernel)
 
 
 # =====================================================================================
@@ -671,4 +673,4 @@ def build_reduce_kernel(epi):
         else:
             u = split_sum(ws, i + rows_out, stride, splits) * xs
             y[tok, r] = v / (float32(1.0) + math.exp(-v)) * u
-    return reduce
+    return kernel_cache.attach(reduce)

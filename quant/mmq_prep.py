@@ -7,6 +7,8 @@ import math
 import numpy as np
 from numba import cuda, float32, uint32
 
+from genie_rt.engine import kernel_cache
+
 from .ptx import SIMULATOR, mma_f16_f32, pack_half2
 
 U = np.uint32
@@ -180,7 +182,7 @@ def _make_resident(J):
                     a = a * rinv * norm_w[p]
                     b = b * rinv * norm_w[p + 2]
                 out[row, q] = pack_half2(a * inv, b * inv)
-    return prepare_x_resident
+    return kernel_cache.attach(prepare_x_resident)
 
 
 def mmq_order(cols):
@@ -215,3 +217,6 @@ def mma_peak_kernel(out, iters):
         for e in range(4):
             s += acc[c, e]
     out[cuda.grid(1)] = s
+
+
+kernel_cache.attach_module(globals())   # compiled kernels persist on disk (engine/kernel_cache.py)
