@@ -205,10 +205,10 @@ class CUDABackend:
     def warm_up(self) -> None:
         """Compile every kernel and capture the decode graphs and prefill buckets now."""
         t0 = time.perf_counter()
+        for n, splits, start in self.prefill_keys():
+            self._set_state(pos=start, last=0)       # a position that gives this split count
+            self._run(("prefill", n, splits), lambda n=n, splits=splits: self._record_prefill(n, splits))
         self._set_state(pos=0, last=0)
-        for n in BUCKETS:
-            if n <= self.lay.chunk:
-                self._run(("prefill", n, 1), lambda n=n: self._record_prefill(n, 1))
         for mode in (None, "greedy", "full"):
             self._run(("head", mode), lambda mode=mode: self._record_head(self.arena["x_last"], mode))
         for mode in (None, "greedy", "full"):
@@ -221,6 +221,21 @@ class CUDABackend:
         from .kernel_cache import run_summary
         log.info("CUDA kernels compiled and %d graphs captured in %.1f s; %s", len(self._graphs),
                  self.compile_seconds, run_summary())
+
+    def prefill_keys(self) -> list[tuple[int, int, int]]:
+        """Every (bucket, attention splits) a prefill chunk can run as, with the first start
+        position that gives it: all are captured at load, so a chunk after a long cached
+        prefix (more splits) does not compile and capture on its first use."""
+        from genie_rt.kvcache.attention_prefill import prefill_splits
+        plan, keys = self.lay.prefill_plan, []
+        for n in BUCKETS:
+            if n > self.lay.chunk or n > self.n_ctx:
+                continue
+            first: dict[int, int] = {}
+            for start in list(range(0, self.n_ctx - n + 1, plan.block_n)) + [self.n_ctx - n]:
+                first.setdefault(prefill_splits(plan, n, start), start)
+            keys += [(n, splits, start) for splits, start in sorted(first.items())]
+        return keys
 
     # -- host <-> device per step -------------------------------------------------------
     def _set_state(self, pos: int | None = None, token: int | None = None, last: int | None = None) -> None:

@@ -174,3 +174,19 @@ def test_engine_generates_and_reuses_prefix(fixture_gguf, tmp_path):
     restored = [e for e in cpu.generate(GenerationRequest(follow, SamplingParams(temperature=0), max_tokens=4,
                                                           conversation_id="kitchen")) if isinstance(e, Done)][0]
     assert restored.result.n_cached >= len(a)
+
+
+def test_warm_up_captures_every_prefill_split_count_a_start_position_can_need():
+    """A chunk after a long cached prefix runs with more attention splits: every (bucket,
+    splits) pair must be captured at load, not on the first such request (issue 13)."""
+    from types import SimpleNamespace
+
+    from genie_rt.engine.backend_cuda import BUCKETS, CUDABackend
+    from genie_rt.kvcache.attention_prefill import plan_prefill, prefill_splits
+    plan = plan_prefill(32, 8, 128, "int8", 512)
+    be = SimpleNamespace(lay=SimpleNamespace(prefill_plan=plan, chunk=512), n_ctx=8192)
+    keys = CUDABackend.prefill_keys(be)
+    assert {(n, s) for n, s, _ in keys} == {
+        (n, prefill_splits(plan, n, start)) for n in BUCKETS for start in range(0, 8192 - n + 1)}
+    for n, splits, start in keys:
+        assert prefill_splits(plan, n, start) == splits and start + n <= 8192
