@@ -532,7 +532,8 @@ def test_no_memory_growth_over_many_requests(server, reference):
 # --- review fixes: malformed tools, element indexes, bounded messages -----------------------------------
 @pytest.mark.parametrize("tools, tool_choice, needle", [
     ([{"type": 5}], None, "tools[0].type"),
-    ([{"type": None, "function": None}], None, "tools[0].function"),
+    ([{"type": None, "function": None}], None, "tools[0].type"),
+    ([{"function": {"name": "f"}}], None, "tools[0].type"),
     ([{"type": "retrieval", "x": 1}], "auto", "unsupported tool type"),
     ([{"type": "function", "function": {"name": "f", "parameters": "not an object"}}], None,
      "tools[0].function.parameters"),

@@ -215,8 +215,12 @@ def test_native_completion_route_in_llama_servers_shape(engine, client, route):
     with client.stream("POST", route, json={**body, "stream": True}) as rs:
         events = sse_events(rs)
     assert "[DONE]" not in events
-    assert all(e["stop"] is False and set(e) == {"index", "content", "tokens", "stop", "id_slot"}
-               for e in events[:-1])
+    keys = {"index", "content", "tokens", "stop", "id_slot", "tokens_predicted", "tokens_evaluated"}
+    assert all(e["stop"] is False and set(e) == keys for e in events[:-1])
+    # each piece carries its token ids and the running counts, as llama-server's partial results
+    assert all(e["tokens"] and all(isinstance(t, int) for t in e["tokens"]) for e in events[:-1])
+    assert [e["tokens_predicted"] for e in events[:-1]] == list(range(1, len(events)))
+    assert all(e["tokens_evaluated"] == j["tokens_evaluated"] for e in events[:-1])
     assert "".join(e["content"] for e in events) == j["content"]
     assert events[-1]["stop"] is True and events[-1]["stop_type"] == "eos" and events[-1]["content"] == ""
     # the token limit and the end of generation
@@ -445,9 +449,14 @@ def test_cors_preflight_and_headers(client):
     r = client.options("/v1/chat/completions", headers={
         "Origin": "http://example.com", "Access-Control-Request-Method": "POST",
         "Access-Control-Request-Headers": "authorization,content-type"})
-    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "*"
+    # llama-server's defaults: the origin echoed, credentials allowed, its method and header lists
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == "http://example.com"
+    assert r.headers["access-control-allow-credentials"] == "true"
+    assert r.headers["access-control-allow-methods"] == "GET, POST, DELETE, OPTIONS"
+    assert r.headers["access-control-allow-headers"] == "*"
     r = client.get("/v1/models", headers={"Origin": "http://example.com"})
-    assert r.headers["access-control-allow-origin"] == "*"
+    assert r.headers["access-control-allow-origin"] == "http://example.com"
+    assert "access-control-allow-origin" not in client.get("/v1/models").headers   # no Origin, nothing to echo
 
 
 # --- shutdown -----------------------------------------------------------------------------------------------------
