@@ -50,7 +50,7 @@ from genie_rt.engine.generate import GenerationRequest
 
 from . import anthropic, info, ollama, responses, slots, webui
 from .errors import ApiError
-from .generation import chat_completions, completion_native, completions
+from .generation import chat_completions, chat_input_tokens, completion_native, completions
 from .http_middleware import APIKeyMiddleware, CORSMiddleware
 from .state import ServerSettings, ServerState
 
@@ -79,6 +79,8 @@ def routes(settings: ServerSettings) -> list[Route]:
         Route("/v1/health", info.health, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
+        Route("/chat/completions/input_tokens", chat_input_tokens, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/completion", completion_native, methods=["POST"]),
         Route("/completions", completion_native, methods=["POST"]),

@@ -12,10 +12,11 @@ What each llama-server flag means here (docs/server.md has the table):
   -1|0, --reasoning-format, --slots/--no-slots, --slot-save-path, --no-webui/--no-ui,
   --cors-origins, -ctk/-ctv (f32, f16, q8_0 -> our int8), -ub/--ubatch-size (prefill chunk);
 - accepted with a different meaning: -np/--parallel N (N slots are reported and each gets
-  ctx/N positions as in llama-server, but one engine worker serves them one after another);
+  ctx/N positions as in llama-server - the whole context with --kv-unified - but one engine
+  worker serves them one after another);
   --jinja/--no-jinja (templates are always Jinja); --metrics (always on);
 - accepted and ignored (llama.cpp's own tuning; a log line says so): -t, -tb, -ngl, -b, -fa,
-  -cb/-nocb, --kv-unified, --swa-full, --mlock, --no-mmap, --cache-ram, --no-cache-idle-slots,
+  -cb/-nocb, --swa-full, --mlock, --no-mmap, --cache-ram, --no-cache-idle-slots,
   --no-warmup, --log-*;
 - refused with a sentence saying why (the feature does not exist here): --embedding,
   --reranking, --lora, --mmproj, --model-draft, --context-shift, ... Any other unknown flag is
@@ -39,7 +40,7 @@ IGNORED_WITH_VALUE = ["-t", "--threads", "-tb", "--threads-batch", "-ngl", "--gp
                       "-b", "--batch-size", "--cache-ram", "-cram", "--log-file", "--log-verbosity", "-lv",
                       "-sm", "--split-mode", "-ts", "--tensor-split", "-mg", "--main-gpu", "--numa",
                       "--timeout", "--threads-http", "--keep", "--n-keep"]
-IGNORED_FLAGS = ["-cb", "--cont-batching", "-nocb", "--no-cont-batching", "--kv-unified", "--no-kv-unified",
+IGNORED_FLAGS = ["-cb", "--cont-batching", "-nocb", "--no-cont-batching", "--no-kv-unified",
                  "--swa-full", "--mlock", "--no-mmap", "--mmap", "--no-cache-idle-slots", "--no-warmup",
                  "--log-disable", "--log-colors", "--log-prefix", "--log-timestamps", "--no-perf",
                  "--no-context-shift", "--cache-reuse-disable", "--offline"]
@@ -135,6 +136,8 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     # slots, parallelism
     p.add_argument("-np", "--parallel", type=_positive_int("--parallel"), default=1,
                    help="slots reported; each gets ctx/N positions; one engine worker serves them in turn")
+    p.add_argument("-kvu", "--kv-unified", action="store_true",
+                   help="with -np: every slot may use the whole context (one KV pool here in any case)")
     p.add_argument("--slots", dest="slots", action="store_true", default=True, help="GET /slots on (default)")
     p.add_argument("--no-slots", dest="slots", action="store_false", help="GET /slots answers 501")
     p.add_argument("--slot-save-path", default=None, metavar="DIR", help="folder of POST /slots/0?action=save files")
@@ -244,7 +247,7 @@ def apply_engine_overrides(args) -> None:
         args.kv = CACHE_TYPES[kv]
     if args.ubatch_size is not None:
         args.prefill_chunk = args.ubatch_size
-    if args.parallel > 1 and args.ctx is not None:
+    if args.parallel > 1 and args.ctx is not None and not args.kv_unified:
         if args.ctx // args.parallel < 2:
             raise ValueError(f"--ctx {args.ctx} split over --parallel {args.parallel} slots leaves no room")
         args.ctx_total = args.ctx

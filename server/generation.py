@@ -35,6 +35,24 @@ render_chat = jobs.render_chat
 forced_tool_start = jobs.forced_tool_start
 
 
+def select_fields(obj: dict, fields: list[str] | None) -> dict:
+    """llama-server's response_fields: only these keys, "a/b" naming a nested one (missing: left out)."""
+    if not fields:
+        return obj
+    out = {}
+    for name in fields:
+        value, found = obj, True
+        for part in name.split("/"):
+            if isinstance(value, dict) and part in value:
+                value = value[part]
+            else:
+                found = False
+                break
+        if found:
+            out[name] = value
+    return out
+
+
 def _sse_error(exc: BaseException) -> bytes:
     return sse({"error": api_error(exc).error_object()})
 
@@ -78,7 +96,23 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
     chat.output.text = chat.forced + generated
     response, has_calls = fmt.response(result)
     jobs._count_tool_calls(st, result, has_calls)
+    if st.settings.verbose or chat.req.verbose:   # llama-server's --verbose / "verbose": what the model got
+        response["__verbose"] = {"prompt": chat.prompt_text, "content": generated}
     return JSONResp(response)
+
+
+@endpoint
+async def chat_input_tokens(request: Request, st: ServerState) -> Response:
+    """POST /v1/chat/completions/input_tokens: the prompt tokens a chat request would have."""
+    engine = st.ready_engine()
+    body = await read_json(request, st.settings.max_body_bytes)
+    req = await run_in_threadpool(schemas.parse_chat, body, st.vocab_size, st.tokenize_text, st.settings.defaults)
+
+    def count() -> int:
+        text, _ = jobs.render_chat(engine.template, req.messages, req.tools, req.template_kwargs,
+                                   req.add_generation_prompt)
+        return len(jobs.encode_prompt(st, text, True, True, None))
+    return JSONResp({"input_tokens": await run_in_threadpool(count)})
 
 
 @endpoint
@@ -124,7 +158,7 @@ async def _completion(request: Request, st: ServerState, native: bool) -> Respon
             return SSEResponse(_sse(stream, event, [], lambda ev: [nfmt.text_chunk(ev)] if ev.text or ev.tokens else [],
                                     lambda result: [nfmt.response("", [], result)], done_marker=False))
         text, tokens, result = await jobs.collect(stream, event)
-        return JSONResp(nfmt.response(text, tokens, result))
+        return JSONResp(select_fields(nfmt.response(text, tokens, result), req.response_fields))
     fmt = CompletionFormatter(st.model_name, FINGERPRINT)
     if req.gen.stream:
         return SSEResponse(_sse(stream, event, [], lambda ev: [fmt.text_chunk(ev.text)] if ev.text else [],

@@ -11,7 +11,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.responses import StreamingResponse
 
 from . import jobs, schemas
-from .errors import ApiError, JSONResp, bad_request, endpoint, json_bytes
+from .errors import ApiError, JSONResp, endpoint, json_bytes
 from .openai_format import SAMPLERS, sampling_settings
 from .prompt_limits import iter_encode, release_memory
 from .state import FINGERPRINT, ServerState
@@ -208,13 +208,7 @@ async def apply_template(request: Request, st: ServerState) -> Response:
     messages = schemas.chat_messages(body)            # exactly what chat completions renders
     kwargs = schemas.template_kwargs(body, st.settings.defaults.reasoning)
     tools = schemas.parse_tools(body)
-    add_gen = schemas.get_bool(body, "add_generation_prompt", True)
-    cont = body.get("continue_final_message")
-    if cont not in (None, False) and add_gen:
-        raise bad_request("'add_generation_prompt' and 'continue_final_message' cannot both be true: "
-                          "continue the last message (add_generation_prompt: false), or start a new turn")
-    if cont not in (None, False) and not (messages and messages[-1].get("role") == "assistant"):
-        raise bad_request("'continue_final_message': the last message is not an assistant message")
+    add_gen = schemas.generation_prompt_flag(body, messages)
     text, prefilled = await run_in_threadpool(jobs.render_chat, engine.template, messages, tools, kwargs, add_gen)
     if add_gen and not prefilled:
         text = jobs.close_forced_think(text, kwargs.get("enable_thinking") is False)

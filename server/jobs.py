@@ -202,12 +202,14 @@ class ChatJob:
     stream: JobStream
     event: Any
     st: ServerState
+    prompt_text: str = ""
 
 
 def _render(st: ServerState, req: schemas.ChatRequest) -> tuple[str, str, list[int]]:
     engine = st.engine
-    text, prefilled = render_chat(engine.template, req.messages, req.tools, req.template_kwargs)
-    if not prefilled:
+    text, prefilled = render_chat(engine.template, req.messages, req.tools, req.template_kwargs,
+                                  req.add_generation_prompt)
+    if not prefilled and req.add_generation_prompt:
         text = close_forced_think(text, req.template_kwargs.get("enable_thinking") is False)
     forced = "" if prefilled else forced_tool_start(engine.template, text, req.forced_tool)
     return text, forced, encode_prompt(st, text + forced, True, True, engine.n_ctx - 1)
@@ -228,7 +230,7 @@ async def start_chat(request: Request, st: ServerState, body: dict | None = None
     output.text = forced        # the reply is parsed with its forced start (held back until parsed)
     stream = start_job(request, st, req.gen, prompt)
     event = await first_event(stream)
-    return ChatJob(req, output, forced, prompt, stream, event, st)
+    return ChatJob(req, output, forced, prompt, stream, event, st, text + forced)
 
 
 def _count_tool_calls(st: ServerState, result, has_calls: bool) -> None:

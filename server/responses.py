@@ -17,8 +17,9 @@ Response: {"id": "resp_...", "object": "response", "status": completed | incompl
 [reasoning item, message item (output_text), function_call items], "usage", ...}. Streaming:
 response.created, response.in_progress, then per item output_item.added, content_part.added /
 output_text.delta / output_text.done / content_part.done (or reasoning_text.delta / .done, or
-function_call_arguments.delta / .done), output_item.done, and response.completed (or
-response.incomplete); a failure after the start is a response.failed event. Every event has
+function_call_arguments.delta / .done), output_item.done, and response.completed (also when the
+token limit cut the reply: its status says "incomplete"); a failure after the start is a
+response.failed event. Every event has
 its sequence_number, as the client's stream accumulator expects.
 
 Deliberately not here: storage of responses, built-in tools, structured outputs.
@@ -301,8 +302,9 @@ async def _stream(chat: jobs.ChatJob, rb: ResponseBuilder):
                 for e in close_current():
                     yield e
                 final = rb.envelope("completed", output, result)
-                yield rb.event("response.incomplete" if final["status"] == "incomplete" else "response.completed",
-                               response=final)
+                # response.completed even when the token limit cut the reply (status "incomplete"):
+                # the openai client's stream only finishes on that event, and llama-server sends it
+                yield rb.event("response.completed", response=final)
     except ApiError as exc:
         if exc.status != 499:
             failed = rb.envelope("failed", output)

@@ -352,6 +352,8 @@ class ChatRequest:
     forced_tool: bool | str | None
     parse_reasoning: bool                  # reasoning_format != "none"
     template_kwargs: dict = field(default_factory=dict)
+    add_generation_prompt: bool = True     # false: the last turn is not followed by the assistant's
+    verbose: bool = False                  # llama-server's "verbose": the prompt in "__verbose"
 
 
 @dataclass
@@ -359,6 +361,7 @@ class CompletionRequest:
     gen: GenerationFields
     prompt: str | list                     # text, token ids, or a mixed list of both
     return_tokens: bool = False            # /completion: the generated ids in "tokens"
+    response_fields: list | None = None    # /completion: only these fields ("a/b": nested)
     batch: list | None = None              # several prompts (each like `prompt`), answered as a list
 
 
@@ -553,7 +556,9 @@ def parse_chat(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]
     if fmt not in REASONING_FORMATS:
         raise bad_request(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}, got {_show(fmt)}")
     tools = parse_tools(body)
-    return ChatRequest(gen=parse_generation(body, vocab_size, tokenize, defaults), messages=messages,
+    add_generation_prompt = generation_prompt_flag(body, messages)
+    return ChatRequest(add_generation_prompt=add_generation_prompt, verbose=get_bool(body, "verbose", False),
+                       gen=parse_generation(body, vocab_size, tokenize, defaults), messages=messages,
                        tools=tools, enable_thinking=enable_thinking,
                        forced_tool=parse_tool_choice(body, tools),
                        parse_reasoning=fmt != "none", template_kwargs=kwargs)
@@ -607,6 +612,21 @@ def parse_prompts(value: Any, vocab_size: int) -> list:
     return [_one_prompt(value, vocab_size, "prompt")]
 
 
+def generation_prompt_flag(body: dict, messages: list) -> bool:
+    """add_generation_prompt (default true) and continue_final_message as llama-server reads them:
+    both true is a 400 (continuing the last message and opening a new turn exclude each other);
+    a final assistant message is continued either way (a prefill)."""
+    add_gen = get_bool(body, "add_generation_prompt", True)
+    cont = body.get("continue_final_message")
+    if cont not in (None, False):
+        if add_gen:
+            raise bad_request("'add_generation_prompt' and 'continue_final_message' cannot both be true: "
+                              "continue the last message (add_generation_prompt: false), or start a new turn")
+        if not (messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant"):
+            raise bad_request("'continue_final_message': the last message is not an assistant message")
+    return add_gen
+
+
 def parse_prompt(value: Any, vocab_size: int) -> str | list:
     """One completion prompt (several: 400)."""
     prompts = parse_prompts(value, vocab_size)
@@ -648,8 +668,11 @@ def parse_completion(body: dict, vocab_size: int, tokenize: Callable[[str], list
     prompts = parse_prompts(body["prompt"], vocab_size)
     gen = parse_generation(body, vocab_size, tokenize, defaults)
     return_tokens = get_bool(body, "return_tokens", False)
+    fields = body.get("response_fields")
+    if fields is not None and (not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)):
+        raise bad_request("'response_fields' must be an array of strings")
     if len(prompts) == 1:
-        return CompletionRequest(gen=gen, prompt=prompts[0], return_tokens=return_tokens)
+        return CompletionRequest(gen=gen, prompt=prompts[0], return_tokens=return_tokens, response_fields=fields)
     if not allow_batch:
         raise bad_request("several prompts per request are not supported on this route")
     return CompletionRequest(gen=gen, prompt=prompts[0], return_tokens=return_tokens, batch=prompts)

@@ -21,7 +21,7 @@ from .worker import EngineWorker
 log = logging.getLogger("genie_rt.server")
 
 VERSION = "0.1.0"
-FINGERPRINT = f"genie-rt-{VERSION}"   # system_fingerprint and build_info
+FINGERPRINT = f"b0-genie-rt-{VERSION}"   # system_fingerprint and build_info ("b": llama.cpp's build-number form, which clients parse)
 
 
 @dataclass

@@ -58,8 +58,9 @@ def run_tests(llama_cpp: Path, files: list[str], results_path: Path, extra: list
         env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(wrapper), "GENIE_LLAMA_RESULTS": str(results_path),
                "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
         env.setdefault("PORT", "18080")
+        # -m "not slow": as llama.cpp's tests.sh runs them by default (the slow ones download 1-8B models)
         cmd = [sys.executable, "-m", "pytest", "-p", "genie_plugin", "-p", "no:cacheprovider", "-q",
-               "-o", "addopts=", *extra, *[f"unit/{f}" for f in files]]
+               "-o", "addopts=", "-m", "not slow", *extra, *[f"unit/{f}" for f in files]]
         print("running:", " ".join(cmd), f"(in {tests_dir})", flush=True)
         return subprocess.call(cmd, cwd=tests_dir, env=env, stdout=sys.stderr if extra else None)
 
