@@ -6,7 +6,10 @@ aborted: the server cancels the generation). The page itself needs no API key (a
 cannot send one on navigation, as llama-server's web UI); the key typed into it is sent with
 every API call. --no-webui turns it off (404).
 
-Deliberately not here: llama.cpp's web UI bundle, conversation storage, settings beyond thinking.
+Tools (an OpenAI tools array, typed into the page) are sent with each request when given.
+
+Deliberately not here: llama.cpp's web UI bundle, conversation storage, settings beyond thinking
+and tools.
 """
 from __future__ import annotations
 
