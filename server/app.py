@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+import socket
 import threading
 from pathlib import Path
 
@@ -200,6 +201,33 @@ def chat_template_override(args, engine):
                      + ", Jinja source, or --chat-template-file")
 
 
+def bind_sockets(hosts: str, port: int) -> list[socket.socket]:
+    """Listening sockets for a comma-separated host list (llama-server's `--host 127.0.0.1,::1`);
+    port 0 picks one free port for all of them."""
+    out: list[socket.socket] = []
+    try:
+        for host in [h.strip().strip("[]") for h in hosts.split(",") if h.strip()]:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP,
+                                       flags=socket.AI_PASSIVE)
+            family, _, proto, _, addr = infos[0]
+            sock = socket.socket(family, socket.SOCK_STREAM, proto)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(addr)
+            sock.listen(2048)
+            sock.set_inheritable(True)
+            port = port or sock.getsockname()[1]
+            out.append(sock)
+    except OSError:
+        for sock in out:
+            sock.close()
+        raise
+    if not out:
+        raise ValueError(f"--host {hosts!r} names no address")
+    return out
+
+
 def serve(args, engine_config, settings: ServerSettings | None = None) -> int:
     """`genie-rt serve`: bind, load the model in the background, serve until SIGTERM/SIGINT."""
     settings = settings or ServerSettings.from_args(args)
@@ -226,6 +254,13 @@ def serve(args, engine_config, settings: ServerSettings | None = None) -> int:
                             server_header=False)
     server = GracefulServer(config, state)
     state.on_load_failed = lambda: setattr(server, "should_exit", True)
-    log.info("listening on http://%s:%d (loading %s)", settings.host, settings.port, model_path)
-    server.run()
+    sockets = bind_sockets(settings.host, settings.port)   # bound before the model loads: /health says 503
+    log.info("listening on %s (loading %s)", ", ".join(
+        "http://%s:%d" % (f"[{s.getsockname()[0]}]" if s.family == socket.AF_INET6 else s.getsockname()[0],
+                          s.getsockname()[1]) for s in sockets), model_path)
+    try:
+        server.run(sockets=sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
     return 1 if state.status == "error" else 0
