@@ -66,14 +66,18 @@ def usage(result) -> dict:
 
 
 def timings(result) -> dict:
+    """llama-server's timings. The first generated token comes from the prompt's last logits (its
+    time is in prompt_ms), so the generation rate is over the n - 1 decode steps, as llama-server
+    reports it (0 for a single token)."""
     prompt_n = result.n_prompt - result.n_cached
+    steps = max(0, result.n_generated - 1)
     return {"cache_n": result.n_cached,
             "prompt_n": prompt_n, "prompt_ms": result.prompt_ms,
             "prompt_per_token_ms": _per_token_ms(prompt_n, result.prompt_ms),
             "prompt_per_second": _per_second(prompt_n, result.prompt_ms),
             "predicted_n": result.n_generated, "predicted_ms": result.gen_ms,
-            "predicted_per_token_ms": _per_token_ms(result.n_generated, result.gen_ms),
-            "predicted_per_second": _per_second(result.n_generated, result.gen_ms)}
+            "predicted_per_token_ms": _per_token_ms(steps, result.gen_ms),
+            "predicted_per_second": _per_second(steps, result.gen_ms)}
 
 
 # --- chat --------------------------------------------------------------------------------------------

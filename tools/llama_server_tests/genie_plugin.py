@@ -35,10 +35,17 @@ def pytest_runtest_logreport(report):
     elif report.failed and entry["outcome"] != "failed":
         entry["outcome"] = "failed" if report.when != "teardown" else "error"
         entry["message"] = _first_line(report)
+    if report.when == "teardown":
+        _write()            # after every test: a run cut short still leaves its results
+
+
+def _write():
+    path = os.environ.get("GENIE_LLAMA_RESULTS")
+    if path:
+        with open(path + ".tmp", "w") as f:
+            json.dump(_results, f, indent=1, sort_keys=True)
+        os.replace(path + ".tmp", path)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    path = os.environ.get("GENIE_LLAMA_RESULTS")
-    if path:
-        with open(path, "w") as f:
-            json.dump(_results, f, indent=1, sort_keys=True)
+    _write()
