@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from . import jobs, schemas
-from .errors import ApiError, JSONResp, bad_request, endpoint, json_bytes
+from .errors import ApiError, JSONResp, api_error, bad_request, endpoint, json_bytes
 from .openai_format import random_id
 from .state import ServerState
 from .streaming import SSEResponse, read_json
@@ -48,13 +48,18 @@ def anthropic_error(exc: ApiError) -> dict:
 
 
 def anthropic_endpoint(fn):
-    """endpoint() with errors in Anthropic's shape."""
+    """endpoint() with every error in Anthropic's shape (a template's or the engine's too)."""
     @endpoint
     async def wrapped(request: Request, st: ServerState) -> Response:
         try:
             return await fn(request, st)
-        except ApiError as exc:
-            return JSONResp(anthropic_error(exc), status_code=exc.status, headers=exc.headers)
+        except Exception as exc:
+            err = api_error(exc, st.settings.retry_after_s)
+            if err.status >= 500 and not isinstance(exc, ApiError):
+                log.exception("%s %s failed", request.method, request.url.path)
+            if err.status == 400:
+                st.metrics.on_rejected("invalid")
+            return JSONResp(anthropic_error(err), status_code=err.status, headers=err.headers)
     wrapped.__name__ = fn.__name__
     return wrapped
 

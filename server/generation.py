@@ -23,7 +23,6 @@ from starlette.responses import Response
 from . import jobs, schemas
 from .errors import ApiError, JSONResp, api_error, endpoint
 from .openai_format import SSE_DONE, ChatFormatter, CompletionFormatter, NativeCompletionFormatter, sse
-from .prompt_limits import release_memory
 from .state import FINGERPRINT, ServerState
 from .streaming import JobStream, SSEResponse, read_json
 from .worker import DISCONNECTED
@@ -139,17 +138,12 @@ async def _prompt_ids(st: ServerState, prompt) -> list[int]:
 async def _completion(request: Request, st: ServerState, native: bool) -> Response:
     st.ready_engine()
     body = await read_json(request, st.settings.max_body_bytes)
-    big = len(body.get("prompt") or "") > 1 << 20 if isinstance(body.get("prompt"), str) else False
-    try:
-        req = await run_in_threadpool(schemas.parse_completion, body, st.vocab_size, st.tokenize_text,
-                                      st.settings.defaults, True)
-        del body
-        if req.batch is not None:
-            return await _completion_batch(request, st, req, native)
-        prompt = await _prompt_ids(st, req.prompt)
-    finally:
-        if big:
-            await run_in_threadpool(release_memory)
+    req = await run_in_threadpool(schemas.parse_completion, body, st.vocab_size, st.tokenize_text,
+                                  st.settings.defaults, True)
+    del body
+    if req.batch is not None:
+        return await _completion_batch(request, st, req, native)
+    prompt = await _prompt_ids(st, req.prompt)
     stream = jobs.start_job(request, st, req.gen, prompt)
     event = await jobs.first_event(stream)
     if native:

@@ -41,7 +41,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from . import jobs, schemas
-from .errors import ApiError, JSONResp, bad_request, endpoint, json_bytes
+from .errors import ApiError, JSONResp, api_error, bad_request, endpoint, json_bytes
 from .openai_format import random_id
 from .state import VERSION, ServerState
 from .streaming import read_json
@@ -59,13 +59,18 @@ IGNORED_OPTIONS = ("num_ctx", "num_gpu", "num_thread", "num_batch", "num_keep", 
 
 
 def ollama_endpoint(fn):
-    """endpoint() with errors in Ollama's shape: {"error": "message"}."""
+    """endpoint() with every error in Ollama's shape: {"error": "message"}."""
     @endpoint
     async def wrapped(request: Request, st: ServerState) -> Response:
         try:
             return await fn(request, st)
-        except ApiError as exc:
-            return JSONResp({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+        except Exception as exc:
+            err = api_error(exc, st.settings.retry_after_s)
+            if err.status >= 500 and not isinstance(exc, ApiError):
+                log.exception("%s %s failed", request.method, request.url.path)
+            if err.status == 400:
+                st.metrics.on_rejected("invalid")
+            return JSONResp({"error": err.message}, status_code=err.status, headers=err.headers)
     wrapped.__name__ = fn.__name__
     return wrapped
 

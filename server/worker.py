@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 
-from genie_rt.engine.generate import ContextOverflowError, Done, GenerationRequest
+from genie_rt.engine.generate import ContextOverflowError, Done
 
 log = logging.getLogger("genie_rt.server")
 

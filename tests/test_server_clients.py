@@ -116,8 +116,8 @@ def test_openai_tool_call_chat_and_responses(scripted):
     assert r2.output_text == "Done."
     prompt = engine.tokenizer.decode(engine.requests[-1].prompt)
     assert "ok, 30%" in prompt and "light_set" in prompt
+    engine.reply = lambda req: [CALL_TEXT]
     with client.responses.stream(model="m", input=ASK, tools=tools) as stream:
-        engine.reply = lambda req: [CALL_TEXT]
         final = stream.get_final_response()
     assert [o.type for o in final.output] == ["function_call"]
 
@@ -139,7 +139,7 @@ def ant(base) -> anthropic.Anthropic:
 
 def test_anthropic_messages_and_stream(real):
     client = ant(real)
-    kw = dict(model="x", max_tokens=10, system="You are a home assistant.", temperature=0,
+    kw = dict(model="x", max_tokens=10, system="You are a home assistant.", extra_body={"temperature": 0},
               messages=[{"role": "user", "content": "Hi"}])
     msg = client.messages.create(**kw)
     assert msg.type == "message" and msg.role == "assistant" and msg.stop_reason == "max_tokens"
