@@ -394,7 +394,9 @@ def test_invalid_fields_are_400_naming_the_field(server, fields, needle):
 @pytest.mark.parametrize("path, body, needle", [
     ("/v1/completions", {"prompt": [1, 2, 99999]}, "vocabulary"),
     ("/v1/completions", {"prompt": [1, -3]}, "vocabulary"),
-    ("/v1/completions", {"prompt": ["a", "b"]}, "one prompt"),
+    ("/v1/completions", {"prompt": [[1, 2], {"prompt_string": 3}]}, "prompt_string"),
+    ("/completion", {"prompt": {"prompt_string": "hi", "multimodal_data": ["x"]}}, "images"),
+    ("/completion", {"prompt": ["a", "b"], "stream": True}, "cannot be streamed"),
     ("/v1/completions", {"prompt": ""}, "empty"),
     ("/v1/completions", {"prompt": 12}, "prompt"),
     ("/v1/completions", {}, "prompt"),
