@@ -179,7 +179,9 @@ class GracefulServer(uvicorn.Server):
 
 def chat_template_override(args, engine):
     """The template --chat-template / --chat-template-file name, or None to keep the GGUF's."""
-    from genie_rt.engine.chat import CHATML_TEMPLATE, ChatTemplate
+    from genie_rt.engine.chat import ChatTemplate
+
+    from .builtin_templates import TEMPLATES
     meta = engine.gfile.metadata
     common = dict(bos_token=engine.template.bos_token, eos_token=engine.template.eos_token,
                   add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)))
@@ -191,13 +193,13 @@ def chat_template_override(args, engine):
         return None
     if "{{" in name or "{%" in name:
         return ChatTemplate(name, origin="--chat-template", **common)
-    if name == "chatml":
-        return ChatTemplate(CHATML_TEMPLATE, origin="built-in ChatML template", **common)
     if f"tokenizer.chat_template.{name}" in meta:
         return ChatTemplate.from_gguf_metadata(meta, name=name)
+    if name in TEMPLATES:
+        return ChatTemplate(TEMPLATES[name], origin=f"built-in {name} template", **common)
     named = sorted(k.rsplit(".", 1)[1] for k in meta if k.startswith("tokenizer.chat_template."))
-    raise ValueError(f"--chat-template {name!r}: not a template this server knows; use 'chatml'"
-                     + (f", one of the GGUF's ({', '.join(named)})" if named else "")
+    raise ValueError(f"--chat-template {name!r}: not a template this server knows; use one of "
+                     f"{', '.join(TEMPLATES)}" + (f", one of the GGUF's ({', '.join(named)})" if named else "")
                      + ", Jinja source, or --chat-template-file")
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hmac
 from urllib.parse import urlsplit
 
-from starlette.datastructures import Headers, MutableHeaders
+from starlette.datastructures import Headers
 
 from .errors import ApiError
 
@@ -59,22 +59,26 @@ class CORSMiddleware:
             return await self.app(scope, receive, send)
         origin = self.allowed_origin(Headers(scope=scope).get("origin"))
         if scope["method"] == "OPTIONS":
-            headers = [(b"access-control-allow-credentials", b"true"),
-                       (b"access-control-allow-methods", CORS_METHODS.encode()),
-                       (b"access-control-allow-headers", CORS_HEADERS.encode()),
-                       (b"content-type", b"text/html"), (b"content-length", b"0")]
+            # header names in llama-server's casing: HTTP does not care, but clients that copy
+            # headers into a plain dict (as llama.cpp's own tests do) look them up that way
+            headers = [(b"Access-Control-Allow-Credentials", b"true"),
+                       (b"Access-Control-Allow-Methods", CORS_METHODS.encode()),
+                       (b"Access-Control-Allow-Headers", CORS_HEADERS.encode()),
+                       (b"Content-Type", b"text/html"), (b"Content-Length", b"0")]
             if origin is not None:
-                headers.append((b"access-control-allow-origin", origin.encode("latin-1", "replace")))
+                headers.append((b"Access-Control-Allow-Origin", origin.encode("latin-1", "replace")))
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": b""})
             return
         if origin is None:
             return await self.app(scope, receive, send)
 
+        value = origin.encode("latin-1", "replace")
+
         async def send_with_origin(message):
             if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                headers["Access-Control-Allow-Origin"] = origin
+                raw = [(k, v) for k, v in message.get("headers", []) if k.lower() != b"access-control-allow-origin"]
+                message = {**message, "headers": raw + [(b"Access-Control-Allow-Origin", value)]}
             await send(message)
 
         await self.app(scope, receive, send_with_origin)

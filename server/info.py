@@ -120,8 +120,10 @@ async def metrics(request: Request, st: ServerState) -> Response:
     worker = st.worker
     text = st.metrics.render(processing=worker.n_processing, queued=worker.n_queued,
                              kv_tokens=len(getattr(engine, "kv_tokens", ()) or ()), n_ctx=engine.n_ctx)
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8",
-                             headers={"Process-Start-Time-Unix": str(st.started)})
+    response = PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+    # llama-server's casing (Starlette lowercases header names; a plain-dict reader looks this one up as is)
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(st.started).encode()))
+    return response
 
 
 TOKENIZE_GROUP = 4096       # ids (with pieces) rendered per chunk of a streamed /tokenize answer

@@ -164,7 +164,7 @@ def render_chat(template, messages: list, tools, kwargs: dict, add_generation_pr
             raise bad_request("'messages' ends with two assistant messages; only the last one can "
                               "be a prefill for the reply")
         content = messages[-1].get("content")
-        prefill = content if isinstance(content, str) else "".join(
+        prefill = content if isinstance(content, str) else "\n\n".join(   # text parts: llama-server's join
             p.get("text", "") for p in content or [] if isinstance(p, dict))
         return template.render(messages[:-1], tools=tools, add_generation_prompt=True, **kwargs) + prefill, True
     return template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt, **kwargs), False

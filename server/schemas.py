@@ -26,6 +26,7 @@ What it deliberately does not do
 """
 from __future__ import annotations
 
+import datetime
 import math
 import re
 from dataclasses import dataclass, field
@@ -362,7 +363,7 @@ def parse_tools(body: dict) -> list | None:
 def parse_thinking(body: dict, kwargs: dict, default: str = "off") -> bool | None:
     """Whether the template is asked to think: the request's chat_template_kwargs.enable_thinking,
     `think` or `enable_thinking`, else the server's --reasoning (off by default: a home
-    assistant answers fast; "auto": None, the template's own default)."""
+    assistant answers fast; "on" and "auto": on, as llama-server passes it to the template)."""
     if "enable_thinking" in kwargs and kwargs["enable_thinking"] is not None:
         if not isinstance(kwargs["enable_thinking"], bool):
             raise bad_request("'chat_template_kwargs.enable_thinking' must be a boolean")
@@ -373,7 +374,7 @@ def parse_thinking(body: dict, kwargs: dict, default: str = "off") -> bool | Non
     flag = get_bool(body, "enable_thinking", None)
     if flag is not None:
         return flag
-    return {"on": True, "off": False}.get(default)
+    return default != "off"          # "on" and "auto" (llama-server: thinking where the template has it)
 
 
 # Names the template call itself binds: a chat_template_kwargs key with one of them would
@@ -386,6 +387,8 @@ def template_kwargs(body: dict, reasoning_default: str = "off") -> dict:
     (parse_thinking; left out when neither the request nor the server decides) and the names
     the renderer binds itself dropped."""
     kwargs = dict(get_object(body, "chat_template_kwargs"))
+    # as llama-server: today's date for templates that print it (Llama 3.x: "26 Jul 2024" otherwise)
+    kwargs.setdefault("date_string", datetime.date.today().strftime("%d %b %Y"))
     thinking = parse_thinking(body, kwargs, reasoning_default)
     kwargs.pop("enable_thinking", None)
     if thinking is not None:

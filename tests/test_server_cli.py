@@ -113,8 +113,19 @@ def test_chat_template_names(fixture_gguf, tmp_path):
     path.write_text("{% for m in messages %}[{{ m.role }}]{{ m.content }}{% endfor %}")
     from_file = chat_template_override(SimpleNamespace(chat_template=None, chat_template_file=str(path)), engine)
     assert from_file.render([{"role": "user", "content": "hi"}]) == "[user]hi"
+    msgs = [{"role": "system", "content": "You are a test."}, {"role": "user", "content": "Hi there"}]
+    command_r = chat_template_override(SimpleNamespace(chat_template="command-r", chat_template_file=None), engine)
+    assert command_r.render(msgs) == ("<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a test.<|END_OF_TURN_TOKEN|>"
+                                      "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
+                                      "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>")
+    llama3 = chat_template_override(SimpleNamespace(chat_template="llama3", chat_template_file=None), engine)
+    assert llama3.render(msgs) == ("<|start_header_id|>system<|end_header_id|>\n\nYou are a test.<|eot_id|>"
+                                   "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+                                   "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    gemma = chat_template_override(SimpleNamespace(chat_template="gemma", chat_template_file=None), engine)
+    assert gemma.render(msgs) == "<start_of_turn>user\nYou are a test.\n\nHi there<end_of_turn>\n<start_of_turn>model\n"
     with pytest.raises(ValueError, match="not a template this server knows"):
-        chat_template_override(SimpleNamespace(chat_template="llama3", chat_template_file=None), engine)
+        chat_template_override(SimpleNamespace(chat_template="vicuna", chat_template_file=None), engine)
     path.write_text("{% for m in messages %}")
     with pytest.raises(ChatTemplateError):
         chat_template_override(SimpleNamespace(chat_template=None, chat_template_file=str(path)), engine)

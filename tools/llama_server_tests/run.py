@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", action="store_true", help="print the summary as a markdown table")
     p.add_argument("--report-only", type=Path, default=None, help="classify a results JSON written before")
     p.add_argument("-k", default=None, help="pytest -k expression")
+    p.add_argument("--update", type=Path, default=None,
+                   help="a results JSON of an earlier run: this run's outcomes replace its ones (a rerun of "
+                        "some tests after a fix), and the report covers both")
     args = p.parse_args(argv)
     if args.report_only:
         results = json.loads(args.report_only.read_text())["results"]
@@ -111,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         run_tests(args.llama_cpp.resolve(), args.files, results_path, ["-k", args.k] if args.k else [])
         results = json.loads(results_path.read_text() or "{}")
         results_path.unlink()
+        if args.update:
+            earlier = json.loads(args.update.read_text())["results"]
+            results = {**earlier, **results}
     summary = report(results, args.markdown)
     if args.json:
         for nodeid, r in results.items():
