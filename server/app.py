@@ -191,12 +191,13 @@ def chat_template_override(args, engine):
     name = getattr(args, "chat_template", None)
     if not name:
         return None
-    if "{{" in name or "{%" in name:
-        return ChatTemplate(name, origin="--chat-template", **common)
     if f"tokenizer.chat_template.{name}" in meta:
         return ChatTemplate.from_gguf_metadata(meta, name=name)
     if name in TEMPLATES:
         return ChatTemplate(TEMPLATES[name], origin=f"built-in {name} template", **common)
+    if getattr(args, "jinja", False) or any(c in name for c in "{} \n"):
+        # not a name: Jinja source, as llama-server --jinja reads an unknown --chat-template value
+        return ChatTemplate(name, origin="--chat-template", **common)
     named = sorted(k.rsplit(".", 1)[1] for k in meta if k.startswith("tokenizer.chat_template."))
     raise ValueError(f"--chat-template {name!r}: not a template this server knows; use one of "
                      f"{', '.join(TEMPLATES)}" + (f", one of the GGUF's ({', '.join(named)})" if named else "")

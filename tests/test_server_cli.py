@@ -126,6 +126,10 @@ def test_chat_template_names(fixture_gguf, tmp_path):
     assert gemma.render(msgs) == "<start_of_turn>user\nYou are a test.\n\nHi there<end_of_turn>\n<start_of_turn>model\n"
     with pytest.raises(ValueError, match="not a template this server knows"):
         chat_template_override(SimpleNamespace(chat_template="vicuna", chat_template_file=None), engine)
+    # with --jinja an unknown value is Jinja source (llama-server), even plain text
+    literal = chat_template_override(SimpleNamespace(chat_template="vicuna", chat_template_file=None, jinja=True),
+                                     engine)
+    assert literal.render([{"role": "user", "content": "hi"}]) == "vicuna"
     path.write_text("{% for m in messages %}")
     with pytest.raises(ChatTemplateError):
         chat_template_override(SimpleNamespace(chat_template=None, chat_template_file=str(path)), engine)
