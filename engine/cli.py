@@ -111,23 +111,6 @@ def cmd_run(args) -> int:
     return 0
 
 
-def cmd_serve(args) -> int:
-    import math
-
-    from genie_rt.server.app import serve
-    if not 0 <= args.port <= 65535:
-        raise ValueError(f"--port must be 0..65535, got {args.port}")
-    if args.api_key is not None and not args.api_key.strip():
-        raise ValueError("--api-key is empty: give a key, or leave the flag out to serve without "
-                         "one (an unset variable in `--api-key \"$KEY\"` would otherwise turn "
-                         "authentication off)")
-    if args.max_queue < 0:
-        raise ValueError(f"--max-queue must be >= 0, got {args.max_queue}")
-    if not (math.isfinite(args.shutdown_timeout) and args.shutdown_timeout >= 0):
-        raise ValueError(f"--shutdown-timeout must be a number of seconds >= 0, got {args.shutdown_timeout}")
-    return serve(args, _engine_config(args))
-
-
 def cmd_bench(args) -> int:
     from .bench import run_bench
     return run_bench(args, _engine_config(args))
@@ -153,16 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="persist this conversation's KV cache under --kv-cache-dir")
     run.set_defaults(func=cmd_run)
 
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (llama-server drop-in)")
-    _add_model_args(serve, model_required=True)
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--api-key", default=None)
-    serve.add_argument("--max-queue", type=int, default=16)
-    serve.add_argument("--alias", default=None, help="model name reported by the API")
-    serve.add_argument("--shutdown-timeout", type=float, default=10.0,
-                       help="seconds in-flight requests get to finish on SIGTERM")
-    serve.set_defaults(func=cmd_serve)
+    from genie_rt.server.cli_args import add_serve_parser   # serve's options live with the server
+    add_serve_parser(sub, _add_model_args, _engine_config)
 
     bench = sub.add_parser("bench", help="prompt-processing and generation speed, like llama-bench")
     _add_model_args(bench, model_required=True)

@@ -17,6 +17,8 @@ import functools
 import json
 import logging
 
+from starlette.concurrency import run_in_threadpool
+
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -112,22 +114,44 @@ def api_error(exc: BaseException, retry_after_s: int = 1) -> ApiError:
     return ApiError(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
+BIG_BODY_BYTES = 1 << 20       # after a request this large, freed heap is given back to the system
+
+
+def _is_big(request: Request) -> bool:
+    try:
+        return int(request.headers.get("content-length") or 0) >= BIG_BODY_BYTES
+    except ValueError:
+        return False
+
+
 def endpoint(fn):
-    """Every handler: errors become JSON responses; nothing escapes to uvicorn."""
+    """Every handler: errors become JSON responses; nothing escapes to uvicorn. After a big
+    request (a megabyte body) the heap its parsing and tokenization freed goes back to the
+    system (prompt_limits.release_memory), so one large prompt does not keep the process large."""
     @functools.wraps(fn)
     async def wrapped(request: Request) -> Response:
-        st = request.app.state.genie   # state.ServerState
+        if not _is_big(request):
+            return await _handle(fn, request)
         try:
-            return await fn(request, st)
-        except ApiError as exc:
-            err = exc
-        except Exception as exc:
-            err = api_error(exc, st.settings.retry_after_s)
-            if err.status >= 500:
-                log.exception("%s %s failed", request.method, request.url.path)
-        if err.status == 400:            # raised here or mapped from the template / tokenizer
-            st.metrics.on_rejected("invalid")
-        elif err.status == 413:
-            st.metrics.on_rejected("too_large")
-        return err.response()
+            return await _handle(fn, request)
+        finally:
+            from .prompt_limits import release_memory   # (prompt_limits imports nothing of the server)
+            await run_in_threadpool(release_memory)
     return wrapped
+
+
+async def _handle(fn, request: Request) -> Response:
+    st = request.app.state.genie   # state.ServerState
+    try:
+        return await fn(request, st)
+    except ApiError as exc:
+        err = exc
+    except Exception as exc:
+        err = api_error(exc, st.settings.retry_after_s)
+        if err.status >= 500:
+            log.exception("%s %s failed", request.method, request.url.path)
+    if err.status == 400:            # raised here or mapped from the template / tokenizer
+        st.metrics.on_rejected("invalid")
+    elif err.status == 413:
+        st.metrics.on_rejected("too_large")
+    return err.response()

@@ -8,10 +8,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from . import schemas
-from .errors import ApiError, JSONResp, endpoint
-from .generation import render_chat, tokenize_content
-from .openai_format import sampling_settings
+from starlette.responses import StreamingResponse
+
+from . import jobs, schemas
+from .errors import ApiError, JSONResp, endpoint, json_bytes
+from .openai_format import SAMPLERS, sampling_settings
+from .prompt_limits import iter_encode, release_memory
 from .state import FINGERPRINT, ServerState
 from .streaming import read_json
 
@@ -62,10 +64,15 @@ def _model_meta(engine) -> dict:
 async def models(request: Request, st: ServerState) -> Response:
     engine = st.ready_engine()
     name = st.model_name
+    entry = {"id": name, "object": "model", "created": st.started, "owned_by": "llamacpp",
+             "meta": _model_meta(engine)}
+    if st.settings.aliases:
+        entry["aliases"] = sorted(st.settings.aliases)
+    if st.settings.tags:
+        entry["tags"] = sorted(st.settings.tags)
     return JSONResp({
         "object": "list",
-        "data": [{"id": name, "object": "model", "created": st.started, "owned_by": "llamacpp",
-                  "meta": _model_meta(engine)}],
+        "data": [entry],
         "models": [{"name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
                     "description": "", "tags": [""], "capabilities": ["completion"], "parameters": "",
                     "details": {"parent_model": "", "format": "gguf", "family": "", "families": [""],
@@ -73,9 +80,11 @@ async def models(request: Request, st: ServerState) -> Response:
     })
 
 
-def _default_params() -> dict:
-    return {**sampling_settings(schemas.SamplingParams(), None, False, False), "max_tokens": -1,
-            "n_probs": 0, "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"]}
+def default_params(st: ServerState) -> dict:
+    d = st.settings.defaults
+    params = dataclasses.replace(d.params, top_k=max(0, d.top_k))
+    n_predict = None if d.n_predict < 0 else d.n_predict
+    return {**sampling_settings(params, n_predict, False, False), "n_probs": 0, "samplers": list(SAMPLERS)}
 
 
 @endpoint
@@ -90,8 +99,8 @@ async def props(request: Request, st: ServerState) -> Response:
     return JSONResp({
         "default_generation_settings": {"id": 0, "id_task": -1, "n_ctx": engine.n_ctx, "speculative": False,
                                         "is_processing": bool(st.worker and st.worker.n_processing),
-                                        "params": _default_params()},
-        "total_slots": 1,
+                                        "params": default_params(st)},
+        "total_slots": st.settings.n_parallel,
         "model_alias": st.settings.alias or "",
         "model_path": st.settings.model_path or str(getattr(getattr(engine, "gfile", None), "path", "")),
         "modalities": {"vision": False, "audio": False},
@@ -111,24 +120,62 @@ async def metrics(request: Request, st: ServerState) -> Response:
     worker = st.worker
     text = st.metrics.render(processing=worker.n_processing, queued=worker.n_queued,
                              kv_tokens=len(getattr(engine, "kv_tokens", ()) or ()), n_ctx=engine.n_ctx)
-    return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8",
-                             headers={"Process-Start-Time-Unix": str(st.started)})
+    response = PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+    # llama-server's casing (Starlette lowercases header names; a plain-dict reader looks this one up as is)
+    response.raw_headers.append((b"Process-Start-Time-Unix", str(st.started).encode()))
+    return response
+
+
+TOKENIZE_GROUP = 4096       # ids (with pieces) rendered per chunk of a streamed /tokenize answer
 
 
 @endpoint
 async def tokenize(request: Request, st: ServerState) -> Response:
-    engine = st.ready_engine()
+    """POST /tokenize. A text is tokenized in slices and the answer streamed as it is made
+    (prompt_limits.iter_encode), so neither the ids of a megabyte text nor their pieces are
+    ever all in memory at once."""
+    st.ready_engine()
     body = await read_json(request, st.settings.max_body_bytes)
     with_pieces = schemas.get_bool(body, "with_pieces", False)
     add_special = schemas.get_bool(body, "add_special", False)
     parse_special = schemas.get_bool(body, "parse_special", True)
-    content = body.get("content")
+    content = body.pop("content", None)
+    del body
     if content is None:
         return JSONResp({"tokens": []})
-    ids = await run_in_threadpool(tokenize_content, engine, content, add_special, parse_special, st.vocab_size)
-    if not with_pieces:
-        return JSONResp({"tokens": ids})
-    return JSONResp({"tokens": await run_in_threadpool(_with_pieces, engine, ids)})
+    if not isinstance(content, str):
+        ids = await run_in_threadpool(jobs.tokenize_content, st, content, add_special, parse_special)
+        return JSONResp({"tokens": _with_pieces(st.engine, ids) if with_pieces else ids})
+    if len(content) < 1 << 16:
+        ids = await run_in_threadpool(st.engine.tokenizer.encode, content, add_special=add_special,
+                                      parse_special=parse_special)
+        return JSONResp({"tokens": _with_pieces(st.engine, ids) if with_pieces else ids})
+    return StreamingResponse(_tokenize_stream(st, content, add_special, parse_special, with_pieces),
+                             media_type="application/json; charset=utf-8")
+
+
+async def _tokenize_stream(st: ServerState, text: str, add_special: bool, parse_special: bool, with_pieces: bool):
+    groups = iter_encode(st.engine.tokenizer, text, add_special, parse_special, jobs.text_budget(st))
+    done = object()
+    first = True
+    try:
+        yield b'{"tokens":['
+        while True:
+            group = await run_in_threadpool(next, groups, done)
+            if group is done:
+                break
+            for start in range(0, len(group), TOKENIZE_GROUP):
+                part = group[start:start + TOKENIZE_GROUP]
+                items = _with_pieces(st.engine, part) if with_pieces else part
+                if not items:
+                    continue
+                chunk = json_bytes(items)[1:-1]
+                yield chunk if first else b"," + chunk
+                first = False
+        yield b"]}"
+    finally:
+        del text, groups
+        await run_in_threadpool(release_memory)
 
 
 def _with_pieces(engine, ids: list[int]) -> list[dict]:
@@ -155,10 +202,16 @@ async def detokenize(request: Request, st: ServerState) -> Response:
 
 @endpoint
 async def apply_template(request: Request, st: ServerState) -> Response:
+    """POST /apply-template: the prompt text a chat request would be given. add_generation_prompt
+    (default true) and continue_final_message as llama-server reads them: both true is a 400; a
+    final assistant message is continued (a prefill) either way."""
     engine = st.ready_engine()
     body = await read_json(request, st.settings.max_body_bytes)
     messages = schemas.chat_messages(body)            # exactly what chat completions renders
-    kwargs = schemas.template_kwargs(body)
+    kwargs = schemas.template_kwargs(body, st.settings.defaults.reasoning)
     tools = schemas.parse_tools(body)
-    text, _ = await run_in_threadpool(render_chat, engine.template, messages, tools, kwargs)
+    add_gen = schemas.generation_prompt_flag(body, messages)
+    text, prefilled = await run_in_threadpool(jobs.render_chat, engine.template, messages, tools, kwargs, add_gen)
+    if add_gen and not prefilled:
+        text = jobs.close_forced_think(text, kwargs.get("enable_thinking") is False)
     return JSONResp({"prompt": text})

@@ -90,6 +90,8 @@ class Metrics:
                s["tokens_predicted"])
         metric("llamacpp:tokens_predicted_seconds_total", "counter", "Predict process time",
                s["predicted_seconds"])
+        metric("llamacpp:prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache.",
+               s["prompt_tokens_cached"])
         metric("llamacpp:n_decode_total", "counter", "Total number of decode steps (one per generated token).",
                s["tokens_predicted"])
         metric("llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", s["n_tokens_max"])
@@ -97,6 +99,11 @@ class Metrics:
                rate(s["prompt_tokens"], s["prompt_seconds"]))
         metric("llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.",
                rate(s["tokens_predicted"], s["predicted_seconds"]))
+        for name in ("spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total",
+                     "spec_decode_num_drafts_total"):   # no speculative decoding here: always 0
+            metric(f"llamacpp:{name}", "counter", "Speculative decoding (not used by this server).", 0)
+        metric("llamacpp:n_busy_slots_per_decode", "gauge", "Average number of busy slots per decode step.",
+               1 if s["tokens_predicted"] else 0)
         metric("llamacpp:requests_processing", "gauge", "Number of requests processing.", processing)
         metric("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", queued)
         metric("llamacpp:kv_cache_usage_ratio", "gauge", "KV-cache usage. 1 means 100 percent usage.",

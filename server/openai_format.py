@@ -66,14 +66,18 @@ def usage(result) -> dict:
 
 
 def timings(result) -> dict:
+    """llama-server's timings. The first generated token comes from the prompt's last logits (its
+    time is in prompt_ms), so the generation rate is over the n - 1 decode steps, as llama-server
+    reports it (0 for a single token)."""
     prompt_n = result.n_prompt - result.n_cached
+    steps = max(0, result.n_generated - 1)
     return {"cache_n": result.n_cached,
             "prompt_n": prompt_n, "prompt_ms": result.prompt_ms,
             "prompt_per_token_ms": _per_token_ms(prompt_n, result.prompt_ms),
             "prompt_per_second": _per_second(prompt_n, result.prompt_ms),
             "predicted_n": result.n_generated, "predicted_ms": result.gen_ms,
-            "predicted_per_token_ms": _per_token_ms(result.n_generated, result.gen_ms),
-            "predicted_per_second": _per_second(result.n_generated, result.gen_ms)}
+            "predicted_per_token_ms": _per_token_ms(steps, result.gen_ms),
+            "predicted_per_second": _per_second(steps, result.gen_ms)}
 
 
 # --- chat --------------------------------------------------------------------------------------------
@@ -224,15 +228,38 @@ class CompletionFormatter:
 
 
 # --- llama-server's native /completion --------------------------------------------------------------
+SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]
+
+
 def sampling_settings(p, max_tokens: int | None, ignore_eos: bool, stream: bool) -> dict:
     """llama-server's names for a request's sampling settings (its generation_settings, and
-    /props' defaults); seed 0xFFFFFFFF (RANDOM_SEED) means a random one."""
+    /props' defaults); seed 0xFFFFFFFF (RANDOM_SEED) means a random one. The samplers this
+    engine lacks are reported with the values that switch them off, so a client reading the
+    object finds every key llama-server sends."""
+    n_predict = -1 if max_tokens is None else max_tokens
     return {"seed": RANDOM_SEED if p.seed is None else p.seed, "temperature": p.temperature,
-            "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p,
+            "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
+            "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p, "top_n_sigma": -1.0,
+            "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
             "repeat_last_n": p.repeat_last_n, "repeat_penalty": p.repeat_penalty,
             "presence_penalty": p.presence_penalty, "frequency_penalty": p.frequency_penalty,
-            "n_predict": -1 if max_tokens is None else max_tokens, "ignore_eos": ignore_eos,
-            "stream": stream}
+            "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": -1,
+            "dry_sequence_breakers": ["\n", ":", "\"", "*"],
+            "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
+            "adaptive_target": -1.0, "adaptive_decay": 0.9,
+            "max_tokens": n_predict, "n_predict": n_predict, "n_keep": 0, "n_discard": 0,
+            "ignore_eos": ignore_eos, "stream": stream, "n_probs": 0, "min_keep": 0,
+            "grammar": "", "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
+            "chat_format": "Content-only", "reasoning_format": "auto", "reasoning_in_content": False,
+            "generation_prompt": "", "samplers": list(SAMPLERS), "speculative.types": "none",
+            "timings_per_token": False, "post_sampling_probs": False, "backend_sampling": False, "lora": []}
+
+
+def logit_bias_list(logit_bias: dict, extra_banned=()) -> list[dict]:
+    """llama-server's generation_settings.logit_bias: [{"bias": b or null for -inf, "token": id}]."""
+    out = [{"bias": None if b == float("-inf") else b, "token": t} for t, b in logit_bias.items()]
+    out += [{"bias": None, "token": t} for t in sorted(extra_banned) if t not in logit_bias]
+    return out
 
 
 def stop_type(result) -> str:
@@ -243,24 +270,42 @@ def stop_type(result) -> str:
     return "word" if result.stop_word else "eos"
 
 
+def truncated(result, n_ctx: int, max_tokens: int | None) -> bool:
+    """llama-server's `truncated`: the generation stopped because the context was full."""
+    return (result.finish_reason == "length" and result.n_prompt + result.n_generated >= n_ctx
+            and (max_tokens is None or result.n_generated < max_tokens))
+
+
 class NativeCompletionFormatter:
-    """The objects of llama-server's own POST /completion: streamed chunks carry only content,
-    tokens and stop (its README); the last one, and the non-streamed answer, carry the rest."""
+    """The objects of llama-server's own POST /completion: streamed chunks carry content, their
+    token ids, stop false and the running counts; the last one, and the non-streamed answer,
+    carry the rest."""
 
-    def __init__(self, model: str, gen, prompt_text: str):
-        self.model, self.gen, self.prompt_text = model, gen, prompt_text
+    def __init__(self, st, req, prompt: list[int]):
+        self.model = st.model_name
+        self.gen = req.gen
+        self.return_tokens = req.return_tokens
+        self.prompt_text = req.prompt if isinstance(req.prompt, str) else ""
+        self.n_prompt = len(prompt)
+        self.n_ctx = st.engine.n_ctx
+        self.eog = sorted(getattr(st.engine.tokenizer, "eot_ids", ()) or ())
+        self.n_generated = 0
 
-    def text_chunk(self, piece: str) -> dict:
-        return {"index": 0, "content": piece, "tokens": [], "stop": False, "id_slot": 0}
+    def text_chunk(self, delta) -> dict:
+        self.n_generated += len(delta.tokens)
+        return {"index": 0, "content": delta.text, "tokens": list(delta.tokens), "stop": False, "id_slot": 0,
+                "tokens_predicted": self.n_generated, "tokens_evaluated": self.n_prompt}
 
     def generation_settings(self) -> dict:
         g = self.gen
-        return {**sampling_settings(g.params, g.max_tokens, g.ignore_eos, g.stream), "stop": list(g.stop)}
+        return {**sampling_settings(g.params, g.max_tokens, g.ignore_eos, g.stream), "stop": list(g.stop),
+                "logit_bias": logit_bias_list(g.params.logit_bias, self.eog if g.ignore_eos else ())}
 
-    def response(self, text: str, result) -> dict:
-        return {"index": 0, "content": text, "tokens": [], "id_slot": 0, "stop": True,
-                "model": self.model, "tokens_predicted": result.n_generated,
+    def response(self, text: str, tokens: list[int], result) -> dict:
+        return {"index": 0, "content": text, "tokens": list(tokens) if self.return_tokens else [], "id_slot": 0,
+                "stop": True, "model": self.model, "tokens_predicted": result.n_generated,
                 "tokens_evaluated": result.n_prompt, "generation_settings": self.generation_settings(),
                 "prompt": self.prompt_text, "has_new_line": "\n" in (text or result.text),
-                "truncated": False, "stop_type": stop_type(result), "stopping_word": result.stop_word or "",
+                "truncated": truncated(result, self.n_ctx, self.gen.max_tokens), "stop_type": stop_type(result),
+                "stopping_word": result.stop_word or "",
                 "tokens_cached": result.n_prompt + result.n_generated, "timings": timings(result)}

@@ -26,14 +26,13 @@ What it deliberately does not do
 """
 from __future__ import annotations
 
-import json
+import datetime
 import math
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from genie_rt.engine.chat import MAX_SHOWN_CHARS, ChatTemplateError, json_kind, validate_tool_call, validate_tools
+from genie_rt.engine.chat import ChatTemplateError, json_kind, validate_tool_call, validate_tools
 from genie_rt.engine.chat import show_json as _show
 from genie_rt.engine.sampling import SamplingParams, requested_top_k
 
@@ -44,114 +43,14 @@ MAX_STOP_STRINGS = 64          # per request, after dropping empty strings
 MAX_STOP_CHARS = 512           # per stop string
 MAX_LOGIT_BIAS_ABS = 1e9       # |bias|; `false` means "ban" (-inf)
 MAX_LOGIT_BIAS = 4096          # entries (after text keys are tokenized); the sampler loops over them
-MAX_JSON_DEPTH = 64
 RANDOM_SEED = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: "pick one at random"
 REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
 _INT_KEY = re.compile(r"-?\d+")
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CONVERSATION_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-# --- JSON -------------------------------------------------------------------------------------
-class _NotJSON(ValueError):
-    """NaN / Infinity / -Infinity: Python's json reads them, JSON has no such literals."""
-
-
-def _reject_constant(name: str):
-    raise _NotJSON(f"{name} is not valid JSON")
-
-
-def _depth(obj: Any, limit: int) -> int:
-    """Nesting depth of a parsed JSON value, iteratively (no recursion on hostile input)."""
-    deepest, stack = 0, [(obj, 1)]
-    while stack:
-        value, d = stack.pop()
-        if d > deepest:
-            deepest = d
-            if deepest > limit:
-                return deepest
-        if isinstance(value, dict):
-            stack.extend((v, d + 1) for v in value.values())
-        elif isinstance(value, list):
-            stack.extend((v, d + 1) for v in value)
-    return deepest
-
-
-class _LongInt:
-    """Stands in, while parsing, for an integer literal too long for int() (sys.get_int_max_str_digits)."""
-    __slots__ = ("digits",)
-
-    def __init__(self, digits: int):
-        self.digits = digits
-
-
-def _field_path(parts: list) -> str:
-    """'messages[0].content' from ["messages", 0, "content"]; odd keys are quoted (and cut)."""
-    out = ""
-    for p in parts:
-        if isinstance(p, int):
-            out += f"[{p}]"
-        elif _IDENT.fullmatch(p) and len(p) <= MAX_SHOWN_CHARS:
-            out += f".{p}" if out else p
-        else:
-            out += f"[{_show(p)}]"
-    return out
-
-
-def _find_long_int(obj: Any) -> tuple[str, int] | None:
-    """(path, digits) of the first _LongInt in a parsed body, depth first, without recursion."""
-    stack = [(obj, [])]
-    while stack:
-        value, path = stack.pop()
-        if isinstance(value, _LongInt):
-            return _field_path(path), value.digits
-        if isinstance(value, dict):
-            stack.extend((v, path + [k]) for k, v in reversed(list(value.items())))
-        elif isinstance(value, list):
-            stack.extend((v, path + [k]) for k, v in reversed(list(enumerate(value))))
-    return None
-
-
-def _long_integer_error(text: str):
-    """The 400 for a body with an integer literal too long to convert, naming its field (only
-    on this error path is the body parsed again, with a hook that keeps such literals aside)."""
-    def parse_int(literal: str):
-        try:
-            return int(literal)
-        except ValueError:
-            return _LongInt(len(literal.lstrip("-")))
-
-    try:
-        found = _find_long_int(json.loads(text, parse_constant=_reject_constant, parse_int=parse_int))
-    except (ValueError, RecursionError):
-        found = None
-    limit = sys.get_int_max_str_digits()
-    if found is None:
-        return bad_request(f"invalid JSON: an integer is longer than {limit} digits")
-    where = f"'{found[0]}'" if found[0] else "the request body"
-    return bad_request(f"invalid JSON: the integer in {where} has {found[1]} digits; the limit is {limit}")
-
-
-def parse_json_body(raw: bytes) -> dict:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise bad_request(f"the request body is not valid UTF-8 (byte {e.start})") from None
-    if not text.strip():
-        raise bad_request("the request body is empty; send a JSON object")
-    try:
-        body = json.loads(text, parse_constant=_reject_constant)
-    except RecursionError:
-        raise bad_request("invalid JSON: nested too deeply") from None
-    except (json.JSONDecodeError, _NotJSON) as e:
-        raise bad_request(f"invalid JSON: {e}") from None
-    except ValueError:  # an integer literal too long for Python to convert
-        raise _long_integer_error(text) from None
-    if not isinstance(body, dict):
-        raise bad_request(f"the request body must be a JSON object, got {_kind(body)}")
-    if _depth(body, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise bad_request(f"invalid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
-    return body
+# --- JSON (json_body.py: strict UTF-8 JSON, bounded nesting, long integers named by field) -------
+from .json_body import MAX_JSON_DEPTH, parse_json_body  # noqa: E402,F401  (schemas.parse_json_body)
 
 
 def _kind(v: Any) -> str:
@@ -352,34 +251,55 @@ class ChatRequest:
     forced_tool: bool | str | None
     parse_reasoning: bool                  # reasoning_format != "none"
     template_kwargs: dict = field(default_factory=dict)
+    add_generation_prompt: bool = True     # false: the last turn is not followed by the assistant's
+    verbose: bool = False                  # llama-server's "verbose": the prompt in "__verbose"
 
 
 @dataclass
 class CompletionRequest:
     gen: GenerationFields
     prompt: str | list                     # text, token ids, or a mixed list of both
+    return_tokens: bool = False            # /completion: the generated ids in "tokens"
+    response_fields: list | None = None    # /completion: only these fields ("a/b": nested)
+    batch: list | None = None              # several prompts (each like `prompt`), answered as a list
 
 
-def parse_generation(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]) -> GenerationFields:
+def _default_params(defaults) -> tuple[SamplingParams, int, int]:
+    """(sampling defaults, top_k as given, server n_predict) of the server's launch flags."""
+    if defaults is None:
+        return SamplingParams(), 40, -1
+    return defaults.params, defaults.top_k, defaults.n_predict
+
+
+def parse_generation(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]],
+                     defaults=None) -> GenerationFields:
+    """The fields every generation route shares. `defaults` (state.RequestDefaults) are what
+    the server was started with (--temp, --seed, -n, ...). The constrained-decoding fields
+    (response_format, grammar, json_schema) and logprobs / n are refused here, in one place
+    (_refuse_unsupported), so support for them slots in there."""
     _refuse_unsupported(body)
+    d, d_top_k, server_n_predict = _default_params(defaults)
     get_str(body, "model", None)  # any model name is accepted (one model per server), but it is a string
     max_tokens = get_int(body, "max_tokens", -1, -1, MAX_INT32)
     max_tokens = get_int(body, "max_completion_tokens", max_tokens, -1, MAX_INT32)
     max_tokens = get_int(body, "n_predict", max_tokens, -1, MAX_INT32)
+    if server_n_predict is not None and server_n_predict >= 0:   # llama-server: -n caps every request
+        max_tokens = server_n_predict if max_tokens < 0 else min(max_tokens, server_n_predict)
 
-    seed = get_int(body, "seed", -1, -(1 << 63), (1 << 64) - 1)
-    top_k = get_int(body, "top_k", 40, -MAX_INT32, MAX_INT32)
-    repeat_penalty = get_float(body, "repeat_penalty", 1.0, 0.0, 100.0)
+    default_seed = -1 if d.seed is None else d.seed
+    seed = get_int(body, "seed", default_seed, -(1 << 63), (1 << 64) - 1)
+    top_k = get_int(body, "top_k", d_top_k, -MAX_INT32, MAX_INT32)
+    repeat_penalty = get_float(body, "repeat_penalty", d.repeat_penalty, 0.0, 100.0)
     params = SamplingParams(
-        temperature=get_float(body, "temperature", 0.8, 0.0, 100.0),
+        temperature=get_float(body, "temperature", d.temperature, 0.0, 100.0),
         top_k=requested_top_k(top_k, vocab_size),
-        top_p=get_float(body, "top_p", 0.95, 0.0, 1.0),
-        min_p=get_float(body, "min_p", 0.05, 0.0, 1.0),
+        top_p=get_float(body, "top_p", d.top_p, 0.0, 1.0),
+        min_p=get_float(body, "min_p", d.min_p, 0.0, 1.0),
         seed=None if seed < 0 or seed == RANDOM_SEED else seed,
         repeat_penalty=repeat_penalty if repeat_penalty > 0 else 1.0,  # 0 means "off", never divide by 0
-        repeat_last_n=get_int(body, "repeat_last_n", 64, -1, MAX_INT32),
-        presence_penalty=get_float(body, "presence_penalty", 0.0, -100.0, 100.0),
-        frequency_penalty=get_float(body, "frequency_penalty", 0.0, -100.0, 100.0),
+        repeat_last_n=get_int(body, "repeat_last_n", d.repeat_last_n, -1, MAX_INT32),
+        presence_penalty=get_float(body, "presence_penalty", d.presence_penalty, -100.0, 100.0),
+        frequency_penalty=get_float(body, "frequency_penalty", d.frequency_penalty, -100.0, 100.0),
         logit_bias=parse_logit_bias(body, vocab_size, tokenize),
     )
     try:
@@ -419,6 +339,9 @@ def parse_tools(body: dict) -> list | None:
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
         raise bad_request(f"'tools' must be an array, got {_kind(tools)}")
+    for k, tool in enumerate(tools or []):   # as llama-server: a tool names its type
+        if isinstance(tool, dict) and tool.get("type") is None:
+            raise bad_request(f"'tools[{k}].type' is missing: it must be \"function\"")
     try:
         validate_tools(tools)
     except ChatTemplateError as e:
@@ -437,7 +360,10 @@ def parse_tools(body: dict) -> list | None:
     return tools or None
 
 
-def parse_thinking(body: dict, kwargs: dict) -> bool:
+def parse_thinking(body: dict, kwargs: dict, default: str = "off") -> bool | None:
+    """Whether the template is asked to think: the request's chat_template_kwargs.enable_thinking,
+    `think` or `enable_thinking`, else the server's --reasoning (off by default: a home
+    assistant answers fast; "on" and "auto": on, as llama-server passes it to the template)."""
     if "enable_thinking" in kwargs and kwargs["enable_thinking"] is not None:
         if not isinstance(kwargs["enable_thinking"], bool):
             raise bad_request("'chat_template_kwargs.enable_thinking' must be a boolean")
@@ -445,7 +371,10 @@ def parse_thinking(body: dict, kwargs: dict) -> bool:
     think = get_bool(body, "think", None)
     if think is not None:
         return think
-    return get_bool(body, "enable_thinking", False)  # off by default (a home assistant answers fast)
+    flag = get_bool(body, "enable_thinking", None)
+    if flag is not None:
+        return flag
+    return default != "off"          # "on" and "auto" (llama-server: thinking where the template has it)
 
 
 # Names the template call itself binds: a chat_template_kwargs key with one of them would
@@ -453,11 +382,17 @@ def parse_thinking(body: dict, kwargs: dict) -> bool:
 _RESERVED_TEMPLATE_KWARGS = ("self", "messages", "tools", "add_generation_prompt")
 
 
-def template_kwargs(body: dict) -> dict:
+def template_kwargs(body: dict, reasoning_default: str = "off") -> dict:
     """chat_template_kwargs (extra template variables) with enable_thinking resolved
-    (parse_thinking) and the names the renderer binds itself dropped."""
+    (parse_thinking; left out when neither the request nor the server decides) and the names
+    the renderer binds itself dropped."""
     kwargs = dict(get_object(body, "chat_template_kwargs"))
-    kwargs["enable_thinking"] = parse_thinking(body, kwargs)
+    # as llama-server: today's date for templates that print it (Llama 3.x: "26 Jul 2024" otherwise)
+    kwargs.setdefault("date_string", datetime.date.today().strftime("%d %b %Y"))
+    thinking = parse_thinking(body, kwargs, reasoning_default)
+    kwargs.pop("enable_thinking", None)
+    if thinking is not None:
+        kwargs["enable_thinking"] = thinking
     for reserved in _RESERVED_TEMPLATE_KWARGS:
         kwargs.pop(reserved, None)
     return kwargs
@@ -514,41 +449,92 @@ def chat_messages(body: dict):
     return [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
 
 
-def parse_chat(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]) -> ChatRequest:
+def parse_chat(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]], defaults=None) -> ChatRequest:
     messages = chat_messages(body)
-    kwargs = template_kwargs(body)
-    enable_thinking = kwargs["enable_thinking"]
-    fmt = get_str(body, "reasoning_format", "auto")
+    kwargs = template_kwargs(body, defaults.reasoning if defaults is not None else "off")
+    enable_thinking = kwargs.get("enable_thinking") is not False
+    fmt = get_str(body, "reasoning_format", defaults.reasoning_format if defaults is not None else "auto")
     if fmt not in REASONING_FORMATS:
         raise bad_request(f"'reasoning_format' must be one of {', '.join(REASONING_FORMATS)}, got {_show(fmt)}")
     tools = parse_tools(body)
-    return ChatRequest(gen=parse_generation(body, vocab_size, tokenize), messages=messages,
+    add_generation_prompt = generation_prompt_flag(body, messages)
+    return ChatRequest(add_generation_prompt=add_generation_prompt, verbose=get_bool(body, "verbose", False),
+                       gen=parse_generation(body, vocab_size, tokenize, defaults), messages=messages,
                        tools=tools, enable_thinking=enable_thinking,
                        forced_tool=parse_tool_choice(body, tools),
                        parse_reasoning=fmt != "none", template_kwargs=kwargs)
 
 
-def parse_prompt(value: Any, vocab_size: int) -> str | list:
-    """A completion prompt, as llama-server reads one: a string, a list of token ids, a mixed
-    list of strings and token ids, or a one-element list holding any of those."""
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        value = value[0]
+PROMPT_STRING_KEY = "prompt_string"      # llama-server's JSON prompt object {"prompt_string": ...}
+MAX_BATCH_PROMPTS = 64
+
+
+def _prompt_object(value: dict, where: str) -> str:
+    if value.get("multimodal_data"):
+        raise bad_request(f"'{where}.multimodal_data': images and audio are not supported (a text-only engine)")
+    text = value.get(PROMPT_STRING_KEY)
+    if not isinstance(text, str):
+        raise bad_request(f"'{where}' must have a string '{PROMPT_STRING_KEY}'")
+    return text
+
+
+def _one_prompt(value: Any, vocab_size: int, where: str) -> str | list:
+    if isinstance(value, dict):
+        value = _prompt_object(value, where)
     if isinstance(value, str):
         if not value:
-            raise bad_request("'prompt' is empty")
+            raise bad_request(f"'{where}' is empty")
         return value
     if isinstance(value, list):
         if not value:
-            raise bad_request("'prompt' is empty")
-        has_text = any(isinstance(t, str) for t in value)
-        if any(isinstance(t, list) for t in value) or (has_text and all(isinstance(t, str) for t in value)):
-            raise bad_request("'prompt' must be one prompt: a string, an array of token ids, or a mixed "
-                              "array of strings and token ids (several prompts per request are not supported)")
-        if has_text:  # mixed: strings are tokenized in place, ids checked now
-            return [t if isinstance(t, str) else validate_token_id(t, f"prompt[{k}]", vocab_size)
+            raise bad_request(f"'{where}' is empty")
+        if any(isinstance(t, (list, dict)) for t in value):
+            raise bad_request(f"'{where}' must be a string, an array of token ids, or a mixed array of "
+                              "strings and token ids")
+        if any(isinstance(t, str) for t in value):  # mixed: strings are tokenized in place, ids checked now
+            return [t if isinstance(t, str) else validate_token_id(t, f"{where}[{k}]", vocab_size)
                     for k, t in enumerate(value)]
-        return validate_token_ids(value, "prompt", vocab_size)
-    raise bad_request(f"'prompt' must be a string or an array of token ids, got {_kind(value)}")
+        return validate_token_ids(value, where, vocab_size)
+    raise bad_request(f"'{where}' must be a string or an array of token ids, got {_kind(value)}")
+
+
+def parse_prompts(value: Any, vocab_size: int) -> list:
+    """The prompts of a completion request, as llama-server reads them: a string, a JSON prompt
+    object, an array of token ids, a mixed array of strings and token ids (one prompt), or an
+    array whose elements are each one of those (several prompts: an array of strings, of
+    token-id arrays, of objects)."""
+    if isinstance(value, list) and value and (all(isinstance(t, str) for t in value) and len(value) > 1
+                                              or any(isinstance(t, (list, dict)) for t in value)):
+        if len(value) > MAX_BATCH_PROMPTS:
+            raise bad_request(f"'prompt' has {len(value)} prompts; the limit is {MAX_BATCH_PROMPTS}")
+        return [_one_prompt(v, vocab_size, f"prompt[{k}]") for k, v in enumerate(value)]
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str):
+        value = value[0]
+    return [_one_prompt(value, vocab_size, "prompt")]
+
+
+def generation_prompt_flag(body: dict, messages: list) -> bool:
+    """add_generation_prompt (default true) and continue_final_message as llama-server reads them:
+    both true is a 400 (continuing the last message and opening a new turn exclude each other);
+    a final assistant message is continued either way (a prefill)."""
+    add_gen = get_bool(body, "add_generation_prompt", True)
+    cont = body.get("continue_final_message")
+    if cont not in (None, False):
+        if add_gen:
+            raise bad_request("'add_generation_prompt' and 'continue_final_message' cannot both be true: "
+                              "continue the last message (add_generation_prompt: false), or start a new turn")
+        if not (messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant"):
+            raise bad_request("'continue_final_message': the last message is not an assistant message")
+    return add_gen
+
+
+def parse_prompt(value: Any, vocab_size: int) -> str | list:
+    """One completion prompt (several: 400)."""
+    prompts = parse_prompts(value, vocab_size)
+    if len(prompts) != 1:
+        raise bad_request("'prompt' must be one prompt here: a string, an array of token ids, or a mixed "
+                          "array of strings and token ids")
+    return prompts[0]
 
 
 def validate_token_id(t: Any, where: str, vocab_size: int) -> int:
@@ -570,7 +556,8 @@ def validate_token_ids(value: Any, name: str, vocab_size: int) -> list[int]:
     return [validate_token_id(t, f"{name}[{k}]", vocab_size) for k, t in enumerate(value)]
 
 
-def parse_completion(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]) -> CompletionRequest:
+def parse_completion(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]], defaults=None,
+                     allow_batch: bool = True) -> CompletionRequest:
     if "prompt" not in body:
         raise bad_request("'prompt' is required")
     if get_bool(body, "echo", False):
@@ -579,5 +566,14 @@ def parse_completion(body: dict, vocab_size: int, tokenize: Callable[[str], list
         raise bad_request("'suffix' is not supported by this server")
     if get_int(body, "best_of", 1, 1, MAX_INT32) != 1:
         raise bad_request("'best_of' must be 1")
-    prompt = parse_prompt(body["prompt"], vocab_size)
-    return CompletionRequest(gen=parse_generation(body, vocab_size, tokenize), prompt=prompt)
+    prompts = parse_prompts(body["prompt"], vocab_size)
+    gen = parse_generation(body, vocab_size, tokenize, defaults)
+    return_tokens = get_bool(body, "return_tokens", False)
+    fields = body.get("response_fields")
+    if fields is not None and (not isinstance(fields, list) or not all(isinstance(f, str) for f in fields)):
+        raise bad_request("'response_fields' must be an array of strings")
+    if len(prompts) == 1:
+        return CompletionRequest(gen=gen, prompt=prompts[0], return_tokens=return_tokens, response_fields=fields)
+    if not allow_batch:
+        raise bad_request("several prompts per request are not supported on this route")
+    return CompletionRequest(gen=gen, prompt=prompts[0], return_tokens=return_tokens, batch=prompts)

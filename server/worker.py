@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 
-from genie_rt.engine.generate import ContextOverflowError, Done, GenerationRequest
+from genie_rt.engine.generate import ContextOverflowError, Done
 
 log = logging.getLogger("genie_rt.server")
 
@@ -47,12 +47,24 @@ class Disconnected:
 DISCONNECTED = Disconnected()
 
 
+class _Result:
+    """What a task job (a callable instead of a GenerationRequest) returned."""
+    def __init__(self, value):
+        self.value = value
+
+
 class Job:
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop):
-        if request.cancel is None:
-            request.cancel = threading.Event()
+    """A generation, or a task: a callable run with the engine on the worker thread (its return
+    value is posted as the one event, wrapped in a _Result)."""
+
+    def __init__(self, request, loop: asyncio.AbstractEventLoop):
+        if callable(request):
+            self.cancel = threading.Event()
+        else:
+            if request.cancel is None:
+                request.cancel = threading.Event()
+            self.cancel = request.cancel        # threading.Event; the engine polls it
         self.request = request
-        self.cancel = request.cancel            # threading.Event; the engine polls it
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.finished = False                   # set on the worker thread when the job is over
@@ -67,6 +79,15 @@ class Job:
 
     async def next(self):
         return await self.events.get()
+
+    async def result(self):
+        """A task job's return value (its exception raised)."""
+        event = await self.next()
+        if isinstance(event, BaseException):
+            raise event
+        if isinstance(event, _Result):
+            return event.value
+        raise Cancelled()
 
 
 class EngineWorker:
@@ -127,6 +148,24 @@ class EngineWorker:
         with self._cv:
             self._draining = True
 
+    def abort_all(self) -> None:
+        """The shutdown deadline passed: cancel the running job (the engine stops between tokens
+        or prefill chunks; its handler sends the error event) and answer every queued job with
+        ShuttingDown (its handler answers 503). The thread goes on, idle."""
+        with self._cv:
+            self._draining = True
+            pending, self._pending = list(self._pending), collections.deque()
+            current = self._current
+        if current is not None:
+            current.cancel.set()
+        for job in pending:
+            job.cancel.set()
+            job.finished = True
+            job.post(ShuttingDown("the server is shutting down"))
+        if current is not None or pending:
+            log.info("shutdown deadline: cancelled %d running and %d queued requests",
+                     int(current is not None), len(pending))
+
     def stop(self, timeout: float = 10.0) -> bool:
         """Cancel everything and wait for the thread; True if it ended within `timeout`."""
         with self._cv:
@@ -169,6 +208,13 @@ class EngineWorker:
                 job.finished = True
 
     def _generate(self, job: Job) -> None:
+        if callable(job.request):   # a task on the engine's thread (slots.py: save, restore, erase)
+            try:
+                job.post(_Result(job.request(self.engine)))
+            except Exception as exc:
+                log.warning("engine task failed: %s", exc)
+                job.post(exc)
+            return
         done = False
         try:
             for event in self.engine.generate(job.request):

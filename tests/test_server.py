@@ -394,7 +394,9 @@ def test_invalid_fields_are_400_naming_the_field(server, fields, needle):
 @pytest.mark.parametrize("path, body, needle", [
     ("/v1/completions", {"prompt": [1, 2, 99999]}, "vocabulary"),
     ("/v1/completions", {"prompt": [1, -3]}, "vocabulary"),
-    ("/v1/completions", {"prompt": ["a", "b"]}, "one prompt"),
+    ("/v1/completions", {"prompt": [[1, 2], {"prompt_string": 3}]}, "prompt_string"),
+    ("/completion", {"prompt": {"prompt_string": "hi", "multimodal_data": ["x"]}}, "images"),
+    ("/completion", {"prompt": ["a", "b"], "stream": True}, "cannot be streamed"),
     ("/v1/completions", {"prompt": ""}, "empty"),
     ("/v1/completions", {"prompt": 12}, "prompt"),
     ("/v1/completions", {}, "prompt"),
@@ -532,7 +534,8 @@ def test_no_memory_growth_over_many_requests(server, reference):
 # --- review fixes: malformed tools, element indexes, bounded messages -----------------------------------
 @pytest.mark.parametrize("tools, tool_choice, needle", [
     ([{"type": 5}], None, "tools[0].type"),
-    ([{"type": None, "function": None}], None, "tools[0].function"),
+    ([{"type": None, "function": None}], None, "tools[0].type"),
+    ([{"function": {"name": "f"}}], None, "tools[0].type"),
     ([{"type": "retrieval", "x": 1}], "auto", "unsupported tool type"),
     ([{"type": "function", "function": {"name": "f", "parameters": "not an object"}}], None,
      "tools[0].function.parameters"),

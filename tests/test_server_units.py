@@ -324,7 +324,9 @@ SET_LIGHT = {"type": "function", "function": {"name": "set_light", "description"
 
 @pytest.mark.parametrize("tools, needle", [
     ([{"type": 5}], "tools[0].type is 5"),
-    ([{"type": None, "function": None}], "tools[0].function must be an object"),
+    ([{"type": None, "function": None}], "'tools[0].type' is missing"),     # as llama-server: a type is required
+    ([{"function": {"name": "f"}}], "'tools[0].type' is missing"),
+    ([{"type": "function", "function": None}], "tools[0].function must be an object"),
     ([{"type": "retrieval", "x": 1}], 'tools[0].type is "retrieval": unsupported tool type'),
     ([{"type": "function", "function": {"name": "f", "parameters": "not an object"}}], "tools[0].function.parameters"),
     ([SET_LIGHT, {"type": "function", "function": {"name": ""}}], "tools[1].function.name"),
@@ -338,7 +340,8 @@ def test_malformed_tools_are_400_whatever_tool_choice(tools, needle, choice):
 
 
 def test_well_formed_tools_pass_unchanged():
-    tools = [SET_LIGHT, {"function": {"name": "f"}}, {"type": None, "function": {"name": "g", "parameters": None}}]
+    tools = [SET_LIGHT, {"type": "function", "function": {"name": "f"}},
+             {"type": "function", "function": {"name": "g", "parameters": None}}]
     assert schemas.parse_tools({"tools": tools}) is tools
     assert schemas.parse_tools({"tools": tools, "tool_choice": "none"}) is None
 
@@ -364,12 +367,13 @@ def test_token_id_errors_name_the_element():
     # /tokenize's mixed content: strings and ids, the bad id named by its own index
     from types import SimpleNamespace
 
-    from genie_rt.server.generation import tokenize_content
-    engine = SimpleNamespace(tokenizer=SimpleNamespace(encode=lambda text, **kw: [1, 2]))
-    assert tokenize_content(engine, ["turn on", 5], False, True, VOCAB) == [1, 2, 5]
-    message = _api_error(tokenize_content, engine, ["turn on", 5, 99999], False, True, VOCAB)
+    from genie_rt.server.jobs import tokenize_content
+    st = SimpleNamespace(engine=SimpleNamespace(tokenizer=SimpleNamespace(encode=lambda text, **kw: [1, 2])),
+                         vocab_size=VOCAB)
+    assert tokenize_content(st, ["turn on", 5], False, True) == [1, 2, 5]
+    message = _api_error(tokenize_content, st, ["turn on", 5, 99999], False, True)
     assert "'content[2]' = 99999" in message and "[2][0]" not in message
-    assert "'content[1]' = 99999" in _api_error(tokenize_content, engine, [5, 99999], False, True, VOCAB)
+    assert "'content[1]' = 99999" in _api_error(tokenize_content, st, [5, 99999], False, True)
 
 
 def test_rejected_series_all_start_at_zero():
@@ -458,7 +462,23 @@ def test_native_completion_stop_type_and_stopping_word():
     assert stop_type(result("stop", None)) == "eos"
     assert stop_type(result("stop", "\n\n")) == "word"
     assert stop_type(result("length", None)) == "limit"
+    from types import SimpleNamespace
     gen = schemas.parse_generation({"stop": ["\n\n"]}, VOCAB, lambda t: [])
-    j = NativeCompletionFormatter("m", gen, "hi").response("x", result("stop", "\n\n"))
+    st = SimpleNamespace(model_name="m", engine=SimpleNamespace(n_ctx=64, tokenizer=SimpleNamespace(eot_ids={7})))
+    req = schemas.CompletionRequest(gen=gen, prompt="hi")
+    j = NativeCompletionFormatter(st, req, [1] * 5).response("x", [9], result("stop", "\n\n"))
     assert (j["stop_type"], j["stopping_word"], j["tokens_cached"], j["tokens_evaluated"]) == ("word", "\n\n", 6, 5)
     assert j["generation_settings"]["n_predict"] == -1 and j["timings"]["cache_n"] == 2
+    assert j["tokens"] == [] and j["truncated"] is False and j["generation_settings"]["logit_bias"] == []
+    # every key llama-server's generation_settings has
+    assert {"adaptive_target", "adaptive_decay", "dry_multiplier", "mirostat", "samplers", "n_keep", "grammar",
+            "top_n_sigma", "xtc_probability", "typical_p", "reasoning_format", "lora"} <= set(j["generation_settings"])
+    # ignore_eos: the end-of-generation tokens are reported banned (bias null = -inf), as llama-server
+    gen = schemas.parse_generation({"ignore_eos": True}, VOCAB, lambda t: [])
+    j = NativeCompletionFormatter(st, schemas.CompletionRequest(gen=gen, prompt="hi", return_tokens=True),
+                                  [1] * 5).response("x", [9], result("length", None))
+    assert j["generation_settings"]["logit_bias"] == [{"bias": None, "token": 7}] and j["tokens"] == [9]
+    # the context filled (5 + 59 = 64) before any n_predict: truncated
+    full = GenerationResult(text="x", tokens=[1] * 59, finish_reason="length", stop_word=None, n_prompt=5,
+                            n_cached=0, prompt_ms=1.0, n_generated=59, gen_ms=1.0)
+    assert NativeCompletionFormatter(st, req, [1] * 5).response("x", [], full)["truncated"] is True
