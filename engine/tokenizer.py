@@ -1,40 +1,41 @@
-"""Byte-level BPE tokenizer built from GGUF metadata, token-for-token compatible with llama.cpp.
+"""Text <-> token ids from GGUF metadata, token-for-token compatible with llama.cpp.
 
 What it does
-- Reads `tokenizer.ggml.*` from a GGUF metadata mapping (tokens, token types, merges, pre-tokenizer
-  name, BOS/EOS ids and flags) and builds a byte-level BPE with the `tokenizers` library: a regex
-  Split (the pre-tokenizer llama.cpp selects by `tokenizer.ggml.pre`), ByteLevel byte-to-unicode
-  mapping without its own regex and without a prefix space, then BPE merges by rank.
+- Reads `tokenizer.ggml.*` from a GGUF metadata mapping and builds the model llama.cpp would:
+  byte-level BPE for `tokenizer.ggml.model = "gpt2"` (engine/tokenizer_bpe.py: Qwen, Llama 3.x,
+  SmolLM, ...) or SentencePiece-style merging by score with byte fallback for "llama"
+  (engine/tokenizer_spm.py: Gemma, Llama 2, TinyLlama, Mistral, Phi-3).
 - Splits special tokens out of the text first, exactly as llama.cpp's `tokenizer_st_partition`:
-  longest token text first; USER_DEFINED tokens (`<tool_call>`, `<think>`, ...) always, CONTROL
-  tokens (`<|im_start|>`, ...) only with `parse_special=True`.
-- Decodes ids to bytes per token the way llama.cpp's `token_to_piece` does (NORMAL tokens
-  byte-level decoded, CONTROL/USER_DEFINED tokens as their literal text) and streams text without
-  ever emitting half a UTF-8 character (`Tokenizer.stream_decoder()` -> `StreamDecoder`).
+  longest token text first; USER_DEFINED tokens (`<tool_call>`, `<think>`, Gemma's `\\n\\n` and
+  HTML tags) always, CONTROL tokens (`<|im_start|>`, `<start_of_turn>`) only with
+  `parse_special=True`; whitespace beside tokens that llama.cpp marks lstrip/rstrip is dropped.
+- SentencePiece vocabularies: a space in front of each text fragment that starts the text or
+  follows a special token when `tokenizer.ggml.add_space_prefix` (default true; Gemma: false),
+  spaces written "▁".
+- Decodes ids to bytes per token as llama.cpp's `token_to_piece` (NORMAL tokens byte-level
+  decoded or "▁" -> space, BYTE tokens `<0xNN>` -> the byte, CONTROL/USER_DEFINED tokens as their
+  text), streams text without ever emitting half a UTF-8 character (`stream_decoder()`), and
+  `detokenize` mirrors `llama_detokenize` (the leading-space strip, the BPE clean-up passes).
 - Knows the end-of-generation set (`eot_ids`) by llama.cpp's rules: EOS, EOT, EOM, FIM pad/repo/sep
-  and the tokens whose text llama.cpp treats as EOG (`<|im_end|>`, `<|endoftext|>`, ...).
+  and the tokens whose text llama.cpp treats as EOG (`<|im_end|>`, `<end_of_turn>`, ...).
 
 What it deliberately does not do
-- SentencePiece ("llama"), WordPiece, Unigram or RWKV vocabularies, and pre-tokenizers other than
-  the table below: they are refused with a ValueError naming the GGUF key, never approximated.
-- Unicode normalisation (llama.cpp does none for BPE; HF's Qwen2 tokenizer applies NFC, so ids
-  can differ from HF for non-NFC input, e.g. decomposed accents).
-- `clean_up_tokenization_spaces`: decode() returns the concatenated pieces, which is also what
-  llama-server streams to its clients.
+- WordPiece, Unigram, RWKV vocabularies and BPE pre-tokenizers not in
+  tokenizer_bpe.PRE_TOKENIZERS: refused with a ValueError naming the GGUF key, never approximated.
 - Chat templates (engine/chat.py) and reading GGUF files (the model loader passes the mapping in).
 """
 from __future__ import annotations
 
 import codecs
+import math
 import operator
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import tokenizers
-from tokenizers import Regex, models, pre_tokenizers
-
 from .gguf_file import short_repr
+from .tokenizer_bpe import PRE_TOKENIZERS, BPEModel, byte_level_to_bytes, parse_merges
+from .tokenizer_spm import SPACE, SPMModel
 
 # GGUF `tokenizer.ggml.token_type` values (gguf.TokenType, llama.cpp LLAMA_TOKEN_TYPE_*).
 TOKEN_NORMAL = 1
@@ -43,101 +44,40 @@ TOKEN_CONTROL = 3
 TOKEN_USER_DEFINED = 4
 TOKEN_UNUSED = 5
 TOKEN_BYTE = 6
-
-# --- pre-tokenizers ----------------------------------------------------------------------------
-# Each entry is the list of regexes llama.cpp's llm_tokenizer_bpe applies one after the other
-# (src/llama-vocab.cpp), every one a Split with "isolated" behaviour: matches and the gaps between
-# them both become words.
-#
-# Qwen2: HF's tokenizer.json has "(?i:'s|'t|'re|'ve|'m|'ll|'d)|...". llama.cpp runs the rewrite
-# below with explicit [sS] classes (its regex engine lacks inline flags) through a hand-written
-# matcher (unicode_regex_split_custom_qwen2). They differ only where Unicode case folding maps a
-# non-ASCII letter onto s/t/m/d/r/e/v/l (e.g. U+017F LONG S); we follow llama.cpp.
-# Digits are split one by one (\p{N}, not \p{N}{1,3} as in Llama 3).
-_QWEN2_REGEX = (
-    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
-    r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-# GPT-2: llama.cpp's string omits the final "|\s+", but it is dispatched to a hand-written matcher
-# (unicode_regex_split_custom_gpt2) that implements the full original regex, given here. With
-# "isolated" splitting an unmatched whitespace character becomes its own word anyway.
-_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-# llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEFAULT: four regexes in sequence.
-_DEFAULT_REGEXES = (
-    r"[\p{P}\$\+<=>\^~\|]+",
-    _GPT2_REGEX,
-    r"\p{N}+",
-    r"[0-9][0-9][0-9]",
-)
-# `tokenizer.ggml.pre` value -> regexes (names as llama.cpp's llama_vocab::impl::load maps them).
-PRE_TOKENIZERS: dict[str, tuple[str, ...]] = {
-    "qwen2": (_QWEN2_REGEX,),
-    "deepseek-r1-qwen": (_QWEN2_REGEX,),
-    "megrez": (_QWEN2_REGEX,),
-    "gpt-2": (_GPT2_REGEX,),
-    "gpt2": (_GPT2_REGEX,),
-    "phi-2": (_GPT2_REGEX,),
-    "default": _DEFAULT_REGEXES,
-}
+_SPECIAL_TYPES = (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN)
 
 # --- special-token texts llama.cpp recognises (llama_vocab::impl::load) -----------------------
 # Tokens whose text is in _EOG_TEXTS end generation; FIM pad/repo/sep tokens do too. Every token
-# llama.cpp auto-detects by text (EOT, EOM, FIM_*) is forced to CONTROL if the GGUF says otherwise.
+# llama.cpp auto-detects by text (EOT, EOM, FIM_*, EOG) is forced to CONTROL if the GGUF says
+# otherwise. Note "</s>" and "<eos>": Gemma 3's "</s>" (an HTML tag, USER_DEFINED) becomes an
+# EOG CONTROL token there, so it is matched in text only with parse_special.
 _EOG_TEXTS = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-    "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
 })
 _EOT_TEXTS = frozenset({
     "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-    "<EOT>", "_<EOT>", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+    "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
 })
 _FIM_TEXTS = {  # GGUF key suffix -> texts
     "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
-                "▁<PRE>", "<|code_prefix|>"),
+                "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
     "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>",
-                "▁<SUF>", "<|code_suffix|>"),
+                "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
     "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
-                "▁<MID>", "<|code_middle|>"),
-    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
+                "▁<MID>", "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
     "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     "fim_sep": ("<|file_sep|>",),
 }
 _FIM_EOG = ("fim_pad", "fim_rep", "fim_sep")
+_ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
+_C_SPACE = " \t\n\v\f\r"   # C isspace(): what lstrip/rstrip tokens drop beside them
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2's bytes_to_unicode, inverted: the printable stand-in character -> the byte."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) \
-        + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
-_BYTE_DECODER = _byte_decoder()
-# str.translate table: stand-in char -> chr(byte); every other char below U+0100 -> U+FFFF so that
-# .encode("latin-1") fails on any text that is not pure byte-level and the slow path takes over.
-_BYTE_TRANSLATE = {cp: 0xFFFF for cp in range(256)}
-_BYTE_TRANSLATE.update({ord(c): b for c, b in _BYTE_DECODER.items()})
-
-
-def _byte_level_to_bytes(text: str) -> bytes:
-    """Bytes of a NORMAL token's byte-level text (llama.cpp llama_decode_text).
-
-    A character outside the byte-level alphabet (a malformed vocabulary) is kept as its UTF-8
-    bytes; llama.cpp would write an "[UNK_BYTE_0x..]" marker instead."""
-    try:
-        return text.translate(_BYTE_TRANSLATE).encode("latin-1")
-    except UnicodeEncodeError:
-        return b"".join(bytes([_BYTE_DECODER[c]]) if c in _BYTE_DECODER else c.encode("utf-8")
-                        for c in text)
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 def _clean_surrogates(text: str) -> str:
@@ -145,15 +85,6 @@ def _clean_surrogates(text: str) -> str:
     if _SURROGATE.search(text) is None:
         return text
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-
-
-# Texts at least this long are encoded through encode_batch, which releases the GIL while
-# the Rust tokenizer runs (`encode` keeps it): a server thread tokenizing a megabyte prompt
-# then no longer stops the event loop for a second per megabyte (`python
-# tools/bench_tokenize_gil.py`, tokenizers 0.23 on the 2-core CI machine, 2026-12-02: a
-# 4.3 MB text, the same ids both ways, stalled a thread ticking every 5 ms for 4.2 s through
-# encode, 0.21 s through encode_batch).
-_GIL_FREE_CHARS = 16384
 
 
 def _meta_int(meta: Mapping[str, Any], key: str, n_vocab: int) -> int | None:
@@ -171,30 +102,109 @@ def _meta_int(meta: Mapping[str, Any], key: str, n_vocab: int) -> int | None:
     return value
 
 
+def _meta_bool(meta: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = meta.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, (bool, int)):
+        raise ValueError(f"GGUF key {key} must be a boolean, got {short_repr(value)}")
+    return bool(value)
+
+
+def _scores(meta: Mapping[str, Any], n_vocab: int) -> list[float]:
+    raw = meta.get("tokenizer.ggml.scores")
+    if raw is None:
+        return [0.0] * n_vocab          # llama.cpp: every score 0, ties decided by position
+    if not isinstance(raw, list) or len(raw) < n_vocab:
+        raise ValueError(f"tokenizer.ggml.scores must be an array of at least {n_vocab} numbers, "
+                         f"got {short_repr(raw) if not isinstance(raw, list) else f'{len(raw)} entries'}")
+    scores = raw[:n_vocab]
+    for i, s in enumerate(scores):
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or math.isnan(s):
+            raise ValueError(f"tokenizer.ggml.scores[{i}] = {s!r} is not a number")
+    return [float(s) for s in scores]
+
+
+def _eog_ids(meta, tokens, types, n_vocab, text_to_id, eos_id) -> frozenset[int]:
+    """llama.cpp's EOT/EOM/FIM detection and EOG set; updates `types` in place as llama.cpp
+    updates the token attributes."""
+    eot_id = _meta_int(meta, "tokenizer.ggml.eot_token_id", n_vocab)
+    eom_id = _meta_int(meta, "tokenizer.ggml.eom_token_id", n_vocab)
+    forced = set()
+    if eot_id is None:
+        eot_id = next((text_to_id[t] for t in sorted(_EOT_TEXTS) if t in text_to_id), None)
+        if eot_id is not None:
+            forced.add(eot_id)
+    if eom_id is None and "<|eom_id|>" in text_to_id:
+        eom_id = text_to_id["<|eom_id|>"]
+        forced.add(eom_id)
+    fim: dict[str, int | None] = {}
+    for name, texts in _FIM_TEXTS.items():
+        fim[name] = _meta_int(meta, f"tokenizer.ggml.{name}_token_id", n_vocab)
+        if fim[name] is None:
+            fim[name] = next((text_to_id[t] for t in texts if t in text_to_id), None)
+            if fim[name] is not None:
+                forced.add(fim[name])
+    eog = {fim[name] for name in _FIM_EOG if fim[name] is not None}
+    for text in _EOG_TEXTS:
+        if text in text_to_id:
+            eog.add(text_to_id[text])
+            forced.add(text_to_id[text])
+    for i in forced:
+        types[i] = TOKEN_CONTROL
+    for text in _ALWAYS_RENDERED:
+        if text in text_to_id:
+            types[text_to_id[text]] = TOKEN_USER_DEFINED
+    eog.update(i for i in (eos_id, eot_id, eom_id) if i is not None)
+    # o200k_harmony / solar-open: with <|return|> and <|call|> (or <|calls|> and <|flush|>),
+    # <|end|> does not end generation and is rendered
+    present = {tokens[i] for i in eog}
+    if "<|end|>" in present and (("<|return|>" in present and present & {"<|call|>", "<|calls|>"})
+                                 or ({"<|call|>", "<|calls|>"} & present and "<|flush|>" in present)):
+        end = next(i for i in eog if tokens[i] == "<|end|>")
+        eog.discard(end)
+        types[end] = TOKEN_USER_DEFINED
+    # gemma4 / plamo: "</s>" is an ordinary token there
+    if "</s>" in present and present & {"<|tool_response>", "<|plamo:eos|>"}:
+        s = next(i for i in eog if tokens[i] == "</s>")
+        eog.discard(s)
+        types[s] = TOKEN_NORMAL
+    return frozenset(eog)
+
+
 class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary. Immutable after construction; thread-safe."""
 
-    def __init__(self, *, tokens: list[str], token_types: list[int], merges: list[tuple[str, str]],
-                 pre: str, bos_id: int | None, eos_id: int | None, add_bos: bool, add_eos: bool,
-                 eot_ids: frozenset[int]):
+    def __init__(self, *, tokens: list[str], token_types: list[int], model: BPEModel | SPMModel,
+                 bos_id: int | None, eos_id: int | None, add_bos: bool, add_eos: bool,
+                 add_space_prefix: bool, clean_spaces: bool, eot_ids: frozenset[int],
+                 pre: str | None, rstrip: frozenset[int] = frozenset()):
         # Prefer from_gguf_metadata(); this constructor trusts its (already validated) arguments.
-        self._tokens = tokens                          # id -> token text (byte-level for NORMAL)
+        self._tokens = tokens                          # id -> token text
         self._types = token_types                      # id -> TOKEN_* after llama.cpp's overrides
+        self._model = model
+        self._spm = isinstance(model, SPMModel)
         self._pre = pre
         self._bos_id, self._eos_id = bos_id, eos_id
         self._add_bos, self._add_eos = add_bos, add_eos
+        self._add_space_prefix = add_space_prefix
+        self._clean_spaces = clean_spaces
         self._eot_ids = eot_ids
+        self._rstrip = rstrip                           # ids llama.cpp marks RSTRIP (Phi-3)
         # Last id wins for duplicate texts, as in llama.cpp's token_to_id map.
         self._text_to_id = {t: i for i, t in enumerate(tokens)}
 
         # Pieces: what each id decodes to (llama.cpp token_to_piece with special=true).
         pieces: list[bytes] = []
         for text, ttype in zip(tokens, token_types):
-            if ttype == TOKEN_NORMAL:
-                pieces.append(_byte_level_to_bytes(text))
-            elif ttype in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN):
+            if ttype in _SPECIAL_TYPES:
                 pieces.append(text.encode("utf-8"))
-            else:  # UNUSED, BYTE, UNDEFINED: llama.cpp's BPE path emits nothing for these
+            elif ttype == TOKEN_NORMAL:
+                pieces.append(text.replace(SPACE, " ").encode("utf-8") if self._spm
+                              else byte_level_to_bytes(text))
+            elif ttype == TOKEN_BYTE and (m := _BYTE_TOKEN.fullmatch(text)):
+                pieces.append(bytes([int(m.group(1), 16)]))
+            else:  # UNUSED, UNDEFINED (and a BYTE token not written <0xNN>): nothing
                 pieces.append(b"")
         self._pieces = pieces
         self._hidden = frozenset(i for i, t in enumerate(token_types)
@@ -202,20 +212,11 @@ class Tokenizer:
 
         # Special-token partition order: longest text first, ties by id (llama.cpp's sort is not
         # stable; ties only matter for two equally long specials overlapping in the text).
-        special = [i for i, t in enumerate(token_types)
-                   if t in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN)]
+        special = [i for i, t in enumerate(token_types) if t in _SPECIAL_TYPES]
         special.sort(key=lambda i: (-len(tokens[i]), i))
         self._special_all = [(tokens[i], i) for i in special]
         self._special_user = [(tokens[i], i) for i in special if token_types[i] == TOKEN_USER_DEFINED]
         self._special_ids = frozenset(special)
-
-        bpe = models.BPE(vocab=dict(self._text_to_id), merges=merges)
-        hf = tokenizers.Tokenizer(bpe)
-        hf.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Split(Regex(rx), behavior="isolated", invert=False)
-             for rx in PRE_TOKENIZERS[pre]]
-            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        self._hf = hf
 
     # --- construction from GGUF metadata -------------------------------------------------------
     @classmethod
@@ -228,20 +229,23 @@ class Tokenizer:
         for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre"):
             if key in meta and not isinstance(meta[key], str):
                 raise ValueError(f"{key} must be a string, got {short_repr(meta[key])}")
-        if model != "gpt2":
-            kind = {"llama": "SentencePiece", "bert": "WordPiece", "t5": "Unigram",
-                    "rwkv": "RWKV"}.get(model, "unknown")
+        if model not in ("gpt2", "llama"):
+            kind = {"bert": "WordPiece", "t5": "Unigram", "rwkv": "RWKV"}.get(model, "unknown")
             raise ValueError(f"tokenizer.ggml.model = {model!r} ({kind}) is not supported: "
-                             "genie-rt implements byte-level BPE vocabularies ('gpt2') only")
-        pre = meta.get("tokenizer.ggml.pre", "default")  # llama.cpp: missing -> 'default'
-        if pre not in PRE_TOKENIZERS:
-            raise ValueError(f"tokenizer.ggml.pre = {pre!r} is not a supported pre-tokenizer "
+                             "genie-rt implements byte-level BPE ('gpt2') and SentencePiece "
+                             "('llama') vocabularies")
+        spm = model == "llama"
+        pre_name = None if spm else meta.get("tokenizer.ggml.pre", "default")  # missing: 'default'
+        if not spm and pre_name not in PRE_TOKENIZERS:
+            raise ValueError(f"tokenizer.ggml.pre = {pre_name!r} is not a supported pre-tokenizer "
                              f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
 
         tokens = meta.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
             raise ValueError("tokenizer.ggml.tokens must be a non-empty list of strings")
         n_vocab = len(tokens)
+        if "" in tokens:   # llama.cpp renames empty entries
+            tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         types = meta.get("tokenizer.ggml.token_type")
         if types is None:
             types = [TOKEN_NORMAL] * n_vocab  # llama.cpp's default attribute
@@ -251,26 +255,26 @@ class Tokenizer:
         elif len(types) != n_vocab:
             raise ValueError(f"tokenizer.ggml.token_type has {len(types)} entries for "
                              f"{n_vocab} tokens")
+        types = list(types)
+        text_to_id = {t: i for i, t in enumerate(tokens)}
 
-        raw_merges = meta.get("tokenizer.ggml.merges")
-        if not isinstance(raw_merges, list):
-            raise ValueError("GGUF has no tokenizer.ggml.merges: a BPE vocabulary needs its merges")
-        vocab = set(tokens)
-        merges: list[tuple[str, str]] = []
-        for k, m in enumerate(raw_merges):
-            pos = m.find(" ", 1) if isinstance(m, str) else -1  # llama.cpp: word.find(' ', 1)
-            if pos < 0:
-                raise ValueError(f"tokenizer.ggml.merges[{k}] = {m!r} is not 'left right'")
-            left, right = m[:pos], m[pos + 1:]
-            if left not in vocab or right not in vocab or left + right not in vocab:
-                raise ValueError(f"tokenizer.ggml.merges[{k}] = {m!r} uses or makes a token "
-                                 "missing from tokenizer.ggml.tokens")
-            merges.append((left, right))
+        if spm:
+            engine: BPEModel | SPMModel = SPMModel(tokens, text_to_id, _scores(meta, n_vocab))
+            add_bos_default, clean_spaces = True, False
+        else:
+            pre = PRE_TOKENIZERS[pre_name]
+            merges = parse_merges(meta.get("tokenizer.ggml.merges"), text_to_id)
+            engine = BPEModel(text_to_id, merges, pre)
+            add_bos_default, clean_spaces = pre.add_bos, pre.clean_spaces
 
         bos_id = _meta_int(meta, "tokenizer.ggml.bos_token_id", n_vocab)
         eos_id = _meta_int(meta, "tokenizer.ggml.eos_token_id", n_vocab)
-        add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", False))
-        add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+        if spm:  # llama.cpp's defaults for SentencePiece files without the keys
+            bos_id = 1 if bos_id is None and n_vocab > 1 else bos_id
+            eos_id = 2 if eos_id is None and n_vocab > 2 else eos_id
+        add_bos = _meta_bool(meta, "tokenizer.ggml.add_bos_token", add_bos_default)
+        add_eos = _meta_bool(meta, "tokenizer.ggml.add_eos_token", False)
+        add_space_prefix = _meta_bool(meta, "tokenizer.ggml.add_space_prefix", spm)
         if add_bos and bos_id is None:
             raise ValueError("tokenizer.ggml.add_bos_token is true but tokenizer.ggml.bos_token_id "
                              "is missing")
@@ -278,36 +282,20 @@ class Tokenizer:
             raise ValueError("tokenizer.ggml.add_eos_token is true but tokenizer.ggml.eos_token_id "
                              "is missing")
 
-        # End of generation and llama.cpp's CONTROL overrides for control-looking texts.
-        text_to_id = {t: i for i, t in enumerate(tokens)}
-        eot_id = _meta_int(meta, "tokenizer.ggml.eot_token_id", n_vocab)
-        eom_id = _meta_int(meta, "tokenizer.ggml.eom_token_id", n_vocab)
-        forced = set()
-        if eot_id is None:
-            eot_id = next((text_to_id[t] for t in sorted(_EOT_TEXTS) if t in text_to_id), None)
-            if eot_id is not None:
-                forced.add(eot_id)
-        if eom_id is None and "<|eom_id|>" in text_to_id:
-            eom_id = text_to_id["<|eom_id|>"]
-            forced.add(eom_id)
-        fim: dict[str, int | None] = {}
-        for name, texts in _FIM_TEXTS.items():
-            fim[name] = _meta_int(meta, f"tokenizer.ggml.{name}_token_id", n_vocab)
-            if fim[name] is None:
-                fim[name] = next((text_to_id[t] for t in texts if t in text_to_id), None)
-                if fim[name] is not None:
-                    forced.add(fim[name])
-        eog = {fim[name] for name in _FIM_EOG if fim[name] is not None}
-        for text in _EOG_TEXTS:
-            if text in text_to_id:
-                eog.add(text_to_id[text])
-                forced.add(text_to_id[text])
-        eog.update(i for i in (eos_id, eot_id, eom_id) if i is not None)
-        for i in forced:
-            types[i] = TOKEN_CONTROL
+        eog = _eog_ids(meta, tokens, types, n_vocab, text_to_id, eos_id)
 
-        return cls(tokens=list(tokens), token_types=types, merges=merges, pre=pre, bos_id=bos_id,
-                   eos_id=eos_id, add_bos=add_bos, add_eos=add_eos, eot_ids=frozenset(eog))
+        # Per-model token attributes llama.cpp sets by name: Phi-3 strips the whitespace after
+        # every special token except <unk>, <s>, <|endoftext|>; "</s>" too.
+        rstrip: set[int] = set()
+        name = meta.get("general.name")
+        if isinstance(name, str) and ("phi-3" in name.lower() or "phi3" in name.lower()):
+            rstrip = {i for i, t in enumerate(types) if t in _SPECIAL_TYPES}
+            rstrip |= {text_to_id[t] for t in ("</s>",) if t in text_to_id}
+            rstrip -= {text_to_id[t] for t in ("<unk>", "<s>", "<|endoftext|>") if t in text_to_id}
+
+        return cls(tokens=tokens, token_types=types, model=engine, bos_id=bos_id, eos_id=eos_id,
+                   add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix,
+                   clean_spaces=clean_spaces, eot_ids=eog, pre=pre_name, rstrip=frozenset(rstrip))
 
     # --- properties ----------------------------------------------------------------------------
     @property
@@ -337,13 +325,24 @@ class Tokenizer:
         return self._add_eos
 
     @property
+    def add_space_prefix(self) -> bool:
+        """SentencePiece: a space is put before text that starts the input or follows a special
+        token (tokenizer.ggml.add_space_prefix; false for Gemma)."""
+        return self._add_space_prefix
+
+    @property
+    def model(self) -> str:
+        """`tokenizer.ggml.model`: "gpt2" (byte-level BPE) or "llama" (SentencePiece)."""
+        return "llama" if self._spm else "gpt2"
+
+    @property
     def special_ids(self) -> frozenset[int]:
         """CONTROL, USER_DEFINED and UNKNOWN ids: the tokens matched whole in text."""
         return self._special_ids
 
     @property
-    def pre_tokenizer(self) -> str:
-        """The `tokenizer.ggml.pre` name in use."""
+    def pre_tokenizer(self) -> str | None:
+        """The `tokenizer.ggml.pre` name in use (None for SentencePiece, which has none)."""
         return self._pre
 
     def token_id(self, text: str) -> int | None:
@@ -351,8 +350,12 @@ class Tokenizer:
         return self._text_to_id.get(text)
 
     def token_text(self, token_id: int) -> str:
-        """The vocabulary entry itself (byte-level text for NORMAL tokens)."""
+        """The vocabulary entry itself (byte-level or "▁" text for NORMAL tokens)."""
         return self._tokens[self._check_id(token_id)]
+
+    def token_type(self, token_id: int) -> int:
+        """TOKEN_* of this id, after llama.cpp's overrides (EOG-looking tokens are CONTROL)."""
+        return self._types[self._check_id(token_id)]
 
     def is_control(self, token_id: int) -> bool:
         """True for CONTROL/UNKNOWN tokens: the ones decode(skip_special=True) drops."""
@@ -372,13 +375,19 @@ class Tokenizer:
         ids: list[int] = []
         if add_special and self._add_bos:
             ids.append(self._bos_id)
+        model = self._model
+        after_special = True          # SentencePiece: the input's start counts as a special token
         for fragment in self._partition(text, parse_special):
             if isinstance(fragment, int):
                 ids.append(fragment)
-            elif len(fragment) < _GIL_FREE_CHARS:
-                ids.extend(self._hf.encode(fragment, add_special_tokens=False).ids)
-            else:   # same result; encode_batch runs without the GIL (encode holds it: ~1 s per MB)
-                ids.extend(self._hf.encode_batch([fragment], add_special_tokens=False)[0].ids)
+                after_special = True
+            elif self._spm:
+                if self._add_space_prefix and after_special:
+                    fragment = " " + fragment
+                ids.extend(model.encode(fragment.replace(" ", SPACE)))
+                after_special = False
+            else:
+                ids.extend(model.encode(fragment))
         if add_special and self._add_eos:
             ids.append(self._eos_id)
         return ids
@@ -388,9 +397,11 @@ class Tokenizer:
         for each special token, longest first, cut every remaining text fragment at each
         non-overlapping occurrence, left to right."""
         fragments: list[str | int] = [text] if text else []
+        rstrip = self._rstrip
         for special, sid in (self._special_all if parse_special else self._special_user):
             if special not in text:  # cheap whole-text test; most specials never occur
                 continue
+            strip = sid in rstrip
             out: list[str | int] = []
             for frag in fragments:
                 if isinstance(frag, int) or special not in frag:
@@ -400,6 +411,8 @@ class Tokenizer:
                 for k, part in enumerate(parts):
                     if k:
                         out.append(sid)
+                        if strip:
+                            part = part.lstrip(_C_SPACE)
                     if part:
                         out.append(part)
             fragments = out
@@ -407,9 +420,10 @@ class Tokenizer:
 
     def pre_tokenize(self, text: str) -> list[str]:
         """The words BPE merges within, as plain text (for debugging and tests); special tokens
-        are not split out here."""
-        text = _clean_surrogates(text)
-        return [text[a:b] for _, (a, b) in self._hf.pre_tokenizer.pre_tokenize_str(text)]
+        are not split out here. SentencePiece vocabularies have no pre-tokenizer: ValueError."""
+        if self._spm:
+            raise ValueError("a SentencePiece ('llama') vocabulary has no pre-tokenizer")
+        return self._model.pre_tokenize(_clean_surrogates(text))
 
     # --- decode --------------------------------------------------------------------------------
     def _check_id(self, token_id: int) -> int:
@@ -427,8 +441,9 @@ class Tokenizer:
         return self._pieces[self._check_id(token_id)]
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
-        """Text of `ids`. skip_special drops CONTROL/UNKNOWN tokens (USER_DEFINED ones such as
-        `<think>` stay, as in llama.cpp). Invalid UTF-8 becomes U+FFFD."""
+        """Text of `ids`: the pieces joined, as llama-server's /detokenize and its streams give
+        them (no leading-space strip: see detokenize). skip_special drops CONTROL/UNKNOWN tokens
+        (USER_DEFINED ones such as `<think>` stay, as in llama.cpp). Invalid UTF-8 becomes U+FFFD."""
         pieces = self._pieces
         out = []
         for t in ids:
@@ -438,9 +453,54 @@ class Tokenizer:
             out.append(pieces[i])
         return b"".join(out).decode("utf-8", "replace")
 
+    def detokenize(self, ids: Iterable[int], *, remove_special: bool = False,
+                   unparse_special: bool = False) -> str:
+        """llama.cpp's llama_detokenize(ids, remove_special, unparse_special): without
+        unparse_special CONTROL/UNKNOWN tokens give nothing; remove_special drops a leading BOS
+        and a trailing EOS the tokenizer would add; with add_space_prefix the first piece loses
+        one leading space (not after a removed BOS); BPE vocabularies but Qwen2/SmolLM-style
+        ones then drop spaces before ?!., and in " 's", " 'm", " 're", " 've", " ' "."""
+        ids = [self._check_id(t) for t in ids]
+        strip_space = self._add_space_prefix
+        if remove_special and self._add_bos and ids and ids[0] == self._bos_id:
+            strip_space = False
+            ids = ids[1:]
+        if remove_special and self._add_eos and ids and ids[-1] == self._eos_id:
+            ids = ids[:-1]
+        out = []
+        for i in ids:
+            piece = b"" if not unparse_special and i in self._hidden else self._pieces[i]
+            if strip_space and piece[:1] == b" ":
+                piece = piece[1:]
+            strip_space = False
+            out.append(piece)
+        text = b"".join(out)
+        if self._clean_spaces:
+            text = _clean_spaces(text)
+        return text.decode("utf-8", "replace")
+
     def stream_decoder(self, *, skip_special: bool = False) -> StreamDecoder:
         """A fresh incremental decoder for one generation."""
         return StreamDecoder(self, skip_special=skip_special)
+
+
+def _clean_spaces(text: bytes) -> bytes:
+    """llama_detokenize's three clean-up passes (clean_spaces), on the joined bytes."""
+    text = re.sub(rb" (?=[?!.,])", b"", text)          # " ?", " !", " .", " ,"
+    if b" ' " in text:                                  # " ' " -> "'" (as llama.cpp's loop does it)
+        buf = bytearray(text)
+        out = bytearray(buf[:1])
+        i = 1
+        while i < len(buf):
+            x = buf[i]
+            if x == 0x27 and i + 1 < len(buf) and buf[i - 1] == 0x20 and buf[i + 1] == 0x20:
+                out.pop()               # the space before
+                i += 1
+                buf[i] = 0              # the space after is skipped; llama.cpp also zeroes it
+            out.append(x)
+            i += 1
+        text = bytes(out)
+    return re.sub(rb" '(?=[sm]|re|ve)", b"'", text)   # " 's", " 'm", " 're", " 've"
 
 
 class StreamDecoder:

@@ -53,11 +53,11 @@ def main(argv=None) -> int:
     unit = "turn the kitchen lights down please "
     text = unit * max(1, int(args.mb * 1e6 / len(unit)))
     ids = tok.encode(text)
-    if tok._hf.encode(text, add_special_tokens=False).ids != ids:
+    if tok._model.hf.encode(text, add_special_tokens=False).ids != ids:
         print("FAILED: the two paths give different ids", file=sys.stderr)
         return 1
     print(f"{len(text) / 1e6:.1f} MB, {len(ids)} ids, the same on both paths")
-    for label, work in (("tokenizers encode (GIL held)", lambda: tok._hf.encode(text, add_special_tokens=False)),
+    for label, work in (("tokenizers encode (GIL held)", lambda: tok._model.hf.encode(text, add_special_tokens=False)),
                         ("Tokenizer.encode (GIL released)", lambda: tok.encode(text))):
         took, stall = longest_stall(work)
         print(f"{label:<34} {took:6.2f} s, longest stall of other threads {stall:6.3f} s")
