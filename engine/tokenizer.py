@@ -27,11 +27,12 @@ What it deliberately does not do
 from __future__ import annotations
 
 import codecs
-import math
 import operator
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import numpy as np
 
 from .gguf_file import short_repr
 from .tokenizer_bpe import PRE_TOKENIZERS, BPEModel, byte_level_to_bytes, parse_merges
@@ -112,17 +113,23 @@ def _meta_bool(meta: Mapping[str, Any], key: str, default: bool) -> bool:
 
 
 def _scores(meta: Mapping[str, Any], n_vocab: int) -> list[float]:
+    """Token scores as llama.cpp holds them: float32 (integer scores are rounded to float32)."""
     raw = meta.get("tokenizer.ggml.scores")
     if raw is None:
         return [0.0] * n_vocab          # llama.cpp: every score 0, ties decided by position
     if not isinstance(raw, list) or len(raw) < n_vocab:
+        got = f"{len(raw)} entries" if isinstance(raw, list) else short_repr(raw)
         raise ValueError(f"tokenizer.ggml.scores must be an array of at least {n_vocab} numbers, "
-                         f"got {short_repr(raw) if not isinstance(raw, list) else f'{len(raw)} entries'}")
-    scores = raw[:n_vocab]
-    for i, s in enumerate(scores):
-        if isinstance(s, bool) or not isinstance(s, (int, float)) or math.isnan(s):
-            raise ValueError(f"tokenizer.ggml.scores[{i}] = {s!r} is not a number")
-    return [float(s) for s in scores]
+                         f"got {got}")
+    try:
+        arr = np.asarray(raw[:n_vocab])
+    except ValueError:   # ragged nested lists
+        arr = np.asarray(raw[:n_vocab], dtype=object)
+    if arr.dtype.kind not in "iuf" or arr.ndim != 1 or (arr.dtype.kind == "f" and np.isnan(arr).any()):
+        i = next(i for i, s in enumerate(raw[:n_vocab])
+                 if isinstance(s, bool) or not isinstance(s, (int, float)) or s != s)
+        raise ValueError(f"tokenizer.ggml.scores[{i}] = {short_repr(raw[i])} is not a number")
+    return arr.astype(np.float32).astype(np.float64).tolist()
 
 
 def _eog_ids(meta, tokens, types, n_vocab, text_to_id, eos_id) -> frozenset[int]:
@@ -175,13 +182,14 @@ def _eog_ids(meta, tokens, types, n_vocab, text_to_id, eos_id) -> frozenset[int]
 class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary. Immutable after construction; thread-safe."""
 
-    def __init__(self, *, tokens: list[str], token_types: list[int], model: BPEModel | SPMModel,
-                 bos_id: int | None, eos_id: int | None, add_bos: bool, add_eos: bool,
-                 add_space_prefix: bool, clean_spaces: bool, eot_ids: frozenset[int],
-                 pre: str | None, rstrip: frozenset[int] = frozenset()):
+    def __init__(self, *, tokens: list[str], token_types: list[int], text_to_id: dict[str, int],
+                 model: BPEModel | SPMModel, bos_id: int | None, eos_id: int | None,
+                 add_bos: bool, add_eos: bool, add_space_prefix: bool, clean_spaces: bool,
+                 eot_ids: frozenset[int], pre: str | None, rstrip: frozenset[int] = frozenset()):
         # Prefer from_gguf_metadata(); this constructor trusts its (already validated) arguments.
         self._tokens = tokens                          # id -> token text
         self._types = token_types                      # id -> TOKEN_* after llama.cpp's overrides
+        self._text_to_id = text_to_id                  # text -> id; last id wins, as llama.cpp's map
         self._model = model
         self._spm = isinstance(model, SPMModel)
         self._pre = pre
@@ -190,33 +198,38 @@ class Tokenizer:
         self._add_space_prefix = add_space_prefix
         self._clean_spaces = clean_spaces
         self._eot_ids = eot_ids
-        self._rstrip = rstrip                           # ids llama.cpp marks RSTRIP (Phi-3)
-        # Last id wins for duplicate texts, as in llama.cpp's token_to_id map.
-        self._text_to_id = {t: i for i, t in enumerate(tokens)}
+        self._rstrip = rstrip                          # ids llama.cpp marks RSTRIP (Phi-3)
+        # id -> bytes it decodes to, filled on first use (262k entries for Gemma: computing them
+        # all would be most of the load time). Racing threads write the same value.
+        self._pieces: list[bytes | None] = [None] * len(tokens)
 
-        # Pieces: what each id decodes to (llama.cpp token_to_piece with special=true).
-        pieces: list[bytes] = []
-        for text, ttype in zip(tokens, token_types):
-            if ttype in _SPECIAL_TYPES:
-                pieces.append(text.encode("utf-8"))
-            elif ttype == TOKEN_NORMAL:
-                pieces.append(text.replace(SPACE, " ").encode("utf-8") if self._spm
-                              else byte_level_to_bytes(text))
-            elif ttype == TOKEN_BYTE and (m := _BYTE_TOKEN.fullmatch(text)):
-                pieces.append(bytes([int(m.group(1), 16)]))
-            else:  # UNUSED, UNDEFINED (and a BYTE token not written <0xNN>): nothing
-                pieces.append(b"")
-        self._pieces = pieces
-        self._hidden = frozenset(i for i, t in enumerate(token_types)
-                                 if t in (TOKEN_CONTROL, TOKEN_UNKNOWN))  # dropped by skip_special
-
+        type_arr = np.asarray(token_types)
+        self._hidden = frozenset(np.flatnonzero(   # dropped by skip_special
+            (type_arr == TOKEN_CONTROL) | (type_arr == TOKEN_UNKNOWN)).tolist())
         # Special-token partition order: longest text first, ties by id (llama.cpp's sort is not
         # stable; ties only matter for two equally long specials overlapping in the text).
-        special = [i for i, t in enumerate(token_types) if t in _SPECIAL_TYPES]
+        special = np.flatnonzero(np.isin(type_arr, _SPECIAL_TYPES)).tolist()
         special.sort(key=lambda i: (-len(tokens[i]), i))
         self._special_all = [(tokens[i], i) for i in special]
         self._special_user = [(tokens[i], i) for i in special if token_types[i] == TOKEN_USER_DEFINED]
         self._special_ids = frozenset(special)
+
+    def _piece(self, i: int) -> bytes:
+        """llama.cpp token_to_piece(special=true) of a valid id."""
+        piece = self._pieces[i]
+        if piece is None:
+            text, ttype = self._tokens[i], self._types[i]
+            if ttype in _SPECIAL_TYPES:
+                piece = text.encode("utf-8")
+            elif ttype == TOKEN_NORMAL:
+                piece = (text.replace(SPACE, " ").encode("utf-8") if self._spm
+                         else byte_level_to_bytes(text))
+            elif ttype == TOKEN_BYTE and (m := _BYTE_TOKEN.fullmatch(text)):
+                piece = bytes([int(m.group(1), 16)])
+            else:  # UNUSED, UNDEFINED (and a BYTE token not written <0xNN>): nothing
+                piece = b""
+            self._pieces[i] = piece
+        return piece
 
     # --- construction from GGUF metadata -------------------------------------------------------
     @classmethod
@@ -241,22 +254,26 @@ class Tokenizer:
                              f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
 
         tokens = meta.get("tokenizer.ggml.tokens")
-        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
-            raise ValueError("tokenizer.ggml.tokens must be a non-empty list of strings")
+        try:
+            if not isinstance(tokens, list) or not tokens:
+                raise TypeError
+            "".join(tokens)            # TypeError unless all are strings (C speed)
+        except TypeError:
+            raise ValueError("tokenizer.ggml.tokens must be a non-empty list of strings") from None
         n_vocab = len(tokens)
         if "" in tokens:   # llama.cpp renames empty entries
             tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         types = meta.get("tokenizer.ggml.token_type")
         if types is None:
             types = [TOKEN_NORMAL] * n_vocab  # llama.cpp's default attribute
-        elif not isinstance(types, list) or not all(type(t) is int for t in types):
+        elif not isinstance(types, list) or np.asarray(types).dtype.kind not in "iu":
             raise ValueError(f"tokenizer.ggml.token_type must be an array of integers, got "
                              f"{short_repr(types)}")
         elif len(types) != n_vocab:
             raise ValueError(f"tokenizer.ggml.token_type has {len(types)} entries for "
                              f"{n_vocab} tokens")
-        types = list(types)
-        text_to_id = {t: i for i, t in enumerate(tokens)}
+        types = list(types)            # a copy: llama.cpp's overrides are applied to it
+        text_to_id = dict(zip(tokens, range(n_vocab)))   # last id wins, as in llama.cpp
 
         if spm:
             engine: BPEModel | SPMModel = SPMModel(tokens, text_to_id, _scores(meta, n_vocab))
@@ -293,7 +310,7 @@ class Tokenizer:
             rstrip |= {text_to_id[t] for t in ("</s>",) if t in text_to_id}
             rstrip -= {text_to_id[t] for t in ("<unk>", "<s>", "<|endoftext|>") if t in text_to_id}
 
-        return cls(tokens=tokens, token_types=types, model=engine, bos_id=bos_id, eos_id=eos_id,
+        return cls(tokens=tokens, token_types=types, text_to_id=text_to_id, model=engine, bos_id=bos_id, eos_id=eos_id,
                    add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix,
                    clean_spaces=clean_spaces, eot_ids=eog, pre=pre_name, rstrip=frozenset(rstrip))
 
@@ -438,19 +455,18 @@ class Tokenizer:
     def token_to_piece(self, token_id: int) -> bytes:
         """The bytes this token stands for; CONTROL tokens give their text (`<|im_end|>`).
         A piece may be part of a UTF-8 character: join pieces before decoding."""
-        return self._pieces[self._check_id(token_id)]
+        return self._piece(self._check_id(token_id))
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         """Text of `ids`: the pieces joined, as llama-server's /detokenize and its streams give
         them (no leading-space strip: see detokenize). skip_special drops CONTROL/UNKNOWN tokens
         (USER_DEFINED ones such as `<think>` stay, as in llama.cpp). Invalid UTF-8 becomes U+FFFD."""
-        pieces = self._pieces
         out = []
         for t in ids:
             i = self._check_id(t)
             if skip_special and i in self._hidden:
                 continue
-            out.append(pieces[i])
+            out.append(self._piece(i))
         return b"".join(out).decode("utf-8", "replace")
 
     def detokenize(self, ids: Iterable[int], *, remove_special: bool = False,
@@ -469,7 +485,7 @@ class Tokenizer:
             ids = ids[:-1]
         out = []
         for i in ids:
-            piece = b"" if not unparse_special and i in self._hidden else self._pieces[i]
+            piece = b"" if not unparse_special and i in self._hidden else self._piece(i)
             if strip_space and piece[:1] == b" ":
                 piece = piece[1:]
             strip_space = False
