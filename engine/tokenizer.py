@@ -35,47 +35,14 @@ from typing import Any
 import numpy as np
 
 from .gguf_file import short_repr
-from .tokenizer_bpe import PRE_TOKENIZERS, BPEModel, byte_level_to_bytes, parse_merges
+from .tokenizer_bpe import PRE_TOKENIZERS, BPEModel, byte_level_to_bytes, clean_spaces, parse_merges
+from .tokenizer_special import (SPECIAL_TYPES, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL,
+                                TOKEN_UNKNOWN, TOKEN_UNUSED, TOKEN_USER_DEFINED, eog_ids, meta_int,
+                                partition, rstrip_ids)
 from .tokenizer_spm import SPACE, SPMModel
 
-# GGUF `tokenizer.ggml.token_type` values (gguf.TokenType, llama.cpp LLAMA_TOKEN_TYPE_*).
-TOKEN_NORMAL = 1
-TOKEN_UNKNOWN = 2
-TOKEN_CONTROL = 3
-TOKEN_USER_DEFINED = 4
-TOKEN_UNUSED = 5
-TOKEN_BYTE = 6
-_SPECIAL_TYPES = (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN)
-
-# --- special-token texts llama.cpp recognises (llama_vocab::impl::load) -----------------------
-# Tokens whose text is in _EOG_TEXTS end generation; FIM pad/repo/sep tokens do too. Every token
-# llama.cpp auto-detects by text (EOT, EOM, FIM_*, EOG) is forced to CONTROL if the GGUF says
-# otherwise. Note "</s>" and "<eos>": Gemma 3's "</s>" (an HTML tag, USER_DEFINED) becomes an
-# EOG CONTROL token there, so it is matched in text only with parse_special.
-_EOG_TEXTS = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<｜end▁of▁sentence｜>", "[e~[",
-})
-_EOT_TEXTS = frozenset({
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-    "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
-})
-_FIM_TEXTS = {  # GGUF key suffix -> texts
-    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>",
-                "▁<PRE>", "<|code_prefix|>", "<|prefix|>"),
-    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>",
-                "▁<SUF>", "<|code_suffix|>", "<|suffix|>"),
-    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>",
-                "▁<MID>", "<|code_middle|>", "<|middle|>"),
-    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
-    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "fim_sep": ("<|file_sep|>",),
-}
-_FIM_EOG = ("fim_pad", "fim_rep", "fim_sep")
-_ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
-_C_SPACE = " \t\n\v\f\r"   # C isspace(): what lstrip/rstrip tokens drop beside them
+__all__ = ["Tokenizer", "StreamDecoder", "TOKEN_NORMAL", "TOKEN_UNKNOWN", "TOKEN_CONTROL",
+           "TOKEN_USER_DEFINED", "TOKEN_UNUSED", "TOKEN_BYTE"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
@@ -86,21 +53,6 @@ def _clean_surrogates(text: str) -> str:
     if _SURROGATE.search(text) is None:
         return text
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-
-
-def _meta_int(meta: Mapping[str, Any], key: str, n_vocab: int) -> int | None:
-    value = meta.get(key)
-    if value is None:
-        return None
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        value = operator.index(value)
-    except TypeError:
-        raise ValueError(f"GGUF key {key} must be an integer token id, got {short_repr(value)}") from None
-    if not 0 <= value < n_vocab:
-        raise ValueError(f"GGUF key {key} = {value} is outside the vocabulary (0..{n_vocab - 1})")
-    return value
 
 
 def _meta_bool(meta: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -132,53 +84,6 @@ def _scores(meta: Mapping[str, Any], n_vocab: int) -> list[float]:
     return arr.astype(np.float32).astype(np.float64).tolist()
 
 
-def _eog_ids(meta, tokens, types, n_vocab, text_to_id, eos_id) -> frozenset[int]:
-    """llama.cpp's EOT/EOM/FIM detection and EOG set; updates `types` in place as llama.cpp
-    updates the token attributes."""
-    eot_id = _meta_int(meta, "tokenizer.ggml.eot_token_id", n_vocab)
-    eom_id = _meta_int(meta, "tokenizer.ggml.eom_token_id", n_vocab)
-    forced = set()
-    if eot_id is None:
-        eot_id = next((text_to_id[t] for t in sorted(_EOT_TEXTS) if t in text_to_id), None)
-        if eot_id is not None:
-            forced.add(eot_id)
-    if eom_id is None and "<|eom_id|>" in text_to_id:
-        eom_id = text_to_id["<|eom_id|>"]
-        forced.add(eom_id)
-    fim: dict[str, int | None] = {}
-    for name, texts in _FIM_TEXTS.items():
-        fim[name] = _meta_int(meta, f"tokenizer.ggml.{name}_token_id", n_vocab)
-        if fim[name] is None:
-            fim[name] = next((text_to_id[t] for t in texts if t in text_to_id), None)
-            if fim[name] is not None:
-                forced.add(fim[name])
-    eog = {fim[name] for name in _FIM_EOG if fim[name] is not None}
-    for text in _EOG_TEXTS:
-        if text in text_to_id:
-            eog.add(text_to_id[text])
-            forced.add(text_to_id[text])
-    for i in forced:
-        types[i] = TOKEN_CONTROL
-    for text in _ALWAYS_RENDERED:
-        if text in text_to_id:
-            types[text_to_id[text]] = TOKEN_USER_DEFINED
-    eog.update(i for i in (eos_id, eot_id, eom_id) if i is not None)
-    # o200k_harmony / solar-open: with <|return|> and <|call|> (or <|calls|> and <|flush|>),
-    # <|end|> does not end generation and is rendered
-    present = {tokens[i] for i in eog}
-    if "<|end|>" in present and (("<|return|>" in present and present & {"<|call|>", "<|calls|>"})
-                                 or ({"<|call|>", "<|calls|>"} & present and "<|flush|>" in present)):
-        end = next(i for i in eog if tokens[i] == "<|end|>")
-        eog.discard(end)
-        types[end] = TOKEN_USER_DEFINED
-    # gemma4 / plamo: "</s>" is an ordinary token there
-    if "</s>" in present and present & {"<|tool_response>", "<|plamo:eos|>"}:
-        s = next(i for i in eog if tokens[i] == "</s>")
-        eog.discard(s)
-        types[s] = TOKEN_NORMAL
-    return frozenset(eog)
-
-
 class Tokenizer:
     """Text <-> token ids for one GGUF vocabulary. Immutable after construction; thread-safe."""
 
@@ -208,7 +113,7 @@ class Tokenizer:
             (type_arr == TOKEN_CONTROL) | (type_arr == TOKEN_UNKNOWN)).tolist())
         # Special-token partition order: longest text first, ties by id (llama.cpp's sort is not
         # stable; ties only matter for two equally long specials overlapping in the text).
-        special = np.flatnonzero(np.isin(type_arr, _SPECIAL_TYPES)).tolist()
+        special = np.flatnonzero(np.isin(type_arr, SPECIAL_TYPES)).tolist()
         special.sort(key=lambda i: (-len(tokens[i]), i))
         self._special_all = [(tokens[i], i) for i in special]
         self._special_user = [(tokens[i], i) for i in special if token_types[i] == TOKEN_USER_DEFINED]
@@ -219,7 +124,7 @@ class Tokenizer:
         piece = self._pieces[i]
         if piece is None:
             text, ttype = self._tokens[i], self._types[i]
-            if ttype in _SPECIAL_TYPES:
+            if ttype in SPECIAL_TYPES:
                 piece = text.encode("utf-8")
             elif ttype == TOKEN_NORMAL:
                 piece = (text.replace(SPACE, " ").encode("utf-8") if self._spm
@@ -284,8 +189,8 @@ class Tokenizer:
             engine = BPEModel(text_to_id, merges, pre)
             add_bos_default, clean_spaces = pre.add_bos, pre.clean_spaces
 
-        bos_id = _meta_int(meta, "tokenizer.ggml.bos_token_id", n_vocab)
-        eos_id = _meta_int(meta, "tokenizer.ggml.eos_token_id", n_vocab)
+        bos_id = meta_int(meta, "tokenizer.ggml.bos_token_id", n_vocab)
+        eos_id = meta_int(meta, "tokenizer.ggml.eos_token_id", n_vocab)
         if spm:  # llama.cpp's defaults for SentencePiece files without the keys
             bos_id = 1 if bos_id is None and n_vocab > 1 else bos_id
             eos_id = 2 if eos_id is None and n_vocab > 2 else eos_id
@@ -299,20 +204,12 @@ class Tokenizer:
             raise ValueError("tokenizer.ggml.add_eos_token is true but tokenizer.ggml.eos_token_id "
                              "is missing")
 
-        eog = _eog_ids(meta, tokens, types, n_vocab, text_to_id, eos_id)
-
-        # Per-model token attributes llama.cpp sets by name: Phi-3 strips the whitespace after
-        # every special token except <unk>, <s>, <|endoftext|>; "</s>" too.
-        rstrip: set[int] = set()
-        name = meta.get("general.name")
-        if isinstance(name, str) and ("phi-3" in name.lower() or "phi3" in name.lower()):
-            rstrip = {i for i, t in enumerate(types) if t in _SPECIAL_TYPES}
-            rstrip |= {text_to_id[t] for t in ("</s>",) if t in text_to_id}
-            rstrip -= {text_to_id[t] for t in ("<unk>", "<s>", "<|endoftext|>") if t in text_to_id}
+        eog = eog_ids(meta, tokens, types, n_vocab, text_to_id, eos_id)
 
         return cls(tokens=tokens, token_types=types, text_to_id=text_to_id, model=engine, bos_id=bos_id, eos_id=eos_id,
                    add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix,
-                   clean_spaces=clean_spaces, eot_ids=eog, pre=pre_name, rstrip=frozenset(rstrip))
+                   clean_spaces=clean_spaces, eot_ids=eog, pre=pre_name,
+                   rstrip=rstrip_ids(meta, types, text_to_id))
 
     # --- properties ----------------------------------------------------------------------------
     @property
@@ -410,30 +307,8 @@ class Tokenizer:
         return ids
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
-        """Split `text` into raw-text fragments and special-token ids (tokenizer_st_partition):
-        for each special token, longest first, cut every remaining text fragment at each
-        non-overlapping occurrence, left to right."""
-        fragments: list[str | int] = [text] if text else []
-        rstrip = self._rstrip
-        for special, sid in (self._special_all if parse_special else self._special_user):
-            if special not in text:  # cheap whole-text test; most specials never occur
-                continue
-            strip = sid in rstrip
-            out: list[str | int] = []
-            for frag in fragments:
-                if isinstance(frag, int) or special not in frag:
-                    out.append(frag)
-                    continue
-                parts = frag.split(special)
-                for k, part in enumerate(parts):
-                    if k:
-                        out.append(sid)
-                        if strip:
-                            part = part.lstrip(_C_SPACE)
-                    if part:
-                        out.append(part)
-            fragments = out
-        return fragments
+        return partition(text, self._special_all if parse_special else self._special_user,
+                         self._rstrip)
 
     def pre_tokenize(self, text: str) -> list[str]:
         """The words BPE merges within, as plain text (for debugging and tests); special tokens
@@ -492,31 +367,12 @@ class Tokenizer:
             out.append(piece)
         text = b"".join(out)
         if self._clean_spaces:
-            text = _clean_spaces(text)
+            text = clean_spaces(text)
         return text.decode("utf-8", "replace")
 
     def stream_decoder(self, *, skip_special: bool = False) -> StreamDecoder:
         """A fresh incremental decoder for one generation."""
         return StreamDecoder(self, skip_special=skip_special)
-
-
-def _clean_spaces(text: bytes) -> bytes:
-    """llama_detokenize's three clean-up passes (clean_spaces), on the joined bytes."""
-    text = re.sub(rb" (?=[?!.,])", b"", text)          # " ?", " !", " .", " ,"
-    if b" ' " in text:                                  # " ' " -> "'" (as llama.cpp's loop does it)
-        buf = bytearray(text)
-        out = bytearray(buf[:1])
-        i = 1
-        while i < len(buf):
-            x = buf[i]
-            if x == 0x27 and i + 1 < len(buf) and buf[i - 1] == 0x20 and buf[i + 1] == 0x20:
-                out.pop()               # the space before
-                i += 1
-                buf[i] = 0              # the space after is skipped; llama.cpp also zeroes it
-            out.append(x)
-            i += 1
-        text = bytes(out)
-    return re.sub(rb" '(?=[sm]|re|ve)", b"'", text)   # " 's", " 'm", " 're", " 've"
 
 
 class StreamDecoder:

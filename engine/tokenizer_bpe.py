@@ -18,6 +18,7 @@ What it deliberately does not do
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import tokenizers
@@ -142,6 +143,25 @@ def parse_merges(raw_merges, vocab) -> list[tuple[str, str]]:
                              "missing from tokenizer.ggml.tokens")
         merges.append((left, right))
     return merges
+
+
+def clean_spaces(text: bytes) -> bytes:
+    """llama_detokenize's three clean-up passes (clean_spaces), on the joined bytes."""
+    text = re.sub(rb" (?=[?!.,])", b"", text)          # " ?", " !", " .", " ,"
+    if b" ' " in text:                                  # " ' " -> "'" (as llama.cpp's loop does it)
+        buf = bytearray(text)
+        out = bytearray(buf[:1])
+        i = 1
+        while i < len(buf):
+            x = buf[i]
+            if x == 0x27 and i + 1 < len(buf) and buf[i - 1] == 0x20 and buf[i + 1] == 0x20:
+                out.pop()               # the space before
+                i += 1
+                buf[i] = 0              # the space after is skipped; llama.cpp also zeroes it
+            out.append(x)
+            i += 1
+        text = bytes(out)
+    return re.sub(rb" '(?=[sm]|re|ve)", b"'", text)   # " 's", " 'm", " 're", " 've"
 
 
 # Texts at least this long are encoded through encode_batch, which releases the GIL while

@@ -39,6 +39,8 @@ SPACE = "\u2581"          # "▁": how SentencePiece vocabularies write a space
 _SPLIT_MIN_CHARS = 64     # shorter fragments are merged whole (no numpy pass)
 _MEMO_MAX_CHARS = 64      # parts at most this long are memoized
 _MEMO_ENTRIES = 1 << 17   # the memo is emptied when it reaches this many parts (~20 MB)
+_MASK32 = 0xFFFFFFFF
+_SMALL_CHARS = 12         # parts up to this long are merged by scanning instead of a queue
 
 
 def _pair_keys(cps: np.ndarray) -> np.ndarray:
@@ -65,6 +67,7 @@ class SPMModel:
         self._byte_ids = byte_ids
         self._pairs: np.ndarray | None = None   # sorted keys of the pairs found inside entries
         self._pairs_lock = threading.Lock()
+        self._rank: list[int] | None = None      # id -> score rank, built on first use
         self._memo: dict[str, list[int]] = {}
 
     # --- encode ------------------------------------------------------------------------------
@@ -110,6 +113,15 @@ class SPMModel:
         bounds = [0, *(np.flatnonzero(free) + 1).tolist(), len(text)]
         return [text[a:b] for a, b in zip(bounds, bounds[1:])]
 
+    def _ranks(self) -> list[int]:
+        """id -> rank of its score among the distinct scores, 0 for the highest (equal scores,
+        -0.0 and 0.0 included, share a rank)."""
+        if self._rank is None:
+            scores = np.asarray(self._scores)
+            distinct = np.unique(scores)            # ascending
+            self._rank = (len(distinct) - 1 - np.searchsorted(distinct, scores)).tolist()
+        return self._rank
+
     def _pair_table(self) -> np.ndarray:
         if self._pairs is None:
             with self._pairs_lock:
@@ -132,22 +144,27 @@ class SPMModel:
         if n == 2:   # one candidate at most
             i = get(text)
             return [i] if i is not None else self._merge(text[0]) + self._merge(text[1])
-        scores = self._scores
+        if n <= _SMALL_CHARS:
+            return self._merge_small(text)
+        rank = self._ranks()
         piece = list(text)                  # piece[i]: text of the symbol starting at char i, "" once merged away
         nxt = list(range(1, n + 1))         # next live symbol, -1 at the end
         nxt[-1] = -1
         prv = list(range(-1, n - 1))        # previous live symbol, -1 at the start
-        # queue entries: (-score, left, right, length of left+right when queued); heapq pops the
-        # smallest, i.e. the highest score, then the smallest (leftmost) left index
+        # The queue holds one int per candidate: rank of its token's score (0 = highest),
+        # left symbol, right symbol, length of left + right when queued, in 32-bit fields
+        # (ints compare faster than tuples). heapq pops the smallest: the highest score, then
+        # the smallest (leftmost) left index - llama.cpp's order.
         heap = []
         for k in range(n - 1):
             i = get(text[k:k + 2])
             if i is not None:
-                heap.append((-scores[i], k, k + 1, 2))
+                heap.append(rank[i] << 96 | k << 64 | (k + 1) << 32 | 2)
         heapq.heapify(heap)
         push, pop = heapq.heappush, heapq.heappop
         while heap:
-            _, left, right, size = pop(heap)
+            key = pop(heap)
+            left, right, size = key >> 64 & _MASK32, key >> 32 & _MASK32, key & _MASK32
             a, b = piece[left], piece[right]
             if not a or not b or len(a) + len(b) != size:
                 continue                    # a side was merged away or has grown: stale
@@ -160,18 +177,51 @@ class SPMModel:
                 s = a + piece[after]
                 i = get(s)
                 if i is not None:
-                    push(heap, (-scores[i], left, after, len(s)))
+                    push(heap, rank[i] << 96 | left << 64 | after << 32 | len(s))
             before = prv[left]
             if before >= 0:
                 s = piece[before] + a
                 i = get(s)
                 if i is not None:
-                    push(heap, (-scores[i], before, left, len(s)))
+                    push(heap, rank[i] << 96 | before << 64 | left << 32 | len(s))
         out: list[int] = []
         for p in piece:
             if p:
                 i = get(p)
                 out.extend((i,) if i is not None else self._byte_fallback(p))
+        return out
+
+    def _merge_small(self, text: str) -> list[int]:
+        """The same merge loop for a short part, without the queue: find the best candidate by
+        scanning the pairs (the first of equal scores wins, i.e. the leftmost)."""
+        get, scores = self._text_to_id.get, self._scores
+        syms = list(text)                   # the symbols' texts, left to right
+        ids: list[int | None] = [None] * len(syms)   # token id of each merged symbol
+        cand: list[int | None] = []         # cand[k]: token made by syms[k] + syms[k + 1]
+        for k in range(len(syms) - 1):
+            cand.append(get(text[k:k + 2]))
+        while True:
+            best, at = None, -1
+            for k, i in enumerate(cand):
+                if i is not None and (best is None or scores[i] > best):
+                    best, at = scores[i], k
+            if at < 0:
+                break
+            syms[at] += syms.pop(at + 1)
+            ids[at] = cand[at]
+            del ids[at + 1], cand[at]
+            if at > 0:
+                cand[at - 1] = get(syms[at - 1] + syms[at])
+            if at < len(cand):
+                cand[at] = get(syms[at] + syms[at + 1])
+        out: list[int] = []
+        for sym, i in zip(syms, ids):
+            if i is None:                   # never merged: one character
+                i = get(sym)
+                if i is None:
+                    out.extend(self._byte_fallback(sym))
+                    continue
+            out.append(i)
         return out
 
     def _byte_fallback(self, char: str) -> list[int]:
