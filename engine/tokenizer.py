@@ -38,7 +38,7 @@ from .gguf_file import short_repr
 from .tokenizer_bpe import PRE_TOKENIZERS, BPEModel, byte_level_to_bytes, clean_spaces, parse_merges
 from .tokenizer_special import (SPECIAL_TYPES, TOKEN_BYTE, TOKEN_CONTROL, TOKEN_NORMAL,
                                 TOKEN_UNKNOWN, TOKEN_UNUSED, TOKEN_USER_DEFINED, eog_ids, meta_int,
-                                partition, rstrip_ids)
+                                SpecialTokens, rstrip_ids)
 from .tokenizer_spm import SPACE, SPMModel
 
 __all__ = ["Tokenizer", "StreamDecoder", "TOKEN_NORMAL", "TOKEN_UNKNOWN", "TOKEN_CONTROL",
@@ -103,7 +103,6 @@ class Tokenizer:
         self._add_space_prefix = add_space_prefix
         self._clean_spaces = clean_spaces
         self._eot_ids = eot_ids
-        self._rstrip = rstrip                          # ids llama.cpp marks RSTRIP (Phi-3)
         # id -> bytes it decodes to, filled on first use (262k entries for Gemma: computing them
         # all would be most of the load time). Racing threads write the same value.
         self._pieces: list[bytes | None] = [None] * len(tokens)
@@ -115,8 +114,9 @@ class Tokenizer:
         # stable; ties only matter for two equally long specials overlapping in the text).
         special = np.flatnonzero(np.isin(type_arr, SPECIAL_TYPES)).tolist()
         special.sort(key=lambda i: (-len(tokens[i]), i))
-        self._special_all = [(tokens[i], i) for i in special]
-        self._special_user = [(tokens[i], i) for i in special if token_types[i] == TOKEN_USER_DEFINED]
+        self._special_all = SpecialTokens([(tokens[i], i) for i in special], rstrip)
+        self._special_user = SpecialTokens(
+            [(tokens[i], i) for i in special if token_types[i] == TOKEN_USER_DEFINED], rstrip)
         self._special_ids = frozenset(special)
 
     def _piece(self, i: int) -> bytes:
@@ -307,8 +307,7 @@ class Tokenizer:
         return ids
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
-        return partition(text, self._special_all if parse_special else self._special_user,
-                         self._rstrip)
+        return (self._special_all if parse_special else self._special_user).partition(text)
 
     def pre_tokenize(self, text: str) -> list[str]:
         """The words BPE merges within, as plain text (for debugging and tests); special tokens
