@@ -8,7 +8,7 @@ What it does
 - Splits special tokens out of the text first, exactly as llama.cpp's `tokenizer_st_partition`:
   longest token text first; USER_DEFINED tokens (`<tool_call>`, `<think>`, Gemma's `\\n\\n` and
   HTML tags) always, CONTROL tokens (`<|im_start|>`, `<start_of_turn>`) only with
-  `parse_special=True`; whitespace beside tokens that llama.cpp marks lstrip/rstrip is dropped.
+  `parse_special=True`; the whitespace after tokens llama.cpp marks rstrip (Phi-3) is dropped.
 - SentencePiece vocabularies: a space in front of each text fragment that starts the text or
   follows a special token when `tokenizer.ggml.add_space_prefix` (default true; Gemma: false),
   spaces written "▁".
