@@ -64,11 +64,11 @@ def _meta_bool(meta: Mapping[str, Any], key: str, default: bool) -> bool:
     return bool(value)
 
 
-def _scores(meta: Mapping[str, Any], n_vocab: int) -> list[float]:
+def _scores(meta: Mapping[str, Any], n_vocab: int) -> np.ndarray:
     """Token scores as llama.cpp holds them: float32 (integer scores are rounded to float32)."""
     raw = meta.get("tokenizer.ggml.scores")
     if raw is None:
-        return [0.0] * n_vocab          # llama.cpp: every score 0, ties decided by position
+        return np.zeros(n_vocab, np.float32)   # llama.cpp: every score 0, ties by position
     if not isinstance(raw, list) or len(raw) < n_vocab:
         got = f"{len(raw)} entries" if isinstance(raw, list) else short_repr(raw)
         raise ValueError(f"tokenizer.ggml.scores must be an array of at least {n_vocab} numbers, "
@@ -81,7 +81,7 @@ def _scores(meta: Mapping[str, Any], n_vocab: int) -> list[float]:
         i = next(i for i, s in enumerate(raw[:n_vocab])
                  if isinstance(s, bool) or not isinstance(s, (int, float)) or s != s)
         raise ValueError(f"tokenizer.ggml.scores[{i}] = {short_repr(raw[i])} is not a number")
-    return arr.astype(np.float32).astype(np.float64).tolist()
+    return arr.astype(np.float32)
 
 
 class Tokenizer:

@@ -54,10 +54,13 @@ class SPMModel:
     Thread-safe: the only mutable state is a memo of already merged parts (plain dict reads and
     writes) and the pair table, built once under a lock on first use."""
 
-    def __init__(self, tokens: list[str], text_to_id: dict[str, int], scores: list[float]):
+    def __init__(self, tokens: list[str], text_to_id: dict[str, int], scores: np.ndarray):
         self._tokens = tokens             # id -> text, for the pair table
         self._text_to_id = text_to_id     # text -> id, last id wins (llama.cpp token_to_id)
-        self._scores = scores             # id -> score (float)
+        # id -> rank of its score among the distinct scores, 0 for the highest: all the merge
+        # loop needs (equal scores, -0.0 and 0.0 included, share a rank). `scores`: float32.
+        distinct = np.unique(scores)      # ascending
+        self._rank: list[int] = (len(distinct) - 1 - np.searchsorted(distinct, scores)).tolist()
         byte_ids: list[int | None] = []   # byte -> id of <0xNN>, else of the 1-char ASCII token
         for b in range(256):
             i = text_to_id.get(f"<0x{b:02X}>")
@@ -67,7 +70,6 @@ class SPMModel:
         self._byte_ids = byte_ids
         self._pairs: np.ndarray | None = None   # sorted keys of the pairs found inside entries
         self._pairs_lock = threading.Lock()
-        self._rank: list[int] | None = None      # id -> score rank, built on first use
         self._memo: dict[str, list[int]] = {}
 
     # --- encode ------------------------------------------------------------------------------
@@ -113,15 +115,6 @@ class SPMModel:
         bounds = [0, *(np.flatnonzero(free) + 1).tolist(), len(text)]
         return [text[a:b] for a, b in zip(bounds, bounds[1:])]
 
-    def _ranks(self) -> list[int]:
-        """id -> rank of its score among the distinct scores, 0 for the highest (equal scores,
-        -0.0 and 0.0 included, share a rank)."""
-        if self._rank is None:
-            scores = np.asarray(self._scores)
-            distinct = np.unique(scores)            # ascending
-            self._rank = (len(distinct) - 1 - np.searchsorted(distinct, scores)).tolist()
-        return self._rank
-
     def _pair_table(self) -> np.ndarray:
         if self._pairs is None:
             with self._pairs_lock:
@@ -146,7 +139,7 @@ class SPMModel:
             return [i] if i is not None else self._merge(text[0]) + self._merge(text[1])
         if n <= _SMALL_CHARS:
             return self._merge_small(text)
-        rank = self._ranks()
+        rank = self._rank
         piece = list(text)                  # piece[i]: text of the symbol starting at char i, "" once merged away
         nxt = list(range(1, n + 1))         # next live symbol, -1 at the end
         nxt[-1] = -1
@@ -193,8 +186,8 @@ class SPMModel:
 
     def _merge_small(self, text: str) -> list[int]:
         """The same merge loop for a short part, without the queue: find the best candidate by
-        scanning the pairs (the first of equal scores wins, i.e. the leftmost)."""
-        get, scores = self._text_to_id.get, self._scores
+        scanning the pairs (the first of equal ranks wins, i.e. the leftmost)."""
+        get, rank = self._text_to_id.get, self._rank
         syms = list(text)                   # the symbols' texts, left to right
         ids: list[int | None] = [None] * len(syms)   # token id of each merged symbol
         cand: list[int | None] = []         # cand[k]: token made by syms[k] + syms[k + 1]
@@ -203,8 +196,8 @@ class SPMModel:
         while True:
             best, at = None, -1
             for k, i in enumerate(cand):
-                if i is not None and (best is None or scores[i] > best):
-                    best, at = scores[i], k
+                if i is not None and (best is None or rank[i] < best):
+                    best, at = rank[i], k
             if at < 0:
                 break
             syms[at] += syms.pop(at + 1)

@@ -49,24 +49,29 @@ def spm_meta(pieces, *, byte_tokens=True, extra=(), **keys):
 
 
 def build(pieces, **kw):
-    return Tokenizer.from_gguf_metadata(spm_meta(pieces, **kw))
+    meta = spm_meta(pieces, **kw)
+    tok = Tokenizer.from_gguf_metadata(meta)
+    tok._test_scores = meta["tokenizer.ggml.scores"]     # for textbook()
+    return tok
 
 
 def ids_of(tok, *texts):
     return [tok.token_id(t) for t in texts]
 
 
-def textbook(text, tok):
+def textbook(text, tok, scores=None):
     """llama.cpp's SPM merge stated plainly: while some adjacent pair of symbols forms a token,
-    merge the pair whose token has the highest score, the leftmost of equal ones; symbols left
-    that are not tokens become their UTF-8 bytes."""
+    merge the pair whose token has the highest score (float32), the leftmost of equal ones;
+    symbols left that are not tokens become their UTF-8 bytes."""
+    import numpy as np
+    scores = np.asarray(tok._test_scores if scores is None else scores, np.float32)
     syms = list(text)
     while True:
         best = None
         for k in range(len(syms) - 1):
             i = tok.token_id(syms[k] + syms[k + 1])
             if i is not None:
-                score = tok._model._scores[i]
+                score = scores[i]
                 if best is None or score > best[0]:
                     best = (score, k)
         if best is None:
@@ -257,7 +262,7 @@ def test_missing_scores_mean_all_zero():
     meta = spm_meta({"a": -1, "b": -1, "ab": -5, "ba": -1}, add_space_prefix=False)
     del meta["tokenizer.ggml.scores"]
     tok = Tokenizer.from_gguf_metadata(meta)
-    assert tok.encode("aba", add_special=False) == textbook("aba", tok) == [tok.token_id("ab"),
+    assert tok.encode("aba", add_special=False) == textbook("aba", tok, [0.0] * 263) == [tok.token_id("ab"),
                                                                             tok.token_id("a")]
 
 
