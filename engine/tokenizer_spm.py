@@ -39,7 +39,7 @@ SPACE = "\u2581"          # "▁": how SentencePiece vocabularies write a space
 _SPLIT_MIN_CHARS = 64     # shorter fragments are merged whole (no numpy pass)
 _MEMO_MAX_CHARS = 64      # parts at most this long are memoized
 _MEMO_ENTRIES = 1 << 16   # the memo is emptied when it reaches this many parts (<= ~10 MB)
-_MASK32 = 0xFFFFFFFF
+_MASK32 = 0xFFFFFFFF       # one field of a queue entry (see _merge)
 _SMALL_CHARS = 12         # parts up to this long are merged by scanning instead of a queue
 
 
