@@ -7,7 +7,11 @@ j = h // group,
 
 with K, V dequantized row by row (int8 q * row scale). `state[0]` (the position of the
 query token) is read from device memory, so one captured CUDA graph serves every
-position.
+position. Compile-time variants (`decode_kernel(..., window, scale)`): a sliding window
+W reads only positions max(0, pos - W + 1) .. pos (Gemma 3's local layers; llama.cpp
+masks key p0 for query p1 when p1 - p0 >= W), through a ring of R slots (position p in
+slot p % R, kvcache/device_pool.py) when the layer is one; the scale 1/sqrt(hd) may be
+replaced (Gemma 3 27B).
 
 Flash-decoding. Grid (n_splits, n_kv, n_sub), 32 * warps threads. Block (s, j, z) owns
 query heads j*group + z*gh .. +gh-1 (gh = group / n_sub, at most 4 for int8, 8 for f16:
@@ -41,7 +45,7 @@ Prefill (causal, many query tokens, tensor cores) is in kvcache/attention_prefil
 `python -m genie_rt.kvcache.attention` validates both against numpy and times them.
 
 Deliberately not here: f32 caches (the CPU pool has them; the CUDA back-end uses int8 or
-f16), sliding windows, ALiBi, soft-capping.
+f16), ALiBi, soft-capping, chunked or symmetric windows.
 """
 from __future__ import annotations
 

@@ -40,9 +40,19 @@ is compute- and latency-bound, not bandwidth-bound.
 Output: float32 [n, n_head * hd], the O-projection's input (the prefill GEMM quantizes
 or converts its activations itself; no f16 copy is written).
 
+Compile-time variants (`prefill_kernel(..., window, scale)`):
+- a sliding window W: query i sees keys start + i - W + 1 .. start + i (the mask adds
+  key < start + i - W + 1 -> -inf; tiles start at max(0, start - W + 1)), read through a
+  ring of R slots (key % R) when the layer is one: the launch reads W + n - 1 keys at
+  once, so the launcher requires R >= W + n - 1 (docs/kv-pool.md);
+- the attention scale (None: 1/sqrt(hd));
+- head_dim 256 (Gemma 3): a warp cannot hold 16 rows x 256 O accumulators and the Q
+  fragments in 255 registers, so O is computed in two column halves by two blocks
+  (grid.x = row tiles x o_splits), each computing all of S = Q K^T and its half of P V.
+
 Deliberately not here: a SIMT path for tiny n (the tensor-core kernel at n = 5 costs
-about what one tile of loads costs), head_dim > 128 (registers: Q, O, S fragments),
-Hopper-only instructions (wgmma, TMA).
+about what one tile of loads costs), head_dim > 256, Hopper-only instructions (wgmma,
+TMA), soft-capping.
 """
 from __future__ import annotations
 

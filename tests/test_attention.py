@@ -6,7 +6,14 @@
 - PTX: every kernel compiles for sm_87 and sm_90, no float64 instructions, and the
   prefill kernel uses mma.sync + ldmatrix;
 - GPU (`-m gpu`): Qwen3-4B shapes (32 / 8 heads, head_dim 128), contexts 1 .. 4096,
-  prefill n = 33 and 512 at start 0 and start > 0, with and without context splits.
+  prefill n = 33 and 512 at start 0 and start > 0, with and without context splits;
+  Gemma 3 270M (4 / 1 heads, head_dim 256, window 512 on a ring of 1023 slots) and
+  SmolLM2 (9 / 3 heads, head_dim 64) shapes.
+- sliding windows and rings (simulator): windows inside / wider than the context and
+  smaller than the chunk, wrapped rings with R = W + n - 1 exactly, head_dim 64 with
+  group 3, head_dim 256 with one KV head, an explicit scale; references are
+  attention_window_reference (engine.qwen3's attention plus llama.cpp's SWA mask) on
+  every position 0 .. T-1, of which the ring holds the last R.
 
 Tolerances (|got - ref| <= atol + rtol * |ref|, atol relative to max |V|):
 - decode: float32 math on exact int8/f16 values: 2e-5 * max|V| + 1e-5 * |ref|;
@@ -20,7 +27,7 @@ from numba import cuda
 from genie_rt.kvcache.attention import (DecodeWorkspace, decode_attention, decode_reference,
                                         plan_decode)
 from genie_rt.kvcache.device_pool import DeviceKVPool
-from genie_rt.kvcache.pool import KVShape, quantize_rows_int8
+from genie_rt.kvcache.pool import KVShape, quantize_rows_int8, ring_slots
 from ptx_helpers import assert_no_f64, assert_ptx_contains, compile_in_subprocess
 
 SIM_SHAPE = dict(n_head=4, n_kv=2)
@@ -469,15 +476,26 @@ decode_int8 = decode_kernel(128, 4, "int8")
 decode_f16 = decode_kernel(128, 8, "f16")
 prefill_int8 = prefill_kernel(128, 4, "int8")
 prefill_f16 = prefill_kernel(128, 4, "f16")
+# Gemma 3 270M (4 / 1 heads, head_dim 256, window 512) and SmolLM2 (9 / 3 heads, hd 64)
+decode_gemma_int8 = decode_kernel(256, 4, "int8", 4, 4, 512)
+decode_gemma_f16 = decode_kernel(256, 4, "f16", 4, 4, 512)
+decode_smol_int8 = decode_kernel(64, 3, "int8")
+prefill_gemma_int8 = prefill_kernel(256, 4, "int8", 0, 512)
+prefill_gemma_f16 = prefill_kernel(256, 4, "f16", 0, 512)
+prefill_smol_int8 = prefill_kernel(64, 3, "int8")
 """
+_DECODE_NAMES = ("decode_int8", "decode_f16", "decode_gemma_int8", "decode_gemma_f16",
+                 "decode_smol_int8")
+_PREFILL_NAMES = ("prefill_int8", "prefill_f16", "prefill_gemma_int8", "prefill_gemma_f16",
+                  "prefill_smol_int8")
 
 
 @pytest.fixture(scope="module")
 def ptx_text():
     from genie_rt.kvcache.attention import DECODE_SIGNATURE
     from genie_rt.kvcache.attention_prefill import MERGE_SIGNATURE, PREFILL_SIGNATURE
-    kernels = {name: DECODE_SIGNATURE for name in ("decode_int8", "decode_f16")}
-    kernels.update({name: PREFILL_SIGNATURE for name in ("prefill_int8", "prefill_f16")})
+    kernels = {name: DECODE_SIGNATURE for name in _DECODE_NAMES}
+    kernels.update({name: PREFILL_SIGNATURE for name in _PREFILL_NAMES})
     kernels["prefill_merge"] = MERGE_SIGNATURE
     return compile_in_subprocess(_PTX_SOURCE, kernels)
 
@@ -494,14 +512,14 @@ def test_ptx_all_kernels_compile_without_f64_or_local_memory(ptx_text):
 
 
 def test_ptx_decode_uses_128_bit_loads(ptx_text):
-    for name in ("decode_int8", "decode_f16"):
+    for name in _DECODE_NAMES:
         for cc, text in ptx_text[name].items():
             assert_ptx_contains(text, "ld.global.nc.v4.u32", "atom.global.add", "membar.gl",
                                 where=f"{name} sm_{cc[0]}{cc[1]}")
 
 
 def test_ptx_prefill_uses_tensor_cores(ptx_text):
-    for name in ("prefill_int8", "prefill_f16"):
+    for name in _PREFILL_NAMES:
         for cc, text in ptx_text[name].items():
             assert_ptx_contains(text, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
                                 "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
@@ -574,3 +592,134 @@ def test_gpu_decode_in_a_cuda_graph(pool_4b):
         stream.synchronize()
         ref = decode_reference(q, kd[0], vd[0], pos)
         assert_close(out.copy_to_host(), ref, 2e-5 * np.abs(vd[0]).max(), 1e-5, f"graph pos {pos}")
+
+
+# ---- GPU: Gemma 3 270M (4 / 1 heads, head_dim 256, window 512) and SmolLM2 (9 / 3, hd 64) ----
+GEMMA_W, GEMMA_CHUNK = 512, 512
+GEMMA_R = GEMMA_W + GEMMA_CHUNK - 1          # kvcache.pool.ring_slots(512, 512, n_ctx)
+
+
+def _no_spills(kernel, what):
+    local = kernel.get_local_mem_per_thread()
+    assert all(v == 0 for v in local.values()), f"{what}: local memory (spills) {local}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+@pytest.mark.parametrize("T", [1, 300, 512, 513, 1023, 1024, 1500, 4000])
+def test_gpu_decode_gemma3_ring(kv_dtype, T):
+    from genie_rt.kvcache.attention import compile_decode
+    pool, kd, vd = make_ring_pool(1, 256, 4096, GEMMA_R, kv_dtype, T, seed=T)
+    plan = plan_decode(4, 1, 256, kv_dtype, 4096, window=GEMMA_W)
+    compile_decode(plan)
+    run_decode_w(pool, kd, vd, 4, T - 1, GEMMA_W, seed=T)
+    run_decode_w(pool, kd, vd, 4, T - 1, GEMMA_W, seed=T, n_splits=1)
+    _no_spills(plan.kernel(), f"decode gemma {kv_dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+def test_gpu_decode_gemma3_global_and_smollm2(kv_dtype):
+    pool, kd, vd = make_pool(1, 256, 4096, kv_dtype, 4096, seed=3, layers=1)
+    for pos in (0, 511, 2047, 4095):
+        run_decode_w(pool, kd, vd, 4, pos, 0, seed=pos)
+    pool, kd, vd = make_pool(3, 64, 2048 + 64, kv_dtype, 2048 + 64, seed=4, layers=1)
+    for pos in (0, 100, 2100):
+        run_decode_w(pool, kd, vd, 9, pos, 0, seed=pos)
+        plan = run_decode_w(pool, kd, vd, 9, pos, 0, scale=0.1, seed=pos, n_splits=3)
+    _no_spills(plan.kernel(), f"decode smollm2 {kv_dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+@pytest.mark.parametrize("n,start", [(512, 0), (512, 511), (512, 1000), (512, 3000), (33, 2000),
+                                     (1, 700)])
+def test_gpu_prefill_gemma3_ring(kv_dtype, n, start):
+    from genie_rt.kvcache.attention_prefill import compile_prefill
+    pool, kd, vd = make_ring_pool(1, 256, 4096, GEMMA_R, kv_dtype, start + n, seed=n + start)
+    plan = plan_prefill(4, 1, 256, kv_dtype, n_max=n, window=GEMMA_W)
+    compile_prefill(plan)
+    run_prefill_w(pool, kd, vd, 4, n, start, GEMMA_W, seed=start)
+    splits = max(2, prefill_splits(plan, n, start))
+    run_prefill_w(pool, kd, vd, 4, n, start, GEMMA_W, n_splits=min(splits, 8), seed=start)
+    _no_spills(plan.kernel(), f"prefill gemma {kv_dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+@pytest.mark.parametrize("n,start", [(512, 0), (512, 3000), (33, 4000)])
+def test_gpu_prefill_gemma3_global_and_smollm2(kv_dtype, n, start):
+    pool, kd, vd = make_pool(1, 256, 4096 + 64, kv_dtype, 4096 + 64, seed=5, layers=1)
+    plan = plan_prefill(4, 1, 256, kv_dtype, n_max=n)
+    run_prefill_w(pool, kd, vd, 4, n, start, 0, seed=n)
+    run_prefill_w(pool, kd, vd, 4, n, start, 0, n_splits=min(8, max(2, prefill_splits(plan, n, start))),
+                  seed=n)
+    _no_spills(plan.kernel(), f"prefill gemma global {kv_dtype}")
+    pool, kd, vd = make_pool(3, 64, 4096 + 64, kv_dtype, 4096 + 64, seed=6, layers=1)
+    plan = run_prefill_w(pool, kd, vd, 9, n, start, 0, seed=n)
+    run_prefill_w(pool, kd, vd, 9, n, start, 0, n_splits=4, seed=n)
+    _no_spills(plan.kernel(), f"prefill smollm2 {kv_dtype}")
+
+
+def chain_layers(kv_dtype, n_head, n_kv, hd, n_ctx, W, C, n_chunks, rope="neox", qk_norm=True,
+                 bn=0):
+    """rope_write -> prefill in chunks of C tokens, then one decode step, on a local (ring of
+    ring_slots(W, C) slots, rope base 1e4) and a global layer (base 1e6), as the engine runs
+    Gemma 3: every chunk's K/V written before its attention, the ring wrapping. Checked
+    against the float64 reference on what the cache holds."""
+    from genie_rt.kvcache.rope_write import rope_table, rope_write, rope_write_reference
+    shape = KVShape(2, n_ctx, n_kv, hd, kv_dtype, slots=(ring_slots(W, C, n_ctx), n_ctx))
+    pool = DeviceKVPool(shape)
+    rng = np.random.default_rng(7)
+    qn, kn = (1 + 0.2 * rng.standard_normal((2, hd))).astype(np.float32)
+    tables = [rope_table(n_ctx, hd, 1e4), rope_table(n_ctx, hd, 1e6)]
+    dev = [tuple(cuda.to_device(a) for a in t) for t in tables]
+    qn_d, kn_d = (cuda.to_device(qn), cuda.to_device(kn)) if qk_norm else (None, None)
+    state = cuda.to_device(np.zeros(1, np.int32))
+    plans = [plan_prefill(n_head, n_kv, hd, kv_dtype, n_max=C, window=W, bn=bn),
+             plan_prefill(n_head, n_kv, hd, kv_dtype, n_max=C, bn=bn)]
+    ws = PrefillWorkspace(plans[1])
+    dplans = [plan_decode(n_head, n_kv, hd, kv_dtype, n_ctx, window=W),
+              plan_decode(n_head, n_kv, hd, kv_dtype, n_ctx)]
+    dws = DecodeWorkspace(dplans[1])
+    k_all, v_all = [[], []], [[], []]
+    for start in range(0, C * n_chunks + 1, C):
+        m = C if start < C * n_chunks else 1               # the last step is a decode step
+        qkv = (rng.standard_normal((m, (n_head + 2 * n_kv) * hd)) * 2).astype(np.float32)
+        state.copy_to_device(np.array([start], np.int32))
+        for li in (0, 1):
+            q = cuda.device_array((m, n_head, hd), np.float32)
+            cos, sin = dev[li]
+            rope_write(cuda.to_device(qkv), qn_d, kn_d, 1e-6, cos, sin, state, q, pool.layer(li),
+                       rope=rope)
+            qr = rope_write_reference(qkv.astype(np.float64), qn if qk_norm else None,
+                                      kn if qk_norm else None, 1e-6, *tables[li], start, n_head,
+                                      n_kv, neox=rope == "neox")[0]
+            kk, vv = pool.read(li, start + m, first=start)      # what rope_write stored
+            k_all[li].append(kk)
+            v_all[li].append(vv)
+            kd, vd = np.concatenate(k_all[li]), np.concatenate(v_all[li])
+            window = W if li == 0 else 0
+            out = cuda.device_array((m, n_head * hd), np.float32)
+            if m > 1:
+                prefill_attention(q, pool.layer(li), state, out, ws, plan=plans[li])
+                ref, tol = prefill_reference(qr, kd, vd, start, window), 4e-3
+            else:
+                decode_attention(q, pool.layer(li), state, out, dws, plan=dplans[li])
+                ref, tol = decode_reference(qr[0], kd, vd, start, window)[None], 1e-4
+            cuda.synchronize()
+            assert_close(out.copy_to_host(), ref, tol * np.abs(vd).max(), tol,
+                         f"layer {li} chunk at {start} ({kv_dtype})")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kv_dtype,rope,qk_norm", [("int8", "neox", True), ("f16", "normal", False)])
+def test_chunks_through_the_ring_tiny(kv_dtype, rope, qk_norm):
+    # window 5, chunks of 4: a ring of 8 slots wraps at the second chunk
+    chain_layers(kv_dtype, 4, 2, 32, 32, 5, 4, 3, rope=rope, qk_norm=qk_norm, bn=16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+def test_gpu_gemma3_layer_chunks_through_the_ring(kv_dtype):
+    chain_layers(kv_dtype, 4, 1, 256, 4096, GEMMA_W, GEMMA_CHUNK, 3)

@@ -436,6 +436,36 @@ def test_rmsnorm_q8_rounds_like_quantize_q8(ptx):
             assert "div.rn.f32" in text
 
 
+_POST_SOURCE = """
+from genie_rt.engine.post_norm import _post_norm_add_kernel, _post_norm_add_norm_kernel, _post_norm_add_q8_kernel
+q8_loop = _post_norm_add_q8_kernel(False, 0)
+q8_h_loop = _post_norm_add_q8_kernel(True, 0)
+q8_r4 = _post_norm_add_q8_kernel(False, 4)
+q8_h_r4 = _post_norm_add_q8_kernel(True, 4)
+"""
+
+
+@pytest.fixture(scope="module")
+def post_ptx():
+    k = {"_post_norm_add_kernel": post_norm._SIG_ADD,
+         "_post_norm_add_norm_kernel": post_norm._SIG_NORM.format("float16")}
+    k.update({name: post_norm._SIG_Q8 for name in ("q8_loop", "q8_h_loop", "q8_r4", "q8_h_r4")})
+    return compile_in_subprocess(_POST_SOURCE, k)
+
+
+def test_post_norm_kernels_compile_and_round_like_the_unfused_launches(post_ptx):
+    for name, per in post_ptx.items():
+        assert set(per) == {(8, 7), (9, 0)}
+        for cc, text in per.items():
+            where = f"{name} sm_{cc[0]}{cc[1]}"
+            assert_no_f64(text, where=where)
+            # y / s * w_post rounded before the add (never an FMA with it)
+            assert "mul.rn.f32" in text and "div.rn.f32" in text and "sqrt.rn.f32" in text, where
+            if name.startswith("q8"):
+                assert _Q8_ROUND.search(text), f"{where}: no fma -> add -> cvt.rzi rounding"
+    assert "cvt.rn.f16.f32" in post_ptx["_post_norm_add_norm_kernel"][(9, 0)]
+
+
 # ---- GPU at real shapes ------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("n", [1, 33, 512])
@@ -487,3 +517,47 @@ def test_gpu_rmsnorm_q8_bit_identical_at_d2560(n):
     assert_close(h_ref, h_np, 1e-5, "rmsnorm_q8 h")
     assert np.max(np.abs(xq_ref.astype(np.int32) - xq_np)) <= 1      # h within an ulp: q within 1
     np.testing.assert_allclose(xs_ref[:, ::4], xs_np[:, ::4], rtol=1e-5, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 7, 512])
+def test_gpu_post_norm_gemma3_270m_bit_identical(n):
+    """Gemma 3 270M's width (d = 640): post_norm_add and post_norm_add_q8 against the
+    unfused launches, compiled for the real GPU (where an FMA would change the last bit)."""
+    norm.compile_kernels()
+    post_norm.compile_kernels(640)
+    d = 640
+    x_h, y_h, wp, wn = _post_case(n, d, 900 + n)
+    y_h *= 50                                   # block outputs are larger than the stream
+    x_ref, h_ref = _unfused_post(x_h, y_h, wp, wn, None)
+    for out_dtype in (np.float32, np.float16):
+        x = cuda.to_device(x_h)
+        out = cuda.device_array((n, d), out_dtype)
+        post_norm.post_norm_add(x, cuda.to_device(y_h), cuda.to_device(wp), EPS,
+                                w_next=cuda.to_device(wn), out=out)
+        _assert_bits_equal(x.copy_to_host(), x_ref, "x")
+        if out_dtype == np.float32:
+            _assert_bits_equal(out.copy_to_host(), h_ref, "h")
+    _, xq_ref, xs_ref = _two_launches(cuda.to_device(x_ref), cuda.to_device(wn), None)
+    for with_h in (False, True):
+        x = cuda.to_device(x_h)
+        xq = cuda.device_array((n, d), np.int8)
+        xs = cuda.device_array((n, d // 8), np.float32)
+        out = cuda.device_array((n, d), np.float32) if with_h else None
+        post_norm.post_norm_add_q8(x, cuda.to_device(y_h), cuda.to_device(wp), cuda.to_device(wn),
+                                   xq, xs, EPS, out=out)
+        cuda.synchronize()
+        _assert_bits_equal(x.copy_to_host(), x_ref, f"x (with_h={with_h})")
+        _assert_bits_equal(xq.copy_to_host(), xq_ref, f"xq (with_h={with_h})")
+        _assert_bits_equal(xs.copy_to_host(), xs_ref, f"xs (with_h={with_h})")
+        if with_h:
+            _assert_bits_equal(out.copy_to_host(), h_ref, "h")
+    x_np, h_np = post_norm.post_norm_add_reference(x_h, y_h, wp, EPS, wn)
+    assert_close(x_ref, x_np, 1e-5, "x vs numpy")
+    assert_close(h_ref, h_np, 1e-5, "h vs numpy")
+    n_ff = 2048
+    gu_h = (rng := np.random.default_rng(n)).standard_normal((n, 2 * n_ff)).astype(np.float32) * 3
+    h = cuda.device_array((n, n_ff), np.float32)
+    norm.geglu_fused(cuda.to_device(gu_h), h)
+    np.testing.assert_allclose(h.copy_to_host(), norm.geglu_reference(gu_h[:, :n_ff], gu_h[:, n_ff:]),
+                               rtol=1e-5, atol=1e-6)

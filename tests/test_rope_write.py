@@ -4,7 +4,11 @@
   n in {1, 5}, start in {0, 9}, int8 and f16 caches, against engine.qwen3's rmsnorm /
   rope_neox and kvcache.pool's int8 row format;
 - PTX: both kernels compile for sm_87 and sm_90 without float64 instructions;
-- GPU (`-m gpu`): Qwen3-4B shapes (32 / 8 heads, head_dim 128), n in {1, 33, 512}.
+- variants: normal (adjacent) pairs, no QK-norm (SmolLM2's 9 / 3 heads, head_dim 64),
+  head_dim 256 with one KV head (Gemma 3), writes into a ring (slot p % R, wrapping),
+  rope_table with Llama 3 frequency factors and linear scaling;
+- GPU (`-m gpu`): Qwen3-4B shapes (32 / 8 heads, head_dim 128), n in {1, 33, 512};
+  Gemma 3 270M (ring of 1023 slots) and SmolLM2 shapes.
 
 Tolerances: q and the f16 cache within a few f32 / f16 ulps of the float64 reference;
 int8 rows: scale within 1e-5 relative, bytes within 1 of the reference quantization of the
@@ -252,3 +256,29 @@ def test_gpu_rope_write_qwen3_4b(kv_dtype, n, start):
     _check(pool, q, refs, start, n)
     from genie_rt.kvcache.rope_write import _KERNELS
     assert len(_KERNELS[kv_dtype].overloads) == 1, "the launch recompiled: signature mismatch"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+@pytest.mark.parametrize("n,start", [(1, 0), (1, 3000), (512, 0), (512, 700), (33, 1010)])
+def test_gpu_rope_write_gemma3_ring(kv_dtype, n, start):
+    # Gemma 3 270M: 4 / 1 heads, head_dim 256, local layer ring of 1023 slots, base 1e4
+    from genie_rt.kvcache.rope_write import compile_for, rope_write_kernel
+    compile_for(kv_dtype, ring=True)
+    pool, q, refs = _case(4, 1, 256, n, start, 4096, kv_dtype, seed=n + start, slots=1023,
+                          base=1e4)
+    _check_ring(pool, q, refs, start, n)
+    assert len(rope_write_kernel(kv_dtype, ring=True).overloads) == 1, "recompiled"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+@pytest.mark.parametrize("n,start", [(1, 0), (1, 8000), (33, 100), (512, 77)])
+def test_gpu_rope_write_smollm2(kv_dtype, n, start):
+    # SmolLM2: 9 / 3 heads, head_dim 64, normal pairs, no QK-norm, base 1e5
+    from genie_rt.kvcache.rope_write import compile_for, rope_write_kernel
+    compile_for(kv_dtype, rope="normal", qk_norm=False)
+    pool, q, refs = _case(9, 3, 64, n, start, 8192 + 64, kv_dtype, seed=n + start, rope="normal",
+                          qk_norm=False, base=1e5)
+    _check(pool, q, refs, start, n)
+    assert len(rope_write_kernel(kv_dtype, neox=False, qk_norm=False).overloads) == 1
