@@ -406,7 +406,8 @@ def ptx():
         kernels = {k: v[j] for k, v in norm.KERNEL_SIGNATURES.items() if j < len(v)}
         if j == 0:
             kernels["quantize_q8_kernel"] = gemv.SIG_QUANTIZE
-        got = compile_in_subprocess(PTX_SOURCE, kernels)
+            kernels.update(_POST_KERNELS)           # engine/post_norm.py, same subprocess
+        got = compile_in_subprocess(PTX_SOURCE + _POST_SOURCE, kernels)
         out.update({(k, j): v for k, v in got.items()})
     return out
 
@@ -445,12 +446,15 @@ q8_h_r4 = _post_norm_add_q8_kernel(True, 4)
 """
 
 
+_POST_KERNELS = dict({"_post_norm_add_kernel": post_norm._SIG_ADD,
+                      "_post_norm_add_norm_kernel": post_norm._SIG_NORM.format("float16")},
+                     **{name: post_norm._SIG_Q8 for name in ("q8_loop", "q8_h_loop", "q8_r4", "q8_h_r4")})
+
+
 @pytest.fixture(scope="module")
-def post_ptx():
-    k = {"_post_norm_add_kernel": post_norm._SIG_ADD,
-         "_post_norm_add_norm_kernel": post_norm._SIG_NORM.format("float16")}
-    k.update({name: post_norm._SIG_Q8 for name in ("q8_loop", "q8_h_loop", "q8_r4", "q8_h_r4")})
-    return compile_in_subprocess(_POST_SOURCE, k)
+def post_ptx(ptx):
+    """The post-norm kernels' PTX (compiled with the first signature set of `ptx`)."""
+    return {name: ptx[(name, 0)] for name in _POST_KERNELS}
 
 
 def test_post_norm_kernels_compile_and_round_like_the_unfused_launches(post_ptx):
