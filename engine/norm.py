@@ -6,7 +6,11 @@ The math (engine/qwen3.py is the reference):
     add_rmsnorm          : x += delta (in place); h = rmsnorm(x) * w   one pass over x
     rmsnorm_q8           : h = rmsnorm(x) * w -> q8 activations of h (xq, xs) for the dp4a
                            GEMVs (quant/gemv.py), optionally h too; one launch
+    post_norm_add        : x += rmsnorm(y) * w_post (Gemma 3's post-attention / post-FFN
+                           norm before the residual add), optionally then
+                           h = rmsnorm(x) * w_next (f32 / f16) or its q8 (post_norm_add_q8)
     swiglu(g, u)         = silu(g) * u = g / (1 + exp(-g)) * u    [n, n_ff]
+    geglu(g, u)          = gelu(g) * u, gelu the tanh form ggml uses (Gemma 3's FFN)
 
 Who does what: one block per row for the norms (thread t owns elements t, t + B, ...,
 coalesced; sum of squares reduced by warp shuffles, then across warps through shared
@@ -26,9 +30,15 @@ its xq / xs are bit-identical to the two launches (at the same block size: the b
 fixes the order of the sum of squares). It saves the launch of quantize_q8 and the
 write + read of h when no GEMV reads float h.
 
+post_norm_add is bit-identical to rmsnorm(y, w_post) -> add_rmsnorm(x, ., w_next) (and the
+q8 form to rmsnorm, an add, then rmsnorm_q8) at the same block size: the product
+y / s * w_post is rounded to float32 before the add (`mul.rn`, which NVVM never contracts
+into an FMA with it), as the two-launch sequence stores it.
+
 Deliberately not here: stand-alone activation quantization (quant/gemv.py's
 quantize_q8), QK-norm fused with RoPE (kvcache/rope_write.py); rmsnorm over heads works
-by viewing q as [n*heads, head_dim].
+by viewing q as [n*heads, head_dim]; the embedding scale of Gemma (quant/embed.py's
+caller); soft-capping.
 """
 from __future__ import annotations
 
@@ -65,6 +75,32 @@ def rmsnorm_q8_reference(x: np.ndarray, w: np.ndarray, eps: float):
     h = rmsnorm_reference(x, w, eps)
     xq, xs = quantize_q8_reference(h.reshape(-1, h.shape[-1]))
     return h, xq, xs
+
+
+def post_norm_add_reference(x: np.ndarray, y: np.ndarray, w_post: np.ndarray, eps: float,
+                            w_next: np.ndarray | None = None):
+    """(x + rmsnorm(y) * w_post, rmsnorm(that) * w_next or None), float32: Gemma 3's
+    `x = x + post_norm(block(x))`, then the next block's pre-norm (llama.cpp gemma3.cpp:
+    attn_post_norm -> add -> ffn_norm; ffn_post_norm -> add -> the next attn_norm)."""
+    x_new = np.asarray(x, np.float32) + rmsnorm_reference(y, w_post, eps)
+    h = None if w_next is None else rmsnorm_reference(x_new, w_next, eps)
+    return x_new, h
+
+
+GELU_A = np.float32(0.044715)                       # ggml's GELU_COEF_A
+GELU_S = np.float32(0.79788456080286535587989211986876)   # ggml's SQRT_2_OVER_PI
+
+
+def gelu_reference(g: np.ndarray) -> np.ndarray:
+    """0.5 g (1 + tanh(sqrt(2/pi) g (1 + 0.044715 g^2))), float32 (ggml_gelu_f32's
+    formula; ggml's CPU build may read it from an f16 table instead)."""
+    g = np.asarray(g, np.float32)
+    return np.float32(0.5) * g * (np.float32(1) + np.tanh(GELU_S * g * (np.float32(1) + GELU_A * g * g)))
+
+
+def geglu_reference(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """gelu(g) * u, float32 (llama.cpp's LLM_FFN_GELU + LLM_FFN_PAR: Gemma's FFN)."""
+    return gelu_reference(g) * np.asarray(u, np.float32)
 
 
 def swiglu_reference(g: np.ndarray, u: np.ndarray) -> np.ndarray:
@@ -252,6 +288,21 @@ def _swiglu_kernel(g, g_col, u, u_col, out):
         out[r, j] = a / (float32(1) + math.exp(-a)) * u[r, u_col + j]
 
 
+_GELU_A = float32(GELU_A)
+_GELU_S = float32(GELU_S)
+
+
+@cuda.jit
+def _geglu_kernel(g, g_col, u, u_col, out):
+    """_swiglu_kernel with gelu (the tanh form) in place of silu: Gemma's FFN."""
+    r = cuda.blockIdx.y
+    j = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+    if j < out.shape[1]:
+        a = g[r, g_col + j]
+        t = math.tanh(_GELU_S * a * (float32(1) + _GELU_A * a * a))
+        out[r, j] = float32(0.5) * a * (float32(1) + t) * u[r, u_col + j]
+
+
 kernel_cache.attach_module(globals())   # compiled kernels persist on disk (engine/kernel_cache.py)
 
 
@@ -274,6 +325,9 @@ KERNEL_SIGNATURES = {
     "_rmsnorm_q8_h_r4_kernel": [
         "void(float32[:, ::1], float32[::1], float32[:, ::1], int8[:, ::1], float32[:, ::1], float32)"],
     "_swiglu_kernel": [
+        "void(float32[:, ::1], int32, float32[:, ::1], int32, float32[:, ::1])",
+        "void(float32[:, ::1], int32, float32[:, ::1], int32, float16[:, ::1])"],
+    "_geglu_kernel": [
         "void(float32[:, ::1], int32, float32[:, ::1], int32, float32[:, ::1])",
         "void(float32[:, ::1], int32, float32[:, ::1], int32, float16[:, ::1])"],
 }
@@ -368,12 +422,16 @@ def rmsnorm_q8(x, w, xq, xs, eps: float, stream=0, out=None, block: int | None =
     kern[n, bdim, stream](x, w, x if out is None else out, xq, xs, np.float32(eps))
 
 
-def _swiglu_launch(g, g_col, u, u_col, out, stream, block):
+def _glu_launch(kernel, g, g_col, u, u_col, out, stream, block):
     n, n_ff = out.shape
     if n == 0 or n_ff == 0:
         return
     grid = (-(-n_ff // block), n)
-    _swiglu_kernel[grid, block, stream](g, np.int32(g_col), u, np.int32(u_col), out)
+    kernel[grid, block, stream](g, np.int32(g_col), u, np.int32(u_col), out)
+
+
+def _swiglu_launch(g, g_col, u, u_col, out, stream, block):
+    _glu_launch(_swiglu_kernel, g, g_col, u, u_col, out, stream, block)
 
 
 def swiglu(gate, up, out, stream=0, block: int = 256) -> None:
@@ -391,6 +449,22 @@ def swiglu_fused(gate_up, out, stream=0, block: int = 256) -> None:
     n, n_ff = out.shape
     _check2d("gate_up", gate_up, (np.float32,), (n, 2 * n_ff))
     _swiglu_launch(gate_up, 0, gate_up, n_ff, out, stream, block)
+
+
+def geglu(gate, up, out, stream=0, block: int = 256) -> None:
+    """out[n, n_ff] = gelu(gate) * up (tanh form), gate and up float32[n, n_ff]."""
+    _check2d("out", out, _OUT)
+    _check2d("gate", gate, (np.float32,), out.shape)
+    _check2d("up", up, (np.float32,), out.shape)
+    _glu_launch(_geglu_kernel, gate, 0, up, 0, out, stream, block)
+
+
+def geglu_fused(gate_up, out, stream=0, block: int = 256) -> None:
+    """out[n, n_ff] = gelu(gate_up[:, :n_ff]) * gate_up[:, n_ff:]."""
+    _check2d("out", out, _OUT)
+    n, n_ff = out.shape
+    _check2d("gate_up", gate_up, (np.float32,), (n, 2 * n_ff))
+    _glu_launch(_geglu_kernel, gate_up, 0, gate_up, n_ff, out, stream, block)
 
 
 # =====================================================================================

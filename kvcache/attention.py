@@ -7,7 +7,11 @@ j = h // group,
 
 with K, V dequantized row by row (int8 q * row scale). `state[0]` (the position of the
 query token) is read from device memory, so one captured CUDA graph serves every
-position.
+position. Compile-time variants (`decode_kernel(..., window, scale)`): a sliding window
+W reads only positions max(0, pos - W + 1) .. pos (Gemma 3's local layers; llama.cpp
+masks key p0 for query p1 when p1 - p0 >= W), through a ring of R slots (position p in
+slot p % R, kvcache/device_pool.py) when the layer is one; the scale 1/sqrt(hd) may be
+replaced (Gemma 3 27B).
 
 Flash-decoding. Grid (n_splits, n_kv, n_sub), 32 * warps threads. Block (s, j, z) owns
 query heads j*group + z*gh .. +gh-1 (gh = group / n_sub, at most 4 for int8, 8 for f16:
@@ -41,7 +45,7 @@ Prefill (causal, many query tokens, tensor cores) is in kvcache/attention_prefil
 `python -m genie_rt.kvcache.attention` validates both against numpy and times them.
 
 Deliberately not here: f32 caches (the CPU pool has them; the CUDA back-end uses int8 or
-f16), sliding windows, ALiBi, soft-capping.
+f16), ALiBi, soft-capping, chunked or symmetric windows.
 """
 from __future__ import annotations
 
@@ -70,12 +74,45 @@ KV_DTYPES = {np.dtype(np.int8): "int8", np.dtype(np.float16): "f16"}
 # =====================================================================================
 # numpy reference
 # =====================================================================================
-def decode_reference(q, k, v, pos):
-    """q [n_head, hd]; k, v float [>= pos+1, n_kv, hd] (the dequantized cache) ->
-    [n_head * hd] float64: attention of the token at `pos` over positions 0 .. pos."""
+def attention_window_reference(q, k, v, start, window=0, scale=None):
+    """Causal GQA attention with an optional sliding window, float64.
+
+    q [n, n_head, hd] at positions start .. start+n-1; k, v float [start+n, n_kv, hd]
+    (positions 0 .. start+n-1, in position order). Query i sees keys p with
+    p <= start + i and, when window W > 0, start + i - p < W (llama.cpp's
+    LLAMA_SWA_TYPE_STANDARD masks p when start + i - p >= W). scale: the score scale
+    (None: 1 / sqrt(hd)). window 0 and scale None give engine/qwen3.py's attention
+    exactly. Returns [n, n_head * hd]."""
+    q = np.asarray(q, np.float64)
+    k = np.asarray(k, np.float64)
+    v = np.asarray(v, np.float64)
+    n, n_head, hd = q.shape
+    if not window and scale is None:
+        return attention_reference(q, k, v, start)
+    n_kv = k.shape[1]
+    group = n_head // n_kv
+    total = k.shape[0]
+    qg = q.reshape(n, n_kv, group, hd).transpose(1, 2, 0, 3)           # [kv, group, n, hd]
+    s = (qg @ k.transpose(1, 2, 0)[:, None]) * (1 / np.sqrt(hd) if scale is None else scale)
+    qpos = start + np.arange(n)[:, None]
+    kpos = np.arange(total)[None, :]
+    mask = kpos > qpos
+    if window:
+        mask |= qpos - kpos >= window
+    s = np.where(mask, -np.inf, s)
+    s = s - s.max(axis=-1, keepdims=True)
+    p = np.exp(s)
+    p /= p.sum(axis=-1, keepdims=True)
+    out = p @ v.transpose(1, 0, 2)[:, None]                            # [kv, group, n, hd]
+    return out.transpose(2, 0, 1, 3).reshape(n, n_head * hd)
+
+
+def decode_reference(q, k, v, pos, window=0, scale=None):
+    """q [n_head, hd]; k, v float [>= pos+1, n_kv, hd] (the dequantized cache, in position
+    order) -> [n_head * hd] float64: attention of the token at `pos` over positions
+    0 .. pos (window W > 0: max(0, pos - W + 1) .. pos)."""
     q = np.asarray(q, np.float64)[None]
-    return attention_reference(q, np.asarray(k[:pos + 1], np.float64),
-                               np.asarray(v[:pos + 1], np.float64), pos)[0]
+    return attention_window_reference(q, k[:pos + 1], v[:pos + 1], pos, window, scale)[0]
 
 
 def dequantize_cache(stored, scale):
@@ -111,9 +148,13 @@ else:
 
 @functools.lru_cache(maxsize=None)
 def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int = 4,
-                  rows_per_thread: int = 4):
-    """The decode kernel specialised on its compile-time constants (one per model shape)."""
+                  rows_per_thread: int = 4, window: int = 0, scale: float | None = None):
+    """The decode kernel specialised on its compile-time constants (one per model shape
+    and layer kind). window 0: keys 0 .. pos, slot = position; window W > 0: keys
+    max(0, pos - W + 1) .. pos, slot = position % R (R = the layer's slots; a ring when
+    R < n_ctx). scale: the attention scale (None: 1 / sqrt(head_dim))."""
     HD, GH, NW, RPT = head_dim, heads_per_block, warps, rows_per_thread
+    WIN = int(window)
     I8 = kv_dtype == "int8"
     VEC = 16 if I8 else 8            # values per 16-byte load
     EPW = 4 if I8 else 2             # values per 32-bit word
@@ -127,15 +168,15 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     NRED = GH * HD
     NT = 32 * NW
     NKW = RPT * 4                    # K (and V) words held per thread per tile
-    QSCALE = float32(LOG2E / math.sqrt(HD))
+    QSCALE = float32(LOG2E / math.sqrt(HD) if scale is None else LOG2E * float(scale))
 
     @cuda.jit
     def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets):
         # q        f32 [n_head * HD]          query of the current token (normed, roped)
-        # k_words  u32 [n_ctx * n_kv * WPR]   this layer's K cache as 32-bit words
-        # v_words  u32 [n_ctx * n_kv * WPR]
-        # k_scale  f32 [n_ctx, n_kv]          int8 row scales (unused for f16)
-        # v_scale  f32 [n_ctx, n_kv]
+        # k_words  u32 [R * n_kv * WPR]       this layer's K cache (R slots) as 32-bit words
+        # v_words  u32 [R * n_kv * WPR]
+        # k_scale  f32 [R, n_kv]              int8 row scales (unused for f16)
+        # v_scale  f32 [R, n_kv]
         # state    i32 [>=1]                  state[0] = position of the query token
         # out      f32 [n_head * HD]          attention output (written)
         # part_o   f32 [n_splits, n_head*HD]  per-split unnormalised accumulators
@@ -153,16 +194,24 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
         lane = tid & 31
         slot = lane // LPR               # which row of the warp's RPW rows
         c = lane % LPR                   # which 16-byte column of the row
-        n_ctx = k_words.size // (n_kv * WPR)
-        ctx = min(state[0] + 1, n_ctx)
-        if ctx < 1:
-            ctx = 1
-        tiles = (ctx + TILE - 1) // TILE
+        n_ctx = k_words.size // (n_kv * WPR)                 # slots R
+        if WIN == 0:
+            ctx = min(state[0] + 1, n_ctx)                   # keys 0 .. ctx-1 = slots
+            if ctx < 1:
+                ctx = 1
+            lo = 0
+        else:
+            # keys lo .. pos (llama.cpp masks p0 when pos - p0 >= W); they live in slots
+            # p % R, all distinct because the launcher checks W <= R
+            ctx = max(state[0], 0) + 1
+            lo = max(ctx - WIN, 0)
+            ring0 = lo - lo % n_ctx                          # position of slot 0's lap
+        tiles = (ctx - lo + TILE - 1) // TILE
         tps = (tiles + n_splits - 1) // n_splits             # tiles per split
         n_active = (tiles + tps - 1) // tps
         if split >= n_active:
             return                                           # whole block: no barrier skipped
-        r_begin = split * tps * TILE
+        r_begin = lo + split * tps * TILE
         r_end = min(r_begin + tps * TILE, ctx)
 
         s_p = cuda.shared.array((GH, TILE), float32)         # scores, then probabilities
@@ -195,6 +244,10 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
             for i in range(RPT):
                 r = t0 + i * STEP + warp * RPW + slot
                 if r < r_end:
+                    if WIN != 0:                             # position -> ring slot
+                        r -= ring0
+                        if r >= n_ctx:
+                            r -= n_ctx
                     wi = (r * n_kv + kvh) * WPR + c * 4
                     w4 = ptx.ldg_v4(k_words, wi)
                     u4 = ptx.ldg_v4(v_words, wi)
@@ -380,7 +433,8 @@ def _aligned(n):
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """Everything fixed when the decode step is captured."""
+    """Everything fixed when the decode step is captured (one plan per layer kind: a model
+    with sliding-window layers has a global plan and a windowed one)."""
     n_head: int
     n_kv: int
     head_dim: int
@@ -389,6 +443,8 @@ class DecodePlan:
     n_sub: int                 # head subgroups per kv head (group / heads_per_block)
     warps: int = 4
     rows_per_thread: int = 4
+    window: int = 0            # 0: every key 0 .. pos; W: keys pos - W + 1 .. pos (ring-safe)
+    scale: float | None = None  # attention scale; None: 1 / sqrt(head_dim)
 
     @property
     def heads_per_block(self) -> int:
@@ -401,7 +457,7 @@ class DecodePlan:
 
     def kernel(self):
         return decode_kernel(self.head_dim, self.heads_per_block, self.kv_dtype, self.warps,
-                             self.rows_per_thread)
+                             self.rows_per_thread, self.window, self.scale)
 
     @property
     def workspace_bytes(self) -> int:
@@ -410,30 +466,47 @@ class DecodePlan:
                 + _aligned(self.n_splits * self.n_head * 2 * 4)
                 + _aligned(self.n_kv * self.n_sub * 4))
 
+    def fits(self, ws_plan: "DecodePlan") -> bool:
+        """Whether this plan can run in a workspace carved for ws_plan (same heads and
+        subgroups, no more splits): a windowed plan shares the global plan's workspace."""
+        return ((self.n_head, self.n_kv, self.head_dim, self.n_sub)
+                == (ws_plan.n_head, ws_plan.n_kv, ws_plan.head_dim, ws_plan.n_sub)
+                and self.n_splits <= ws_plan.n_splits)
+
 
 def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int,
                 n_splits: int | None = None, sm_count: int | None = None,
-                warps: int = 4, rows_per_thread: int = 4) -> DecodePlan:
+                warps: int = 4, rows_per_thread: int = 4, window: int | None = None,
+                scale: float | None = None) -> DecodePlan:
     """Choose the split count for a pool of n_ctx positions (default: about 2 blocks per
-    SM at full context, at least one tile per split, at most MAX_SPLITS)."""
+    SM at full context, at least one tile per split, at most MAX_SPLITS). window: None or
+    0 for a global layer, W >= 1 for a sliding-window layer (keys pos - W + 1 .. pos; the
+    splits then cover W keys, not n_ctx). scale: the attention scale (None: 1/sqrt(hd))."""
     if kv_dtype not in ("int8", "f16"):
         raise ValueError(f"decode attention supports KV dtypes int8 and f16, not '{kv_dtype}'")
     if n_head % n_kv:
         raise ValueError(f"n_head {n_head} is not a multiple of n_kv {n_kv}")
     vec = 16 if kv_dtype == "int8" else 8
-    if head_dim % vec or 32 % (head_dim // vec) or head_dim // vec == 0:
+    if head_dim % vec or head_dim // vec == 0 or 32 % (head_dim // vec):
         raise ValueError(f"head_dim {head_dim} unsupported: need head_dim / {vec} to divide 32")
+    window = int(window or 0)
+    if window < 0:
+        raise ValueError(f"window {window} must be >= 1 (or 0 / None: a global layer)")
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"attention scale {scale} must be finite and > 0")
     group = n_head // n_kv
     max_gh = 64 // vec                           # registers: q slice + accumulators <= 2 x 64
     n_sub = next(s for s in range(1, group + 1) if group % s == 0 and group // s <= max_gh)
     plan = DecodePlan(n_head, n_kv, head_dim, kv_dtype, 1, n_sub, warps, rows_per_thread)
-    tiles = -(-n_ctx // plan.tile)
+    keys = min(n_ctx, window) if window else n_ctx
+    tiles = -(-keys // plan.tile)
     if n_splits is None:
         if sm_count is None:
             sm_count = 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
         n_splits = max(1, (2 * sm_count) // (n_kv * n_sub))
     n_splits = max(1, min(n_splits, tiles, MAX_SPLITS))
-    return DecodePlan(n_head, n_kv, head_dim, kv_dtype, n_splits, n_sub, warps, rows_per_thread)
+    return DecodePlan(n_head, n_kv, head_dim, kv_dtype, n_splits, n_sub, warps, rows_per_thread,
+                      window, None if scale is None else float(scale))
 
 
 class DecodeWorkspace:
@@ -471,16 +544,23 @@ def _flat(a, n, what):
     return a if a.ndim == 1 else a.reshape(n)
 
 
-def decode_attention(q, layer: KVLayer, state, out, ws: DecodeWorkspace, stream=0):
-    """out = attention of the query at position state[0] over cache positions 0..state[0].
+def decode_attention(q, layer: KVLayer, state, out, ws: DecodeWorkspace, stream=0,
+                     plan: DecodePlan | None = None):
+    """out = attention of the query at position state[0] over cache positions 0..state[0]
+    (a windowed plan: max(0, state[0] - W + 1) .. state[0], read through a ring's slots).
 
     q      float32 [n_head * hd] (or [1, n_head, hd])   device
-    layer  DeviceKVPool.layer(i)                          int8 or f16
+    layer  DeviceKVPool.layer(i)                          int8 or f16; a ring layer needs a
+                                                          windowed plan with W <= its slots
     state  int32 [>=1] device; state[0] = position (read at run time, graph-safe)
     out    float32 [n_head * hd] (or any shape of that size, C-contiguous)
-    ws     DecodeWorkspace of the plan
+    ws     DecodeWorkspace (of `plan`, or of a plan it fits: see DecodePlan.fits)
+    plan   the layer's plan; None: ws.plan
     No allocation, no synchronization."""
-    p = ws.plan
+    p = ws.plan if plan is None else plan
+    if plan is not None and not plan.fits(ws.plan):
+        raise ValueError(f"decode_attention: the plan {plan} does not fit the workspace of "
+                         f"{ws.plan} (heads, subgroups and at most its splits)")
     kv_dtype = KV_DTYPES.get(np.dtype(layer.k.dtype))
     if kv_dtype != p.kv_dtype:
         raise ValueError(f"decode_attention: cache dtype {layer.k.dtype} but the plan is "
@@ -488,13 +568,18 @@ def decode_attention(q, layer: KVLayer, state, out, ws: DecodeWorkspace, stream=
     if tuple(layer.k.shape[1:]) != (p.n_kv, p.head_dim):
         raise ValueError(f"decode_attention: cache rows {tuple(layer.k.shape[1:])} != plan "
                          f"({p.n_kv}, {p.head_dim})")
+    if getattr(layer, "ring", False) and not p.window:
+        raise ValueError(f"decode_attention: the layer is a ring of {layer.k.shape[0]} slots; "
+                         "it needs a windowed plan (plan_decode(..., window=W))")
+    if p.window > layer.k.shape[0]:
+        raise ValueError(f"decode_attention: window {p.window} > the layer's {layer.k.shape[0]} "
+                         "slots: the ring cannot hold the window")
     if state.dtype != np.int32 or state.ndim != 1:
         raise ValueError("decode_attention: state must be a 1-d int32 device array")
     n = p.n_head * p.head_dim
     p.kernel()[(p.n_splits, p.n_kv, p.n_sub), 32 * p.warps, stream](
         _flat(q, n, "q"), layer.k_words, layer.v_words, layer.k_scale, layer.v_scale, state,
         _flat(out, n, "out"), ws.part_o, ws.part_ml, ws.tickets)
-
 
 
 if __name__ == "__main__":       # python -m genie_rt.kvcache.attention [--json PATH] [--quick]

@@ -40,9 +40,19 @@ is compute- and latency-bound, not bandwidth-bound.
 Output: float32 [n, n_head * hd], the O-projection's input (the prefill GEMM quantizes
 or converts its activations itself; no f16 copy is written).
 
+Compile-time variants (`prefill_kernel(..., window, scale)`):
+- a sliding window W: query i sees keys start + i - W + 1 .. start + i (the mask adds
+  key < start + i - W + 1 -> -inf; tiles start at max(0, start - W + 1)), read through a
+  ring of R slots (key % R) when the layer is one: the launch reads W + n - 1 keys at
+  once, so the launcher requires R >= W + n - 1 (docs/kv-pool.md);
+- the attention scale (None: 1/sqrt(hd));
+- head_dim 256 (Gemma 3): a warp cannot hold 16 rows x 256 O accumulators and the Q
+  fragments in 255 registers, so O is computed in two column halves by two blocks
+  (grid.x = row tiles x o_splits), each computing all of S = Q K^T and its half of P V.
+
 Deliberately not here: a SIMT path for tiny n (the tensor-core kernel at n = 5 costs
-about what one tile of loads costs), head_dim > 128 (registers: Q, O, S fragments),
-Hopper-only instructions (wgmma, TMA).
+about what one tile of loads costs), head_dim > 256, Hopper-only instructions (wgmma,
+TMA), soft-capping.
 """
 from __future__ import annotations
 
@@ -54,11 +64,10 @@ import numpy as np
 from numba import cuda, float32, uint32
 
 from genie_rt.engine import kernel_cache
-from genie_rt.engine.qwen3 import attention as attention_reference
 from genie_rt.quant import ptx
 from genie_rt.quant.ptx import SIMULATOR
 
-from .attention import KV_DTYPES, LOG2E, NEG_INF, _byte
+from .attention import KV_DTYPES, LOG2E, NEG_INF, _byte, attention_window_reference
 from .device_pool import KVLayer
 
 FULL = 0xFFFFFFFF
@@ -71,12 +80,12 @@ _ALIGN = 256
 # =====================================================================================
 # numpy reference
 # =====================================================================================
-def prefill_reference(q, k, v, start):
-    """q [n, n_head, hd]; k, v float [>= start+n, n_kv, hd] (the dequantized cache) ->
-    [n, n_head * hd] float64."""
+def prefill_reference(q, k, v, start, window=0, scale=None):
+    """q [n, n_head, hd]; k, v float [>= start+n, n_kv, hd] (the dequantized cache, in
+    position order) -> [n, n_head * hd] float64 (window W > 0: query i sees keys
+    start + i - W + 1 .. start + i)."""
     n = q.shape[0]
-    return attention_reference(np.asarray(q, np.float64), np.asarray(k[:start + n], np.float64),
-                               np.asarray(v[:start + n], np.float64), start)
+    return attention_window_reference(q, k[:start + n], v[:start + n], start, window, scale)
 
 
 def prefill_flops(n, start, n_head, head_dim):
@@ -90,46 +99,68 @@ def prefill_flops(n, start, n_head, head_dim):
 # =====================================================================================
 def block_n(head_dim: int, kv_dtype: str) -> int:
     """Keys per tile: each thread holds 4 (int8: plus the dequantization registers) or
-    8 (f16) x 16 bytes of the next tile, K and V together; 255 registers is the budget."""
+    8 (f16) x 16 bytes of the next tile, K and V together; 255 registers is the budget.
+    head_dim > 128 (two column halves of O per row block, see prefill_kernel): 16."""
+    if head_dim > 128:
+        return 16
     if kv_dtype == "int8":
         return min(64, THREADS * 4 * 16 // (2 * head_dim))
     return min(64, THREADS * 8 * 16 // (2 * head_dim * 2))
 
 
+def o_splits(head_dim: int) -> int:
+    """Column parts of O per row block: 1 up to head_dim 128, 2 above (registers: a warp
+    holds 16 rows x head_dim / parts accumulators; each part recomputes S = Q K^T)."""
+    return 1 if head_dim <= 128 else 2
+
+
 @functools.lru_cache(maxsize=None)
-def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0):
-    """The prefill kernel specialised on (head_dim, group, cache dtype, keys per tile;
-    0 = block_n())."""
+def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window: int = 0,
+                   scale: float | None = None):
+    """The prefill kernel specialised on (head_dim, group, cache dtype, keys per tile
+    (0 = block_n()), sliding window (0 = none), attention scale (None = 1/sqrt(hd)))."""
     HD, G = head_dim, group
     I8 = kv_dtype == "int8"
     ES = 1 if I8 else 2
     BN = bn or block_n(HD, kv_dtype)
-    CH = HD * ES // 16               # 16-byte chunks per cache row
-    NCHT = BN * CH                   # chunks per tile (K, and again V)
-    NCH = (NCHT + THREADS - 1) // THREADS      # per thread
-    assert HD % 16 == 0 and HD <= 128 and BN % 16 == 0, \
+    WIN = int(window)
+    ND = o_splits(HD)                # column parts of O: blockIdx.x = row tile * ND + part
+    DV = HD // ND                    # O (and V) columns of this block
+    CH = HD * ES // 16               # 16-byte chunks per cache row (K)
+    CHV = DV * ES // 16              # 16-byte chunks of the V columns this block reads
+    NCHT = BN * CH                   # chunks per tile (K)
+    NCHTV = BN * CHV                 # chunks per tile (V)
+    NCH = (NCHT + THREADS - 1) // THREADS      # per thread (K)
+    NCHV = (NCHTV + THREADS - 1) // THREADS    # per thread (V)
+    assert HD % (16 * ND) == 0 and HD <= 256 and BN % 16 == 0, \
         f"prefill: head_dim {HD} / {kv_dtype} / block_n {BN} unsupported"
-    HDW = HD // 2 + 4                # shared words per row: HD + 8 halves
+    HDW = HD // 2 + 4                # shared words per K row: HD + 8 halves
+    DVW = DV // 2 + 4                # shared words per V row
     WPR = HD * ES // 4               # global 32-bit words per cache row
     NKS = HD // 16                   # k-steps of Q K^T
     NNS = BN // 8                    # 8-key tiles of S
     NKP = BN // 16                   # k-steps of P V
-    NNO = HD // 8                    # 8-dim tiles of O
-    NQF, NO, NS, NP = NKS * 4, NNO * 4, NNS * 4, NCH * 4       # local array sizes
-    QSCALE = float32(LOG2E / math.sqrt(HD))
+    NNO = DV // 8                    # 8-dim tiles of O
+    NQF, NO, NS, NP, NPV = NKS * 4, NNO * 4, NNS * 4, NCH * 4, NCHV * 4   # local array sizes
+    QSCALE = float32(LOG2E / math.sqrt(HD) if scale is None else LOG2E * float(scale))
 
     @cuda.jit
     def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml):
         # q        f32 [n, n_head, HD]         queries (normed, roped)
-        # k_words  u32 [n_ctx * n_kv * WPR]    this layer's K cache as 32-bit words
-        # v_words  u32 [n_ctx * n_kv * WPR]
-        # k_scale  f32 [n_ctx, n_kv]           int8 row scales (unused for f16)
-        # v_scale  f32 [n_ctx, n_kv]
+        # k_words  u32 [R * n_kv * WPR]        this layer's K cache (R slots) as 32-bit words
+        # v_words  u32 [R * n_kv * WPR]
+        # k_scale  f32 [R, n_kv]               int8 row scales (unused for f16)
+        # v_scale  f32 [R, n_kv]
         # state    i32 [>=1]                   state[0] = start (position of token 0)
         # out      f32 [n, n_head * HD]        written when gridDim.z == 1
         # part_o   f32 [S, n * n_head, HD]     per-split unnormalised O (gridDim.z > 1)
         # part_ml  f32 [S, n * n_head, 2]      per-split (max, sum), log2 domain
-        mt = cuda.blockIdx.x
+        if ND == 1:
+            mt = cuda.blockIdx.x
+            dh = 0
+        else:
+            mt = cuda.blockIdx.x // ND
+            dh = cuda.blockIdx.x - mt * ND    # which DV columns of O (and of V)
         kvh = cuda.blockIdx.y
         n_kv = cuda.gridDim.y
         split = cuda.blockIdx.z
@@ -141,17 +172,32 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0):
         t4 = lane & 3                     # thread in group: columns 2*t4, 2*t4 + 1
         n = q.shape[0]
         n_head = q.shape[1]
-        n_ctx = k_words.size // (n_kv * WPR)
+        n_ctx = k_words.size // (n_kv * WPR)                 # slots R
         start = state[0]
         nrows = n * G
         row0 = mt * BM
         tok_hi = (min(row0 + BM, nrows) - 1) // G
-        kv_len = min(start + tok_hi + 1, n_ctx)              # keys this block may need
-        total = min(start + n, n_ctx)                        # keys of the whole launch
-        tiles_total = (total + BN - 1) // BN
+        if WIN == 0:
+            klo = 0                                          # keys of the launch: 0 .. total-1
+            ring0 = 0
+            kv_len = min(start + tok_hi + 1, n_ctx)          # keys this block may need
+            total = min(start + n, n_ctx)
+        else:
+            # query start+t sees keys start+t-W+1 .. start+t; the launch's keys are
+            # klo .. start+n-1, at most W-1+n <= R of them (the launcher checks), in
+            # slots key % R: slot = key - ring0, minus R once past the end of the ring
+            klo = max(start - WIN + 1, 0)
+            ring0 = klo - klo % n_ctx
+            kv_len = start + tok_hi + 1
+            total = start + n
+            t_first = (max(start + row0 // G - WIN + 1, 0) - klo) // BN   # first tile needed
+        tiles_total = (total - klo + BN - 1) // BN
         tps = (tiles_total + n_splits - 1) // n_splits        # tiles per split
-        tile_lo = split * tps
-        tile_hi = min(tile_lo + tps, (kv_len + BN - 1) // BN)
+        if WIN == 0:
+            tile_lo = split * tps
+        else:
+            tile_lo = max(split * tps, t_first)
+        tile_hi = min(split * tps + tps, (kv_len - klo + BN - 1) // BN)
 
         # this lane's two packed rows
         ra = row0 + warp * 16 + g
@@ -164,9 +210,11 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0):
         head_b = kvh * G + rb % G
         lim_a = start + tok_a             # last key row a may see
         lim_b = start + tok_b
+        low_a = lim_a - WIN + 1           # first key it may see (WIN > 0)
+        low_b = lim_b - WIN + 1
 
         Ks = cuda.shared.array((BN, HDW), uint32, alignment=16)   # f16 pairs
-        Vs = cuda.shared.array((BN, HDW), uint32, alignment=16)
+        Vs = cuda.shared.array((BN, DVW), uint32, alignment=16)
         sks = cuda.shared.array(BN, float32)                      # K row scales
 
         qf = cuda.local.array(NQF, uint32)    # A fragments of Q, per k-step a0..a3
@@ -185,13 +233,13 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0):
                         x1 = q[tok_b, head_b, col + 1] * QSCALE
                 qf[ks * 4 + reg] = ptx.pack_half2(x0, x1)
 
-        oacc = cuda.local.array(NO, float32)  # C fragments of O
+        oacc = cuda.local.array(NO, float32)  # C fragments of O (this block's DV columns)
         for x in range(NNO * 4):
             oacc[x] = float32(0)
         sacc = cuda.local.array(NS, float32)  # C fragments of S, then P
         pk = cuda.local.array(NP, uint32)     # next tile's K words
-        pv = cuda.local.array(NP, uint32)     # next tile's V words
-        pvs = cuda.local.array(NCH, float32)       # V row scale of each chunk
+        pv = cuda.local.array(NPV, uint32)    # next tile's V words
+        pvs = cuda.local.array(NCHV, float32)      # V row scale of each chunk
         psk = float32(0)                           # K row scale (threads < BN)
         m_a = NEG_INF
         m_b = NEG_INF
@@ -203,32 +251,76 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0):
         i = tile_lo
         while i <= tile_hi:
             if i < tile_hi:
-                kb = i * BN
-                for j in range(NCH):
-                    cid = tid + j * THREADS
-                    r = cid // CH
-                    key = kb + r
-                    if key < kv_len and cid < NCHT:
-                        wi = (key * n_kv + kvh) * WPR + (cid % CH) * 4
-                        w4 = ptx.ldg_v4(k_words, wi)
-                        u4 = ptx.ldg_v4(v_words, wi)
-                        for x in range(4):
-                            pk[j * 4 + x] = w4[x]
-                            pv[j * 4 + x] = u4[x]
-                        if I8:
-                            pvs[j] = v_scale[key, kvh]
-                    else:
-                        for x in range(4):
-                            pk[j * 4 + x] = uint32(0)
-                            pv[j * 4 + x] = uint32(0)
-                        pvs[j] = float32(0)
+                kb = klo + i * BN
+                if ND == 1:
+                    # K and V chunks alike: one loop, both loads in flight together
+                    for j in range(NCH):
+                        cid = tid + j * THREADS
+                        r = cid // CH
+                        key = kb + r
+                        if key < kv_len and cid < NCHT:
+                            if WIN != 0:
+                                key -= ring0         # position -> ring slot
+                                if key >= n_ctx:
+                                    key -= n_ctx
+                            wi = (key * n_kv + kvh) * WPR + (cid % CH) * 4
+                            w4 = ptx.ldg_v4(k_words, wi)
+                            u4 = ptx.ldg_v4(v_words, wi)
+                            for x in range(4):
+                                pk[j * 4 + x] = w4[x]
+                                pv[j * 4 + x] = u4[x]
+                            if I8:
+                                pvs[j] = v_scale[key, kvh]
+                        else:
+                            for x in range(4):
+                                pk[j * 4 + x] = uint32(0)
+                                pv[j * 4 + x] = uint32(0)
+                            pvs[j] = float32(0)
+                else:
+                    for j in range(NCH):             # K: whole rows
+                        cid = tid + j * THREADS
+                        key = kb + cid // CH
+                        if key < kv_len and cid < NCHT:
+                            if WIN != 0:
+                                key -= ring0
+                                if key >= n_ctx:
+                                    key -= n_ctx
+                            w4 = ptx.ldg_v4(k_words, (key * n_kv + kvh) * WPR + (cid % CH) * 4)
+                            for x in range(4):
+                                pk[j * 4 + x] = w4[x]
+                        else:
+                            for x in range(4):
+                                pk[j * 4 + x] = uint32(0)
+                    for j in range(NCHV):            # V: this block's DV columns
+                        cid = tid + j * THREADS
+                        key = kb + cid // CHV
+                        if key < kv_len and cid < NCHTV:
+                            if WIN != 0:
+                                key -= ring0
+                                if key >= n_ctx:
+                                    key -= n_ctx
+                            u4 = ptx.ldg_v4(v_words, (key * n_kv + kvh) * WPR
+                                            + (dh * CHV + cid % CHV) * 4)
+                            for x in range(4):
+                                pv[j * 4 + x] = u4[x]
+                            if I8:
+                                pvs[j] = v_scale[key, kvh]
+                        else:
+                            for x in range(4):
+                                pv[j * 4 + x] = uint32(0)
+                            pvs[j] = float32(0)
                 if I8 and tid < BN:
                     psk = float32(0)
-                    if kb + tid < kv_len:
-                        psk = k_scale[kb + tid, kvh]
+                    key = kb + tid
+                    if key < kv_len:
+                        if WIN != 0:
+                            key -= ring0
+                            if key >= n_ctx:
+                                key -= n_ctx
+                        psk = k_scale[key, kvh]
 
             if i > tile_lo:
-                kb = (i - 1) * BN
+                kb = klo + (i - 1) * BN
                 # ---- S = Q K^T (log2 domain) ----
                 for x in range(NNS * 4):
                     sacc[x] = float32(0)
@@ -243,7 +335,7 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0):
                                                 sacc[o], sacc[o + 1], sacc[o + 2], sacc[o + 3])
                             for x in range(4):
                                 sacc[o + x] = d[x]
-                # ---- K scale, causal mask, running max ----
+                # ---- K scale, causal (and window) mask, running max ----
                 mxa = NEG_INF
                 mxb = NEG_INF
                 for nt in range(NNS):
@@ -255,10 +347,16 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0):
                         if e < 2:
                             if kb + kl > lim_a:
                                 s = NEG_INF
+                            if WIN != 0:
+                                if kb + kl < low_a:
+                                    s = NEG_INF
                             mxa = max(mxa, s)
                         else:
                             if kb + kl > lim_b:
                                 s = NEG_INF
+                            if WIN != 0:
+                                if kb + kl < low_b:
+                                    s = NEG_INF
                             mxb = max(mxb, s)
                         sacc[nt * 4 + e] = s
                 mxa = max(mxa, cuda.shfl_xor_sync(FULL, mxa, 1))
@@ -311,27 +409,58 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0):
 
             if i < tile_hi:
                 cuda.syncthreads()            # every warp is done reading the old tile
-                for j in range(NCH):
-                    cid = tid + j * THREADS
-                    r = cid // CH
-                    cc = cid % CH
-                    if cid >= NCHT:
-                        pass
-                    elif I8:
-                        sv = pvs[j]
-                        for x in range(4):
-                            w = pk[j * 4 + x]     # K: exact int8 values as f16
-                            Ks[r, cc * 8 + 2 * x] = ptx.pack_half2(_byte(w, 0), _byte(w, 1))
-                            Ks[r, cc * 8 + 2 * x + 1] = ptx.pack_half2(_byte(w, 2), _byte(w, 3))
-                            w = pv[j * 4 + x]     # V: dequantized
-                            Vs[r, cc * 8 + 2 * x] = ptx.pack_half2(_byte(w, 0) * sv,
-                                                                   _byte(w, 1) * sv)
-                            Vs[r, cc * 8 + 2 * x + 1] = ptx.pack_half2(_byte(w, 2) * sv,
-                                                                       _byte(w, 3) * sv)
-                    else:
-                        for x in range(4):
-                            Ks[r, cc * 4 + x] = pk[j * 4 + x]
-                            Vs[r, cc * 4 + x] = pv[j * 4 + x]
+                if ND == 1:
+                    for j in range(NCH):
+                        cid = tid + j * THREADS
+                        r = cid // CH
+                        cc = cid % CH
+                        if cid >= NCHT:
+                            pass
+                        elif I8:
+                            sv = pvs[j]
+                            for x in range(4):
+                                w = pk[j * 4 + x]     # K: exact int8 values as f16
+                                Ks[r, cc * 8 + 2 * x] = ptx.pack_half2(_byte(w, 0), _byte(w, 1))
+                                Ks[r, cc * 8 + 2 * x + 1] = ptx.pack_half2(_byte(w, 2), _byte(w, 3))
+                                w = pv[j * 4 + x]     # V: dequantized
+                                Vs[r, cc * 8 + 2 * x] = ptx.pack_half2(_byte(w, 0) * sv,
+                                                                       _byte(w, 1) * sv)
+                                Vs[r, cc * 8 + 2 * x + 1] = ptx.pack_half2(_byte(w, 2) * sv,
+                                                                           _byte(w, 3) * sv)
+                        else:
+                            for x in range(4):
+                                Ks[r, cc * 4 + x] = pk[j * 4 + x]
+                                Vs[r, cc * 4 + x] = pv[j * 4 + x]
+                else:
+                    for j in range(NCH):
+                        cid = tid + j * THREADS
+                        r = cid // CH
+                        cc = cid % CH
+                        if cid < NCHT:
+                            for x in range(4):
+                                w = pk[j * 4 + x]
+                                if I8:        # K: exact int8 values as f16
+                                    Ks[r, cc * 8 + 2 * x] = ptx.pack_half2(_byte(w, 0),
+                                                                           _byte(w, 1))
+                                    Ks[r, cc * 8 + 2 * x + 1] = ptx.pack_half2(_byte(w, 2),
+                                                                               _byte(w, 3))
+                                else:
+                                    Ks[r, cc * 4 + x] = w
+                    for j in range(NCHV):
+                        cid = tid + j * THREADS
+                        r = cid // CHV
+                        cc = cid % CHV
+                        if cid < NCHTV:
+                            sv = pvs[j]
+                            for x in range(4):
+                                w = pv[j * 4 + x]
+                                if I8:        # V: dequantized
+                                    Vs[r, cc * 8 + 2 * x] = ptx.pack_half2(_byte(w, 0) * sv,
+                                                                           _byte(w, 1) * sv)
+                                    Vs[r, cc * 8 + 2 * x + 1] = ptx.pack_half2(_byte(w, 2) * sv,
+                                                                               _byte(w, 3) * sv)
+                                else:
+                                    Vs[r, cc * 4 + x] = w
                 if I8 and tid < BN:
                     sks[tid] = psk
                 cuda.syncthreads()            # the new tile is visible
@@ -352,15 +481,16 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0):
                 if n_splits == 1:
                     inv = float32(1) / l_row
                     for nt in range(NNO):
-                        col = head * HD + nt * 8 + 2 * t4
+                        col = head * HD + dh * DV + nt * 8 + 2 * t4
                         out[tok, col] = oacc[nt * 4 + 2 * half] * inv
                         out[tok, col + 1] = oacc[nt * 4 + 2 * half + 1] * inv
                 else:
                     prow = tok * n_head + head
                     for nt in range(NNO):
-                        part_o[split, prow, nt * 8 + 2 * t4] = oacc[nt * 4 + 2 * half]
-                        part_o[split, prow, nt * 8 + 2 * t4 + 1] = oacc[nt * 4 + 2 * half + 1]
-                    if t4 == 0:
+                        pc = dh * DV + nt * 8 + 2 * t4
+                        part_o[split, prow, pc] = oacc[nt * 4 + 2 * half]
+                        part_o[split, prow, pc + 1] = oacc[nt * 4 + 2 * half + 1]
+                    if t4 == 0 and dh == 0:
                         part_ml[split, prow, 0] = m_row
                         part_ml[split, prow, 1] = l_row
 
@@ -408,7 +538,9 @@ def _aligned(n):
 
 @dataclass(frozen=True)
 class PrefillPlan:
-    """Shapes fixed at load: the largest chunk (n_max tokens) and split count."""
+    """Shapes fixed at load: the largest chunk (n_max tokens) and split count (one plan
+    per layer kind: a model with sliding-window layers has a global and a windowed one,
+    which may share one workspace)."""
     n_head: int
     n_kv: int
     head_dim: int
@@ -416,6 +548,8 @@ class PrefillPlan:
     n_max: int               # most query tokens per launch
     max_splits: int = 8      # most context splits per launch (workspace size)
     bn: int = 0              # keys per tile; 0 = block_n(head_dim, kv_dtype) (tests: small)
+    window: int = 0          # 0: keys 0 .. position; W: position - W + 1 .. position
+    scale: float | None = None   # attention scale; None: 1 / sqrt(head_dim)
 
     @property
     def group(self) -> int:
@@ -425,8 +559,13 @@ class PrefillPlan:
     def block_n(self) -> int:
         return self.bn or block_n(self.head_dim, self.kv_dtype)
 
+    @property
+    def o_splits(self) -> int:
+        return o_splits(self.head_dim)
+
     def kernel(self):
-        return prefill_kernel(self.head_dim, self.group, self.kv_dtype, self.bn)
+        return prefill_kernel(self.head_dim, self.group, self.kv_dtype, self.bn, self.window,
+                              self.scale)
 
     @property
     def workspace_bytes(self) -> int:
@@ -436,19 +575,34 @@ class PrefillPlan:
         rows = self.max_splits * self.n_max * self.n_head
         return _aligned(rows * self.head_dim * 4) + _aligned(rows * 2 * 4)
 
+    def fits(self, ws_plan: "PrefillPlan") -> bool:
+        """Whether this plan can run in a workspace carved for ws_plan."""
+        return ((self.n_head, self.head_dim) == (ws_plan.n_head, ws_plan.head_dim)
+                and self.n_max <= ws_plan.n_max and self.max_splits <= ws_plan.max_splits)
+
 
 def plan_prefill(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_max: int,
-                 max_splits: int = 8, bn: int = 0) -> PrefillPlan:
+                 max_splits: int = 8, bn: int = 0, window: int | None = None,
+                 scale: float | None = None) -> PrefillPlan:
+    """window: None / 0 for a global layer, W >= 1 for a sliding-window layer. scale: the
+    attention scale (None: 1 / sqrt(head_dim))."""
     if kv_dtype not in ("int8", "f16"):
         raise ValueError(f"prefill attention supports KV dtypes int8 and f16, not '{kv_dtype}'")
     if n_head % n_kv:
         raise ValueError(f"n_head {n_head} is not a multiple of n_kv {n_kv}")
-    if head_dim % 16 or head_dim > 128:
-        raise ValueError(f"prefill attention needs head_dim a multiple of 16 and <= 128, "
-                         f"got {head_dim}")
+    nd = o_splits(head_dim) if head_dim > 0 else 1
+    if head_dim % (16 * nd) or not 16 <= head_dim <= 256:
+        raise ValueError(f"prefill attention needs head_dim a multiple of 16 (32 above 128) "
+                         f"and <= 256, got {head_dim}")
     if bn % 16 or bn > 64:
         raise ValueError(f"block_n {bn} must be a multiple of 16 and <= 64 (0 = default)")
-    return PrefillPlan(n_head, n_kv, head_dim, kv_dtype, n_max, max(1, max_splits), bn)
+    window = int(window or 0)
+    if window < 0:
+        raise ValueError(f"window {window} must be >= 1 (or 0 / None: a global layer)")
+    if scale is not None and not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"attention scale {scale} must be finite and > 0")
+    return PrefillPlan(n_head, n_kv, head_dim, kv_dtype, n_max, max(1, max_splits), bn, window,
+                       None if scale is None else float(scale))
 
 
 def prefill_splits(plan: PrefillPlan, n: int, start: int, sm_count: int | None = None) -> int:
@@ -456,8 +610,9 @@ def prefill_splits(plan: PrefillPlan, n: int, start: int, sm_count: int | None =
     when the blocks would not fill the GPU and every split keeps >= 4 key tiles."""
     if sm_count is None:
         sm_count = 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
-    blocks = -(-n * plan.group // BM) * plan.n_kv
-    tiles = -(-(start + n) // plan.block_n)
+    blocks = -(-n * plan.group // BM) * plan.n_kv * plan.o_splits
+    before = min(start, plan.window - 1) if plan.window else start     # keys before the chunk
+    tiles = -(-(before + n) // plan.block_n)
     if blocks >= sm_count:
         return 1
     return max(1, min(plan.max_splits, -(-sm_count // blocks), tiles // 4))
@@ -492,17 +647,24 @@ def compile_prefill(plan: PrefillPlan) -> None:
 
 
 def prefill_attention(q, layer: KVLayer, state, out, ws: PrefillWorkspace, n_splits: int = 1,
-                      stream=0):
+                      stream=0, plan: PrefillPlan | None = None):
     """out[i] = causal attention of query i (position state[0] + i) over cache positions
-    0 .. state[0] + i. The K/V of this chunk must already be in the cache (rope_write).
+    0 .. state[0] + i (a windowed plan: state[0] + i - W + 1 .. state[0] + i, read through
+    a ring's slots). The K/V of this chunk must already be in the cache (rope_write).
 
     q      float32 [n, n_head, hd] device (n <= plan.n_max when n_splits > 1)
-    layer  DeviceKVPool.layer(i)                         int8 or f16
+    layer  DeviceKVPool.layer(i)                         int8 or f16; a ring layer needs a
+                                                         windowed plan and W + n - 1 <= slots
     state  int32 [>=1] device; state[0] = start          (read at run time)
     out    float32 [n, n_head * hd]
-    ws     PrefillWorkspace; n_splits <= plan.max_splits (see prefill_splits)
+    ws     PrefillWorkspace (of `plan`, or of a plan it fits); n_splits <= plan.max_splits
+           (see prefill_splits)
+    plan   the layer's plan; None: ws.plan
     No allocation, no synchronization."""
-    p = ws.plan
+    p = ws.plan if plan is None else plan
+    if plan is not None and not plan.fits(ws.plan):
+        raise ValueError(f"prefill_attention: the plan {plan} does not fit the workspace of "
+                         f"{ws.plan}")
     kv_dtype = KV_DTYPES.get(np.dtype(layer.k.dtype))
     if kv_dtype != p.kv_dtype:
         raise ValueError(f"prefill_attention: cache dtype {layer.k.dtype} but the plan is "
@@ -523,7 +685,16 @@ def prefill_attention(q, layer: KVLayer, state, out, ws: PrefillWorkspace, n_spl
         raise ValueError(f"prefill_attention: n_splits {n_splits} outside 1 .. {p.max_splits}")
     if n_splits > 1 and n > p.n_max:
         raise ValueError(f"prefill_attention: {n} tokens > plan.n_max {p.n_max} with splits")
-    grid = ((n * p.group + BM - 1) // BM, p.n_kv, n_splits)
+    if getattr(layer, "ring", False):
+        slots = layer.k.shape[0]
+        if not p.window:
+            raise ValueError(f"prefill_attention: the layer is a ring of {slots} slots; it "
+                             "needs a windowed plan (plan_prefill(..., window=W))")
+        if p.window + n - 1 > slots:
+            raise ValueError(f"prefill_attention: a chunk of {n} tokens with window {p.window} "
+                             f"reads {p.window + n - 1} keys at once; the ring holds {slots} "
+                             f"(make it >= window + chunk - 1, kvcache.pool.ring_slots)")
+    grid = ((n * p.group + BM - 1) // BM * p.o_splits, p.n_kv, n_splits)
     p.kernel()[grid, THREADS, stream](q, layer.k_words, layer.v_words, layer.k_scale,
                                       layer.v_scale, state, out, ws.part_o, ws.part_ml)
     if n_splits > 1:

@@ -1,15 +1,22 @@
-"""Qwen3's QK-norm + NeoX RoPE + KV-cache write: one kernel per layer and step.
+"""QK-norm + RoPE + KV-cache write: one kernel per layer and step (Qwen3, Gemma 3, Llama).
 
 The math (engine/qwen3.py, lines `q = rope_neox(rmsnorm(q, L.q_norm, eps), cos, sin)`,
 the same for k, then `kv.write(i, start, k, v)`), for n tokens at positions
 start .. start+n-1:
 
-    q[t, h]  = rope(rmsnorm(qkv[t, q_h])  * q_norm, start + t)  -> q_out (float32)
-    k[t, h]  = rope(rmsnorm(qkv[t, k_h])  * k_norm, start + t)  -> K cache row start+t
-    v[t, h]  = qkv[t, v_h]                                      -> V cache row start+t
+    q[t, h]  = rope(qk_norm(qkv[t, q_h], q_norm), start + t)  -> q_out (float32)
+    k[t, h]  = rope(qk_norm(qkv[t, k_h], k_norm), start + t)  -> K cache slot of start+t
+    v[t, h]  = qkv[t, v_h]                                    -> V cache slot of start+t
 
-    rmsnorm(x) = x / sqrt(mean(x^2) + eps)
-    rope(x, p): pairs (i, i + hd/2) rotated by p * base^(-2i/hd), read from cos/sin tables
+    qk_norm(x, w) = x / sqrt(mean(x^2) + eps) * w  (Qwen3, Gemma 3), or x (Llama: no norm)
+    rope(x, p): rotate pairs by the angle p * theta_i read from the cos/sin tables, row p:
+      NeoX   pairs (i, i + hd/2)   (Qwen3, Gemma 3; llama.cpp LLAMA_ROPE_TYPE_NEOX)
+      normal pairs (2i, 2i + 1)    (llama arch; LLAMA_ROPE_TYPE_NORM)
+      (x_a, x_b) -> (x_a cos - x_b sin, x_b cos + x_a sin)      (ggml's rotate_pairs)
+    theta_i = freq_scale * base^(-2i/hd) / freq_factor_i      (`rope_table`, float64)
+
+The slot of position p is p for an ordinary layer and p % R for a ring layer (a
+sliding-window layer of R slots, kvcache/device_pool.py): the ring variant writes there.
 
 INT8 cache rows are quantized in-kernel with kvcache/pool.py's format (scale =
 max|x| / 127 by a warp reduction, q = rint(x / scale) clipped to [-127, 127]); FP16
@@ -19,18 +26,25 @@ position; prefill chunks pass the same kind of array.
 
 Who does what: grid (n, ceil(rows / 4)), 128 threads; rows = n_head + 2 * n_kv "head
 rows" of one token (q heads, then k heads, then v heads), one warp per head row. A warp
-stages its row in shared memory (the rotation pairs elements hd/2 apart), so any even
-head_dim <= 256 works. Traffic per token: (q_dim + 2 kv_dim) * 4 bytes in, q_dim * 4 +
-2 * kv_dim * (1 or 2) (+ scales) out: a few KB, launch-bound.
+stages its row in shared memory (the rotation pairs elements other lanes loaded), so any
+even head_dim <= 256 works. Traffic per token: (q_dim + 2 kv_dim) * 4 bytes in, q_dim * 4
++ 2 * kv_dim * (1 or 2) (+ scales) out: a few KB, launch-bound.
+
+Variants (compile-time constants of `rope_write_kernel`, one kernel each): cache dtype,
+NeoX or normal pairs, QK-norm or none, ring or not. The Qwen3 kernel (int8|f16, NeoX,
+QK-norm, no ring) is the one this file always had.
 
 Deliberately not here: the QKV projection (quant/ GEMV/GEMM), attention
-(kvcache/attention.py), f16 q output (the attention kernels convert q themselves).
-Positions at or past the pool's n_ctx are not written to the cache, and tokens whose
-position has no row in the cos/sin tables are skipped entirely (q_out left as it was):
-the engine never asks for either; the guards only keep a bug from faulting.
+(kvcache/attention.py), f16 q output (the attention kernels convert q themselves),
+partial rotary (n_rot < head_dim), YaRN. The attention scale is applied by the attention
+kernels. Positions at or past an ordinary layer's n_ctx are not written to the cache,
+and tokens whose position has no row in the cos/sin tables are skipped entirely (q_out
+left as it was): the engine never asks for either; the guards only keep a bug from
+faulting.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -53,23 +67,62 @@ _MAGIC = float32(12582912.0)   # 1.5 * 2^23: (x + M) - M == rint(x) for |x| < 2^
 # =====================================================================================
 # numpy reference
 # =====================================================================================
-def rope_table(n_ctx: int, head_dim: int, base: float) -> tuple[np.ndarray, np.ndarray]:
-    """cos, sin float32 [n_ctx, head_dim/2] for positions 0 .. n_ctx-1 (float64 math)."""
-    return rope_tables(head_dim, np.arange(n_ctx), base, np.float32)
+def rope_table(n_ctx: int, head_dim: int, base: float, freq_factors=None,
+               freq_scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin float32 [n_ctx, head_dim/2] for positions 0 .. n_ctx-1 (float64 math):
+    angle(p, i) = p * freq_scale * base^(-2i/head_dim) / freq_factors[i].
+
+    freq_factors: None, or head_dim/2 factors (Llama 3's `rope_freqs.weight`: theta_i is
+    divided by factor_i, as ggml's rope does). freq_scale: linear position scaling,
+    1 / `rope.scaling.factor` for `rope.scaling.type = linear` (ggml's freq_scale).
+    The defaults give exactly engine/qwen3.py's rope_tables."""
+    half = head_dim // 2
+    if head_dim % 2 or head_dim < 2:
+        raise ValueError(f"rope_table: head_dim {head_dim} must be even")
+    if freq_factors is None and freq_scale == 1.0:
+        return rope_tables(head_dim, np.arange(n_ctx), base, np.float32)
+    inv_freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if freq_factors is not None:
+        ff = np.asarray(freq_factors, np.float64).reshape(-1)
+        if ff.shape != (half,):
+            raise ValueError(f"rope_table: freq_factors has {ff.size} values; head_dim "
+                             f"{head_dim} needs {half}")
+        if not np.all(np.isfinite(ff)) or np.any(ff <= 0):
+            raise ValueError("rope_table: freq_factors must be finite and > 0")
+        inv_freq = inv_freq / ff
+    if not freq_scale > 0:
+        raise ValueError(f"rope_table: freq_scale {freq_scale} must be > 0")
+    angles = (np.arange(n_ctx, dtype=np.float64) * float(freq_scale))[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-def rope_write_reference(qkv, q_norm, k_norm, eps, cos, sin, start, n_head, n_kv):
+def rope_norm_reference(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x [n, heads, head_dim]: rotate adjacent pairs (2i, 2i + 1) by the position's angle
+    (llama.cpp's LLAMA_ROPE_TYPE_NORM, the llama architecture's)."""
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    c, s = cos[:, None, :], sin[:, None, :]
+    out = np.empty_like(x1, shape=x.shape)
+    out[..., 0::2] = x1 * c - x2 * s
+    out[..., 1::2] = x2 * c + x1 * s
+    return out
+
+
+def rope_write_reference(qkv, q_norm, k_norm, eps, cos, sin, start, n_head, n_kv,
+                         neox: bool = True):
     """qkv float [n, q_dim + 2 kv_dim] -> q [n, n_head, hd], k [n, n_kv, hd], v [n, n_kv, hd]
-    (float32 out; pass float64 inputs for a stricter reference)."""
+    (float32 out; pass float64 inputs for a stricter reference). q_norm = k_norm = None:
+    no QK-norm (Llama). neox False: adjacent pairs."""
     n = qkv.shape[0]
-    hd = q_norm.shape[0]
+    hd = (qkv.shape[1]) // (n_head + 2 * n_kv)
     q_dim, kv_dim = n_head * hd, n_kv * hd
     c, s = cos[start:start + n], sin[start:start + n]
     q = qkv[:, :q_dim].reshape(n, n_head, hd)
     k = qkv[:, q_dim:q_dim + kv_dim].reshape(n, n_kv, hd)
     v = qkv[:, q_dim + kv_dim:].reshape(n, n_kv, hd)
-    q = rope_neox(rmsnorm(q, q_norm, eps), c, s)
-    k = rope_neox(rmsnorm(k, k_norm, eps), c, s)
+    if q_norm is not None:
+        q, k = rmsnorm(q, q_norm, eps), rmsnorm(k, k_norm, eps)
+    rope = rope_neox if neox else rope_norm_reference
+    q, k = rope(q, c, s), rope(k, c, s)
     return q.astype(np.float32), k.astype(np.float32), v.astype(np.float32)
 
 
@@ -97,18 +150,27 @@ def _warp_max(x):
     return x
 
 
-def _make_kernel(int8_cache: bool):
+@functools.lru_cache(maxsize=None)
+def rope_write_kernel(kv_dtype: str, neox: bool = True, qk_norm: bool = True,
+                      ring: bool = False):
+    """The kernel specialised on its compile-time constants (cache dtype "int8" | "f16",
+    NeoX or normal pairs, QK-norm or none, ring slots or not)."""
+    if kv_dtype not in ("int8", "f16"):
+        raise ValueError(f"rope_write supports KV dtypes int8 and f16, not '{kv_dtype}'")
+    int8_cache = kv_dtype == "int8"
+    NEOX, QK_NORM, RING = bool(neox), bool(qk_norm), bool(ring)
+
     @cuda.jit
     def kernel(qkv, q_norm, k_norm, eps, cos, sin, state, q_out, k_cache, v_cache,
                k_scale, v_scale):
         # qkv     f32 [n, n_head*hd + 2*n_kv*hd]  fused projection output, q | k | v
-        # q_norm  f32 [hd], k_norm f32 [hd]       QK-norm weights
+        # q_norm  f32 [hd], k_norm f32 [hd]       QK-norm weights (not read without QK_NORM)
         # eps     f32                             RMSNorm epsilon
         # cos/sin f32 [n_ctx_max, hd/2]           rope tables (row = position)
         # state   i32 [>=1]                       state[0] = position of token 0 (start)
         # q_out   f32 [n, n_head, hd]             normed + roped queries
-        # k_cache, v_cache  int8|f16 [n_ctx, n_kv, hd]   this layer's cache
-        # k_scale, v_scale  f32 [n_ctx, n_kv]     int8 row scales (placeholder for f16)
+        # k_cache, v_cache  int8|f16 [R, n_kv, hd]   this layer's cache (R slots)
+        # k_scale, v_scale  f32 [R, n_kv]         int8 row scales (placeholder for f16)
         t = cuda.blockIdx.x                      # token
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
@@ -117,7 +179,7 @@ def _make_kernel(int8_cache: bool):
         hd = q_out.shape[2]
         half = hd >> 1
         n_kv = k_cache.shape[1]
-        n_ctx = k_cache.shape[0]
+        n_slots = k_cache.shape[0]
         pos = state[0] + t
         buf = cuda.shared.array((NW, MAX_HD), float32)
         active = row < n_head + 2 * n_kv and pos < cos.shape[0]   # no table row: no work
@@ -131,23 +193,45 @@ def _make_kernel(int8_cache: bool):
                 x = qkv[t, base + d]
                 buf[warp, d] = x
                 ss += x * x
-            ss = _warp_sum(ss)
-            inv_rms = float32(1) / math.sqrt(ss / float32(hd) + eps)
+            if QK_NORM:
+                ss = _warp_sum(ss)
+                inv_rms = float32(1) / math.sqrt(ss / float32(hd) + eps)
         cuda.syncthreads()                       # the rotation reads other lanes' elements
         if active and not is_v:
             for i in range(lane, half, 32):
-                if is_q:
-                    w1 = q_norm[i]
-                    w2 = q_norm[i + half]
+                if NEOX and QK_NORM:             # Qwen3 / Gemma 3: pair (i, i + hd/2)
+                    if is_q:
+                        w1 = q_norm[i]
+                        w2 = q_norm[i + half]
+                    else:
+                        w1 = k_norm[i]
+                        w2 = k_norm[i + half]
+                    x1 = buf[warp, i] * inv_rms * w1
+                    x2 = buf[warp, i + half] * inv_rms * w2
+                    c = cos[pos, i]
+                    s = sin[pos, i]
+                    buf[warp, i] = x1 * c - x2 * s
+                    buf[warp, i + half] = x2 * c + x1 * s
                 else:
-                    w1 = k_norm[i]
-                    w2 = k_norm[i + half]
-                x1 = buf[warp, i] * inv_rms * w1
-                x2 = buf[warp, i + half] * inv_rms * w2
-                c = cos[pos, i]
-                s = sin[pos, i]
-                buf[warp, i] = x1 * c - x2 * s
-                buf[warp, i + half] = x2 * c + x1 * s
+                    if NEOX:
+                        ia = i                   # pair (i, i + hd/2)
+                        ib = i + half
+                    else:
+                        ia = 2 * i               # pair (2i, 2i + 1)
+                        ib = ia + 1
+                    x1 = buf[warp, ia]
+                    x2 = buf[warp, ib]
+                    if QK_NORM:
+                        if is_q:
+                            x1 = x1 * inv_rms * q_norm[ia]
+                            x2 = x2 * inv_rms * q_norm[ib]
+                        else:
+                            x1 = x1 * inv_rms * k_norm[ia]
+                            x2 = x2 * inv_rms * k_norm[ib]
+                    c = cos[pos, i]
+                    s = sin[pos, i]
+                    buf[warp, ia] = x1 * c - x2 * s
+                    buf[warp, ib] = x2 * c + x1 * s
         cuda.syncthreads()
         if not active:
             return
@@ -155,8 +239,12 @@ def _make_kernel(int8_cache: bool):
             for d in range(lane, hd, 32):
                 q_out[t, row, d] = buf[warp, d]
             return
-        if pos >= n_ctx:                         # outside the pool: never written
-            return
+        if RING:
+            slot = pos % n_slots                 # position p lives in slot p % R
+        else:
+            if pos >= n_slots:                   # outside the pool: never written
+                return
+            slot = pos
         kvh = row - n_head
         if is_v:
             kvh -= n_kv
@@ -173,42 +261,51 @@ def _make_kernel(int8_cache: bool):
                 r = (buf[warp, d] * inv + _MAGIC) - _MAGIC      # rint, ties to even
                 r = min(max(r, float32(-127)), float32(127))
                 if is_v:
-                    v_cache[pos, kvh, d] = int32(r)
+                    v_cache[slot, kvh, d] = int32(r)
                 else:
-                    k_cache[pos, kvh, d] = int32(r)
+                    k_cache[slot, kvh, d] = int32(r)
             if lane == 0:
                 if is_v:
-                    v_scale[pos, kvh] = scale
+                    v_scale[slot, kvh] = scale
                 else:
-                    k_scale[pos, kvh] = scale
+                    k_scale[slot, kvh] = scale
         else:
             for d in range(lane, hd, 32):
                 if is_v:
-                    v_cache[pos, kvh, d] = buf[warp, d]
+                    v_cache[slot, kvh, d] = buf[warp, d]
                 else:
-                    k_cache[pos, kvh, d] = buf[warp, d]
+                    k_cache[slot, kvh, d] = buf[warp, d]
     return kernel_cache.attach(kernel)
 
 
-rope_write_int8 = _make_kernel(True)
-rope_write_f16 = _make_kernel(False)
+rope_write_int8 = rope_write_kernel("int8")       # Qwen3's: NeoX, QK-norm, no ring
+rope_write_f16 = rope_write_kernel("f16")
 _KERNELS = {"int8": rope_write_int8, "f16": rope_write_f16}
+_ROPE_MODES = ("neox", "normal")
 
 
 def signature(kv_dtype: str) -> str:
-    """The numba signature the launcher uses for this cache dtype."""
+    """The numba signature the launcher uses for this cache dtype (every variant)."""
     cache = {"int8": "int8", "f16": "float16"}[kv_dtype]
     return ("void(float32[:, ::1], float32[::1], float32[::1], float32, float32[:, ::1], "
             "float32[:, ::1], int32[::1], float32[:, :, ::1], "
             f"{cache}[:, :, ::1], {cache}[:, :, ::1], float32[:, ::1], float32[:, ::1])")
 
 
-def compile_for(kv_dtype: str) -> None:
-    """Compile the kernel for this cache dtype now (at load), not on the first token."""
+def _kernel_for(kv_dtype: str, rope: str, qk_norm: bool, ring: bool):
     if kv_dtype not in _KERNELS:
         raise ValueError(f"rope_write supports KV dtypes {sorted(_KERNELS)}, not '{kv_dtype}'")
+    if rope not in _ROPE_MODES:
+        raise ValueError(f"rope_write: rope must be one of {_ROPE_MODES}, not '{rope}'")
+    return rope_write_kernel(kv_dtype, rope == "neox", bool(qk_norm), bool(ring))
+
+
+def compile_for(kv_dtype: str, rope: str = "neox", qk_norm: bool = True,
+                ring: bool = False) -> None:
+    """Compile the kernel for this variant now (at load), not on the first token."""
+    k = _kernel_for(kv_dtype, rope, qk_norm, ring)
     if not SIMULATOR:
-        _KERNELS[kv_dtype].compile(signature(kv_dtype))
+        k.compile(signature(kv_dtype))
 
 
 # =====================================================================================
@@ -219,33 +316,49 @@ def _check(cond, msg):
         raise ValueError("rope_write: " + msg)
 
 
-def rope_write(qkv, q_norm, k_norm, eps, cos, sin, state, q_out, layer: KVLayer, stream=0):
-    """Norm + rope q and k of n tokens, write k, v into `layer` at state[0] .. state[0]+n-1.
+def rope_write(qkv, q_norm, k_norm, eps, cos, sin, state, q_out, layer: KVLayer, stream=0,
+               rope: str = "neox"):
+    """Norm + rope q and k of n tokens, write k, v into `layer` at positions state[0] ..
+    state[0]+n-1 (slots p, or p % R for a ring layer).
 
     qkv     float32 [n, (n_head + 2 n_kv) * hd]   device, C-contiguous
-    q_norm, k_norm float32 [hd]
-    eps     float
+    q_norm, k_norm float32 [hd], or both None (no QK-norm: Llama)
+    eps     float (not used without QK-norm)
     cos, sin float32 [n_ctx_max, hd/2]           rope_table(); rows >= every position used
+                                                 (per layer: Gemma 3's local layers have
+                                                 their own base)
     state   int32 [>=1] device                   state[0] = start (read at run time)
     q_out   float32 [n, n_head, hd]              written
-    layer   DeviceKVPool.layer(i)                 int8 or f16 cache
+    layer   DeviceKVPool.layer(i)                 int8 or f16 cache; a ring layer needs
+                                                 n <= its slots (distinct slots)
+    rope    "neox" (pairs i, i + hd/2) or "normal" (pairs 2i, 2i + 1)
     No allocation, no synchronization; `stream` is a numba stream (or 0)."""
     kv_dtype = {np.dtype(np.int8): "int8", np.dtype(np.float16): "f16"}.get(np.dtype(layer.k.dtype))
     _check(kv_dtype is not None, f"cache dtype {layer.k.dtype} is not supported (int8, float16)")
     n, n_head, hd = q_out.shape
-    n_ctx, n_kv, hd_c = layer.k.shape
+    n_slots, n_kv, hd_c = layer.k.shape
     _check(hd == hd_c, f"q_out head_dim {hd} != cache head_dim {hd_c}")
     _check(hd % 2 == 0 and hd <= MAX_HD, f"head_dim {hd} must be even and <= {MAX_HD}")
     _check(qkv.dtype == np.float32 and q_out.dtype == np.float32, "qkv and q_out must be float32")
     _check(qkv.shape == (n, (n_head + 2 * n_kv) * hd),
            f"qkv shape {tuple(qkv.shape)} != (n={n}, (n_head + 2 n_kv) * hd = "
            f"{(n_head + 2 * n_kv) * hd})")
-    _check(q_norm.shape == (hd,) and k_norm.shape == (hd,), "q_norm / k_norm must be [head_dim]")
+    qk_norm = q_norm is not None
+    _check(qk_norm == (k_norm is not None), "pass both q_norm and k_norm, or neither")
+    if qk_norm:
+        _check(q_norm.shape == (hd,) and k_norm.shape == (hd,),
+               "q_norm / k_norm must be [head_dim]")
     _check(cos.shape == sin.shape and cos.ndim == 2 and cos.shape[1] == hd // 2,
            f"cos/sin must be [n_ctx_max, {hd // 2}], got {tuple(cos.shape)}")
     _check(state.dtype == np.int32 and state.ndim == 1, "state must be a 1-d int32 device array")
     _check(n >= 1, "no tokens")
+    ring = bool(getattr(layer, "ring", False))
+    _check(not ring or n <= n_slots, f"{n} tokens into a ring of {n_slots} slots would overwrite "
+           "each other")
+    kern = _kernel_for(kv_dtype, rope, qk_norm, ring)
+    if not qk_norm:
+        q_norm = k_norm = cos[0]             # never read: any float32 [::1] stands in
     rows = n_head + 2 * n_kv
     grid = (n, (rows + NW - 1) // NW)
-    _KERNELS[kv_dtype][grid, 32 * NW, stream](qkv, q_norm, k_norm, float32(eps), cos, sin, state,
-                                              q_out, layer.k, layer.v, layer.k_scale, layer.v_scale)
+    kern[grid, 32 * NW, stream](qkv, q_norm, k_norm, float32(eps), cos, sin, state, q_out,
+                                layer.k, layer.v, layer.k_scale, layer.v_scale)

@@ -258,6 +258,138 @@ def test_block_size_choice():
     assert norm.norm_block(1 << 20) == 1024
 
 
+# ---- GeGLU (Gemma 3's FFN) -----------------------------------------------------------
+def test_gelu_reference_is_ggmls_tanh_form():
+    g = np.linspace(-6, 6, 97, dtype=np.float32)
+    ref = 0.5 * g.astype(np.float64) * (1 + np.tanh(np.sqrt(2 / np.pi) * (g + 0.044715 * g.astype(np.float64) ** 3)))
+    # float32 cancellation in 1 + tanh for large negative g: absolute error ~1e-7
+    assert np.allclose(norm.gelu_reference(g), ref, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("out_dtype", [np.float32, np.float16])
+def test_geglu_separate_and_fused(out_dtype):
+    rng = np.random.default_rng(13)
+    n, n_ff = 3, 70
+    g_h = (rng.standard_normal((n, n_ff)) * 4).astype(np.float32)
+    u_h = rng.standard_normal((n, n_ff)).astype(np.float32)
+    g_h[0, :4] = [0.0, -30.0, 30.0, -88.0]
+    ref = norm.geglu_reference(g_h, u_h)
+    out = cuda.device_array((n, n_ff), out_dtype)
+    norm.geglu(cuda.to_device(g_h), cuda.to_device(u_h), out, block=64)
+    tol = 2e-6 if out_dtype == np.float32 else 1e-3
+    np.testing.assert_allclose(out.copy_to_host().astype(np.float32), ref, rtol=tol, atol=tol)
+    out2 = cuda.device_array((n, n_ff), out_dtype)
+    norm.geglu_fused(cuda.to_device(np.concatenate([g_h, u_h], axis=1)), out2, block=64)
+    np.testing.assert_array_equal(out2.copy_to_host(), out.copy_to_host())
+
+
+# ---- Gemma 3's post-norms: x += rmsnorm(y) * w_post, then the next pre-norm ----------
+from genie_rt.engine import post_norm  # noqa: E402
+
+
+def _post_case(n, d, seed):
+    rng = np.random.default_rng(seed)
+    x_h = (rng.standard_normal((n, d)) * 3).astype(np.float32)
+    y_h = _q8_rows(rng, n, d) if d % 32 == 0 else rng.standard_normal((n, d)).astype(np.float32)
+    if n >= 2:
+        y_h[1] = 0.0                    # an all-zero block output: x unchanged
+    wp = (1 + 0.5 * rng.standard_normal(d)).astype(np.float32)
+    wn = (1 + 0.5 * rng.standard_normal(d)).astype(np.float32)
+    return x_h, y_h, wp, wn
+
+
+def _unfused_post(x_h, y_h, wp, wn, block):
+    """rmsnorm(y, w_post) -> add_rmsnorm(x, ., w_next): what post_norm_add replaces.
+    Returns (x, h) on the host."""
+    n, d = x_h.shape
+    x, y = cuda.to_device(x_h), cuda.to_device(y_h)
+    t = cuda.device_array((n, d), np.float32)
+    h = cuda.device_array((n, d), np.float32)
+    norm.rmsnorm(y, cuda.to_device(wp), t, EPS, block=block)
+    norm.add_rmsnorm(x, t, cuda.to_device(wn), h, EPS, block=block)
+    return x.copy_to_host(), h.copy_to_host()
+
+
+@pytest.mark.parametrize("n,d,block", [(3, 200, 64), (2, 37, 32),
+                                       pytest.param(1, 640, None, marks=pytest.mark.slow)])
+def test_post_norm_add_is_the_two_launches_bit_for_bit(n, d, block):
+    x_h, y_h, wp, wn = _post_case(n, d, d + n)
+    x_ref, h_ref = _unfused_post(x_h, y_h, wp, wn, block)
+    x = cuda.to_device(x_h)
+    post_norm.post_norm_add(x, cuda.to_device(y_h), cuda.to_device(wp), EPS, block=block)
+    _assert_bits_equal(x.copy_to_host(), x_ref, "x (add only)")
+    for out_dtype in (np.float32, np.float16):
+        x = cuda.to_device(x_h)
+        out = cuda.device_array((n, d), out_dtype)
+        post_norm.post_norm_add(x, cuda.to_device(y_h), cuda.to_device(wp), EPS,
+                                w_next=cuda.to_device(wn), out=out, block=block)
+        _assert_bits_equal(x.copy_to_host(), x_ref, "x")
+        _assert_bits_equal(out.copy_to_host(), h_ref.astype(out_dtype) if out_dtype == np.float32
+                           else out.copy_to_host(), "h")
+        if out_dtype == np.float16:
+            np.testing.assert_allclose(out.copy_to_host().astype(np.float32), h_ref, rtol=1e-3, atol=1e-3)
+    x_np, h_np = post_norm.post_norm_add_reference(x_h, y_h, wp, EPS, wn)
+    assert_close(x_ref, x_np, 2e-6, "post_norm_add x vs numpy")
+    assert_close(h_ref, h_np, 5e-6, "post_norm_add h vs numpy")
+    if n >= 2:
+        _assert_bits_equal(x_ref[1], x_h[1], "a zero y leaves x")
+
+
+@pytest.mark.parametrize("n,d,block,with_h", [
+    (2, 64, 32, True),       # 2 values per thread: register-resident
+    (3, 96, 96, False),      # 1 value per thread
+    pytest.param(1, 640, None, True, marks=pytest.mark.slow),   # Gemma 3 270M: 160 threads x 4
+    (1, 1024, 32, False),    # 32 values per thread: the loop kernel
+])
+def test_post_norm_add_q8_is_rmsnorm_add_rmsnorm_q8_bit_for_bit(n, d, block, with_h):
+    x_h, y_h, wp, wn = _post_case(n, d, 7 * d + n)
+    x_ref, _ = _unfused_post(x_h, y_h, wp, wn, block)
+    _, xq_ref, xs_ref = _two_launches(cuda.to_device(x_ref), cuda.to_device(wn), block)
+    h_ref = norm.rmsnorm_q8_reference(x_ref, wn, EPS)[0]
+    xq_ref2 = cuda.device_array((n, d), np.int8)
+    xs_ref2 = cuda.device_array((n, d // 8), np.float32)
+    h_dev = cuda.device_array((n, d), np.float32)
+    norm.rmsnorm_q8(cuda.to_device(x_ref), cuda.to_device(wn), xq_ref2, xs_ref2, EPS, out=h_dev,
+                    block=block)
+    _assert_bits_equal(xq_ref2.copy_to_host(), xq_ref, "rmsnorm_q8 == rmsnorm + quantize_q8")
+    x = cuda.to_device(x_h)
+    xq = cuda.to_device(np.full((n, d), 77, np.int8))
+    xs = cuda.to_device(np.full((n, d // 8), np.nan, np.float32))
+    out = cuda.to_device(np.full((n, d), np.nan, np.float32)) if with_h else None
+    post_norm.post_norm_add_q8(x, cuda.to_device(y_h), cuda.to_device(wp), cuda.to_device(wn),
+                               xq, xs, EPS, out=out, block=block)
+    _assert_bits_equal(x.copy_to_host(), x_ref, "x")
+    _assert_bits_equal(xq.copy_to_host(), xq_ref, "xq")
+    _assert_bits_equal(xs.copy_to_host(), xs_ref, "xs")
+    if with_h:
+        _assert_bits_equal(out.copy_to_host(), h_dev.copy_to_host(), "h")
+    assert_close(h_dev.copy_to_host(), h_ref, 2e-6, "h vs numpy")
+
+
+def test_post_norm_picks_resident_up_to_its_limit():
+    assert post_norm._q8_kernel_for(False, 640, norm.norm_block(640)) is post_norm._post_norm_add_q8_kernel(False, 4)
+    assert post_norm._q8_kernel_for(True, 1024, 32) is post_norm._post_norm_add_q8_kernel(True, 0)
+
+
+def test_post_norm_refuses_bad_arguments():
+    x = cuda.to_device(np.ones((2, 64), np.float32))
+    w = cuda.to_device(np.ones(64, np.float32))
+    xq, xs = cuda.device_array((2, 64), np.int8), cuda.device_array((2, 8), np.float32)
+    with pytest.raises(ValueError, match="shape"):
+        post_norm.post_norm_add(x, cuda.to_device(np.ones((2, 63), np.float32)), w, EPS)
+    with pytest.raises(ValueError, match="together"):
+        post_norm.post_norm_add(x, x, w, EPS, w_next=w)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        post_norm.post_norm_add_q8(cuda.to_device(np.ones((2, 48), np.float32)),
+                                   cuda.to_device(np.ones((2, 48), np.float32)),
+                                   cuda.to_device(np.ones(48, np.float32)), cuda.to_device(np.ones(48, np.float32)),
+                                   cuda.device_array((2, 48), np.int8), cuda.device_array((2, 6), np.float32), EPS)
+    with pytest.raises(ValueError, match="block"):
+        post_norm.post_norm_add_q8(x, x, w, w, xq, xs, EPS, block=48)
+    with pytest.raises(ValueError, match="float32\\[64\\]"):
+        post_norm.post_norm_add_q8(x, x, w, cuda.to_device(np.ones(32, np.float32)), xq, xs, EPS)
+
+
 # ---- PTX --------------------------------------------------------------------------
 PTX_SOURCE = f"""
 from genie_rt.engine.norm import {', '.join(norm.KERNEL_SIGNATURES)}
@@ -274,7 +406,8 @@ def ptx():
         kernels = {k: v[j] for k, v in norm.KERNEL_SIGNATURES.items() if j < len(v)}
         if j == 0:
             kernels["quantize_q8_kernel"] = gemv.SIG_QUANTIZE
-        got = compile_in_subprocess(PTX_SOURCE, kernels)
+            kernels.update(_POST_KERNELS)           # engine/post_norm.py, same subprocess
+        got = compile_in_subprocess(PTX_SOURCE + _POST_SOURCE, kernels)
         out.update({(k, j): v for k, v in got.items()})
     return out
 
@@ -302,6 +435,39 @@ def test_rmsnorm_q8_rounds_like_quantize_q8(ptx):
             assert _Q8_ROUND.search(text), f"{name} sm_{cc[0]}{cc[1]}: no fma -> add -> cvt.rzi rounding"
             assert "sqrt.rn.f32" in text or name == "quantize_q8_kernel"
             assert "div.rn.f32" in text
+
+
+_POST_SOURCE = """
+from genie_rt.engine.post_norm import _post_norm_add_kernel, _post_norm_add_norm_kernel, _post_norm_add_q8_kernel
+q8_loop = _post_norm_add_q8_kernel(False, 0)
+q8_h_loop = _post_norm_add_q8_kernel(True, 0)
+q8_r4 = _post_norm_add_q8_kernel(False, 4)
+q8_h_r4 = _post_norm_add_q8_kernel(True, 4)
+"""
+
+
+_POST_KERNELS = dict({"_post_norm_add_kernel": post_norm._SIG_ADD,
+                      "_post_norm_add_norm_kernel": post_norm._SIG_NORM.format("float16")},
+                     **{name: post_norm._SIG_Q8 for name in ("q8_loop", "q8_h_loop", "q8_r4", "q8_h_r4")})
+
+
+@pytest.fixture(scope="module")
+def post_ptx(ptx):
+    """The post-norm kernels' PTX (compiled with the first signature set of `ptx`)."""
+    return {name: ptx[(name, 0)] for name in _POST_KERNELS}
+
+
+def test_post_norm_kernels_compile_and_round_like_the_unfused_launches(post_ptx):
+    for name, per in post_ptx.items():
+        assert set(per) == {(8, 7), (9, 0)}
+        for cc, text in per.items():
+            where = f"{name} sm_{cc[0]}{cc[1]}"
+            assert_no_f64(text, where=where)
+            # y / s * w_post rounded before the add (never an FMA with it)
+            assert "mul.rn.f32" in text and "div.rn.f32" in text and "sqrt.rn.f32" in text, where
+            if name.startswith("q8"):
+                assert _Q8_ROUND.search(text), f"{where}: no fma -> add -> cvt.rzi rounding"
+    assert "cvt.rn.f16.f32" in post_ptx["_post_norm_add_norm_kernel"][(9, 0)]
 
 
 # ---- GPU at real shapes ------------------------------------------------------------
@@ -355,3 +521,47 @@ def test_gpu_rmsnorm_q8_bit_identical_at_d2560(n):
     assert_close(h_ref, h_np, 1e-5, "rmsnorm_q8 h")
     assert np.max(np.abs(xq_ref.astype(np.int32) - xq_np)) <= 1      # h within an ulp: q within 1
     np.testing.assert_allclose(xs_ref[:, ::4], xs_np[:, ::4], rtol=1e-5, atol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 7, 512])
+def test_gpu_post_norm_gemma3_270m_bit_identical(n):
+    """Gemma 3 270M's width (d = 640): post_norm_add and post_norm_add_q8 against the
+    unfused launches, compiled for the real GPU (where an FMA would change the last bit)."""
+    norm.compile_kernels()
+    post_norm.compile_kernels(640)
+    d = 640
+    x_h, y_h, wp, wn = _post_case(n, d, 900 + n)
+    y_h *= 50                                   # block outputs are larger than the stream
+    x_ref, h_ref = _unfused_post(x_h, y_h, wp, wn, None)
+    for out_dtype in (np.float32, np.float16):
+        x = cuda.to_device(x_h)
+        out = cuda.device_array((n, d), out_dtype)
+        post_norm.post_norm_add(x, cuda.to_device(y_h), cuda.to_device(wp), EPS,
+                                w_next=cuda.to_device(wn), out=out)
+        _assert_bits_equal(x.copy_to_host(), x_ref, "x")
+        if out_dtype == np.float32:
+            _assert_bits_equal(out.copy_to_host(), h_ref, "h")
+    _, xq_ref, xs_ref = _two_launches(cuda.to_device(x_ref), cuda.to_device(wn), None)
+    for with_h in (False, True):
+        x = cuda.to_device(x_h)
+        xq = cuda.device_array((n, d), np.int8)
+        xs = cuda.device_array((n, d // 8), np.float32)
+        out = cuda.device_array((n, d), np.float32) if with_h else None
+        post_norm.post_norm_add_q8(x, cuda.to_device(y_h), cuda.to_device(wp), cuda.to_device(wn),
+                                   xq, xs, EPS, out=out)
+        cuda.synchronize()
+        _assert_bits_equal(x.copy_to_host(), x_ref, f"x (with_h={with_h})")
+        _assert_bits_equal(xq.copy_to_host(), xq_ref, f"xq (with_h={with_h})")
+        _assert_bits_equal(xs.copy_to_host(), xs_ref, f"xs (with_h={with_h})")
+        if with_h:
+            _assert_bits_equal(out.copy_to_host(), h_ref, "h")
+    x_np, h_np = post_norm.post_norm_add_reference(x_h, y_h, wp, EPS, wn)
+    assert_close(x_ref, x_np, 1e-5, "x vs numpy")
+    assert_close(h_ref, h_np, 1e-5, "h vs numpy")
+    n_ff = 2048
+    gu_h = (rng := np.random.default_rng(n)).standard_normal((n, 2 * n_ff)).astype(np.float32) * 3
+    h = cuda.device_array((n, n_ff), np.float32)
+    norm.geglu_fused(cuda.to_device(gu_h), h)
+    np.testing.assert_allclose(h.copy_to_host(), norm.geglu_reference(gu_h[:, :n_ff], gu_h[:, n_ff:]),
+                               rtol=1e-5, atol=1e-6)
