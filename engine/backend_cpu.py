@@ -81,6 +81,8 @@ def forward(w, cfg: ModelConfig, tokens, start: int, kv, all_logits=False,
 
 
 class CPUBackend:
+    """engine/backend.py's Backend on the CPU."""
+
     name = "cpu"
 
     def __init__(self, g: GGUFFile, cfg: ModelConfig, n_ctx: int, kv_dtype: str = "f32",
@@ -94,6 +96,15 @@ class CPUBackend:
 
     def device_info(self) -> dict:
         return {"backend": "cpu", "device": "numpy"}
+
+    def synchronize(self) -> None:
+        """Nothing runs asynchronously here."""
+
+    def roofline(self) -> None:
+        return None
+
+    def peak_memory_bytes(self) -> None:
+        return None
 
     def prefill(self, tokens, start: int, cancel=None, all_logits: bool = False) -> np.ndarray | None:
         """Run prompt tokens at start.. in chunks; logits of the last (or every) position.
@@ -109,6 +120,10 @@ class CPUBackend:
             chunk = tokens[i:i + self.prefill_chunk]
             outs.append(forward(self.weights, self.cfg, chunk, start + i, self.kv, all_logits, self.dtype))
         return np.concatenate(outs) if all_logits else outs[-1]
+
+    def reusable_prefix(self, n: int) -> int:
+        """Every position of the host pool survives until rewritten: any prefix is reusable."""
+        return n
 
     def decode(self, token: int, pos: int) -> np.ndarray:
         return forward(self.weights, self.cfg, np.array([token], np.int32), pos, self.kv, dtype=self.dtype)

@@ -55,6 +55,8 @@ class _Request:
 
 
 class CUDABackend:
+    """engine/backend.py's Backend on a CUDA GPU."""
+
     name = "cuda"
 
     def __init__(self, g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, plan: MemoryPlan,
@@ -84,6 +86,11 @@ class CUDABackend:
         self._upload_rope_tables()
         self.kv = DeviceKVPool(lay.kv_shape, A["kv_pool"], stream=self.stream)
         self.kv_layers = [self.kv.layer(i) for i in range(cfg.n_layers)]
+        # For each ring size (sliding-window layers): the position each slot holds now, so
+        # that prefix reuse knows which positions survived later writes (reusable_prefix)
+        self._ring_pos = {r: np.full(r, -1, np.int64) for r in
+                          {lay.kv_shape.layer_slots(i) for i in lay.kv_shape.ring_layers}}
+        self._ring_window = {lay.kv_shape.layer_slots(i): cfg.window(i) for i in lay.kv_shape.ring_layers}
         self.state = A["state"]
         self.state.copy_to_device(np.zeros(N_SLOTS, np.int32), stream=self.stream)
         self.dws = DecodeWorkspace(lay.decode_plan, A["ws.decode"], stream=self.stream)
@@ -124,12 +131,8 @@ class CUDABackend:
         cfg, A = self.cfg, self.arena
         self._rope = {}
         for k, (base, scale, factors) in enumerate(rope_keys(cfg)):
-            extra = {}
-            if scale != 1.0:
-                extra["scale"] = scale
-            if factors:
-                extra["factors"] = self.weights.rope_freqs
-            cos, sin = rope_table(self.n_ctx, cfg.head_dim, base, **extra)
+            cos, sin = rope_table(self.n_ctx, cfg.head_dim, base, freq_scale=scale,
+                                  freq_factors=self.weights.rope_freqs if factors else None)
             A[f"rope.{k}.cos"].copy_to_device(cos, stream=self.stream)
             A[f"rope.{k}.sin"].copy_to_device(sin, stream=self.stream)
             self._rope[(base, scale, bool(factors))] = (A[f"rope.{k}.cos"], A[f"rope.{k}.sin"])
@@ -170,7 +173,7 @@ class CUDABackend:
         if sample is not None:
             gpu_sampling.advance_state(self.state, stream=self.stream)
 
-    def _record_prefill(self, n: int, n_splits: int) -> None:
+    def _record_prefill(self, n: int, n_splits: tuple) -> None:
         """Layer-major prefill of n rows (ids[:n]) at start = state[S_POS]; x_last <- x[state[S_LAST]]."""
         from .copy_kernels import gather_row
         from .cuda_ops import PrefillOps
@@ -217,25 +220,48 @@ class CUDABackend:
         self.stream.synchronize()
         self.kv.zero(self.stream)
         self.stream.synchronize()
+        self._wrote(0, 0, reset=True)
         self.compile_seconds = time.perf_counter() - t0
         from .kernel_cache import run_summary
         log.info("CUDA kernels compiled and %d graphs captured in %.1f s; %s", len(self._graphs),
                  self.compile_seconds, run_summary())
 
-    def prefill_keys(self) -> list[tuple[int, int, int]]:
-        """Every (bucket, attention splits) a prefill chunk can run as, with the first start
-        position that gives it: all are captured at load, so a chunk after a long cached
+    def prefill_keys(self) -> list[tuple[int, tuple, int]]:
+        """Every (bucket, attention splits per plan) a prefill chunk can run as, with the first
+        start position that gives it: all are captured at load, so a chunk after a long cached
         prefix (more splits) does not compile and capture on its first use."""
-        from genie_rt.kvcache.attention_prefill import prefill_splits
-        plan, keys = self.lay.prefill_plan, []
+        keys = []
         for n in BUCKETS:
             if n > self.lay.chunk or n > self.n_ctx:
                 continue
-            first: dict[int, int] = {}
-            for start in list(range(0, self.n_ctx - n + 1, plan.block_n)) + [self.n_ctx - n]:
-                first.setdefault(prefill_splits(plan, n, start), start)
+            first: dict[tuple, int] = {}
+            step = min(p.block_n for p in self._plans())
+            for start in list(range(0, self.n_ctx - n + 1, step)) + [self.n_ctx - n]:
+                first.setdefault(self._splits(n, start), start)
             keys += [(n, splits, start) for splits, start in sorted(first.items())]
         return keys
+
+    # -- which positions the rings hold ---------------------------------------------------
+    def _wrote(self, start: int, n: int, reset: bool = False) -> None:
+        """Positions start .. start+n-1 were (or are about to be) written to every layer."""
+        for r, held in self._ring_pos.items():
+            if reset:
+                held[:] = -1
+            if n:
+                pos = np.arange(start, start + n)
+                held[pos[-r:] % r] = pos[-r:]
+
+    def reusable_prefix(self, n: int) -> int:
+        """The longest prefix of at most n positions a request may keep: n when every ring
+        still holds the window the first new token attends to (n - W + 1 .. n - 1), else 0
+        (a ring is overwritten in place: after a long reply, a rollback of more than one
+        prefill chunk finds its window gone). Without rings: n."""
+        for r, held in self._ring_pos.items():
+            w = self._ring_window[r]
+            need = np.arange(max(0, n - w + 1), n)
+            if len(need) and not (held[need % r] == need).all():
+                return 0
+        return n
 
     # -- host <-> device per step -------------------------------------------------------
     def _set_state(self, pos: int | None = None, token: int | None = None, last: int | None = None) -> None:
@@ -282,8 +308,16 @@ class CUDABackend:
         self._enter()
         self.stream.synchronize()
 
-    def _prefill_layers(self, tokens: np.ndarray, start: int, cancel=None) -> bool:
+    def _plans(self) -> list:
+        """The distinct prefill attention plans (one per kind of layer), in layer order."""
+        return list({id(p): p for p in self.lay.prefill_plans}.values())
+
+    def _splits(self, n: int, start: int) -> tuple:
+        """The context splits of each plan for a chunk of n rows at `start` (graph key)."""
         from genie_rt.kvcache.attention_prefill import prefill_splits
+        return tuple(prefill_splits(p, n, start) for p in self._plans())
+
+    def _prefill_layers(self, tokens: np.ndarray, start: int, cancel=None) -> bool:
         tokens = np.asarray(tokens, np.int32)
         if len(tokens) == 0 or start + len(tokens) > self.n_ctx:
             raise IndexError(f"prefill of {len(tokens)} tokens at {start} exceeds the context {self.n_ctx}")
@@ -302,7 +336,8 @@ class CUDABackend:
             self._host_ids[n:bucket] = 0
             upload(self.arena["ids"], self._host_ids, self.stream, nbytes=4 * bucket)
             self._set_state(pos=pos, last=n - 1)
-            splits = prefill_splits(self.lay.prefill_plan, bucket, pos)
+            self._wrote(pos, bucket)              # padded rows write K/V too
+            splits = self._splits(bucket, pos)
             self._run(("prefill", bucket, splits), lambda: self._record_prefill(bucket, splits))
         return True
 
@@ -326,6 +361,7 @@ class CUDABackend:
     def decode(self, token: int, pos: int) -> np.ndarray:
         self._enter()
         self._set_state(pos=pos, token=token)
+        self._wrote(pos, 1)
         self._run(("decode", None), lambda: self._record_decode(None))
         return self._logits()
 
@@ -343,6 +379,7 @@ class CUDABackend:
         self._enter()
         self._begin_request(sampler, history[:-1] if history and history[-1] == token else history)
         self._set_state(pos=pos, token=token)
+        self._wrote(pos, 1)
         mode = "greedy" if self._req.greedy else "full"
         self._run(("decode", mode), lambda: self._record_decode(mode))
         self.stream.synchronize()
@@ -359,7 +396,11 @@ class CUDABackend:
         replay = lambda: self._run(("decode", mode), lambda: self._record_decode(mode))  # noqa: E731
         pending: deque = deque()
 
+        step = [pos]
+
         def launch():
+            self._wrote(step[0], 1)           # each replay writes the next position
+            step[0] += 1
             replay()
             ev = cuda.event(timing=False)
             ev.record(self.stream)

@@ -55,9 +55,7 @@ def _ints(text: str, name: str) -> list[int]:
 
 
 def _sync(backend) -> None:
-    sync = getattr(backend, "synchronize", None)
-    if sync is not None:
-        sync()
+    backend.synchronize()
 
 
 def _fill(backend, rng, vocab, depth: int) -> None:
@@ -125,8 +123,7 @@ def run_bench(args, ecfg) -> int:
             "kv_bytes": engine.plan.kv, "weights_bytes": engine.plan.weights,
             "host": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     info.update(backend.device_info())
-    roof = getattr(backend, "roofline", None)
-    roofline = roof() if roof else None  # {"bytes_per_token": ..., "bandwidth": ...}
+    roofline = backend.roofline()        # {"bytes_per_token": ..., "bandwidth": ...} or None
     rows = []
     for r in results:
         row = {**asdict(r), "avg_ts": r.avg_ts, "stddev_ts": r.stddev_ts}
@@ -134,9 +131,9 @@ def run_bench(args, ecfg) -> int:
             ceiling = roofline["bandwidth"] / roofline["bytes_per_token"]
             row["roofline_fraction"] = r.avg_ts / ceiling
         rows.append(row)
-    peak = getattr(backend, "peak_memory_bytes", None)
+    peak = backend.peak_memory_bytes()
     if peak is not None:
-        info["peak_memory_bytes"] = peak()
+        info["peak_memory_bytes"] = peak
     if args.json:
         json.dump({"info": info, "roofline": roofline, "results": rows}, sys.stdout, indent=2)
         print()

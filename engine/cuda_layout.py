@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from genie_rt.kvcache.pool import KVShape
+from genie_rt.kvcache.pool import KVShape, ring_slots
 from genie_rt.quant.formats import BLOCK_SIZES, QType
 from genie_rt.quant.layout import PLANES, PackedWeight
 
@@ -92,12 +92,14 @@ class CudaLayout:
     groups: dict[tuple, list[WeightGroup]]  # (tensor names read together) -> its stacked groups
     matrices: list[str]                     # every 2-D weight tensor, GGUF name
     norms: list[str]                        # 1-D tensors uploaded as float32
-    kv_shape: KVShape
+    kv_shape: KVShape                       # per-layer slots: n_ctx, or a ring for windowed layers
     weight_bytes: int
     stream_bytes_per_token: int             # what one decode step reads from weights
     chunk: int
-    decode_plan: object
-    prefill_plan: object
+    decode_plan: object                     # the plan the decode workspace is carved for
+    prefill_plan: object                    # the plan the prefill workspace is carved for
+    decode_plans: list                      # per layer (a windowed layer has its own)
+    prefill_plans: list
     mmq_workspace: int
     stacked: dict[str, int]                 # "mixed" groups (several WeightGroups): the widest
 
@@ -172,14 +174,16 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
     stream += out_t.nbytes + tensors["token_embd.weight"].nbytes // cfg.vocab_size
 
     # -- KV pool and RoPE tables -------------------------------------------------------
-    kv_shape = KVShape(cfg.n_layers, n_ctx, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype)
+    N = ecfg.prefill_chunk
+    windows = [cfg.window(i) for i in range(cfg.n_layers)]
+    slots = tuple(n_ctx if w is None else ring_slots(w, N, n_ctx) for w in windows)
+    kv_shape = KVShape(cfg.n_layers, n_ctx, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, slots=slots)
     L.add("kv_pool", (DeviceKVPool.nbytes(kv_shape),), np.uint8)
     for k, _ in enumerate(rope_keys(cfg)):
         L.add(f"rope.{k}.cos", (n_ctx, cfg.head_dim // 2), np.float32)
         L.add(f"rope.{k}.sin", (n_ctx, cfg.head_dim // 2), np.float32)
 
     # -- scratch ---------------------------------------------------------------------
-    N = ecfg.prefill_chunk
     widths = scratch_widths(cfg)
     L.add("state", (8,), np.int32)
     L.add("ids", (N,), np.int32)
@@ -198,9 +202,17 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
         L.add(f"xq.{name}", (1, cols), np.int8)
         L.add(f"xs.{name}", (1, cols // gemv.Q8_BLOCK * gemv.Q8_FLOATS), np.float32)
     L.add("logits", (1, cfg.vocab_size), np.float32)
-    dplan = plan_decode(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, n_ctx)
+    # one attention plan per kind of layer (global, or windowed with its W); the workspaces
+    # are carved for the largest and shared (DecodePlan.fits)
+    kinds = {w: (plan_decode(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, n_ctx,
+                             window=w, scale=cfg.attn_scale),
+                 plan_prefill(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, N,
+                              window=w, scale=cfg.attn_scale)) for w in dict.fromkeys(windows)}
+    dplan = max((d for d, _ in kinds.values()), key=lambda d: d.workspace_bytes)
+    pplan = max((p for _, p in kinds.values()), key=lambda p: p.workspace_bytes)
+    for d, _ in kinds.values():
+        assert d.fits(dplan), "decode plans of one model share a workspace"
     L.add("ws.decode", (dplan.workspace_bytes,), np.uint8)
-    pplan = plan_prefill(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, N)
     L.add("ws.prefill", (max(pplan.workspace_bytes, 16),), np.uint8)
     mmq_ws = 0
     for names, gs in groups.items():
@@ -218,7 +230,7 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
     gpu_sampling.workspace_layout(L, cfg.vocab_size, prefix="sampler.", ring_capacity=max(n_ctx, 64),
                                   max_bias=MAX_BIAS)
     return CudaLayout(L, groups, matrices, norms, kv_shape, weight_bytes, stream, N, dplan, pplan,
-                      mmq_ws, stacked)
+                      [kinds[w][0] for w in windows], [kinds[w][1] for w in windows], mmq_ws, stacked)
 
 
 def device():
@@ -233,14 +245,23 @@ def is_integrated(dev) -> bool:
 
 
 def cuda_budget(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig) -> MemoryBudget:
-    """Weights and scratch from the real layout; KV (+ RoPE table, sampler ring) per token."""
+    """Weights and scratch from the real layout; KV (+ RoPE tables, sampler ring) per token.
+
+    Two layouts, both at contexts past every ring's size, give the per-token cost; the
+    sliding-window rings (their size does not grow with the context) are `kv_fixed`. Below
+    the ring size a ring is the context's size, so the plan is conservative there."""
+    from genie_rt.kvcache.device_pool import DeviceKVPool
     from numba import cuda
     dev = device()
     integrated = is_integrated(dev)
-    small = plan_layout(g, cfg, ecfg, 256)
-    big = plan_layout(g, cfg, ecfg, 512)
-    per_token = (big.layout.nbytes - small.layout.nbytes) // 256
-    fixed = small.layout.nbytes - 256 * per_token
+    rings = [ring_slots(w, ecfg.prefill_chunk, 1 << 30) for w in cfg.layer_windows if w is not None]
+    base = max(rings, default=0) + 256
+    small = plan_layout(g, cfg, ecfg, base)
+    big = plan_layout(g, cfg, ecfg, base + 256)
+    per_token = -(-(big.layout.nbytes - small.layout.nbytes) // 256)
+    ring_bytes = DeviceKVPool.nbytes(small.kv_shape) - len(small.kv_shape.global_layers) * base \
+        * small.kv_shape.layer_bytes_per_position if rings else 0
+    fixed = small.layout.nbytes - base * per_token - ring_bytes
     if integrated:
         avail = mem_available_bytes() or 0
         where = "shared memory (MemAvailable; integrated GPU)"
@@ -253,4 +274,5 @@ def cuda_budget(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig) -> MemoryBudg
         reserve = ecfg.reserve_bytes
     return MemoryBudget(weights=small.weight_bytes, kv_bytes_per_token=per_token,
                         scratch=fixed - small.weight_bytes, overhead=overhead, reserve=reserve,
-                        available=avail, where=where, n_ctx_train=cfg.n_ctx_train, kv_dtype=ecfg.kv_dtype)
+                        available=avail, where=where, n_ctx_train=cfg.n_ctx_train, kv_dtype=ecfg.kv_dtype,
+                        kv_fixed=max(0, ring_bytes))

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from .models.ops import AttnLayer
 
+ROPE_NAMES = {"neox": "neox", "norm": "normal"}     # ModelConfig.rope_style -> rope_write's name
+
 
 class _Ops:
     def __init__(self, rt, rows: int):
@@ -61,13 +63,13 @@ class _Ops:
         cos, sin = rt.rope_table(a)
         q3 = q_out.reshape(self.rows, cfg.n_head, cfg.head_dim)
         rope_write(qkv, a.q_norm, a.k_norm, cfg.rms_eps, cos, sin, rt.state, q3, rt.kv_layers[a.index],
-                   stream=self.stream)
+                   stream=self.stream, rope=ROPE_NAMES[cfg.rope_style])
         self._wrote(q_out)
 
     def post_norm_add(self, x, y, w) -> None:
-        from genie_rt.engine import norm
+        from genie_rt.engine import post_norm
         self._reads_float(x, y)
-        norm.post_norm_add(x, y, w, self.cfg.rms_eps, stream=self.stream)
+        post_norm.post_norm_add(x, y, w, self.cfg.rms_eps, stream=self.stream)
         self._wrote(x)
 
 
@@ -145,7 +147,8 @@ class DecodeOps(_Ops):
     def attention(self, q, a: AttnLayer, out) -> None:
         from genie_rt.kvcache.attention import decode_attention
         self._reads_float(q)
-        decode_attention(q, self.rt.kv_layers[a.index], self.rt.state, out, self.rt.dws, stream=self.stream)
+        decode_attention(q, self.rt.kv_layers[a.index], self.rt.state, out, self.rt.dws, stream=self.stream,
+                         plan=self.rt.lay.decode_plans[a.index])
         self._wrote(out)
 
     def head(self, x, norm_w, w, logits, softcap: float | None = None) -> None:
@@ -160,9 +163,11 @@ class DecodeOps(_Ops):
 class PrefillOps(_Ops):
     """A chunk of n rows: tensor-core GEMMs (MMQ), tensor-core causal attention."""
 
-    def __init__(self, rt, n: int, n_splits: int):
+    def __init__(self, rt, n: int, n_splits: tuple):
         super().__init__(rt, n)
-        self.n, self.n_splits = n, n_splits
+        self.n = n
+        # context splits of each layer's attention plan (the runtime's key: one per plan)
+        self._splits = {id(p): k for p, k in zip(rt._plans(), n_splits)}
         self._x16_holds = None      # the buffer whose fp16 copy is in x16 now
 
     def _invalidate(self, name: str) -> None:
@@ -234,8 +239,9 @@ class PrefillOps(_Ops):
         from genie_rt.kvcache.attention_prefill import prefill_attention
         self._reads_float(q)
         q3 = q.reshape(self.n, self.cfg.n_head, self.cfg.head_dim)
+        plan = self.rt.lay.prefill_plans[a.index]
         prefill_attention(q3, self.rt.kv_layers[a.index], self.rt.state, out, self.rt.pws,
-                          n_splits=self.n_splits, stream=self.stream)
+                          n_splits=self._splits[id(plan)], stream=self.stream, plan=plan)
         self._wrote(out)
 
     def head(self, x, norm_w, w, logits, softcap: float | None = None) -> None:

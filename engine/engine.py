@@ -143,7 +143,8 @@ class Engine:
         if self.kv_store is not None and req.conversation_id is not None:
             self.kv_store.restore(self, req.conversation_id, prompt, n_reuse)
             n_reuse = common_prefix_len(self.kv_tokens, prompt)  # the store may have replaced the pool
-        return min(n_reuse, len(prompt) - 1)
+        # a sliding-window layer's ring may have lost the window the first new token needs
+        return self.backend.reusable_prefix(min(n_reuse, len(prompt) - 1))
 
     def generate(self, req: GenerationRequest) -> Iterator[Delta | Done]:
         prompt = list(req.prompt)

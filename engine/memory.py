@@ -1,6 +1,7 @@
 """MemoryBudget: every byte accounted before the first allocation.
 
-    total = weights + KV pool (context x bytes per position) + scratch
+    total = weights + KV pool (context x bytes per position, + the fixed rings of
+            sliding-window layers) + scratch
             + runtime overhead (CUDA context, or the Python/numpy heap on the CPU)
             + reserve (left for the rest of the system: OS, speech-to-text, ...)
 
@@ -82,17 +83,18 @@ class MemoryBudget:
     where: str
     n_ctx_train: int
     kv_dtype: str | None = None  # only to word the advice (no "--kv int8" when it is int8)
+    kv_fixed: int = 0            # KV bytes that do not grow with the context (sliding-window rings)
 
     def plan(self, n_ctx: int | None) -> MemoryPlan:
         """Check the budget for n_ctx tokens (None: the largest context that fits)."""
-        fixed = self.weights + self.scratch + self.overhead + self.reserve
+        fixed = self.weights + self.kv_fixed + self.scratch + self.overhead + self.reserve
         if n_ctx is None:
             room = self.available - fixed
             fit = room // self.kv_bytes_per_token if room > 0 else 0
             n_ctx = min(self.n_ctx_train, fit // CTX_GRANULE * CTX_GRANULE)
             if n_ctx < MIN_CTX:
                 n_ctx = MIN_CTX  # report the smallest useful configuration
-        plan = MemoryPlan(n_ctx, self.weights, n_ctx * self.kv_bytes_per_token, self.scratch,
+        plan = MemoryPlan(n_ctx, self.weights, self.kv_fixed + n_ctx * self.kv_bytes_per_token, self.scratch,
                           self.overhead, self.reserve, self.available, self.where)
         if plan.total > plan.available:
             raise MemoryBudgetError(

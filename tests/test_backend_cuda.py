@@ -178,15 +178,20 @@ def test_engine_generates_and_reuses_prefix(fixture_gguf, tmp_path):
 
 def test_warm_up_captures_every_prefill_split_count_a_start_position_can_need():
     """A chunk after a long cached prefix runs with more attention splits: every (bucket,
-    splits) pair must be captured at load, not on the first such request (issue 13)."""
-    from types import SimpleNamespace
+    splits) key must be captured at load, not on the first such request (issue 13). Gemma's
+    windowed layers have their own plan, so a key holds one split count per plan."""
+    from types import MethodType, SimpleNamespace
 
     from genie_rt.engine.backend_cuda import BUCKETS, CUDABackend
     from genie_rt.kvcache.attention_prefill import plan_prefill, prefill_splits
-    plan = plan_prefill(32, 8, 128, "int8", 512)
-    be = SimpleNamespace(lay=SimpleNamespace(prefill_plan=plan, chunk=512), n_ctx=8192)
-    keys = CUDABackend.prefill_keys(be)
-    assert {(n, s) for n, s, _ in keys} == {
-        (n, prefill_splits(plan, n, start)) for n in BUCKETS for start in range(0, 8192 - n + 1)}
-    for n, splits, start in keys:
-        assert prefill_splits(plan, n, start) == splits and start + n <= 8192
+    for plans in ([plan_prefill(32, 8, 128, "int8", 512)],
+                  [plan_prefill(4, 1, 256, "int8", 512, window=512), plan_prefill(4, 1, 256, "int8", 512)]):
+        be = SimpleNamespace(lay=SimpleNamespace(prefill_plans=plans * 2, chunk=512), n_ctx=8192)
+        for name in ("_plans", "_splits", "prefill_keys"):
+            setattr(be, name, MethodType(getattr(CUDABackend, name), be))
+        keys = be.prefill_keys()
+        want = {(n, tuple(prefill_splits(p, n, start) for p in plans))
+                for n in BUCKETS for start in range(0, 8192 - n + 1)}
+        assert {(n, s) for n, s, _ in keys} == want
+        for n, splits, start in keys:
+            assert tuple(prefill_splits(p, n, start) for p in plans) == splits and start + n <= 8192

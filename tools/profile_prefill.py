@@ -57,7 +57,6 @@ def main(argv=None) -> int:
         p.error(f"--start must be >= 0, got {args.start}")
     from genie_rt.engine.config import EngineConfig
     from genie_rt.engine.engine import Engine
-    from genie_rt.kvcache.attention_prefill import prefill_splits
     for module in MODULES:
         importlib.import_module(module)
     eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv))
@@ -68,7 +67,7 @@ def main(argv=None) -> int:
             print(f"prefill of {n} tokens at position {args.start}: skipped (chunk {be.lay.chunk}, "
                   f"context {be.n_ctx}; raise --ctx)", flush=True)
             continue
-        splits = prefill_splits(be.lay.prefill_plan, n, args.start)
+        splits = be._splits(n, args.start)
         be._set_state(pos=args.start, last=n - 1)
         full = time_prefill(be, n, splits=splits)
         print(f"prefill of {n} tokens at position {args.start} ({splits} attention splits), "
