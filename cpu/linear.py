@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from genie_rt.quant.formats import dequantize
+from genie_rt.quant.formats import QType, dequantize
 
 from . import linear_kernels as K
 from .threads import get_threads
-from .weights import FLOAT, KQUANT, LEGACY, CPUWeight
+from .weights import KQUANT, LEGACY, CPUWeight
 
 # -- numpy references --------------------------------------------------------------------
 
@@ -114,13 +114,17 @@ def linear(x: np.ndarray, w: CPUWeight, out: np.ndarray | None = None) -> np.nda
     if n == 0:
         return out
     nt = min(get_threads(), w.rows)
-    q = w.qtype
-    if q in LEGACY:
-        K.linear_legacy(x, w.data, LEGACY[q], w.rows, out, nt)
-    elif q in KQUANT:
-        K.linear_kquant(x, w.data, KQUANT[q], w.rows, out, nt)
-    elif FLOAT[q] == 0:
-        K.linear_float(x, w.data.view(np.float32), w.rows, out, nt)
-    else:
-        K.linear_half(x, w.data.view(np.uint16), FLOAT[q] == 2, w.rows, out, nt)
+    data = w.data
+    if w.qtype == QType.F32:
+        data = data.view(np.float32)
+    elif w.qtype in (QType.F16, QType.BF16):
+        data = data.view(np.uint16)
+    _KERNELS[w.qtype](x, data, w.rows, out, nt)
     return out
+
+
+_KERNELS = {
+    QType.Q4_0: K.linear_q4_0, QType.Q4_1: K.linear_q4_1, QType.Q5_0: K.linear_q5_0, QType.Q5_1: K.linear_q5_1,
+    QType.Q8_0: K.linear_q8_0, QType.Q4_K: K.linear_q4_k, QType.Q5_K: K.linear_q5_k, QType.Q6_K: K.linear_q6_k,
+    QType.F32: K.linear_f32, QType.F16: K.linear_f16, QType.BF16: K.linear_bf16,
+}

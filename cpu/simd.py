@@ -24,6 +24,9 @@ the machine's SIMD (AVX-512/AVX2 pmaddwd on x86, NEON on aarch64):
     unpack_scaled_<k>(w, wo, sc, so, dst, do)   a k-quant super-block's quants times
                                    their integer sub-block scales sc[so:] (int16), as
                                    int16 into dst[do:] (|value| <= 4096)
+    dot_<fmt>(w, wo, x, xo)        unpack fused with dot_i8 against int8 x (32-blocks)
+    dot_scaled_<k>(w, wo, sc, so, x, xo)   unpack_scaled fused with the int16 x int8 dot
+    load_f16(a, ao)                one fp16 (a block scale) -> float32
 
 Integer sums are exact in any order, so LLVM is free to pair and tree them. The float
 dots multiply lane-wise and then add by halving the vector (lanes j and j + N/2, ...,
@@ -245,9 +248,7 @@ def _make_unpack_scaled(decoder, n_sub, name):
             sov = context.cast(builder, sov, signature.args[3], types.int64)
             dov = context.cast(builder, dov, signature.args[5], types.int64)
             q = builder.sext(decoder(context, builder, signature.args[0], wv, wov), _vec(_I16, 256))
-            s = _load(context, builder, signature.args[2], scv, sov, _vec(_I16, n_sub))
-            per = 256 // n_sub                     # weights per sub-block: 32 (Q4_K, Q5_K) or 16 (Q6_K)
-            s = builder.shuffle_vector(s, s, _mask([i // per for i in range(256)]))
+            s = _scale_vector(context, builder, signature.args[2], scv, sov, n_sub)
             _store(context, builder, signature.args[4], dv, dov, builder.mul(q, s))
             return context.get_dummy_value()
 
@@ -255,6 +256,83 @@ def _make_unpack_scaled(decoder, n_sub, name):
 
     unpack_scaled.__name__ = unpack_scaled.__qualname__ = name
     return unpack_scaled
+
+
+def _int_dot(builder, q, x):
+    """reduce_add(sext(q) * sext(x)) as int32: LLVM lowers it to pmaddwd (x86) or
+    smull/sadalp (NEON) and a horizontal add."""
+    n = q.type.count
+    return _reduce_add_i32(builder, builder.mul(builder.sext(q, _vec(_I32, n)), builder.sext(x, _vec(_I32, n))))
+
+
+def _make_fused_dot(decoder, n_weights, name):
+    @intrinsic
+    def dot_block(typingctx, w, wo, x, xo):
+        """sum_j quant_j * x[xo + j] over the block at byte wo of w: an exact int32."""
+        if not (_c_array(w) and _c_array(x)):
+            return None
+        sig = types.int32(w, wo, x, xo)
+
+        def codegen(context, builder, signature, args):
+            wv, wov, xv, xov = args
+            wov = context.cast(builder, wov, signature.args[1], types.int64)
+            xov = context.cast(builder, xov, signature.args[3], types.int64)
+            q = decoder(context, builder, signature.args[0], wv, wov)
+            xq = _load(context, builder, signature.args[2], xv, xov, _vec(_I8, n_weights))
+            return _int_dot(builder, q, xq)
+
+        return sig, codegen
+
+    dot_block.__name__ = dot_block.__qualname__ = name
+    return dot_block
+
+
+def _scale_vector(context, builder, scty, scv, sov, n_sub):
+    """<256 x i16>: sub-block scale sc[so + i // (256 / n_sub)] for weight i."""
+    s = _load(context, builder, scty, scv, sov, _vec(_I16, n_sub))
+    per = 256 // n_sub
+    return builder.shuffle_vector(s, s, _mask([i // per for i in range(256)]))
+
+
+def _make_fused_scaled_dot(decoder, n_sub, name):
+    @intrinsic
+    def dot_block(typingctx, w, wo, sc, so, x, xo):
+        """sum_i quant_i * sc[so + sub-block(i)] * x[xo + i] over a k-quant super-block: int32."""
+        if not (_c_array(w) and _c_array(sc) and _c_array(x)):
+            return None
+        sig = types.int32(w, wo, sc, so, x, xo)
+
+        def codegen(context, builder, signature, args):
+            wv, wov, scv, sov, xv, xov = args
+            wov = context.cast(builder, wov, signature.args[1], types.int64)
+            sov = context.cast(builder, sov, signature.args[3], types.int64)
+            xov = context.cast(builder, xov, signature.args[5], types.int64)
+            q = builder.sext(decoder(context, builder, signature.args[0], wv, wov), _vec(_I16, 256))
+            q = builder.mul(q, _scale_vector(context, builder, signature.args[2], scv, sov, n_sub))
+            xq = _load(context, builder, signature.args[4], xv, xov, _vec(_I8, 256))
+            return _int_dot(builder, q, xq)
+
+        return sig, codegen
+
+    dot_block.__name__ = dot_block.__qualname__ = name
+    return dot_block
+
+
+@intrinsic
+def load_f16(typingctx, a, ao):
+    """float32 of the IEEE binary16 at element ao of a (bytes: a uint8 array, offset in
+    bytes; or a uint16 array). Exact. One vcvtph2ps on x86 (F16C), fcvt on aarch64."""
+    if not _c_array(a):
+        return None
+    sig = types.float32(a, ao)
+
+    def codegen(context, builder, signature, args):
+        av, aov = args
+        aov = context.cast(builder, aov, signature.args[1], types.int64)
+        h = _load(context, builder, signature.args[0], av, aov, _I16)
+        return builder.fpext(builder.bitcast(h, _F16), _F32)
+
+    return sig, codegen
 
 
 unpack_q8_0 = _make_unpack(_dec_q8_0, 32, "unpack_q8_0")
@@ -268,6 +346,15 @@ unpack_q6_k = _make_unpack(_dec_q6_k, 256, "unpack_q6_k")
 unpack_scaled_q4_k = _make_unpack_scaled(_dec_q4_k, 8, "unpack_scaled_q4_k")
 unpack_scaled_q5_k = _make_unpack_scaled(_dec_q5_k, 8, "unpack_scaled_q5_k")
 unpack_scaled_q6_k = _make_unpack_scaled(_dec_q6_k, 16, "unpack_scaled_q6_k")
+
+dot_q8_0 = _make_fused_dot(_dec_q8_0, 32, "dot_q8_0")
+dot_q4_0 = _make_fused_dot(_dec_q4_0, 32, "dot_q4_0")
+dot_q4_1 = _make_fused_dot(_dec_q4_1, 32, "dot_q4_1")
+dot_q5_0 = _make_fused_dot(_dec_q5_0, 32, "dot_q5_0")
+dot_q5_1 = _make_fused_dot(_dec_q5_1, 32, "dot_q5_1")
+dot_scaled_q4_k = _make_fused_scaled_dot(_dec_q4_k, 8, "dot_scaled_q4_k")
+dot_scaled_q5_k = _make_fused_scaled_dot(_dec_q5_k, 8, "dot_scaled_q5_k")
+dot_scaled_q6_k = _make_fused_scaled_dot(_dec_q6_k, 16, "dot_scaled_q6_k")
 
 
 # -- dot products -----------------------------------------------------------------------
