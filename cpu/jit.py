@@ -24,7 +24,8 @@ numba does), else cpu/__pycache__/ when it is writable, else numba's user-wide f
 (~/.cache/numba/...). The first call of each specialisation compiles (seconds); later
 processes load it from disk (milliseconds): `python -m genie_rt.cpu.bench` prints both.
 
-fastmath stays off: LLVM may then not reorder float operations, so each kernel's
+error_model="numpy" (float division by zero gives inf/nan, as in numpy, instead of a
+branch that raises and keeps loops scalar). fastmath stays off: LLVM may then not reorder float operations, so each kernel's
 float results are fixed by its source - the property batch invariance rests on (see
 linear.py). nogil=True: the GIL is released while a kernel runs.
 
@@ -127,7 +128,10 @@ _warned = False
 
 
 def kernel(**options):
-    """Decorator: numba.njit(fastmath=False, nogil=True, **options) with the package cache.
+    """Decorator: numba.njit(fastmath=False, nogil=True, error_model="numpy", **options)
+    with the package cache. error_model="numpy": a float division by zero gives inf/nan
+    instead of a branch that raises ZeroDivisionError (the branch stops LLVM from
+    vectorising the loop around it).
 
     options are njit's (parallel=True for kernels with prange). Callers pass the thread
     count explicitly (threads.get_threads()); a kernel must not call
@@ -138,6 +142,7 @@ def kernel(**options):
             raise TypeError(f"kernel(): '{bad}' is fixed by genie_rt.cpu.jit, do not pass it")
 
     def wrap(fn):
+        options.setdefault("error_model", "numpy")
         disp = numba.njit(fastmath=False, nogil=True, cache=False, **options)(fn)
         global _warned
         if _CACHE_CLASS is None:
