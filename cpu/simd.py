@@ -27,6 +27,7 @@ the machine's SIMD (AVX-512/AVX2 pmaddwd on x86, NEON on aarch64):
     dot_<fmt>(w, wo, x, xo)        unpack fused with dot_i8 against int8 x (32-blocks)
     dot_scaled_<k>(w, wo, sc, so, x, xo)   unpack_scaled fused with the int16 x int8 dot
     load_f16(a, ao)                one fp16 (a block scale) -> float32
+    store_f16(a, ao, v)            float32 -> one fp16 (round to nearest even)
 
 Integer sums are exact in any order, so LLVM is free to pair and tree them. The float
 dots multiply lane-wise and then add by halving the vector (lanes j and j + N/2, ...,
@@ -331,6 +332,26 @@ def load_f16(typingctx, a, ao):
         aov = context.cast(builder, aov, signature.args[1], types.int64)
         h = _load(context, builder, signature.args[0], av, aov, _I16)
         return builder.fpext(builder.bitcast(h, _F16), _F32)
+
+    return sig, codegen
+
+
+@intrinsic
+def store_f16(typingctx, a, ao, value):
+    """a[ao] = IEEE binary16 of float32 `value` (round to nearest even, as numpy), a uint16."""
+    if not _c_array(a):
+        return None
+    sig = types.void(a, ao, value)
+
+    def codegen(context, builder, signature, args):
+        av, aov, v = args
+        aov = context.cast(builder, aov, signature.args[1], types.int64)
+        v = context.cast(builder, v, signature.args[2], types.float32)
+        h = builder.bitcast(builder.fptrunc(v, _F16), _I16)
+        ary = context.make_array(signature.args[0])(context, builder, av)
+        ptr = builder.gep(ary.data, [aov], inbounds=True, source_etype=context.get_data_type(signature.args[0].dtype))
+        builder.store(h, builder.bitcast(ptr, _I16.as_pointer()), align=1)
+        return context.get_dummy_value()
 
     return sig, codegen
 
