@@ -6,8 +6,8 @@ int32 costs a horizontal add per block (about as much as the multiply itself). L
 ggml's CPU kernels we skip it: each block's products are summed in pairs into 16 int32
 lanes (pmaddwd on x86), converted to float, scaled by the block's d_w * d_x and added
 into 16 float lanes; the 16 lanes are summed once per row, at the end, by halving
-(simd._tree_fadd). One row on the 2-core dev machine (Zen 5, hot cache, one core):
-Q8_0 12 -> see docs/cpu-backend.md for the measured gain.
+(simd._tree_fadd). Q8_0 2048 x 640, 33 tokens, one core of the dev machine (Zen 5, hot
+cache, 2026-12-02): 20 G multiply-adds/s with a horizontal add per block, 42 with lanes.
 
 The float operations, per row and token (and identical in the fused and buffered forms):
 
