@@ -12,6 +12,7 @@ checks its arguments and raises ValueError/IndexError naming what is wrong):
     genie_rt.cpu.ops.rope(x, cos, sin, neox=True)  in place; NeoX or normal pairs
     genie_rt.cpu.ops.silu_mul(g, u, out=None), gelu_tanh_mul(g, u, out=None)
     genie_rt.cpu.ops.embed(tokens, table, out=None, scale=None)
+    genie_rt.cpu.topk.top_k(logits, k)            indices of the k largest, largest first
     genie_rt.cpu.threads.set_threads(n), get_threads()
 
 (The functions are not re-exported here: `attention` and `linear` would shadow their
@@ -25,7 +26,7 @@ keyed by a hash of this package's sources (jit.py).
 
 Files: weights.py (CPUWeight), simd.py and rowdot.py (LLVM IR primitives), linear.py
 (references + launcher) and linear_kernels.py, attention.py, ops.py, threads.py,
-jit.py (decorator + cache), bench.py (`python -m genie_rt.cpu.bench`). Design,
+topk.py, jit.py (decorator + cache), bench.py (`python -m genie_rt.cpu.bench`). Design,
 numbers and roofline: docs/cpu-backend.md.
 
 Importing a module compiles nothing: each kernel compiles (or loads from the cache) on

@@ -47,6 +47,7 @@ from .jit import kernel
 from .simd import dot_i8
 from .linear import linear, linear_error_bound, linear_quantized_reference, linear_reference
 from .threads import get_threads, set_threads
+from .topk import top_k, top_k_reference
 from .weights import CPUWeight
 
 GEMMA = "/tmp/models/gemma-3-270m-q4_k_m.gguf"
@@ -394,7 +395,15 @@ def main(argv=None) -> int:
             print(f"{label} {s['n']} token{'s' if s['n'] > 1 else ''}: {s['wall_ms']:.1f} ms = {s['tokens_per_s']:.1f} tokens/s "
                   f"(cpu/thread {s['cpu_ms']:.1f} ms = {s['tokens_per_s_cpu']:.1f} tokens/s); ms: {parts}")
         print(f"roofline: {wb / 1e6:.1f} MB of weights per token / {bw[nt]:.1f} GB/s = {roof:.1f} tokens/s decode")
-        out[m.label] = dict(source=m.source, matmuls=mm, steps=steps, weight_bytes_per_token=wb, roofline_tps=roof)
+        logits = np.random.default_rng(2).standard_normal(m.hp["vocab"]).astype(np.float32)
+        if not np.array_equal(top_k(logits, 40), top_k_reference(logits, 40)):
+            print("top_k: FAILED")
+            return 1
+        tk = _best(lambda: top_k(logits, 40), 20)[0]
+        npk = _best(lambda: (lambda i: i[np.argsort(-logits[i], kind="stable")])(np.argpartition(-logits, 39)[:40]), 20)[0]
+        print(f"top-40 of {m.hp['vocab']} logits: cpu.topk {tk * 1e3:.3f} ms, numpy argpartition + sort {npk * 1e3:.3f} ms")
+        out[m.label] = dict(source=m.source, matmuls=mm, steps=steps, weight_bytes_per_token=wb, roofline_tps=roof,
+                            top_k_ms=tk * 1e3, numpy_top_k_ms=npk * 1e3)
     if args.compile_times:
         ct = compile_times()
         out["compile_times_s"] = ct

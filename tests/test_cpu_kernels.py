@@ -30,6 +30,7 @@ from genie_rt.cpu import jit, ops
 from genie_rt.cpu.linear import (linear, linear_error_bound, linear_quantized_reference, linear_reference,
                                  quantize_rows_reference)
 from genie_rt.cpu.threads import get_threads, physical_cores, set_threads
+from genie_rt.cpu.topk import top_k, top_k_reference
 from genie_rt.cpu.weights import CPUWeight
 from genie_rt.engine.qwen3 import rmsnorm as rmsnorm_reference
 from genie_rt.engine.qwen3 import rope_neox, rope_tables
@@ -362,6 +363,20 @@ def test_embed_is_bit_exact(qtype):
         ops.embed([50], table)
 
 
+def test_top_k():
+    rng = np.random.default_rng(17)
+    for vocab, k in ((10, 10), (1000, 40), (151936, 40), (5000, 300), (7, 1)):
+        x = rng.standard_normal(vocab).astype(np.float32)
+        x[::7] = x[3]                                  # ties: broken by the lower index
+        x[min(5, vocab - 1)] = np.nan                  # ranks as -inf
+        assert np.array_equal(top_k(x, k), top_k_reference(x, k)), (vocab, k)
+    x = np.sort(rng.standard_normal(3000).astype(np.float32))   # ascending: every value enters the heap
+    assert np.array_equal(top_k(x, 40), np.arange(2999, 2959, -1))
+    assert np.array_equal(top_k(np.full(9, -np.inf, np.float32), 3), [0, 1, 2])
+    with pytest.raises(ValueError, match="k must"):
+        top_k(x, 0)
+
+
 # -- the disk cache ---------------------------------------------------------------------
 
 def _jitted_callees(fn):
@@ -383,8 +398,8 @@ def test_kernels_call_only_this_package():
     """Every jitted function a kernel can inline is defined under genie_rt.cpu, so the
     package-wide source hash (jit.py) covers everything its cached code depends on."""
     from numba.core.dispatcher import Dispatcher
-    from genie_rt.cpu import linear_kernels, rowdot, simd
-    seen, todo = set(), [obj for mod in (linear_kernels, ops, A, rowdot, simd) for obj in vars(mod).values()
+    from genie_rt.cpu import linear_kernels, rowdot, simd, topk
+    seen, todo = set(), [obj for mod in (linear_kernels, ops, A, rowdot, simd, topk) for obj in vars(mod).values()
                          if isinstance(obj, Dispatcher)]
     while todo:
         fn = todo.pop()
