@@ -1,8 +1,12 @@
 """The CPU back-end: an architecture's forward (engine/models/) run by CPU ops, a host KV pool.
 
-The ops are `ReferenceOps` (engine/models/reference.py): numpy on weights dequantized to
-float32 once at load. This back-end is exact and simple, and the reference the CUDA
-back-end is checked against; its memory budget counts the dequantized weights.
+Two sets of ops run the same forward:
+- `CPUOps` (engine/cpu_ops.py, the default): the Numba kernels of genie_rt.cpu on the
+  weights as the file stores them (memory-mapped, no expanded copy): resident memory is
+  about the file plus the KV pool and a small scratch, and the budget says so.
+- `ReferenceOps` (engine/models/reference.py, `exact=True`): numpy on weights dequantized
+  to float32 (or float64) once at load - the oracle, for tests; its budget counts the
+  dequantized weights.
 
 Per chunk of prompt tokens (or one decode token) at positions start..start+n-1:
 
@@ -32,16 +36,21 @@ INTERPRETER_OVERHEAD = 256 << 20
 
 
 def cpu_budget(g: GGUFFile, cfg: ModelConfig, kv_dtype: str, prefill_chunk: int,
-               reserve: int | None) -> MemoryBudget:
+               reserve: int | None, exact: bool = False) -> MemoryBudget:
     tensors = check_tensors(g, cfg)
-    # the tied output projection is the embedding table itself: counted once
-    n_weights = sum(int(np.prod(t.shape)) for t in tensors.values())
+    # the tied output projection is the embedding table itself: counted once. The kernels
+    # read the file's pages (resident as the page cache), norms are float32 copies
+    if exact:
+        weight_bytes = sum(int(np.prod(t.shape)) for t in tensors.values()) * 4
+    else:
+        weight_bytes = sum(t.nbytes if len(t.shape) == 2 else int(np.prod(t.shape)) * 4
+                           for t in tensors.values())
     kv = KVShape(cfg.n_layers, 1, cfg.n_head_kv, cfg.head_dim, kv_dtype)
     widths = scratch_widths(cfg)
     act = prefill_chunk * (sum(widths.values()) + 2 * cfg.n_ff) * 4   # + gate/up temporaries
     available = mem_available_bytes()
     return MemoryBudget(
-        weights=n_weights * 4,
+        weights=weight_bytes,
         kv_bytes_per_token=kv.bytes_per_position + cfg.n_head * prefill_chunk * 4,  # + scores row
         scratch=act + cfg.vocab_size * 4 * 2,
         overhead=INTERPRETER_OVERHEAD,
@@ -60,8 +69,19 @@ def reference_weights(g: GGUFFile, cfg: ModelConfig, dtype=np.float32):
     return bind_weights(g, cfg, bind)
 
 
+def fast_weights(g: GGUFFile, cfg: ModelConfig):
+    """Matrices as CPUWeight views of the mapped file; 1-D tensors as float32 arrays."""
+    from genie_rt.cpu.weights import CPUWeight
+
+    def bind(t):
+        if len(t.shape) == 2:
+            return CPUWeight.from_tensor(t)
+        return np.ascontiguousarray(dequantize(t.data, t.qtype, t.shape), np.float32)
+    return bind_weights(g, cfg, bind)
+
+
 def forward(w, cfg: ModelConfig, tokens, start: int, kv, all_logits=False,
-            dtype=np.float32) -> np.ndarray:
+            dtype=np.float32, ops=None) -> np.ndarray:
     """The reference forward of any architecture: `tokens` at positions start.., K/V into `kv`.
 
     Returns logits [vocab] of the last token, [n, vocab] with all_logits=True, or the rows
@@ -71,7 +91,7 @@ def forward(w, cfg: ModelConfig, tokens, start: int, kv, all_logits=False,
     n = len(tokens)
     s = SimpleNamespace(ids=tokens, **{name: np.zeros((n, width), dtype)
                                        for name, width in scratch_widths(cfg).items()})
-    ops = ReferenceOps(cfg, kv, start, n, dtype)
+    ops = ReferenceOps(cfg, kv, start, n, dtype) if ops is None else ops(cfg, kv, start, n)
     spec.body(ops, w, attn_layers(cfg, w.layers, w.rope_freqs), s, cfg)
     pick = isinstance(all_logits, np.ndarray)
     rows = s.x[all_logits] if pick else s.x if all_logits else s.x[-1:]
@@ -86,16 +106,27 @@ class CPUBackend:
     name = "cpu"
 
     def __init__(self, g: GGUFFile, cfg: ModelConfig, n_ctx: int, kv_dtype: str = "f32",
-                 prefill_chunk: int = 512, dtype=np.float32):
+                 prefill_chunk: int = 512, dtype=np.float32, exact: bool = False,
+                 threads: int | None = None):
         self.cfg = cfg
         self.n_ctx = n_ctx
         self.prefill_chunk = prefill_chunk
         self.dtype = dtype
-        self.weights = reference_weights(g, cfg, dtype)
+        self.exact = exact
+        if exact:
+            self.weights, self._ops = reference_weights(g, cfg, dtype), None
+        else:
+            from genie_rt.cpu.threads import set_threads
+
+            from .cpu_ops import CPUOps
+            self.threads = set_threads(threads)
+            self.weights, self._ops, self.dtype = fast_weights(g, cfg), CPUOps, np.float32
         self.kv = HostKVPool(KVShape(cfg.n_layers, n_ctx, cfg.n_head_kv, cfg.head_dim, kv_dtype))
 
     def device_info(self) -> dict:
-        return {"backend": "cpu", "device": "numpy"}
+        if self.exact:
+            return {"backend": "cpu", "device": "numpy (reference)"}
+        return {"backend": "cpu", "device": "numba", "threads": self.threads}
 
     def synchronize(self) -> None:
         """Nothing runs asynchronously here."""
@@ -118,7 +149,8 @@ class CPUBackend:
             if cancel is not None and cancel.is_set():
                 return None
             chunk = tokens[i:i + self.prefill_chunk]
-            outs.append(forward(self.weights, self.cfg, chunk, start + i, self.kv, all_logits, self.dtype))
+            outs.append(forward(self.weights, self.cfg, chunk, start + i, self.kv, all_logits, self.dtype,
+                                self._ops))
         return np.concatenate(outs) if all_logits else outs[-1]
 
     def reusable_prefix(self, n: int) -> int:
@@ -126,7 +158,8 @@ class CPUBackend:
         return n
 
     def decode(self, token: int, pos: int) -> np.ndarray:
-        return forward(self.weights, self.cfg, np.array([token], np.int32), pos, self.kv, dtype=self.dtype)
+        return forward(self.weights, self.cfg, np.array([token], np.int32), pos, self.kv, dtype=self.dtype,
+                       ops=self._ops)
 
     # The generation loop calls these; the CUDA back-end samples on the device instead.
     def prefill_sample(self, tokens, start: int, sampler: Sampler, history: list[int], cancel=None) -> int | None:

@@ -119,7 +119,7 @@ def run_bench(args, ecfg) -> int:
         if not args.json:
             print(f"{name:>8} @ d{d:<6} {r.avg_ts:10.2f} +- {r.stddev_ts:7.2f} tokens/s", flush=True)
 
-    info = {"model": str(args.model), "backend": backend.name, "n_ctx": backend.n_ctx, "kv_dtype": ecfg.kv_dtype,
+    info = {"model": str(args.model), "backend": backend.name, "n_ctx": backend.n_ctx, "kv_dtype": engine.ecfg.kv_dtype,
             "kv_bytes": engine.plan.kv, "weights_bytes": engine.plan.weights,
             "host": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     info.update(backend.device_info())

@@ -27,7 +27,8 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool) -> None:
                    help="GGUF model file" + ("" if model_required else " (default: the built-in micro model)"))
     p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context length (default: what fits, up to the model's)")
-    p.add_argument("--kv", choices=("int8", "f16", "f32"), default="int8", help="KV cache type (default int8)")
+    p.add_argument("--kv", choices=("int8", "f16", "f32"), default=None,
+                   help="KV cache type (default: int8 on a GPU, f16 on the CPU)")
     p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per prefill pass (default 512)")
     p.add_argument("--gemv-mode", choices=("dp4a", "f32"), default="dp4a",
                    help="CUDA decode GEMVs: q8 activations with dp4a (fast) or float32 (closest to the CPU reference)")
@@ -35,6 +36,8 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool) -> None:
                    help="memory to leave for the rest of the system, MiB (default 512; 1536 on a Jetson)")
     p.add_argument("--kv-cache-dir", default=None, help="folder for persistent per-conversation KV caches")
     p.add_argument("--kv-cache-budget-mb", type=int, default=1024, help="disk budget of --kv-cache-dir, MiB (LRU eviction)")
+    p.add_argument("-t", "--threads", type=int, default=None,
+                   help="CPU back-end threads (default: the physical cores)")
     p.add_argument("-v", "--verbose", action="store_true")
     add_kernel_cache_args(p)
 
@@ -59,6 +62,8 @@ def _engine_config(args):
         raise ValueError(f"--ctx must be >= 1 (or left out: what fits), got {args.ctx}")
     if args.reserve_mb is not None and args.reserve_mb < 0:
         raise ValueError(f"--reserve-mb must be >= 0, got {args.reserve_mb}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1 (or left out: the physical cores), got {args.threads}")
     if args.kv_cache_budget_mb < 1:
         raise ValueError(f"--kv-cache-budget-mb must be >= 1, got {args.kv_cache_budget_mb}")
     if args.kv_cache_dir is not None:     # checked before minutes of loading, not after
@@ -69,7 +74,8 @@ def _engine_config(args):
     return EngineConfig(backend=args.backend, n_ctx=args.ctx, kv_dtype=args.kv,
                         prefill_chunk=args.prefill_chunk, gemv_mode=args.gemv_mode,
                         reserve_bytes=None if args.reserve_mb is None else args.reserve_mb << 20,
-                        kv_cache_dir=args.kv_cache_dir, kv_cache_budget=args.kv_cache_budget_mb << 20)
+                        kv_cache_dir=args.kv_cache_dir, kv_cache_budget=args.kv_cache_budget_mb << 20,
+                        threads=args.threads)
 
 
 def _load(args):

@@ -201,6 +201,11 @@ def _rope_scale(r: MetaReader) -> float:
 _LAYER_TENSOR = re.compile(r"blk\.(0|[1-9][0-9]{0,7})\.", re.ASCII)   # "blk.<layer>." (ASCII digits)
 
 KVDType = Literal["int8", "f16", "f32"]
+# The KV cache type when none is asked for. The GPU halves attention traffic and memory with
+# INT8; the CPU keeps llama.cpp's default F16: for the small models a CPU runs, an INT8 cache
+# is enough to turn a near-tied greedy choice (Gemma 3 270M, "The capital of France is":
+# INT8 writes "country. It", F16 writes llama.cpp's "country of France", 2026-12-02).
+DEFAULT_KV = {"cpu": "f16", "cuda": "int8"}
 
 
 @dataclass
@@ -209,7 +214,7 @@ class EngineConfig:
 
     backend: Literal["auto", "cpu", "cuda"] = "auto"
     n_ctx: int | None = None            # None: as much as fits, capped at the training context
-    kv_dtype: KVDType = "int8"
+    kv_dtype: KVDType | None = None     # None: the back-end's default (DEFAULT_KV)
     reserve_bytes: int | None = None    # memory left for the rest of the system; None: default
     prefill_chunk: int = 512            # prompt tokens per prefill pass
     gemv_mode: Literal["dp4a", "f32"] = "dp4a"   # CUDA decode: q8 activations + dp4a (fast, like
@@ -218,6 +223,7 @@ class EngineConfig:
     kv_cache_dir: str | None = None     # persistent per-conversation KV files
     kv_cache_budget: int = 1 << 30      # bytes on disk for conversation caches
     seed: int | None = None
+    threads: int | None = None          # CPU back-end threads; None: the physical cores
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -228,7 +234,7 @@ class EngineConfig:
             raise ValueError(f"backend must be 'auto', 'cpu' or 'cuda', got {self.backend!r}")
         if self.n_ctx is not None and (not integer(self.n_ctx) or self.n_ctx < 1):
             raise ValueError(f"n_ctx must be an integer >= 1 (or None: what fits), got {self.n_ctx!r}")
-        if self.kv_dtype not in ("int8", "f16", "f32"):
+        if self.kv_dtype not in (None, "int8", "f16", "f32"):
             raise ValueError(f"kv_dtype must be 'int8', 'f16' or 'f32', got {self.kv_dtype!r}")
         if self.reserve_bytes is not None and (not integer(self.reserve_bytes) or self.reserve_bytes < 0):
             raise ValueError(f"reserve_bytes must be an integer >= 0 (or None), got {self.reserve_bytes!r}")
@@ -236,5 +242,7 @@ class EngineConfig:
             raise ValueError(f"prefill_chunk must be an integer >= 1, got {self.prefill_chunk!r}")
         if self.gemv_mode not in ("dp4a", "f32"):
             raise ValueError(f"gemv_mode must be 'dp4a' or 'f32', got {self.gemv_mode!r}")
+        if self.threads is not None and (not integer(self.threads) or self.threads < 1):
+            raise ValueError(f"threads must be an integer >= 1 (or None: the physical cores), got {self.threads!r}")
         if not integer(self.kv_cache_budget) or self.kv_cache_budget < 0:
             raise ValueError(f"kv_cache_budget must be a byte count >= 0, got {self.kv_cache_budget!r}")

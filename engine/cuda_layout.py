@@ -18,6 +18,7 @@ part, from the very layout that will be allocated.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,7 @@ from genie_rt.quant.formats import BLOCK_SIZES, QType
 from genie_rt.quant.layout import PLANES, PackedWeight
 
 from .arena import ArenaLayout
-from .config import EngineConfig, ModelConfig
+from .config import DEFAULT_KV, EngineConfig, ModelConfig
 from .gguf_file import GGUFError, GGUFFile
 from .memory import MemoryBudget, mem_available_bytes
 from .models import architecture
@@ -142,6 +143,8 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
     spec = architecture(cfg.arch, g.path)
     tensors = check_tensors(g, cfg, spec)
     _check_types(g, tensors)
+    if ecfg.kv_dtype is None:
+        ecfg = dataclasses.replace(ecfg, kv_dtype=DEFAULT_KV["cuda"])
     field_to_suffix = {t.field: suffix for suffix, t in spec.LAYER_TENSORS.items()}
     L = ArenaLayout()
     groups: dict[tuple, list[WeightGroup]] = {}
@@ -254,6 +257,8 @@ def cuda_budget(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig) -> MemoryBudg
     from numba import cuda
     dev = device()
     integrated = is_integrated(dev)
+    if ecfg.kv_dtype is None:
+        ecfg = dataclasses.replace(ecfg, kv_dtype=DEFAULT_KV["cuda"])
     rings = [ring_slots(w, ecfg.prefill_chunk, 1 << 30) for w in cfg.layer_windows if w is not None]
     base = max(rings, default=0) + 256
     small = plan_layout(g, cfg, ecfg, base)

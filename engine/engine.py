@@ -17,6 +17,7 @@ One thread at a time may call `generate` (the server's worker owns the engine).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from typing import Iterator
 from genie_rt.kvcache.persist import validate_conversation_id
 
 from .chat import ChatTemplate
-from .config import EngineConfig, ModelConfig
+from .config import DEFAULT_KV, EngineConfig, ModelConfig
 from .generate import ContextOverflowError, Delta, Done, GenerationRequest, GenerationResult, StopMatcher
 from .gguf_file import GGUFError, GGUFFile, open_gguf
 from .memory import MemoryPlan
@@ -101,13 +102,15 @@ class Engine:
         elif backend_name == "cuda" and not cuda_available():
             raise ValueError("back-end 'cuda': no usable CUDA GPU or driver on this machine "
                              "(numba.cuda.is_available() is False); use --backend cpu or auto")
+        if ecfg.kv_dtype is None:
+            ecfg = dataclasses.replace(ecfg, kv_dtype=DEFAULT_KV.get(backend_name, "int8"))
         if ecfg.n_ctx is not None and ecfg.n_ctx > cfg.n_ctx_train:
             log.warning("context %d exceeds the model's training context %d", ecfg.n_ctx, cfg.n_ctx_train)
         if backend_name == "cpu":
             from .backend_cpu import CPUBackend, cpu_budget
             budget = cpu_budget(g, cfg, ecfg.kv_dtype, ecfg.prefill_chunk, ecfg.reserve_bytes)
             plan = budget.plan(ecfg.n_ctx)
-            backend = CPUBackend(g, cfg, plan.n_ctx, ecfg.kv_dtype, ecfg.prefill_chunk)
+            backend = CPUBackend(g, cfg, plan.n_ctx, ecfg.kv_dtype, ecfg.prefill_chunk, threads=ecfg.threads)
         elif backend_name == "cuda":
             from .backend_cuda import CUDABackend, cuda_budget
             budget = cuda_budget(g, cfg, ecfg)

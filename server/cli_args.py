@@ -36,7 +36,7 @@ log = logging.getLogger("genie_rt.server")
 # llama.cpp's KV cache type names -> ours
 CACHE_TYPES = {"f32": "f32", "f16": "f16", "q8_0": "int8", "int8": "int8"}
 
-IGNORED_WITH_VALUE = ["-t", "--threads", "-tb", "--threads-batch", "-ngl", "--gpu-layers", "--n-gpu-layers",
+IGNORED_WITH_VALUE = ["-tb", "--threads-batch", "-ngl", "--gpu-layers", "--n-gpu-layers",
                       "-b", "--batch-size", "--cache-ram", "-cram", "--log-file", "--log-verbosity", "-lv",
                       "-sm", "--split-mode", "-ts", "--tensor-split", "-mg", "--main-gpu", "--numa",
                       "--timeout", "--threads-http", "--keep", "--n-keep"]
