@@ -40,6 +40,13 @@ class Backend(Protocol):
     def reusable_prefix(self, n: int) -> int:
         """The longest prefix (at most n positions) whose K/V the next request may keep."""
 
+    def ring_first(self, end: int) -> int:
+        """The first position every sliding-window ring still holds of 0 .. end-1 (0 without
+        rings): what a conversation file can store of those layers."""
+
+    def kv_imported(self, first: int, end: int) -> None:
+        """A conversation file put positions first .. end-1 into the rings (tracking)."""
+
     def synchronize(self) -> None:
         """Wait for queued device work (a no-op on the CPU)."""
 

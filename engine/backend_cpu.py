@@ -153,6 +153,12 @@ class CPUBackend:
                                 self._ops))
         return np.concatenate(outs) if all_logits else outs[-1]
 
+    def ring_first(self, end: int) -> int:
+        return 0                      # the host pool keeps every position of every layer
+
+    def kv_imported(self, first: int, end: int) -> None:
+        """Nothing to track: the host pool has no rings."""
+
     def reusable_prefix(self, n: int) -> int:
         """Every position of the host pool survives until rewritten: any prefix is reusable."""
         return n

@@ -251,6 +251,22 @@ class CUDABackend:
                 pos = np.arange(start, start + n)
                 held[pos[-r:] % r] = pos[-r:]
 
+    def ring_first(self, end: int) -> int:
+        """The first position p such that every ring still holds p .. end-1 (what a KV file
+        can store of the ring layers); 0 without rings."""
+        first = 0
+        for r, held in self._ring_pos.items():
+            p = end
+            while p > max(0, end - r) and held[(p - 1) % r] == p - 1:
+                p -= 1
+            first = max(first, p)
+        return first
+
+    def kv_imported(self, first: int, end: int) -> None:
+        """Positions first .. end-1 were just imported into every ring (a restored file)."""
+        self._wrote(0, 0, reset=True)
+        self._wrote(first, end - first)
+
     def reusable_prefix(self, n: int) -> int:
         """The longest prefix of at most n positions a request may keep: n when every ring
         still holds the window the first new token attends to (n - W + 1 .. n - 1), else 0

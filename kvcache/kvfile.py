@@ -19,11 +19,17 @@ Header map (string keys; the reader checks every field's type and range before u
     head_dim     int    /
     n_positions  int    N, 1 .. MAX_POSITIONS: positions 0 .. N-1 are stored
     tokens       bin    4N bytes, uint32 little-endian: the token id at each position
-    layout       array  [[name, dtype, shape], ...], exactly `layout_for(...)`:
-                          k        <dtype> [n_layers, N, n_kv_heads, head_dim]
-                          v        <dtype> [n_layers, N, n_kv_heads, head_dim]
-                          k_scale  <f4     [n_layers, N, n_kv_heads]   (int8 only)
-                          v_scale  <f4     [n_layers, N, n_kv_heads]   (int8 only)
+    ring_layers  array  (version 3) the layers kept as a ring (sliding-window layers of a
+                        CUDA pool, kvcache/pool.py): they store only their last positions
+    ring_first   int    (version 3) F: the first position the ring layers store (0 without)
+    layout       array  [[name, dtype, shape], ...], exactly `layout_for(...)`, G = n_layers
+                        minus the ring layers, Rn = len(ring_layers):
+                          k        <dtype> [G, N, n_kv_heads, head_dim]     every other layer
+                          v        <dtype> [G, N, n_kv_heads, head_dim]
+                          k_scale  <f4     [G, N, n_kv_heads]   (int8 only)
+                          v_scale  <f4     [G, N, n_kv_heads]   (int8 only)
+                          rk, rv, rk_scale, rv_scale: the same for the ring layers, positions
+                                   F .. N-1 ([Rn, N - F, ...]; only when Rn > 0)
     body_bytes   int    B = the sum of the layout's array sizes
     body_digest  bin    32 bytes: SHA-256 of the B body bytes (version 1: blake2b-256)
     created      float  unix time of the save (informational)
@@ -50,8 +56,10 @@ import msgpack
 import numpy as np
 
 MAGIC = b"GENIEKV\x00"
-FORMAT_VERSION = 2      # 2: the body digest is SHA-256 (hardware-accelerated on x86 and on the
+FORMAT_VERSION = 3      # 3: ring layers (sliding windows) store their last positions only;
+                        # 2: the body digest is SHA-256 (hardware-accelerated on x86 and on the
                         # Jetson's ARMv8 cores: 21 vs 40 ms for 38 MB on the CI VM); 1 used blake2b
+READ_VERSIONS = (2, 3)  # a version-2 file is a version-3 file without ring layers
 PREAMBLE = struct.Struct("<8sI32s")          # magic, header length, header digest: 44 bytes
 MAX_HEADER_BYTES = 64 << 20
 MAX_POSITIONS = 1 << 24
@@ -86,6 +94,8 @@ class KVFileMeta:
     body_digest: bytes
     created: float
     header_bytes: int      # H
+    ring_layers: tuple = ()
+    ring_first: int = 0
 
     @property
     def n_positions(self) -> int:
@@ -101,16 +111,21 @@ class KVFileMeta:
 
     def layout(self, n: int | None = None) -> list[tuple[str, str, tuple[int, ...]]]:
         return layout_for(self.kv_dtype, self.n_layers, self.n_kv_heads, self.head_dim,
-                          self.n_positions if n is None else n)
+                          self.n_positions if n is None else n, self.ring_layers, self.ring_first)
 
 
 def layout_for(kv_dtype: str, n_layers: int, n_kv_heads: int, head_dim: int,
-               n: int) -> list[tuple[str, str, tuple[int, ...]]]:
+               n: int, ring_layers=(), ring_first: int = 0) -> list[tuple[str, str, tuple[int, ...]]]:
     """The body's arrays (name, numpy dtype string, shape), in file order."""
-    dims = (n_layers, n, n_kv_heads, head_dim)
-    out = [("k", _STORAGE[kv_dtype], dims), ("v", _STORAGE[kv_dtype], dims)]
-    if kv_dtype == "int8":
-        out += [("k_scale", _SCALE, dims[:3]), ("v_scale", _SCALE, dims[:3])]
+    out = []
+    parts = [("", n_layers - len(ring_layers), n)]
+    if ring_layers:
+        parts.append(("r", len(ring_layers), n - ring_first))
+    for prefix, layers, positions in parts:
+        dims = (layers, positions, n_kv_heads, head_dim)
+        out += [(prefix + "k", _STORAGE[kv_dtype], dims), (prefix + "v", _STORAGE[kv_dtype], dims)]
+        if kv_dtype == "int8":
+            out += [(prefix + "k_scale", _SCALE, dims[:3]), (prefix + "v_scale", _SCALE, dims[:3])]
     return out
 
 
@@ -132,17 +147,24 @@ def _digest() -> "hashlib._Hash":
 # -- writing ------------------------------------------------------------------------
 
 def encode(arrays: dict[str, np.ndarray], tokens: list[int], *, fingerprint: bytes, model: str,
-           kv_dtype: str, n_layers: int, n_kv_heads: int, head_dim: int) -> list[memoryview]:
+           kv_dtype: str, n_layers: int, n_kv_heads: int, head_dim: int, ring_layers=(),
+           ring_first: int = 0) -> list[memoryview]:
     """The whole file as byte chunks (preamble + header, then one view per array).
 
-    `arrays` is what a KV pool's export_positions(len(tokens)) returns; a mismatch with
-    the layout (a name, dtype or shape) raises ValueError - nothing wrong is written."""
+    `arrays` is what a back-end's export_kv(len(tokens)) returns (the ring layers' arrays
+    prefixed "r", holding positions ring_first ..); a mismatch with the layout (a name,
+    dtype or shape) raises ValueError - nothing wrong is written."""
     n = len(tokens)
     if not 1 <= n <= MAX_POSITIONS:
         raise ValueError(f"{n} positions: a KV file holds 1 .. {MAX_POSITIONS}")
     if kv_dtype not in _STORAGE:
         raise ValueError(f"KV dtype '{kv_dtype}' is not one of {', '.join(_STORAGE)}")
-    layout = layout_for(kv_dtype, n_layers, n_kv_heads, head_dim, n)
+    ring_layers = [int(i) for i in ring_layers]
+    if ring_layers != sorted(set(ring_layers)) or any(not 0 <= i < n_layers for i in ring_layers) \
+            or not (0 <= ring_first < n if ring_layers else ring_first == 0):
+        raise ValueError(f"ring layers {ring_layers} / first position {ring_first} do not fit "
+                         f"{n_layers} layers of {n} positions")
+    layout = layout_for(kv_dtype, n_layers, n_kv_heads, head_dim, n, ring_layers, ring_first)
     if set(arrays) != {name for name, _, _ in layout}:
         raise ValueError(f"exported arrays {sorted(arrays)} do not match the layout {[x[0] for x in layout]}")
     body, digest = [], _digest()
@@ -160,6 +182,7 @@ def encode(arrays: dict[str, np.ndarray], tokens: list[int], *, fingerprint: byt
         "version": FORMAT_VERSION, "fingerprint": bytes(fingerprint), "model": str(model),
         "kv_dtype": kv_dtype, "n_layers": n_layers, "n_kv_heads": n_kv_heads, "head_dim": head_dim,
         "n_positions": n, "tokens": tok.astype("<u4").tobytes(),
+        "ring_layers": ring_layers, "ring_first": int(ring_first),
         "layout": [[name, dt, list(shape)] for name, dt, shape in layout],
         "body_bytes": sum(v.nbytes for v in body), "body_digest": digest.digest(),
         "created": time.time(),
@@ -214,8 +237,12 @@ def read_header(f, file_size: int) -> KVFileMeta:
     if not isinstance(h, dict):
         raise KVFileError("header is not a map")
     version = h.get("version")
-    if type(version) is not int or version != FORMAT_VERSION:
-        raise KVFileError(f"format version {version!r} is not supported (this build reads {FORMAT_VERSION})")
+    if type(version) is not int or version not in READ_VERSIONS:
+        raise KVFileError(f"format version {version!r} is not supported (this build reads "
+                          f"{', '.join(map(str, READ_VERSIONS))})")
+    if version == 2:
+        h.setdefault("ring_layers", [])
+        h.setdefault("ring_first", 0)
     for key, kind in _HEADER_KEYS.items():
         if type(h.get(key)) is not kind:
             raise KVFileError(f"header field '{key}' is missing or not a {kind.__name__}")
@@ -231,7 +258,13 @@ def read_header(f, file_size: int) -> KVFileMeta:
         raise KVFileError(f"{len(h['tokens'])} bytes of token ids for {n} positions (want {4 * n})")
     if len(h["fingerprint"]) != DIGEST_BYTES or len(h["body_digest"]) != DIGEST_BYTES:
         raise KVFileError("fingerprint or body digest is not 32 bytes")
-    layout = layout_for(h["kv_dtype"], h["n_layers"], h["n_kv_heads"], h["head_dim"], n)
+    rings, first = h.get("ring_layers"), h.get("ring_first")
+    if type(rings) is not list or any(type(i) is not int for i in rings) or rings != sorted(set(rings)) \
+            or any(not 0 <= i < h["n_layers"] for i in rings) or type(first) is not int \
+            or not (0 <= first < n if rings else first == 0):
+        raise KVFileError(f"ring layers {rings!r} / ring_first {first!r} do not fit {h['n_layers']} "
+                          f"layers of {n} positions")
+    layout = layout_for(h["kv_dtype"], h["n_layers"], h["n_kv_heads"], h["head_dim"], n, rings, first)
     if h["layout"] != [[name, dt, list(shape)] for name, dt, shape in layout]:
         raise KVFileError(f"body layout {h['layout']!r} is not the layout of its dtype and shape")
     if h["body_bytes"] != _nbytes(layout):
@@ -241,26 +274,28 @@ def read_header(f, file_size: int) -> KVFileMeta:
                           f"{PREAMBLE.size + h_len + h['body_bytes']} (truncated or extended)")
     return KVFileMeta(version, h["fingerprint"], h["model"], h["kv_dtype"], h["n_layers"], h["n_kv_heads"],
                       h["head_dim"], np.frombuffer(h["tokens"], "<u4").copy(), h["body_bytes"],
-                      h["body_digest"], h["created"], h_len)
+                      h["body_digest"], h["created"], h_len, tuple(rings), first)
 
 
 def read_body(f, meta: KVFileMeta, n_keep: int) -> dict[str, np.ndarray]:
     """Read the body after the header (f positioned at meta.body_offset); return the
-    arrays of positions 0 .. n_keep-1 (shaped like export_positions(n_keep)), only if
-    the whole body matches its digest. Memory: the kept positions plus one read chunk."""
+    arrays of positions 0 .. n_keep-1 (the ring layers' "r" arrays: positions ring_first ..
+    n_keep-1), only if the whole body matches its digest. Memory: the kept positions plus
+    one read chunk."""
     if not 0 <= n_keep <= meta.n_positions:
         raise ValueError(f"n_keep {n_keep} is outside 0 .. {meta.n_positions}")
     digest = _digest()
     scratch = memoryview(bytearray(min(_READ_CHUNK, max(1, meta.body_bytes))))
     out = {}
     for name, dt, shape in meta.layout():
-        keep = np.empty((shape[0], n_keep) + shape[2:], dt)
+        keep_n = max(0, n_keep - meta.ring_first) if name.startswith("r") else n_keep
+        keep = np.empty((shape[0], keep_n) + shape[2:], dt)
         row = math.prod(shape[2:]) * np.dtype(dt).itemsize   # bytes per position
         for layer in range(shape[0]):
             view = _bytes(keep[layer])
             _readinto_exact(f, view, f"'{name}' of layer {layer}")
             digest.update(view)
-            skip = (meta.n_positions - n_keep) * row
+            skip = (shape[1] - keep_n) * row
             while skip:
                 part = scratch[:min(skip, len(scratch))]
                 _readinto_exact(f, part, f"'{name}' of layer {layer}")

@@ -164,10 +164,11 @@ class KVStore:
         loaded = self._load(engine, path, prompt, n_in_memory)
         if loaded is None:
             return 0
-        tokens, arrays = loaded
+        tokens, arrays, meta = loaded
         n = len(tokens)
         engine.kv_tokens = []                     # the pool's positions are being replaced
-        engine.backend.kv.import_positions(arrays, n)
+        first = import_kv(engine.backend, arrays, meta, n)
+        engine.backend.kv_imported(first, n)
         engine.kv_tokens = tokens
         log.info("kv cache %s: restored %d positions", path.name, n)
         return n
@@ -181,11 +182,12 @@ class KVStore:
         if not tokens:
             return False
         try:
-            kv = engine.backend.kv
-            sh = kv.shape
-            chunks = kvfile.encode(kv.export_positions(len(tokens)), tokens, fingerprint=self.fingerprint(engine),
+            sh = engine.backend.kv.shape
+            arrays, rings, first = export_kv(engine.backend, len(tokens))
+            chunks = kvfile.encode(arrays, tokens, fingerprint=self.fingerprint(engine),
                                    model=Path(engine.gfile.path).name, kv_dtype=sh.dtype, n_layers=sh.n_layers,
-                                   n_kv_heads=sh.n_kv_heads, head_dim=sh.head_dim)
+                                   n_kv_heads=sh.n_kv_heads, head_dim=sh.head_dim, ring_layers=rings,
+                                   ring_first=first)
         except Exception:
             log.exception("kv cache %s: cannot export the KV pool; not saved", path.name)
             return False
@@ -225,13 +227,24 @@ class KVStore:
                 meta = kvfile.read_header(f, st.st_size)
                 self._check_model(engine, meta)
                 n = min(_common_prefix(meta.tokens, prompt), len(prompt) - 1, engine.backend.kv.shape.n_ctx)
+                if meta.ring_layers:
+                    # the first new token needs its window of every windowed layer (positions
+                    # n - W + 1 .. n - 1); the file holds those layers from ring_first on
+                    windows = [engine.cfg.window(i) for i in meta.ring_layers]
+                    if None in windows:
+                        raise KVFileError(f"layers {list(meta.ring_layers)} are stored as windows but "
+                                          "this model's layers there are not sliding-window layers")
+                    if n - min(windows) + 1 < meta.ring_first and n > 0:
+                        log.info("kv cache %s: %d matching positions, but the file's windowed layers "
+                                 "start at %d; running cold", path.name, n, meta.ring_first)
+                        return None
                 self._touch(path)
                 if n <= n_in_memory:
                     log.debug("kv cache %s: %d matching positions, the pool already holds %d",
                               path.name, n, n_in_memory)
                     return None
                 arrays = kvfile.read_body(f, meta, n)
-                return [int(t) for t in meta.tokens[:n]], arrays
+                return [int(t) for t in meta.tokens[:n]], arrays, meta
             except KVFileError as exc:
                 self._reject(path, st, str(exc))
             except (OSError, MemoryError) as exc:
@@ -405,3 +418,46 @@ class KVStore:
         except OSError as exc:
             return meta, f"unreadable: {exc}"
         return meta, "ok: header and body checksums match (the model is checked when a request loads it)"
+
+
+# -- between a back-end's pool and a file's arrays ---------------------------------------------
+def export_kv(backend, n: int):
+    """(arrays, ring layers, ring_first) of positions 0 .. n-1 for kvfile.encode: the pool's
+    full layers as k, v (, scales); its sliding-window rings ("r" arrays) from the first
+    position every ring still holds."""
+    kv = backend.kv
+    sh = kv.shape
+    rings = list(sh.ring_layers) if sh.slots is not None else []
+    full = [i for i in range(sh.n_layers) if i not in rings]
+    _, arrays = kv.export_window(n, layers=full, first=0)
+    first = 0
+    if rings:
+        first = backend.ring_first(n)
+        _, ring = kv.export_window(n, layers=rings, first=first)
+        arrays.update({"r" + name: a for name, a in ring.items()})
+    return arrays, rings, first
+
+
+def import_kv(backend, arrays: dict, meta, n: int) -> int:
+    """Put positions 0 .. n-1 of a file's arrays into the back-end's pool, each layer as much
+    as it holds (a ring: its last slots); returns the first position the rings now hold."""
+    kv = backend.kv
+    sh = kv.shape
+    file_rings = set(meta.ring_layers)
+    groups: dict[tuple, list[int]] = {}     # (file part, first position imported) -> layers
+    for i in range(sh.n_layers):
+        stored_from = meta.ring_first if i in file_rings else 0
+        first = max(stored_from, n - sh.layer_slots(i))
+        groups.setdefault(("r" if i in file_rings else "", first), []).append(i)
+    index = {"": [i for i in range(sh.n_layers) if i not in file_rings], "r": sorted(file_rings)}
+    ring_first = 0
+    for (part, first), layers in groups.items():
+        rows = [index[part].index(i) for i in layers]
+        offset = meta.ring_first if part == "r" else 0      # the file array's first position
+        names = [k for k in arrays if (k.startswith("r") if part == "r" else not k.startswith("r"))]
+        window = {k.removeprefix(part) if part else k: np.asarray(arrays[k])[rows, first - offset:n - offset]
+                  for k in names}
+        kv.import_window(window, first, n, layers=layers)
+        if sh.slots is not None and any(sh.is_ring(i) for i in layers):
+            ring_first = max(ring_first, first)
+    return ring_first

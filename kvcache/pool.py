@@ -176,6 +176,27 @@ class HostKVPool:
             out["v_scale"] = self.v_scale[:, :n].copy()
         return out
 
+    def _names(self) -> tuple[str, ...]:
+        return ("k", "v") + (("k_scale", "v_scale") if self.shape.dtype == "int8" else ())
+
+    def export_window(self, end: int, layers=None, first: int = 0) -> tuple[int, dict[str, np.ndarray]]:
+        """Copies of positions first .. end-1 of `layers` (default all): the device pool's
+        signature, so persistence treats both pools alike."""
+        layers = list(range(self.shape.n_layers)) if layers is None else list(layers)
+        return first, {name: getattr(self, name)[layers, first:end].copy() for name in self._names()}
+
+    def import_window(self, arrays: dict[str, np.ndarray], first: int, end: int, layers=None) -> None:
+        """Write positions first .. end-1 of `layers` from arrays [len(layers), >= end - first,
+        ...] (their last end - first positions)."""
+        if not 0 <= first <= end <= self.shape.n_ctx:
+            raise IndexError(f"import_window: positions {first} .. {end - 1} outside a context of "
+                             f"{self.shape.n_ctx}")
+        layers = list(range(self.shape.n_layers)) if layers is None else list(layers)
+        m = end - first
+        for name in self._names():
+            a = np.asarray(arrays[name])
+            getattr(self, name)[layers, first:end] = a[:, a.shape[1] - m:]
+
     def import_positions(self, arrays: dict[str, np.ndarray], n: int) -> None:
         """Load positions 0 .. n-1 from arrays shaped like export_positions(n)."""
         if n > self.shape.n_ctx:

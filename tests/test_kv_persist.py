@@ -28,6 +28,8 @@ from pathlib import Path
 
 import msgpack
 import numpy as np
+
+from genie_rt.kvcache.pool import quantize_rows_int8
 import pytest
 
 from genie_rt.engine.config import EngineConfig
@@ -318,7 +320,7 @@ def test_unknown_version_and_bad_fields(engine, saved, tmp_path, caplog):
     data = saved["data"]
     cases = {
         "version1": (rewrite(data, version=1), "version 1"),
-        "version3": (rewrite(data, version=3), "version 3"),
+        "version4": (rewrite(data, version=4), "version 4"),
         "version_str": (rewrite(data, version="1"), "version"),
         "dtype": (rewrite(data, kv_dtype="q4"), "KV dtype"),
         "tokens_short": (rewrite(data, tokens=split(data)[0]["tokens"][:-4]), "token ids"),
@@ -625,9 +627,11 @@ def test_file_format_layout(engine, saved):
     h, body = split(data)
     assert h_digest == hashlib.blake2b(data[44:44 + h_len], digest_size=32).digest()
     assert set(h) == {"version", "fingerprint", "model", "kv_dtype", "n_layers", "n_kv_heads", "head_dim",
-                      "n_positions", "tokens", "layout", "body_bytes", "body_digest", "created"}
+                      "n_positions", "tokens", "layout", "body_bytes", "body_digest", "created",
+                      "ring_layers", "ring_first"}
     n = len(saved["tokens"])
-    assert h["version"] == 2 and h["n_positions"] == n and h["kv_dtype"] == "int8"
+    assert h["version"] == 3 and h["n_positions"] == n and h["kv_dtype"] == "int8"
+    assert h["ring_layers"] == [] and h["ring_first"] == 0      # the host pool keeps every position
     assert np.frombuffer(h["tokens"], "<u4").tolist() == saved["tokens"]
     assert h["layout"] == [["k", "|i1", [2, n, 2, 64]], ["v", "|i1", [2, n, 2, 64]],
                            ["k_scale", "<f4", [2, n, 2]], ["v_scale", "<f4", [2, n, 2]]]
@@ -678,3 +682,62 @@ def test_cli_through_genie_rt_main(tmp_path, capsys):
     from genie_rt.engine.cli import main
     assert main(["kv", "list", "--kv-cache-dir", str(tmp_path)]) == 0
     assert main(["kv", "rm", "../etc", "--kv-cache-dir", str(tmp_path)]) == 1
+
+
+def test_ring_layers_round_trip_through_a_file_into_both_kinds_of_pool(tmp_path):
+    """A CUDA pool keeps Gemma's sliding-window layers as rings: its file stores those layers
+    from the first position every ring still holds (format 3). Such a file restores into a
+    ring pool and into a host pool (which reads only the window), and a host pool's file
+    restores into a ring pool - each layer gets the positions it can hold."""
+    from types import SimpleNamespace
+
+    from genie_rt.kvcache.device_pool import DeviceKVPool
+    from genie_rt.kvcache.persist import export_kv, import_kv
+    from genie_rt.kvcache.pool import HostKVPool, KVShape
+    rng = np.random.default_rng(0)
+    L, n_ctx, R, n = 3, 40, 12, 30            # layers 0, 1 rings of 12 slots (window 8 + chunk 5 - 1)
+    ring_shape = KVShape(L, n_ctx, 1, 16, "int8", slots=(R, R, n_ctx))
+    host_shape = KVShape(L, n_ctx, 1, 16, "int8")
+    rows = {name: rng.standard_normal((L, n, 1, 16)).astype(np.float32) for name in ("k", "v")}
+
+    class Fake(SimpleNamespace):             # the back-end's two ring hooks
+        def ring_first(self, end):
+            return max(0, end - R) if self.kv.shape.slots else 0
+
+        def kv_imported(self, first, end):
+            self.imported = (first, end)
+
+    def filled(shape):
+        pool = DeviceKVPool(shape) if shape.slots else HostKVPool(shape)
+        for layer in range(L):
+            for p in range(n):                 # in order, as generation writes them
+                q, s = quantize_rows_int8(rows["k"][layer, p:p + 1])
+                qv, sv = quantize_rows_int8(rows["v"][layer, p:p + 1])
+                pool.import_window({"k": q[None], "v": qv[None], "k_scale": s[None], "v_scale": sv[None]},
+                                   p, p + 1, layers=[layer])
+        return Fake(kv=pool)
+
+    def meta_of(arrays, rings, first):
+        chunks = kvfile.encode(arrays, list(range(n)), fingerprint=b"f" * 32, model="m", kv_dtype="int8",
+                               n_layers=L, n_kv_heads=1, head_dim=16, ring_layers=rings, ring_first=first)
+        path = tmp_path / "x.kv"
+        path.write_bytes(b"".join(bytes(c) for c in chunks))
+        with open(path, "rb") as f:
+            meta = kvfile.read_header(f, path.stat().st_size)
+            return meta, kvfile.read_body(f, meta, n)
+
+    for src, dst in ((ring_shape, ring_shape), (ring_shape, host_shape), (host_shape, ring_shape)):
+        meta, arrays = meta_of(*export_kv(filled(src), n))
+        assert list(meta.ring_layers) == ([0, 1] if src.slots else []) and meta.ring_first == (n - R if src.slots else 0)
+        target = Fake(kv=DeviceKVPool(dst) if dst.slots else HostKVPool(dst))
+        ring_first = import_kv(target, arrays, meta, n)
+        assert ring_first == (n - R if dst.slots else 0)
+        got = export_kv(target, n)[0]
+        want = export_kv(filled(dst), n)[0]
+        for name in want:                      # every position each layer holds is the original
+            g, w = got[name], want[name]
+            if name.startswith("r") or dst.slots:  # rings (R positions), or the one full layer
+                np.testing.assert_array_equal(g, w, err_msg=f"{src} -> {dst}: {name}")
+            else:                              # a host pool from a ring file: layer 2 whole,
+                np.testing.assert_array_equal(g[2], w[2], err_msg=name)       # the windowed
+                np.testing.assert_array_equal(g[:2, -R:], w[:2, -R:], err_msg=name)   # ones' tail
