@@ -24,8 +24,8 @@ Policy, and why it is safe:
   file just written is never evicted. "Used" = mtime, set on save and on restore.
 
 Deliberately not here: locking between processes sharing a folder (last rename wins,
-each file stays valid), incremental (append-only) saves, GPU code - the pool's
-export_positions / import_positions do the device copies.
+each file stays valid), incremental (append-only) saves, GPU code - the pools'
+export_window / import_window do the device copies (`export_kv` / `import_kv` below).
 """
 from __future__ import annotations
 
