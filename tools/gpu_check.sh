@@ -12,6 +12,9 @@
 #   prefix    tools/bench_prefix.py on the GPU
 #   session   bench + prefix + prefill and decode profiles in one process (kernels compile once;
 #             SKIP=bench,prefix,prefill,decode skips steps, PSIZES/PSTART: prefill profile sizes, start)
+#   arch      synthetic files at the shapes of Gemma 3 270M and SmolLM2 135M (tools/synth_arch.py),
+#             then genie-rt bench on them and on Qwen3-4B (LLAMA_BENCH=path: llama-bench too)
+#   start     tools/bench_start.py: serve's time to /health with an empty and a filled kernel cache
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
 #             there and NO_NCU is unset) one Nsight Compute profile of each of a few
 #             launches (first tried 2026-12-01, when a bug in the script stopped it; fixed,
@@ -28,7 +31,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 mkdir -p /tmp/gr/genie_rt
-for p in engine quant kvcache server; do ln -sfn "$PWD/$p" /tmp/gr/genie_rt/$p; done
+for p in engine quant kvcache server cpu; do ln -sfn "$PWD/$p" /tmp/gr/genie_rt/$p; done
 export PYTHONPATH=/tmp/gr:${PYTHONPATH:-} PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 date -u | tee -a "$OUT/gpu.txt"
@@ -88,6 +91,25 @@ for s in "$@"; do
         grep -E "^  [a-z_]+.*\(|Duration|Achieved Occupancy|Registers Per|Memory Throughput|DRAM Throughput|Issue Slots Busy|No Eligible" \
           "$OUT/ncu.txt" | head -${NCUTAIL:-150}
       fi ;;
+    arch)
+      stage arch
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
+      for m in gemma3-270m smollm2-135m; do
+        [ -f /tmp/$m.gguf ] || $PY tools/synth_arch.py --preset $m -o /tmp/$m.gguf | tail -1
+      done
+      for f in /tmp/gemma3-270m.gguf /tmp/smollm2-135m.gguf $MODEL4B; do
+        n=$(basename $f .gguf)
+        timeout ${AT:-200} $PY -m genie_rt.engine.cli bench -m $f -p 18,33,128,512 -n 128 -r 3 --ctx 2048 --json \
+          > "$OUT/bench-$n.json" 2> "$OUT/bench-$n.log"; tail -3 "$OUT/bench-$n.log"
+        $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print(sys.argv[2], r['test'], round(r['avg_ts'],1)) for r in d['results']]" "$OUT/bench-$n.json" $n
+        if [ -n "${LLAMA_BENCH:-}" ]; then
+          timeout 200 "$LLAMA_BENCH" -m $f -p 18,33,128,512 -n 128 -r 3 -ngl 99 -o md 2>/dev/null | tee "$OUT/llama-bench-$n.md"
+        fi
+      done ;;
+    start)
+      stage start
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
+      timeout ${STT:-560} $PY tools/bench_start.py -m $MODEL4B --json "$OUT/start.json" 2>&1 | tail -25 ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
 done
