@@ -46,7 +46,7 @@ def test_a_llama_server_script_line_parses():
     assert (d.params.temperature, d.top_k, d.params.top_p, d.params.min_p, d.params.seed, d.n_predict) == \
         (0.7, 20, 0.8, 0.0, 42, 256)
     assert d.reasoning == "off" and d.params.repeat_penalty == 1.1
-    assert set(args.ignored_flags) == {"-ngl", "-t", "-fa", "--cont-batching", "-b"}
+    assert set(args.ignored_flags) == {"-ngl", "-fa", "--cont-batching", "-b"}   # -t sets the CPU threads
 
 
 def test_kv_unified_keeps_the_whole_context_per_slot():
