@@ -14,6 +14,8 @@ and each warp dequantizes them straight into fp16 mma fragments in registers.
                             mode "add"     Y += X W^T        (residual stream)
                             mode "swiglu"  Y  = silu(X G^T) * (X U^T), W = [G; U] stacked
                                            by rows (2 I rows -> Y [N, I])
+                            mode "geglu"   Y  = gelu(X G^T) * (X U^T), gelu's tanh form
+                                           (Gemma), same stacking
 
 Public API (all launchers: no allocation, no synchronisation, any numba stream):
     prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps=1e-6)   (+ fused RMSNorm)
@@ -57,7 +59,8 @@ SUPPORTED = {QType.Q4_K: K.Q4_K, QType.Q6_K: K.Q6_K, QType.Q8_0: K.Q8_0}
 # zero, so one workspace, zeroed once, serves any sequence of launches of different
 # plans on one stream: no launch's partial sums can land on another plan's counters.
 COUNTER_BYTES = 1 << 16
-MODES = {"store": K.EPI_STORE, "add": K.EPI_ADD, "swiglu": K.EPI_SWIGLU}
+MODES = {"store": K.EPI_STORE, "add": K.EPI_ADD, "swiglu": K.EPI_SWIGLU, "geglu": K.EPI_GEGLU}
+GATED = ("swiglu", "geglu")     # W = [gate; up] stacked by rows; y = act(x G^T) * (x U^T)
 REDUCTIONS = {"last": K.RED_LAST, "kernel": K.RED_KERNEL}
 # How a split K is summed (mmq_kernels.RED_*): "kernel" (partial sums to a workspace,
 # then one reduction launch over every output) or "last" (the last block of each tile
@@ -112,11 +115,11 @@ def reference(w: PackedWeight, x: np.ndarray, mode: str = "store", y0=None, rows
     x is the float32 activation [N, cols] that prepare_x receives; y0 the residual [N, rows]
     for mode "add". SwiGLU: w stacks gate (rows 0..I-1) and up (I..2I-1)."""
     x64 = np.asarray(x, np.float64)
-    if mode == "swiglu":
+    if mode in GATED:
         rg, ru = _split_swiglu(w, rows)
         gate = x64 @ dequantize_weight(w, rg).T
         up = x64 @ dequantize_weight(w, ru).T
-        return gate / (1.0 + np.exp(-gate)) * up
+        return _act(gate, mode) * up
     y = x64 @ dequantize_weight(w, rows).T
     if mode == "add":
         y0 = np.asarray(y0, np.float64)
@@ -148,20 +151,27 @@ def error_bound(w: PackedWeight, x: np.ndarray, mode: str = "store", y0=None, ro
         sub = 2.0 ** -25 * ((qmax + 2) * ax.sum(axis=1)[:, None] + np.abs(dequantize_weight(w, r)).sum(axis=1)[None, :])
         return ax @ ((3 * F16_U + acc_eps) * wabs).T + sub + 1e-30
 
-    if mode == "swiglu":
+    if mode in GATED:
         rg, ru = _split_swiglu(w, rows)
         x64 = np.asarray(x, np.float64)
         g = x64 @ dequantize_weight(w, rg).T
         u = x64 @ dequantize_weight(w, ru).T
         eg, eu = gemm_bound(rg), gemm_bound(ru)
-        sg = 1.0 / (1.0 + np.exp(-g))
-        # |d silu/dg| <= 1.1; silu(g)*u evaluated in float32 adds a few ulps
-        return 1.1 * (np.abs(u) + eu) * eg + np.abs(g * sg) * eu + 1e-6 * np.abs(g * sg * u)
+        a = _act(g, mode)
+        # |d silu/dg| <= 1.1, |d gelu/dg| <= 1.13; act(g)*u in float32 adds a few ulps
+        return 1.13 * (np.abs(u) + eu) * eg + np.abs(a) * eu + 1e-6 * np.abs(a * u)
     b = gemm_bound(rows)
     if mode == "add":
         y0 = np.abs(np.asarray(y0, np.float64))
         b = b + 2.0 ** -23 * (y0 if rows is None else y0[:, np.asarray(rows)])
     return b
+
+
+def _act(g, mode):
+    """float64 silu (mode "swiglu") or gelu-tanh ("geglu") of the gate."""
+    if mode == "swiglu":
+        return g / (1.0 + np.exp(-g))
+    return 0.5 * g * (1.0 + np.tanh(0.7978845608028654 * g * (1.0 + 0.044715 * g * g)))
 
 
 def random_weight(qtype, rows: int, cols: int, rng: np.random.Generator) -> PackedWeight:
@@ -350,15 +360,15 @@ def plan(qtype, rows_out: int, cols: int, n: int, mode: str = "store", config: T
         candidates = [LARGE, replace(LARGE, stages=2)]
     best = None
     for cfg in candidates:
-        if epi == K.EPI_SWIGLU and cfg.mt % 2:
-            raise ValueError(f"mmq: mode 'swiglu' needs an even mt, config {cfg.name} has mt = {cfg.mt}")
+        if epi in K.GATED and cfg.mt % 2:
+            raise ValueError(f"mmq: mode {mode!r} needs an even mt, config {cfg.name} has mt = {cfg.mt}")
         fitted = _fit(cfg, fmt, smem_limit)
         if fitted is None:
             raise ValueError(f"mmq: config {cfg.name} needs {cfg.smem_bytes(fmt)} B of shared "
                              f"memory, the device allows {smem_limit}; use a smaller tile")
         cfg = fitted
         smem = cfg.smem_bytes(fmt)
-        bm_out = cfg.bm // 2 if epi == K.EPI_SWIGLU else cfg.bm
+        bm_out = cfg.bm // 2 if epi in K.GATED else cfg.bm
         row_tiles, tok_tiles = -(-rows_out // bm_out), -(-n // cfg.bn)
         tiles = row_tiles * tok_tiles
         per_sm = _blocks_per_sm(cfg, smem, smem_limit, epi)
@@ -379,7 +389,7 @@ def plan(qtype, rows_out: int, cols: int, n: int, mode: str = "store", config: T
     sp = grid[2]
     ws, counters, red = 0, 0, REDUCTIONS[reduce]
     if sp > 1 and red == K.RED_KERNEL:
-        partials = sp * n * rows_out * (2 if epi == K.EPI_SWIGLU else 1)
+        partials = sp * n * rows_out * (2 if epi in K.GATED else 1)
         if partials >= 1 << 31:
             raise ValueError(f"mmq: {partials} split-K partial sums exceed the 32-bit index "
                              "range; use fewer splits or a smaller chunk")
@@ -394,9 +404,9 @@ def plan(qtype, rows_out: int, cols: int, n: int, mode: str = "store", config: T
 
 
 def _rows_out(w: PackedWeight, mode: str) -> int:
-    if mode == "swiglu":
+    if mode in GATED:
         if w.rows % 2:
-            raise ValueError(f"mmq: mode 'swiglu' needs the stacked [gate; up] weight (even "
+            raise ValueError(f"mmq: mode {mode!r} needs the stacked [gate; up] weight (even "
                              f"rows), got {w.rows} rows")
         return w.rows // 2
     return w.rows
@@ -495,7 +505,7 @@ def compile_for(weights, n_values=(18, 33, 128, 512), modes=("store",)) -> None:
             for mode in modes:
                 if isinstance(item, PackedWeight):
                     qtype = item.qtype
-                    if mode == "swiglu" and item.rows % 2:
+                    if mode in GATED and item.rows % 2:
                         continue
                     p = plan(qtype, _rows_out(item, mode), item.cols, n, mode)
                     cfgs = [(p.config, p.red)]
@@ -561,7 +571,8 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
 
     w          PackedWeight, planes are device arrays ([rows, bytes], C-contiguous rows)
     x16        float16 [N, cols] from prepare_x; xscale float32 [N] from prepare_x
-    y          float32 [N, rows] ("store", "add": read and written), [N, rows/2] ("swiglu")
+    y          float32 [N, rows] ("store", "add": read and written), [N, rows/2] ("swiglu",
+               "geglu")
     workspace  uint8 device array >= workspace_bytes(w, N, mode) bytes (zeroed once after
                allocation; may be shared by every launch on this stream, whatever its
                plan - see COUNTER_BYTES), or None when that is 0

@@ -53,8 +53,11 @@ U = np.uint32
 Q4_K, Q6_K, Q8_0 = 0, 1, 2
 FORMAT_NAMES = {Q4_K: "Q4_K", Q6_K: "Q6_K", Q8_0: "Q8_0"}
 # Epilogues.
-EPI_STORE, EPI_ADD, EPI_SWIGLU = 0, 1, 2
-EPI_NAMES = {EPI_STORE: "store", EPI_ADD: "add", EPI_SWIGLU: "swiglu"}
+EPI_STORE, EPI_ADD, EPI_SWIGLU, EPI_GEGLU = 0, 1, 2, 3
+EPI_NAMES = {EPI_STORE: "store", EPI_ADD: "add", EPI_SWIGLU: "swiglu", EPI_GEGLU: "geglu"}
+GATED = (EPI_SWIGLU, EPI_GEGLU)     # W = [gate; up]: y = act(x G^T) * (x U^T), act silu / gelu-tanh
+_GELU_A = float32(0.044715)                               # ggml's GELU_COEF_A
+_GELU_S = float32(0.79788456080286535587989211986876)     # ggml's SQRT_2_OVER_PI
 # Split-K reductions (splits > 1):
 #   RED_LAST    every block publishes its partial tile; the last block of a tile to finish
 #               (an atomic counter) sums the partials in split order and runs the epilogue
@@ -118,7 +121,7 @@ def register_capped(mt, nt, threads, epi):
     fit in 128 registers without spills (ptxas -v, sm_90: 64-142 before the cap), which
     lets two 256-thread blocks share an SM; the 256-thread SwiGLU kernel would spill
     (two accumulator sets in the epilogue) and stays uncapped (135 registers)."""
-    return mt * nt <= 16 and not (epi == EPI_SWIGLU and threads >= 256)
+    return mt * nt <= 16 and not (epi in GATED and threads >= 256)
 
 
 def smem_bytes(fmt, wm, wn, mt, nt, stages):
@@ -126,6 +129,21 @@ def smem_bytes(fmt, wm, wn, mt, nt, stages):
     bm, bn = 16 * mt * wm, 8 * nt * wn
     words = stages * bm * 4 * RAW_CHUNKS[fmt] + 2 * bm * SC_WORDS[fmt] + 4 + stages * bn * X_WORDS
     return 4 * words
+
+
+@_inline
+def _silu(v):
+    return v / (float32(1.0) + math.exp(-v))
+
+
+@_inline
+def _gelu(v):
+    """gelu, tanh form (engine/norm.py's gelu_reference: llama.cpp's Gemma FFN)."""
+    return float32(0.5) * v * (float32(1.0) + math.tanh(_GELU_S * v * (float32(1.0) + _GELU_A * v * v)))
+
+
+def _gate_act(epi):
+    return _gelu if epi == EPI_GEGLU else _silu
 
 
 # =====================================================================================
@@ -156,9 +174,9 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
     grid = (ceil(rows_out / BM_out), ceil(N / BN), splits), block = 32 * wm * wn threads,
     dynamic shared memory = smem_bytes(...).
     """
-    assert fmt in (Q4_K, Q6_K, Q8_0) and epi in (EPI_STORE, EPI_ADD, EPI_SWIGLU)
+    assert fmt in (Q4_K, Q6_K, Q8_0) and epi in (EPI_STORE, EPI_ADD, EPI_SWIGLU, EPI_GEGLU)
     assert red in (RED_LAST, RED_KERNEL)
-    swiglu = epi == EPI_SWIGLU
+    swiglu = epi in GATED                  # (SwiGLU or GeGLU: the same row layout)
     assert not swiglu or mt % 2 == 0, "SwiGLU needs an even number of m16 tiles per warp"
     NTH = 32 * wm * wn                     # threads per block
     BM = 16 * mt * wm                      # weight rows staged per block
@@ -178,6 +196,7 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
     X_OFF = FLAG + 4
     assert X_OFF % 4 == 0
     wait_group = _wait_group(stages)
+    gate_act = _gate_act(epi)
     ACC_WORDS = mt * nt * 4                # accumulators per thread
     # uint32 versions of the constants used in index math
     uNTH, uBM, uRW, uSCW, uSCE = U(NTH), U(BM), U(RW), U(SCW), U(SCE)
@@ -475,7 +494,7 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
                                 y[tok, row] += v
                             else:
                                 u = acc[i + MTH, j, e] * xscale[tok]
-                                y[tok, row] = v / (float32(1.0) + math.exp(-v)) * u
+                                y[tok, row] = gate_act(v) * u
 
     jit_options = {} if SIMULATOR or not register_capped(mt, nt, NTH, epi) else {"max_registers": MAX_REGISTERS}
 
@@ -635,7 +654,8 @@ def build_reduce_kernel(epi):
     Sums run in split order, so the result is the same on every run; the loads of four
     splits are issued before they are added (they are independent, the adds are not).
     """
-    swiglu = epi == EPI_SWIGLU
+    swiglu = epi in GATED
+    gate_act = _gate_act(epi)
 
     @_inline
     def split_sum(ws, i, stride, splits):
@@ -672,5 +692,5 @@ def build_reduce_kernel(epi):
             y[tok, r] += v
         else:
             u = split_sum(ws, i + rows_out, stride, splits) * xs
-            y[tok, r] = v / (float32(1.0) + math.exp(-v)) * u
+            y[tok, r] = gate_act(v) * u
     return kernel_cache.attach(reduce)

@@ -59,7 +59,7 @@ def check_close(out, w, x, mode, y0=None, rows=None, where=""):
 
 def run_mmq(w, x, mode, config=None, splits=None, y0=None, use_prepare=False, reduce=None):
     n = x.shape[0]
-    rows_out = w.rows // 2 if mode == "swiglu" else w.rows
+    rows_out = w.rows // 2 if mode in mmq.GATED else w.rows
     wd = to_device(w)
     if use_prepare:
         xd = cuda.to_device(x)
@@ -89,6 +89,8 @@ SMALL_CASES = [
     ("Q4_K", 40, 512, 20, "add", mmq.TileConfig(wm=1, wn=2, mt=1, nt=1, stages=4), 2),
     ("Q8_0", 40, 512, 33, "store", mmq.TileConfig(wm=1, wn=2, mt=2, nt=1, stages=2), 1),
     ("Q6_K", 40, 512, 33, "swiglu", mmq.TileConfig(wm=1, wn=2, mt=2, nt=1, stages=3), 2),
+    ("Q4_K", 48, 256, 9, "geglu", None, 1),         # Gemma's gated FFN (gelu, tanh form)
+    ("Q8_0", 32, 512, 5, "geglu", mmq.TileConfig(wm=1, wn=1, mt=2, nt=1, stages=2), 2),
 ]
 
 
@@ -103,8 +105,10 @@ def test_mmq_matches_reference(qtype, rows, cols, n, mode, config, splits, reduc
     rng = np.random.default_rng(rows * 1000 + n)
     w = mmq.random_weight(qtype, rows, cols, rng)
     x = rng.standard_normal((n, cols)).astype(np.float32)
-    rows_out = rows // 2 if mode == "swiglu" else rows
+    rows_out = rows // 2 if mode in mmq.GATED else rows
     y0 = rng.standard_normal((n, rows_out)).astype(np.float32) if mode == "add" else None
+    if mode == "geglu":
+        x *= 3                                      # reach gelu's curved part
     out, counters, p = run_mmq(w, x, mode, config, splits, y0, reduce=reduce)
     assert p.splits == splits
     check_close(out, w, x, mode, y0, where=f"{qtype} {rows}x{cols} N={n} {mode} reduce={reduce}")
@@ -291,6 +295,7 @@ from genie_rt.quant import mmq, mmq_kernels as K
 small, large = mmq.small_config(33), mmq.LARGE
 q4k_small_store = mmq._kernel(K.Q4_K, small, K.EPI_STORE)
 q4k_small_swiglu = mmq._kernel(K.Q4_K, small, K.EPI_SWIGLU)
+q4k_small_geglu = mmq._kernel(K.Q4_K, small, K.EPI_GEGLU)
 q4k_large_store = mmq._kernel(K.Q4_K, large, K.EPI_STORE)
 q4k_large_add = mmq._kernel(K.Q4_K, large, K.EPI_ADD)
 q6k_small_add = mmq._kernel(K.Q6_K, small, K.EPI_ADD)
@@ -302,18 +307,19 @@ q6k_small_add_redk = mmq._kernel(K.Q6_K, small, K.EPI_ADD, K.RED_KERNEL)
 reduce_store = mmq._reduce_kernel(K.EPI_STORE)
 reduce_add = mmq._reduce_kernel(K.EPI_ADD)
 reduce_swiglu = mmq._reduce_kernel(K.EPI_SWIGLU)
+reduce_geglu = mmq._reduce_kernel(K.EPI_GEGLU)
 from genie_rt.quant import mmq_prep as P
 prepare_x_kernel = P.prepare_x_kernel
 prepare_x_resident_10 = P.prepare_x_kernel_for(2 * 512 * 10)
 mma_peak_kernel = P.mma_peak_kernel
 """
 MMQ_KERNELS = {
-    "q4k_small_store": K.Q4_K, "q4k_small_swiglu": K.Q4_K, "q4k_large_store": K.Q4_K,
+    "q4k_small_store": K.Q4_K, "q4k_small_swiglu": K.Q4_K, "q4k_small_geglu": K.Q4_K, "q4k_large_store": K.Q4_K,
     "q4k_large_add": K.Q4_K, "q6k_small_add": K.Q6_K, "q6k_large_store": K.Q6_K,
     "q8_0_small_store": K.Q8_0, "q8_0_large_store": K.Q8_0,
     "q4k_small_swiglu_redk": K.Q4_K, "q6k_small_add_redk": K.Q6_K,
 }
-REDUCE_KERNELS = ("reduce_store", "reduce_add", "reduce_swiglu")
+REDUCE_KERNELS = ("reduce_store", "reduce_add", "reduce_swiglu", "reduce_geglu")
 
 
 @pytest.fixture(scope="module")
