@@ -51,9 +51,11 @@ import numpy as np
 from .formats import QType, dequantize, unpack_q4_k_scales
 from .layout import PackedWeight, pack, unpack
 from . import mmq_kernels as K
+from . import mmq_legacy as L
 from . import mmq_prep as P
 
-SUPPORTED = {QType.Q4_K: K.Q4_K, QType.Q6_K: K.Q6_K, QType.Q8_0: K.Q8_0}
+SUPPORTED = {QType.Q4_K: K.Q4_K, QType.Q6_K: K.Q6_K, QType.Q8_0: K.Q8_0,
+             QType.Q4_0: L.Q4_0, QType.Q4_1: L.Q4_1, QType.Q5_0: L.Q5_0, QType.Q5_1: L.Q5_1}
 # Split-K workspace layout: every plan's int32 tile counters start at byte 0 of a region
 # of this size and its partial sums start after it. The kernels leave their counters at
 # zero, so one workspace, zeroed once, serves any sequence of launches of different
@@ -66,7 +68,22 @@ REDUCTIONS = {"last": K.RED_LAST, "kernel": K.RED_KERNEL}
 # then one reduction launch over every output) or "last" (the last block of each tile
 # sums the partials of its tile). docs/kernels/mmq.md has the measurements.
 DEFAULT_REDUCE = "kernel"
-COL_MULTIPLE = 256      # K must be whole super-blocks (and 8-block groups for Q8_0)
+COL_MULTIPLE = 256      # K of the k-quants: whole super-blocks (and Q8_0's fast path: 8-block groups)
+COL_MULTIPLE_32 = 32    # K of the 32-weight formats (mmq_legacy.py): whole blocks
+
+
+def kernel_format(qtype, cols: int) -> int:
+    """The kernel format code for a weight: Q8_0 takes mmq_kernels' path when K is a
+    multiple of 256 (its d plane is staged with cp.async, 8 blocks at a time) and
+    mmq_legacy's otherwise (Gemma 3 270M's 640 columns)."""
+    fmt = SUPPORTED[QType[qtype] if isinstance(qtype, str) else QType(qtype)]
+    if fmt == K.Q8_0 and cols % COL_MULTIPLE:
+        return L.Q8_0L
+    return fmt
+
+
+def _col_multiple(fmt) -> int:
+    return COL_MULTIPLE_32 if fmt in L.LEGACY else COL_MULTIPLE
 
 
 # =====================================================================================
@@ -90,6 +107,12 @@ def dequantize_weight(w: PackedWeight, rows=None) -> np.ndarray:
 def _weight_abs(w: PackedWeight, rows=None) -> np.ndarray:
     """|terms| of each weight before cancellation: |s q| + |m| (Q4_K), |w| otherwise."""
     wd = dequantize_weight(w, rows)
+    if w.qtype in (QType.Q4_1, QType.Q5_1):         # w = d q + m: |d q| + |m|
+        dm = _host_planes(w).planes["dm"]
+        if rows is not None:
+            dm = dm[np.asarray(rows)]
+        m = np.repeat(np.ascontiguousarray(dm).view(np.float16)[:, 1::2].astype(np.float64), 32, axis=1)
+        return np.abs(wd - m) + np.abs(m)
     if w.qtype != QType.Q4_K:
         return np.abs(wd)
     raw = unpack(_host_planes(w))
@@ -137,7 +160,8 @@ def reference(w: PackedWeight, x: np.ndarray, mode: str = "store", y0=None, rows
 # |y - ref| <= (3u + cols 2^-22) sum_k |x_k| W_abs_k
 #              + 2^-25 ((QMAX + 2) sum_k |x_k| + sum_k |w_k|)
 F16_U = 2.0 ** -11
-_QMAX = {QType.Q4_K: 15, QType.Q6_K: 32, QType.Q8_0: 0}
+_QMAX = {QType.Q4_K: 15, QType.Q6_K: 32, QType.Q8_0: 0,     # 32-weight formats: d is exact fp16
+         QType.Q4_0: 0, QType.Q4_1: 0, QType.Q5_0: 0, QType.Q5_1: 0}
 
 
 def error_bound(w: PackedWeight, x: np.ndarray, mode: str = "store", y0=None, rows=None) -> np.ndarray:
@@ -194,7 +218,8 @@ def random_weight(qtype, rows: int, cols: int, rng: np.random.Generator) -> Pack
         d = rng.uniform(1e-4, 1e-3, (rows, nb, 1)).astype(np.float16)
         raw[:, :, 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
     else:
-        raise ValueError(f"random_weight: {qtype.name} not supported")
+        from .gemv_bench import random_weight as any_random_weight
+        return any_random_weight(qtype, rows, cols, rng)
     return pack(raw.reshape(rows, -1), qtype, (rows, cols))
 
 
@@ -343,15 +368,15 @@ def plan(qtype, rows_out: int, cols: int, n: int, mode: str = "store", config: T
     reduce = DEFAULT_REDUCE if reduce is None else reduce
     if reduce not in REDUCTIONS:
         raise ValueError(f"mmq: reduce must be one of {sorted(REDUCTIONS)}, got {reduce!r}")
-    if cols % COL_MULTIPLE:
-        raise ValueError(f"mmq: cols = {cols} must be a multiple of {COL_MULTIPLE}")
+    fmt, epi = kernel_format(qtype, cols), MODES[mode]
+    if cols % _col_multiple(fmt) or cols < 1:
+        raise ValueError(f"mmq: {qtype.name} weights need cols a multiple of {_col_multiple(fmt)}, got {cols}")
     if n < 1 or rows_out < 1:
         raise ValueError(f"mmq: need N >= 1 and rows >= 1, got N = {n}, rows = {rows_out}")
-    fmt, epi = SUPPORTED[qtype], MODES[mode]
     sms, limit = device_limits()
     num_sms = num_sms or sms
     smem_limit = smem_limit or limit
-    n_stages = cols // K.STAGE_K
+    n_stages = -(-cols // K.STAGE_K)        # the last stage of a 32-weight format may be partial
     if config is not None:
         candidates = [config]
     elif n <= 64:
@@ -447,7 +472,14 @@ _PLANE_TYPES = {   # fmt -> kernel plane slots p0..p3: (plane name, numba dtype)
     K.Q4_K: (("qs", "uint8"), ("hdr", "uint8"), ("qs", "uint8"), ("qs", "uint8")),
     K.Q6_K: (("ql", "uint8"), ("qh", "uint8"), ("sc", "int8"), ("d", "float16")),
     K.Q8_0: (("qs", "int8"), ("d", "float16"), ("qs", "int8"), ("qs", "int8")),
+    # the 32-weight formats: d as its fp16 bits, qh (uint8 in the layout) as a uint32 a block
+    L.Q4_0: (("qs", "uint8"), ("d", "uint16"), ("qs", "uint8"), ("qs", "uint8")),
+    L.Q4_1: (("qs", "uint8"), ("dm", "uint32"), ("qs", "uint8"), ("qs", "uint8")),
+    L.Q5_0: (("qs", "uint8"), ("d", "uint16"), ("qh", "uint32"), ("qs", "uint8")),
+    L.Q5_1: (("qs", "uint8"), ("dm", "uint32"), ("qh", "uint32"), ("qs", "uint8")),
+    L.Q8_0L: (("qs", "int8"), ("d", "uint16"), ("qs", "int8"), ("qs", "int8")),
 }
+_PLANE_DTYPES = {"d": (np.float16, np.uint16), "qh": (np.uint8, np.uint32)}   # stored -> passed as
 _REST_SIG = ("float16[:, ::1], float32[::1], float32[:, ::1], float32[::1], int32[::1], "
              "int64, int64, int64, int64, int64")
 
@@ -509,13 +541,15 @@ def compile_for(weights, n_values=(18, 33, 128, 512), modes=("store",)) -> None:
                         continue
                     p = plan(qtype, _rows_out(item, mode), item.cols, n, mode)
                     cfgs = [(p.config, p.red)]
+                    fmt = p.fmt
                 else:
                     qtype = QType(item)
+                    fmt = SUPPORTED[qtype]
                     red = REDUCTIONS[DEFAULT_REDUCE]
                     cfgs = [(small_config(n), red)] if n <= 64 else \
                         [(LARGE, red), (replace(LARGE, stages=2), red)]
                 for cfg, red in cfgs:
-                    keys.add((SUPPORTED[QType(qtype)], cfg, MODES[mode], red))
+                    keys.add((fmt, cfg, MODES[mode], red))
     for fmt, cfg, epi, red in sorted(keys, key=str):
         _ensure_compiled(_kernel(fmt, cfg, epi, red), fmt)
         if red == K.RED_KERNEL:                   # (compiled even if no plan splits K)
@@ -581,7 +615,7 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
     With a split K and reduce "kernel" this is two launches: the GEMM, then the reduction.
     """
     _check(w.qtype in SUPPORTED, f"{QType(w.qtype).name} weights are not supported "
-           f"(supported: {', '.join(q.name for q in SUPPORTED)})")
+           f"(supported: {', '.join(sorted(q.name for q in SUPPORTED))})")
     _check(len(x16.shape) == 2 and x16.dtype == np.float16 and _c_contig(x16),
            f"x16 must be a C-contiguous float16 [N, cols] from prepare_x, got "
            f"{x16.dtype}{tuple(x16.shape)}")
@@ -599,6 +633,9 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
     for name, dt in _PLANE_TYPES[fmt]:
         plane = w.planes.get(name)
         _check(plane is not None, f"{QType(w.qtype).name} weight lacks plane {name!r}")
+        stored, passed = _PLANE_DTYPES.get(name, (None, None))
+        if passed == np.dtype(dt) and plane.dtype == stored:
+            plane = plane.view(passed)                  # a reinterpretation (no copy)
         _check(len(plane.shape) == 2 and plane.shape[0] == w.rows and plane.dtype == np.dtype(dt)
                and _c_contig(plane), f"plane {name!r} must be a C-contiguous {dt} [{w.rows}, *], "
                f"got {plane.dtype}{tuple(plane.shape)}")
