@@ -132,3 +132,22 @@ def test_gpu_real_table(qtype):
     embed.embed(dev, cuda.to_device(ids_h), out)
     ref = dequantize(raw[ids_h], qtype, (len(ids_h), cols))
     assert np.array_equal(out.copy_to_host().view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype,rows,cols", [(QType.Q8_0, 262144, 640), (QType.Q8_0, 49152, 576),
+                                             (QType.Q4_1, 49152, 576), (QType.Q5_1, 4096, 640),
+                                             (QType.BF16, 4096, 576), (QType.Q5_K, 4096, 768)],
+                         ids=["gemma-q8_0", "smol-q8_0", "q4_1", "q5_1", "bf16", "q5_k"])
+def test_gpu_model_tables(qtype, rows, cols):
+    """Gemma 3 270M's and SmolLM2's token_embd shapes (Gemma's scaled by sqrt(640))."""
+    rng = np.random.default_rng(5)
+    base = quantize(rng.standard_normal((256, cols)).astype(np.float32), qtype)
+    raw = np.tile(base, (rows // 256 + 1, 1))[:rows]
+    dev = embed.to_device(pack(raw, qtype, (rows, cols)))
+    ids_h = np.concatenate([[0, rows - 1], rng.integers(0, rows, 62)]).astype(np.int32)
+    out = cuda.device_array((len(ids_h), cols), np.float32)
+    scale = float(np.sqrt(cols)) if cols == 640 else 1.0
+    embed.embed(dev, cuda.to_device(ids_h), out, scale=scale)
+    ref = dequantize(raw[ids_h], qtype, (len(ids_h), cols)) * np.float32(scale)
+    assert np.array_equal(out.copy_to_host().view(np.uint32), ref.view(np.uint32))

@@ -333,12 +333,15 @@ swiglu_mixed_ks2 = K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q6_K, "f32"), 2, 2)
 geglu_q5_0 = K.swiglu_kernel((Q.Q5_0, "dp4a"), (Q.Q5_0, "dp4a"), 1, 1, 32, "gelu")
 gemv_Q6_K_dp4a_lpr16 = K.gemv_kernel(Q.Q6_K, "dp4a", 1, 1, False, 16)
 qkv_mixed_lpr16 = K.qkv_kernel(((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), (Q.Q6_K, "dp4a")), 1, 1, 16)
+qkv_gemma = K.qkv_kernel(((Q.Q5_0, "dp4a"), (Q.Q5_0, "dp4a"), (Q.Q8_0, "dp4a")), 1, 2)
+swiglu_q4_1_nt3 = K.swiglu_kernel((Q.Q4_1, "dp4a"), (Q.Q4_1, "dp4a"), 3, 1)
 quantize_q8_kernel = K.quantize_q8_kernel
 '''
 PTX_KERNELS = {**{f"gemv_{q.name}_{m}": G.SIG_GEMV for q, m in VARIANTS},
                "gemv_Q4_K_dp4a_nt3_ks2_resid": G.SIG_GEMV, "qkv_mixed": G.SIG_QKV,
                "swiglu_mixed_ks2": G.SIG_SWIGLU, "geglu_q5_0": G.SIG_SWIGLU, "gemv_Q6_K_dp4a_lpr16": G.SIG_GEMV,
-               "qkv_mixed_lpr16": G.SIG_QKV, "quantize_q8_kernel": G.SIG_QUANTIZE}
+               "qkv_mixed_lpr16": G.SIG_QKV, "qkv_gemma": G.SIG_QKV, "swiglu_q4_1_nt3": G.SIG_SWIGLU,
+               "quantize_q8_kernel": G.SIG_QUANTIZE}
 
 
 @pytest.fixture(scope="module")
@@ -357,11 +360,11 @@ def test_ptx(ptx_text, name):
             assert_ptx_contains(text, "shfl.sync.bfly", where=where)
             continue
         assert_ptx_contains(text, "ld.global.nc.v4.u32", "shfl.sync.bfly", where=where)
-        if "dp4a" in name or name.startswith("qkv_mixed") or name in ("swiglu_mixed_ks2", "geglu_q5_0"):
+        if "dp4a" in name or name.startswith("qkv_") or name in ("swiglu_mixed_ks2", "geglu_q5_0", "swiglu_q4_1_nt3"):
             assert_ptx_contains(text, "dp4a.s32.s32", where=where)
         else:
             assert_ptx_lacks(text, "dp4a", where=where)
-        if "ks2" in name:
+        if "ks2" in name or name == "qkv_gemma":
             assert_ptx_contains(text, "bar.sync", where=where)   # the k-split reduction
 
 
@@ -415,3 +418,44 @@ def test_gpu_fused_qwen3_4b(n_tok):
     idx = np.sort(rng.choice(9728, 512, replace=False))
     _check_swiglu("swiglu", h.copy_to_host()[:, idx], G.dequantize_weight(rows_of(hg, idx)),
                   G.dequantize_weight(rows_of(hu, idx)), x, xq, xs, ("dp4a", "dp4a"))
+
+
+# Gemma 3 270M (Q4_K_M: attn_q/k/v, gate/up Q5_0, attn_v Q8_0 on half the layers, the tied
+# Q8_0 output) and SmolLM2 135M (Q4_1 everywhere) at their real shapes, every other
+# format at a Qwen-like one: fresh random blocks, a sample of rows against numpy
+REAL_SHAPES = [("gemma-q", Q5, 1024, 640), ("gemma-v", Q8, 256, 640), ("gemma-o", Q4, 640, 1024),
+               ("gemma-down", Q6, 640, 2048), ("gemma-out", Q8, 262144, 640),
+               ("smol-q", Q41, 576, 576), ("smol-k", Q41, 192, 576), ("smol-up", Q41, 1536, 576),
+               ("smol-down", Q41, 576, 1536), ("smol-out", Q8, 49152, 576),
+               ("q4_0", Q40, 4096, 2560), ("q5_1", Q51, 4096, 2560), ("q5_k", Q5K, 4096, 2560),
+               ("bf16", BF16, 2048, 2560), ("f16-576", F16, 1536, 576)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name,qtype,rows,cols", REAL_SHAPES, ids=[s[0] for s in REAL_SHAPES])
+@pytest.mark.parametrize("n_tok", [1, 5])
+def test_gpu_model_shapes(name, qtype, rows, cols, n_tok):
+    rng = np.random.default_rng(rows + cols + n_tok)
+    hw = random_weight(qtype, rows, cols, rng)
+    w = G.prepare_weight(G.to_device(hw))
+    x, dx, xq, xs = activations(n_tok, cols, seed=rows)
+    y = cuda.device_array((n_tok, rows), np.float32)
+    G.gemv(w, dx, y, xq=xq, xs=xs)
+    idx = np.sort(rng.choice(rows, min(rows, 512), replace=False))
+    check_gemv(f"{name} {qtype.name}", y.copy_to_host()[:, idx], G.dequantize_weight(rows_of(hw, idx)), x,
+               w.mode, xq, xs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype,cols,ff", [(Q5, 640, 2048), (Q41, 576, 1536)], ids=["gemma-q5_0", "smol-q4_1"])
+def test_gpu_gated_ffn_model_shapes(qtype, cols, ff):
+    rng = np.random.default_rng(ff)
+    hg, hu = random_weight(qtype, ff, cols, rng), random_weight(qtype, ff, cols, rng)
+    x, dx, xq, xs = activations(1, cols, seed=ff)
+    idx = np.sort(rng.choice(ff, 512, replace=False))
+    for act in ("silu", "gelu"):
+        h = cuda.device_array((1, ff), np.float32)
+        G.gemv_swiglu(G.prepare_weight(G.to_device(hg)), G.prepare_weight(G.to_device(hu)), dx, h,
+                      xq=xq, xs=xs, act=act)
+        _check_swiglu(act, h.copy_to_host()[:, idx], G.dequantize_weight(rows_of(hg, idx)),
+                      G.dequantize_weight(rows_of(hu, idx)), x, xq, xs, ("dp4a", "dp4a"), act=act)

@@ -461,3 +461,32 @@ def test_gpu_both_reductions_at_small_n(gpu_weights, name):
             out, _, p = run_mmq(w, x, mode, y0=y0, use_prepare=True, reduce=reduce)
             check_close(out[:, rows], w, x, mode, y0, rows,
                         where=f"{name} N={n} {p.config.name} split {p.splits} reduce={reduce}")
+
+
+# Gemma 3 270M (hidden 640, ffn 2048: q/k/gate/up Q5_0, v Q8_0 at K = 640, o and down
+# Q4_K / Q6_K) and SmolLM2 135M (hidden 576, ffn 1536, Q4_1) at their real shapes, and the
+# other 32-weight formats at a Qwen-like one
+MODEL_SHAPES = [
+    ("gemma-q", 1024, 640, "Q5_0", "store"), ("gemma-v", 256, 640, "Q8_0", "store"),
+    ("gemma-gate_up", 2 * 2048, 640, "Q5_0", "geglu"), ("gemma-o", 640, 1024, "Q4_K", "add"),
+    ("gemma-down", 640, 2048, "Q6_K", "add"),
+    ("smol-q", 576, 576, "Q4_1", "store"), ("smol-k", 192, 576, "Q4_1", "store"),
+    ("smol-gate_up", 2 * 1536, 576, "Q4_1", "swiglu"), ("smol-down", 576, 1536, "Q4_1", "add"),
+    ("q4_0", 4096, 2560, "Q4_0", "store"), ("q5_1", 4096, 2560, "Q5_1", "add"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [7, 33, 128, 512])
+@pytest.mark.parametrize("name,rows,cols,qtype,mode", MODEL_SHAPES, ids=[s[0] for s in MODEL_SHAPES])
+def test_gpu_model_shapes(name, rows, cols, qtype, mode, n):
+    rng = np.random.default_rng(rows + n)
+    w = mmq.random_weight(qtype, rows, cols, rng)
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    rows_out = rows // 2 if mode in mmq.GATED else rows
+    y0 = rng.standard_normal((n, rows_out)).astype(np.float32) if mode == "add" else None
+    out, counters, p = run_mmq(w, x, mode, y0=y0, use_prepare=True)
+    sel = np.sort(rng.choice(rows_out, min(rows_out, 256), replace=False))
+    ratio, rms = check_close(out[:, sel], w, x, mode, y0, sel, where=f"{name} N={n} {p.config.name} split {p.splits}")
+    assert (counters == 0).all()
+    print(f"{name} N={n}: {p.config.name} split {p.splits}, err/bound {ratio:.3f}, rel rms {rms:.1e}")
