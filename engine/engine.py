@@ -30,7 +30,8 @@ from .chat import ChatTemplate
 from .config import DEFAULT_KV, EngineConfig, ModelConfig
 from .generate import ContextOverflowError, Delta, Done, GenerationRequest, GenerationResult, StopMatcher
 from .gguf_file import GGUFError, GGUFFile, open_gguf
-from .memory import MemoryPlan
+from .load_plan import budget_for, choose_backend, cuda_available  # noqa: F401 (tests patch it here)
+from .memory import MemoryPlan, fmt_bytes
 from .sampling import Sampler
 from .tokenizer import Tokenizer
 
@@ -43,14 +44,6 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
-
-
-def cuda_available() -> bool:
-    try:
-        from numba import cuda
-        return bool(cuda.is_available())
-    except Exception:  # no driver, no toolkit, simulator: all mean "no GPU"
-        return False
 
 
 @dataclass
@@ -96,28 +89,22 @@ class Engine:
             raise
         except ValueError as exc:          # bad tokenizer / template metadata: name the file
             raise GGUFError(f"{path}: {exc}") from exc
-        backend_name = ecfg.backend
-        if backend_name == "auto":
-            backend_name = "cuda" if cuda_available() else "cpu"
-        elif backend_name == "cuda" and not cuda_available():
-            raise ValueError("back-end 'cuda': no usable CUDA GPU or driver on this machine "
-                             "(numba.cuda.is_available() is False); use --backend cpu or auto")
+        backend_name, _why = choose_backend(ecfg.backend, lambda: cuda_available())
         if ecfg.kv_dtype is None:
             ecfg = dataclasses.replace(ecfg, kv_dtype=DEFAULT_KV.get(backend_name, "int8"))
         if ecfg.n_ctx is not None and ecfg.n_ctx > cfg.n_ctx_train:
             log.warning("context %d exceeds the model's training context %d", ecfg.n_ctx, cfg.n_ctx_train)
+        budget = budget_for(g, cfg, ecfg, backend_name)     # what `genie-rt info` prints (load_plan.py)
+        plan = budget.plan(ecfg.n_ctx)
+        if ecfg.n_ctx is None and plan.n_ctx < cfg.n_ctx_train:
+            log.info("context %d tokens: the largest that fits in %s (%s available, the model was trained "
+                     "for %d)", plan.n_ctx, budget.where, fmt_bytes(budget.available), cfg.n_ctx_train)
         if backend_name == "cpu":
-            from .backend_cpu import CPUBackend, cpu_budget
-            budget = cpu_budget(g, cfg, ecfg.kv_dtype, ecfg.prefill_chunk, ecfg.reserve_bytes)
-            plan = budget.plan(ecfg.n_ctx)
+            from .backend_cpu import CPUBackend
             backend = CPUBackend(g, cfg, plan.n_ctx, ecfg.kv_dtype, ecfg.prefill_chunk, threads=ecfg.threads)
-        elif backend_name == "cuda":
-            from .backend_cuda import CUDABackend, cuda_budget
-            budget = cuda_budget(g, cfg, ecfg)
-            plan = budget.plan(ecfg.n_ctx)
-            backend = CUDABackend(g, cfg, ecfg, plan)
         else:
-            raise ValueError(f"unknown back-end '{ecfg.backend}' (use auto, cpu or cuda)")
+            from .backend_cuda import CUDABackend
+            backend = CUDABackend(g, cfg, ecfg, plan)
         engine = cls(g, cfg, ecfg, backend, plan, tokenizer, template, time.perf_counter() - t0)
         if ecfg.kv_cache_dir:
             from genie_rt.kvcache.persist import KVStore
