@@ -186,10 +186,12 @@ class LoadPlan:
         return "\n".join(lines)
 
 
-def make_plan(path: str | Path, ecfg: EngineConfig | None = None, probe: Probe | None = None) -> LoadPlan:
+def make_plan(path: str | Path, ecfg: EngineConfig | None = None) -> LoadPlan:
+    """The machine is read through Probe() - below $GENIE_RT_SYSFS_ROOT when it is set - by
+    this function and by the budget code alike (memory.mem_available_bytes)."""
     from .gguf_file import open_gguf
     ecfg = ecfg or EngineConfig()
-    probe = probe or Probe()
+    probe = Probe()
     g = open_gguf(path)
     cfg = ModelConfig.from_gguf(g)
     backend, why = choose_backend(ecfg.backend)
