@@ -41,6 +41,11 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool) -> None:
     p.add_argument("-t", "--threads", type=int, default=None,
                    help="CPU back-end threads (default: the physical cores)")
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--min-headroom-mb", type=int, default=None,
+                   help="end a reply when the system's available memory drops below this, MiB "
+                        "(default 256 on an integrated GPU such as a Jetson, off elsewhere; 0 = off)")
+    p.add_argument("--thermal-limit-c", type=float, default=None,
+                   help="slow generation down while the hottest thermal zone is at or above this, °C (default off)")
     p.add_argument("--dry-run", action="store_true",
                    help="print what the load would do (back-end, memory budget, context) and exit: 0 fits, 1 not")
     add_kernel_cache_args(p)
@@ -68,6 +73,8 @@ def _engine_config(args):
         raise ValueError(f"--reserve-mb must be >= 0, got {args.reserve_mb}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1 (or left out: the physical cores), got {args.threads}")
+    if args.min_headroom_mb is not None and args.min_headroom_mb < 0:
+        raise ValueError(f"--min-headroom-mb must be >= 0 (0 = off), got {args.min_headroom_mb}")
     if args.kv_cache_budget_mb < 1:
         raise ValueError(f"--kv-cache-budget-mb must be >= 1, got {args.kv_cache_budget_mb}")
     if args.kv_cache_dir is not None:     # checked before minutes of loading, not after
@@ -79,7 +86,9 @@ def _engine_config(args):
                         prefill_chunk=args.prefill_chunk, gemv_mode=args.gemv_mode,
                         reserve_bytes=None if args.reserve_mb is None else args.reserve_mb << 20,
                         kv_cache_dir=args.kv_cache_dir, kv_cache_budget=args.kv_cache_budget_mb << 20,
-                        threads=args.threads)
+                        threads=args.threads,
+                        min_headroom_bytes=None if args.min_headroom_mb is None else args.min_headroom_mb << 20,
+                        thermal_limit_c=args.thermal_limit_c)
 
 
 def _load(args):

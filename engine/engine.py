@@ -57,6 +57,16 @@ class EngineStats:
     prefix_hits: int = 0
 
 
+def make_guard(ecfg: EngineConfig, integrated: bool):
+    """The StepGuard for these settings, or None when nothing is guarded."""
+    from .step_guard import DEFAULT_HEADROOM_INTEGRATED, GuardConfig, StepGuard
+    headroom = ecfg.min_headroom_bytes
+    if headroom is None:
+        headroom = DEFAULT_HEADROOM_INTEGRATED if integrated else 0
+    gcfg = GuardConfig(min_headroom=headroom or None, thermal_limit_c=ecfg.thermal_limit_c)
+    return StepGuard(gcfg) if gcfg.active else None
+
+
 class Engine:
     def __init__(self, gfile: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, backend, plan: MemoryPlan,
                  tokenizer: Tokenizer, template: ChatTemplate, load_seconds: float):
@@ -67,6 +77,7 @@ class Engine:
         self.kv_tokens: list[int] = []   # token ids whose K/V sit at positions 0..len-1
         self.stats = EngineStats()
         self.kv_store = None             # kvcache.persist.KVStore when --kv-cache-dir is set
+        self.guard = None                # step_guard.StepGuard: memory headroom, thermal back-off
 
     @property
     def n_ctx(self) -> int:
@@ -106,6 +117,7 @@ class Engine:
             from .backend_cuda import CUDABackend
             backend = CUDABackend(g, cfg, ecfg, plan)
         engine = cls(g, cfg, ecfg, backend, plan, tokenizer, template, time.perf_counter() - t0)
+        engine.guard = make_guard(ecfg, bool(getattr(backend, "integrated", False)))
         if ecfg.kv_cache_dir:
             from genie_rt.kvcache.persist import KVStore
             engine.kv_store = KVStore(ecfg.kv_cache_dir, budget_bytes=ecfg.kv_cache_budget)
@@ -173,6 +185,9 @@ class Engine:
         # the back-end yields the token after each one fed to it (the CUDA back-end runs a
         # step ahead); a token is appended to history before the next is asked for
         steps = self.backend.decode_tokens(token, len(prompt), sampler, history)
+        guard = self.guard
+        if guard is not None:
+            guard.start_reply()
         try:
             while len(generated) < max_new:
                 if token in eot and not req.ignore_eos:
@@ -193,6 +208,8 @@ class Engine:
                 if cancel is not None and cancel.is_set():
                     finish = "cancelled"
                     break
+                if guard is not None and guard.after_token() == "memory":
+                    break                    # finish stays "length": the reply ends where it is
                 token = next(steps)
                 self.kv_tokens.append(generated[-1])
         finally:

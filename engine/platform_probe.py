@@ -19,6 +19,7 @@ Interface (all methods read afresh; no caching, no threads):
                                        ga10b/gv11b/gp10b/gpu (cur/min/max_freq in Hz; device/load in 1/1000)
     probe.emc_hz() -> int|None         /sys/kernel/debug/bpmp/debug/clk/emc/rate (root only)
     probe.thermal() -> [Zone]          /sys/class/thermal/thermal_zone*/{type,temp,trip_point_*} (m°C)
+    probe.hottest_c() -> float|None    the hottest zone, from the temp files alone
     probe.rails() -> [Rail]            INA3221 rails: /sys/bus/i2c/devices/*/name == ina3221,
                                        hwmon/hwmon*/in{N}_label, in{N}_input (mV), curr{N}_input (mA)
     probe.telemetry() -> Telemetry     all of the above that changes, with the time it was read
@@ -112,6 +113,7 @@ class Telemetry:
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)
+        d["zones"], d["rails"] = list(d["zones"]), list(d["rails"])
         d["power_mode"] = None if self.power_mode is None else \
             {"id": self.power_mode.id, "name": self.power_mode.name, "default_id": self.power_mode.default_id}
         d["hottest_c"] = None if self.hottest is None else self.hottest.temp_c
@@ -222,6 +224,15 @@ class Probe:
             zones.append(Zone(_read(node / "type") or node.name, milli / 1000,
                               min(passive, default=None), min(critical, default=None)))
         return zones
+
+    def hottest_c(self) -> float | None:
+        """The hottest zone's temperature, from the temp files alone (cheap enough per token)."""
+        best = None
+        for node in self.path("/sys/class/thermal").glob("thermal_zone*"):
+            milli = _int(node / "temp")
+            if milli is not None and milli / 1000 > INVALID_TEMP_C and (best is None or milli / 1000 > best):
+                best = milli / 1000
+        return best
 
     def rails(self) -> list[Rail]:
         base = self.path("/sys/bus/i2c/devices")
