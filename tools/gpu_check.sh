@@ -15,6 +15,8 @@
 #   arch      synthetic files at the shapes of Gemma 3 270M and SmolLM2 135M (tools/synth_arch.py),
 #             then genie-rt bench on them and on Qwen3-4B (LLAMA_BENCH=path: llama-bench too)
 #   start     tools/bench_start.py: serve's time to /health with an empty and a filled kernel cache
+#   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
+#             Qwen3-0.6B and 4B at PCTX contexts, default 4096 and 40960; issue 17: within 5 %)
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
 #             there and NO_NCU is unset) one Nsight Compute profile of each of a few
 #             launches (first tried 2026-12-01, when a bug in the script stopped it; fixed,
@@ -110,6 +112,17 @@ for s in "$@"; do
       stage start
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
       timeout ${STT:-560} $PY tools/bench_start.py -m $MODEL4B --json "$OUT/start.json" 2>&1 | tail -25 ;;
+    plan)
+      stage plan
+      [ -f /tmp/qwen3-0.6b-q4km.gguf ] || $PY tools/synth_gguf.py --shape 0.6b -o /tmp/qwen3-0.6b-q4km.gguf --threads 8 | tail -1
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      for f in /tmp/qwen3-0.6b-q4km.gguf $MODEL4B; do
+        for c in ${PCTX:-4096 40960}; do
+          n=$(basename $f .gguf)-$c
+          timeout ${PT:-300} $PY tools/check_plan.py -m $f --ctx $c --json "$OUT/plan-$n.json" > "$OUT/plan-$n.txt" 2>&1
+          echo "$n: exit $?"; tail -4 "$OUT/plan-$n.txt"
+        done
+      done ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
 done
