@@ -519,7 +519,7 @@ def prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps: float = 1e-6) -> 
     """x float32 [N, cols] -> x16 float16 [N, cols] (MMQ order), xscale float32 [N].
 
     With norm_weight (float32 [cols]) the RMSNorm is fused in: the values converted are
-    x / sqrt(mean(x^2) + eps) * norm_weight (engine/qwen3.py's rmsnorm), so the residual
+    x / sqrt(mean(x^2) + eps) * norm_weight (engine/models/reference.py's rmsnorm), so the residual
     stream feeds MMQ in one kernel. xscale[t] is 1 unless max|v[t]| > 16384, then the
     power of two that brings the row below it (fp16 overflows at 65504; mmq multiplies
     it back in its epilogue)."""
