@@ -175,7 +175,7 @@ class LoadPlan:
                          "(captured at warm-up; their memory is in the context term)")
         lines.append("")
         if self.fits:
-            why = (f"requested with --ctx" if self.requested_ctx is not None else
+            why = ("requested with --ctx" if self.requested_ctx is not None else
                    "the model's training context" if self.n_ctx == self.n_ctx_train else
                    f"the largest that fits (the model was trained for {self.n_ctx_train})")
             lines.append(f"context    {self.n_ctx} tokens: {why}")
