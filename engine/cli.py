@@ -46,6 +46,9 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool) -> None:
                         "(default 256 on an integrated GPU such as a Jetson, off elsewhere; 0 = off)")
     p.add_argument("--thermal-limit-c", type=float, default=None,
                    help="slow generation down while the hottest thermal zone is at or above this, °C (default off)")
+    p.add_argument("--mapped-memory", action="store_true",
+                   help="CUDA: weights, KV and scratch in mapped host memory, as on an integrated GPU "
+                        "(to exercise the Jetson placement on a discrete GPU; slower there)")
     p.add_argument("--dry-run", action="store_true",
                    help="print what the load would do (back-end, memory budget, context) and exit: 0 fits, 1 not")
     add_kernel_cache_args(p)
@@ -88,7 +91,7 @@ def _engine_config(args):
                         kv_cache_dir=args.kv_cache_dir, kv_cache_budget=args.kv_cache_budget_mb << 20,
                         threads=args.threads,
                         min_headroom_bytes=None if args.min_headroom_mb is None else args.min_headroom_mb << 20,
-                        thermal_limit_c=args.thermal_limit_c)
+                        thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory)
 
 
 def _load(args):

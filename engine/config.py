@@ -227,6 +227,7 @@ class EngineConfig:
     min_headroom_bytes: int | None = None   # end a reply when MemAvailable drops below this (step_guard.py);
                                             # None: 256 MiB on an integrated GPU, off elsewhere; 0: off
     thermal_limit_c: float | None = None    # slow generation while the hottest zone is this hot; None: off
+    mapped_memory: bool = False         # CUDA: the arena in mapped host memory (an integrated GPU's placement)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):

@@ -6,7 +6,8 @@
 # Stages:
 #   kernels   pytest -m gpu over every kernel family (real shapes against numpy; KTESTS= picks files)
 #   micro     kernel microbenchmarks: gemv, attention, sampling, embed, norm, mmq
-#   engine    pytest -m gpu for the back-end (parity with the CPU back-end, engine end to end; EK= -k filter)
+#   engine    pytest -m gpu for the back-end (parity with the CPU back-end, engine end to end, --mapped-memory
+#             logits equal to device memory's; EK= -k filter)
 #   bench     synthetic Qwen3-4B Q4_K_M file, then genie-rt bench (pp18/33/128/512, tg128, depth)
 #   profile   tools/profile_decode.py: the decode step's time by kernel family
 #   prefix    tools/bench_prefix.py on the GPU
@@ -60,7 +61,7 @@ for s in "$@"; do
     engine)
       stage engine
       timeout ${ET:-240} $PY -m pytest -q -m gpu -p no:cacheprovider --durations=10 \
-        ${EK:+-k "$EK"} tests/test_backend_cuda.py 2>&1 | tee "$OUT/engine.txt" | tail -30 ;;
+        ${EK:+-k "$EK"} tests/test_backend_cuda.py tests/test_mapped_memory.py 2>&1 | tee "$OUT/engine.txt" | tail -30 ;;
     bench)
       stage bench
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
