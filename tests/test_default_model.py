@@ -109,3 +109,11 @@ def test_readme_first_command_prints_llamacpps_greedy_text(monkeypatch, capsys):
     want = str(refs("gemma3-270m")["greedy_text"]).removeprefix("<bos>").removeprefix(GREEDY_PROMPT)
     assert out == want.rstrip("\n") + "\n", (out, want)
     assert "base model" in err and "[cpu]" in err
+
+
+def test_version_names_ours_and_the_libraries(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and out.startswith("genie-rt ") and "numba-cuda" in out and "\n" == out[-1]
+    assert out.count("\n") == 1
