@@ -102,6 +102,8 @@ def cmd_run(args) -> int:
     if args.conversation is not None and not args.kv_cache_dir:
         raise ValueError("--conversation needs --kv-cache-dir (the folder its KV cache is saved in)")
     engine = _load(args)
+    from .load_report import ready_summary
+    print(ready_summary(engine), file=sys.stderr)
     if args.raw or engine.template.is_plain:
         if not args.raw:    # a base model (no chat template): it continues the text
             print(f"genie-rt: {engine.model_name} is a base model (no chat template): the prompt is "

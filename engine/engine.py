@@ -106,6 +106,8 @@ class Engine:
             ecfg = dataclasses.replace(ecfg, kv_dtype=DEFAULT_KV.get(backend_name, "int8"))
         if ecfg.n_ctx is not None and ecfg.n_ctx > cfg.n_ctx_train:
             log.warning("context %d exceeds the model's training context %d", ecfg.n_ctx, cfg.n_ctx_train)
+        log.info("loading %s (%s, %d layers) on the %s back-end", Path(path).name, cfg.arch, cfg.n_layers,
+                 backend_name)
         if backend_name == "cpu":
             from .backend_cpu import CPUBackend, cpu_budget
             budget = cpu_budget(g, cfg, ecfg.kv_dtype, ecfg.prefill_chunk, ecfg.reserve_bytes)

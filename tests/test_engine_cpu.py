@@ -136,6 +136,10 @@ def test_cli_run(fixture_gguf, capsys):
                  "--backend", "cpu"]) == 0
     out, err = capsys.readouterr()
     assert "tok/s" in err and "[cpu]" in err
+    # the one-screen summary when ready (engine/load_report.py)
+    for needle in ("ready in", "qwen3-micro-q4km.gguf", "qwen3, 2 layers", "back-end  cpu", "context ",
+                   "KV cache  f16", "memory    needs", "available"):
+        assert needle in err, (needle, err)
 
 
 def test_cli_clean_error_for_bad_model(tmp_path, capsys):
