@@ -2,6 +2,7 @@
 
     genie-rt run [-m MODEL] -p PROMPT       chat-templated generation, streamed
     genie-rt chat [-m MODEL]                an interactive conversation (engine/cli_chat.py)
+    genie-rt pull REPO[:FILE]               a GGUF from the Hugging Face hub (engine/pull.py)
     genie-rt serve [-m MODEL]               OpenAI-compatible HTTP server
     genie-rt bench [-m MODEL]               llama-bench-like pp/tg numbers
     genie-rt kv list|show|rm|clear          persistent conversation caches (~/.cache/genie-rt/kv)
@@ -26,7 +27,7 @@ from .cli_cache import add_commands as add_cache_commands, add_kernel_cache_args
 
 def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) -> None:
     p.add_argument("-m", "--model", required=model_required, default=None,
-                   help="GGUF model file" + ("" if model_required else
+                   help="GGUF model file, or a pulled OWNER/REPO[:FILE]" + ("" if model_required else
                                              " (default: the built-in Gemma 3 270M, from the demo extra)"))
     p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context length (default: what fits, up to the model's)")
@@ -190,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .cli_chat import add_chat_parser
     add_chat_parser(sub, _add_model_args, _add_sampling_args)
+    from .pull import add_pull_parser
+    add_pull_parser(sub)
 
     from genie_rt.server.cli_args import add_serve_parser   # serve's options live with the server
     add_serve_parser(sub, _add_model_args, _engine_config)

