@@ -114,7 +114,7 @@ def _load(args):
 
 def load_for_command(args):
     """run/chat: check the flags, load, print the one-screen summary (stderr)."""
-    from .load_report import ready_summary
+    from .load_report import first_use_note, ready_summary
     if args.max_tokens < -1:
         raise ValueError(f"-n/--max-tokens must be >= 0, or -1 for no limit; got {args.max_tokens}")
     from .sampling import SamplingParams    # the sampling flags too, before minutes of loading
@@ -128,6 +128,9 @@ def load_for_command(args):
             args.kv_cache_dir = str(kv_dir())
     engine = _load(args)
     print(ready_summary(engine), file=sys.stderr)
+    note = first_use_note(engine)
+    if note:
+        print(note, file=sys.stderr)
     return engine
 
 
