@@ -36,53 +36,12 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from .chat_fallback import CHATML_TEMPLATE, PLAIN_STOP, PLAIN_TEMPLATE  # noqa: F401 (CHATML_TEMPLATE re-exported)
+
 ROLES = ("system", "user", "assistant", "tool")
 
 THINK_START, THINK_END = "<think>", "</think>"
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
-
-# Built-in fallback for GGUFs without a template: ChatML, with tools and tool calls written the
-# Qwen/Hermes way (the format parse_tool_calls reads back). No BOS: ChatML models do not use one.
-CHATML_TEMPLATE = """\
-{%- if tools %}
-    {{- '<|im_start|>system\\n' }}
-    {%- if messages[0].role == 'system' %}
-        {{- messages[0].content + '\\n\\n' }}
-    {%- endif %}
-    {{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n' }}
-    {{- 'You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
-    {%- for tool in tools %}
-        {{- '\\n' + (tool | tojson) }}
-    {%- endfor %}
-    {{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and '
-        'arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n'
-        '{\"name\": <function-name>, \"arguments\": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
-{%- elif messages[0].role == 'system' %}
-    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
-{%- endif %}
-{%- for message in messages %}
-    {%- if message.role == 'system' and loop.first %}
-    {%- elif message.role == 'assistant' %}
-        {{- '<|im_start|>assistant\\n' + message.content }}
-        {%- for call in message.tool_calls or [] %}
-            {%- if message.content or not loop.first %}{{- '\\n' }}{%- endif %}
-            {%- set args = call.function.arguments %}
-            {{- '<tool_call>\\n{\"name\": \"' + call.function.name + '\", \"arguments\": ' }}
-            {{- (args if args is string else (args | tojson)) + '}\\n</tool_call>' }}
-        {%- endfor %}
-        {{- '<|im_end|>\\n' }}
-    {%- elif message.role == 'tool' %}
-        {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}
-        {{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
-        {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
-    {%- else %}
-        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n' }}
-{%- endif %}
-"""
 
 
 class ChatTemplateError(ValueError):
@@ -342,8 +301,10 @@ class ChatTemplate:
     """One compiled chat template. Immutable; render() is thread-safe."""
 
     def __init__(self, source: str, *, bos_token: str = "", eos_token: str = "",
-                 add_bos: bool = False, is_builtin: bool = False, origin: str = "template"):
-        """origin names where `source` came from, for error messages (a GGUF key)."""
+                 add_bos: bool = False, is_builtin: bool = False, origin: str = "template",
+                 stop_strings: tuple[str, ...] = ()):
+        """origin names where `source` came from, for error messages (a GGUF key); stop_strings
+        end a chat reply besides EOS (the plain fallback's next "User:" line)."""
         if not isinstance(source, str) or not source.strip():
             raise ChatTemplateError(f"{origin} is empty")
         try:
@@ -355,12 +316,14 @@ class ChatTemplate:
         self._add_bos = add_bos
         self._is_builtin = is_builtin
         self._origin = origin
+        self._stop_strings = tuple(stop_strings)
         self._requires_object_arguments = self._probe_requires_object_arguments()
 
     @classmethod
     def from_gguf_metadata(cls, meta: Mapping[str, Any], *, name: str | None = None) -> ChatTemplate:
         """The GGUF's `tokenizer.chat_template` (or `tokenizer.chat_template.<name>`), with BOS/EOS
-        text from its vocabulary; the built-in ChatML template if there is none."""
+        text from its vocabulary. If there is none: the built-in ChatML template when the
+        vocabulary has ChatML's tokens, else the plain transcript (a base model)."""
         tokens = meta.get("tokenizer.ggml.tokens") or []
 
         def token_text(key: str) -> str:
@@ -374,6 +337,8 @@ class ChatTemplate:
         if source is None:
             if name:
                 raise ChatTemplateError(f"GGUF has no {key}")
+            if tokens and "<|im_start|>" not in tokens:
+                return cls.plain(bos_token=bos, eos_token=eos, add_bos=add_bos)
             return cls.chatml(bos_token=bos, eos_token=eos, add_bos=add_bos)
         if not isinstance(source, str):
             raise ChatTemplateError(f"{key} must be a string, got {type(source).__name__}")
@@ -385,13 +350,30 @@ class ChatTemplate:
         return cls(CHATML_TEMPLATE, bos_token=bos_token, eos_token=eos_token, add_bos=add_bos,
                    is_builtin=True, origin="built-in ChatML template")
 
+    @classmethod
+    def plain(cls, *, bos_token: str = "", eos_token: str = "", add_bos: bool = False) -> ChatTemplate:
+        """The built-in plain transcript for base models ("User: ..." / "Assistant:")."""
+        return cls(PLAIN_TEMPLATE, bos_token=bos_token, eos_token=eos_token, add_bos=add_bos,
+                   is_builtin=True, origin="built-in plain transcript template", stop_strings=PLAIN_STOP)
+
+    @property
+    def is_plain(self) -> bool:
+        """True for the plain transcript fallback: the model is a base model (`run` gives it
+        the prompt as raw text)."""
+        return self._source == PLAIN_TEMPLATE
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """Strings that end a chat reply besides EOS (empty for a GGUF's own template)."""
+        return self._stop_strings
+
     @property
     def source(self) -> str:
         return self._source
 
     @property
     def is_builtin(self) -> bool:
-        """True when the GGUF had no template and the built-in ChatML one is used."""
+        """True when the GGUF had no template and a built-in one (ChatML or plain) is used."""
         return self._is_builtin
 
     @property

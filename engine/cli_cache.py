@@ -63,7 +63,7 @@ def add_commands(sub, add_model_args) -> None:
 
     warm = sub.add_parser("warmup", help="load a model once to compile and cache its CUDA kernels, then exit "
                                          "(image builds, systemd ExecStartPre)")
-    add_model_args(warm, model_required=True)
+    add_model_args(warm)
     warm.set_defaults(func=cmd_warmup)
 
 

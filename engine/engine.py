@@ -105,6 +105,8 @@ class Engine:
             ecfg = dataclasses.replace(ecfg, kv_dtype=DEFAULT_KV.get(backend_name, "int8"))
         if ecfg.n_ctx is not None and ecfg.n_ctx > cfg.n_ctx_train:
             log.warning("context %d exceeds the model's training context %d", ecfg.n_ctx, cfg.n_ctx_train)
+        log.info("loading %s (%s, %d layers) on the %s back-end", Path(path).name, cfg.arch, cfg.n_layers,
+                 backend_name)
         budget = budget_for(g, cfg, ecfg, backend_name)     # what `genie-rt info` prints (load_plan.py)
         plan = budget.plan(ecfg.n_ctx)
         if ecfg.n_ctx is None and plan.n_ctx < cfg.n_ctx_train:

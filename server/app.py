@@ -248,8 +248,11 @@ def serve(args, engine_config, settings: ServerSettings | None = None) -> int:
         template = chat_template_override(args, engine)
         if template is not None:
             engine.template = template
-        log.info("model %s on %s, context %d; warming up", engine.model_name,
-                 getattr(engine.backend, "name", "?"), engine.n_ctx)
+        from genie_rt.engine.load_report import first_use_note, ready_summary
+        note = first_use_note(engine)
+        log.info("model %s on %s, context %d; warming up%s\n%s", engine.model_name,
+                 getattr(engine.backend, "name", "?"), engine.n_ctx, f" ({note})" if note else "",
+                 ready_summary(engine))
         warm_up(engine)
         return engine
 

@@ -169,7 +169,7 @@ def add_serve_parser(sub, add_model_args, engine_config) -> argparse.ArgumentPar
     """Register `serve` on the CLI's subparsers. add_model_args and engine_config are engine/cli.py's
     shared model options and their EngineConfig builder."""
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (llama-server drop-in)")
-    add_model_args(serve, model_required=True)
+    add_model_args(serve)
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--api-key", default=None, help="API key; comma separated for several")
@@ -262,4 +262,7 @@ def cmd_serve(args, engine_config) -> int:
     apply_engine_overrides(args)
     if args.ignored_flags:
         log.info("llama-server flags accepted and ignored here: %s", " ".join(args.ignored_flags))
-    return serve(args, engine_config(args), ServerSettings.from_args(args))
+    ecfg = engine_config(args)
+    from genie_rt.engine.cli import resolve_model_arg      # no -m: the built-in default model
+    resolve_model_arg(args)
+    return serve(args, ecfg, ServerSettings.from_args(args))

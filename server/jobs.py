@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
 from starlette.concurrency import run_in_threadpool
@@ -228,7 +228,11 @@ async def start_chat(request: Request, st: ServerState, body: dict | None = None
     output = ChatOutput(parse_reasoning=req.parse_reasoning, think_open=prompt_opens_thinking(text),
                         parse_tools=req.tools is not None)
     output.text = forced        # the reply is parsed with its forced start (held back until parsed)
-    stream = start_job(request, st, req.gen, prompt)
+    gen = req.gen
+    if engine.template.stop_strings:   # the plain fallback's next "User:" line ends the reply
+        gen = replace(gen, stop=list(gen.stop) + [s for s in engine.template.stop_strings
+                                                              if s not in gen.stop])
+    stream = start_job(request, st, gen, prompt)
     event = await first_event(stream)
     return ChatJob(req, output, forced, prompt, stream, event, st, text + forced)
 

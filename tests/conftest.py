@@ -39,13 +39,27 @@ if not HAS_GPU:
     sys.setswitchinterval(5e-5)
 
 
+# Modules whose tests run GPU kernels (or compile them to PTX): under the simulator, on a machine
+# without a GPU, they take most of the suite's time (several minutes on 2 cores), so there they
+# are all `slow` and the README's quick suite (`-m "not slow"`) leaves them to the full suite.
+# On a GPU machine they run on the device in seconds and stay in the quick suite.
+SIMULATOR_MODULES = frozenset({
+    "test_attention.py", "test_backend_cuda.py", "test_device_pool.py", "test_embed.py", "test_gemv.py",
+    "test_gpu_sampling.py", "test_h2d.py", "test_integrated_gpu.py", "test_mmq.py", "test_norm.py",
+    "test_ptx.py", "test_rope_write.py",
+})
+
+
 def pytest_collection_modifyitems(config, items):
     if HAS_GPU:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run with -m gpu on a GPU machine)")
+    slow = pytest.mark.slow(reason="GPU kernels under the CUDA simulator (conftest.SIMULATOR_MODULES)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+        if item.path.name in SIMULATOR_MODULES:
+            item.add_marker(slow)
 
 
 @pytest.fixture(scope="session")

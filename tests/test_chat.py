@@ -311,6 +311,24 @@ def test_builtin_chatml_when_the_gguf_has_no_template(meta):
                               "<|im_start|>assistant\n")
 
 
+def test_plain_transcript_for_a_base_model_without_chatml_tokens():
+    # Gemma 3 270M (the default model): no template, no <|im_start|> in the vocabulary
+    meta = {"tokenizer.ggml.tokens": ["<pad>", "<eos>", "<bos>", "a"], "tokenizer.ggml.bos_token_id": 2,
+            "tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.add_bos_token": True}
+    t = ChatTemplate.from_gguf_metadata(meta)
+    assert t.is_builtin and t.is_plain and t.stop_strings == ("\nUser:",)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Capital of France?"}]
+    assert t.render(msgs) == "Be brief.\n\nUser: Hi\nAssistant: Hello.\nUser: Capital of France?\nAssistant:"
+    assert t.render(msgs[:2], add_generation_prompt=False) == "Be brief.\n\nUser: Hi\n"
+
+
+def test_chatml_fallback_keeps_no_extra_stops(meta, fixture_template):
+    t = ChatTemplate.from_gguf_metadata({k: v for k, v in meta.items() if k != "tokenizer.chat_template"})
+    assert not t.is_plain and t.stop_strings == ()
+    assert not fixture_template.is_plain and fixture_template.stop_strings == ()
+
+
 def test_builtin_chatml_tools_round_trip_through_the_parser():
     t = ChatTemplate.chatml()
     msgs = [{"role": "user", "content": "U"},

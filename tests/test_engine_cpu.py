@@ -131,10 +131,15 @@ def test_budget_refuses_before_loading(fixture_gguf):
         Engine.load(fixture_gguf, cfg)
 
 
-def test_cli_run_builtin_model(capsys):
-    assert main(["run", "-p", "Turn the kitchen lights down", "-n", "8", "--temp", "0", "--backend", "cpu"]) == 0
+def test_cli_run(fixture_gguf, capsys):
+    assert main(["run", "-m", str(fixture_gguf), "-p", "Turn the kitchen lights down", "-n", "8", "--temp", "0",
+                 "--backend", "cpu"]) == 0
     out, err = capsys.readouterr()
     assert "tok/s" in err and "[cpu]" in err
+    # the one-screen summary when ready (engine/load_report.py)
+    for needle in ("ready in", "qwen3-micro-q4km.gguf", "qwen3, 2 layers", "back-end  cpu", "context ",
+                   "KV cache  f16", "memory    needs", "available"):
+        assert needle in err, (needle, err)
 
 
 def test_cli_clean_error_for_bad_model(tmp_path, capsys):
@@ -150,13 +155,13 @@ def test_cli_clean_error_for_bad_model(tmp_path, capsys):
     (["--ctx", "-5"], "--ctx must be >= 1"),
     (["-n", "-2"], "--max-tokens must be >= 0, or -1"),
     (["--repeat-penalty", "0"], "repeat_penalty' must be > 0"),
-    (["--conversation", "kitchen"], "--conversation needs --kv-cache-dir"),
+    (["--conversation", "../kitchen"], "conversation id '../kitchen' is invalid"),
     (["--reserve-mb", "-5"], "--reserve-mb must be >= 0"),
     (["--kv-cache-budget-mb", "-1"], "--kv-cache-budget-mb must be >= 1"),
     (["--conversation", "k", "--kv-cache-dir", __file__], "is not a folder"),
 ])
-def test_cli_refuses_bad_arguments_in_one_line(argv, needle, capsys):
-    assert main(["run", "-p", "hi", "-n", "2", "--backend", "cpu", *argv]) == 1
+def test_cli_refuses_bad_arguments_in_one_line(argv, needle, fixture_gguf, capsys):
+    assert main(["run", "-m", str(fixture_gguf), "-p", "hi", "-n", "2", "--backend", "cpu", *argv]) == 1
     err = capsys.readouterr().err
     assert err.startswith("genie-rt: error:") and needle in err and "Traceback" not in err, err
 
@@ -177,9 +182,9 @@ def test_cli_serve_refuses_bad_arguments_before_loading(argv, needle, tmp_path, 
     assert err.startswith("genie-rt: error:") and needle in err and "Traceback" not in err, err
 
 
-def test_cli_no_token_limit_runs_to_the_context(capsys):
-    assert main(["run", "-p", "hi", "-n", "-1", "--ctx", "64", "--temp", "0", "--backend", "cpu",
-                 "--raw"]) == 0
+def test_cli_no_token_limit_runs_to_the_context(fixture_gguf, capsys):
+    assert main(["run", "-m", str(fixture_gguf), "-p", "hi", "-n", "-1", "--ctx", "64", "--temp", "0",
+                 "--backend", "cpu", "--raw"]) == 0
     err = capsys.readouterr().err
     assert "finish:" in err and "generated 0 tokens" not in err
 
@@ -228,5 +233,5 @@ def test_sampling_refuses_a_bias_too_large_for_a_float():
 
 
 @pytest.mark.parametrize("k", ["-1", "100000"])
-def test_cli_top_k_out_of_range_is_off_as_in_the_server(k, capsys):
-    assert main(["run", "-p", "hi", "-n", "2", "--backend", "cpu", "--top-k", k, "--seed", "1"]) == 0
+def test_cli_top_k_out_of_range_is_off_as_in_the_server(k, fixture_gguf, capsys):
+    assert main(["run", "-m", str(fixture_gguf), "-p", "hi", "-n", "2", "--backend", "cpu", "--top-k", k, "--seed", "1"]) == 0

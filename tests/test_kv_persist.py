@@ -481,6 +481,7 @@ CHILD = textwrap.dedent("""
 KILL_POINTS = {"half-0": "A", "wrote-0": "A", "half-2": "A", "fsynced": "A", "renamed": "B"}
 
 
+@pytest.mark.slow       # five writer processes killed at five points: ~30 s on 2 cores
 def test_killed_mid_save_leaves_old_or_new_file(engine, tmp_path):
     script = tmp_path / "child.py"
     script.write_text(CHILD)

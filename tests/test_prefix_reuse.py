@@ -181,6 +181,7 @@ def test_cancelled_prefill_never_leaves_untracked_positions_trusted(cold_engine)
     assert_logits_match(spy.logits[-1], cold_logits(cold_engine, p))
 
 
+@pytest.mark.slow       # many random request sequences against cold runs
 def test_random_request_sequences_keep_the_invariants(cold_engine):
     """Requests drawn from a few shared prefixes: n_cached is always the longest common
     prefix with what the pool held, capped at len(prompt) - 1, and exactly the rest is

