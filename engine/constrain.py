@@ -43,9 +43,9 @@ from .tokenizer_special import TOKEN_CONTROL, TOKEN_UNKNOWN, TOKEN_USER_DEFINED
 log = logging.getLogger("genie_rt")
 
 TOOL_CALL_START, TOOL_CALL_END = "<tool_call>", "</tool_call>"
-# Whitespace between JSON tokens: a few characters at most, so a small model cannot loop on
-# blanks inside an object (llguidance's default is unbounded).
-JSON_WHITESPACE = r"[\x20\x0A\x0D\x09]{0,16}"
+# JSON is written compact with a space after ',' and ':' (`{"a": 1, "b": [2, 3]}`): with
+# llguidance's default (any whitespace between tokens) a small model can loop on blanks forever.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class ConstraintError(ValueError):
@@ -76,7 +76,7 @@ def _check(grammar: str, what: str) -> str:
 
 def _json_options(strict: bool) -> dict:
     # not strict: keywords llguidance does not implement are ignored instead of refused
-    return {"whitespace_pattern": JSON_WHITESPACE, "lenient": not strict}
+    return {**JSON_LAYOUT, "lenient": not strict}
 
 
 def json_schema_constraint(schema, what: str = "json_schema", strict: bool = True) -> ConstraintSpec:
@@ -134,7 +134,8 @@ def tool_call_constraint(tools: list[dict], mode, token_id=None, response: Const
 
     mode: "auto" (lazy: text until `<tool_call>`, then calls; with `response_schema` the reply is
     either that JSON or calls), True ("required": the prompt already ends with `<tool_call>\\n`)
-    or a function name (named: the prompt ends with `{"name": "f", "arguments": `).
+    or a function name (named: the prompt ends with `{"name": "f", "arguments": `), or "open"
+    (a call is required but the prompt did not start it: the reply opens the first block).
     `token_id(text)` gives the id of a single token spelling `text`, or None."""
     token_id = token_id or (lambda text: None)
     strict_all = all(bool(t.get("function", {}).get("strict")) for t in tools)
@@ -161,6 +162,9 @@ def tool_call_constraint(tools: list[dict], mode, token_id=None, response: Const
         elif mode == "auto":
             lark = head + "start: call more\n" + body
             trigger = TOOL_CALL_START
+        elif mode == "open":              # a call is required and nothing opened it yet
+            lark = head + f"start: WS {open_tag} call more\n" + body
+            trigger = None
         else:                             # required: the prompt opened the first block
             lark = head + "start: call more\n" + body
             trigger = None
