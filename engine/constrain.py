@@ -259,12 +259,15 @@ class Constraint:
     def constraining(self) -> bool:
         return self.active and not self.failed
 
-    def fill(self) -> np.ndarray | None:
+    def fill(self, out: np.ndarray | None = None) -> np.ndarray | None:
         """The bitmask (int32 words, bit i % 32 of word i // 32) of the tokens allowed next, or
-        None when this step is not constrained."""
+        None when this step is not constrained. `out`: an int32 array of the same length to
+        write it to (a GPU upload's pinned buffer) instead of self.words."""
         if not self.constraining:
             return None
-        w = self.words
+        w = self.words if out is None else out
+        if w.dtype != np.int32 or w.shape != self.words.shape or not w.flags.c_contiguous:
+            raise ValueError(f"mask buffer must be a contiguous int32[{self.words.size}] array")
         self._m.unsafe_compute_mask_ptr(w.ctypes.data, w.nbytes)
         if self._m.is_error():
             return self._fail(self._m.get_error())
