@@ -138,6 +138,13 @@ def warm_up(engine) -> None:
     prompt = engine.raw_prompt("Hello") or [0]
     for _ in engine.generate(GenerationRequest(prompt=prompt, params=SamplingParams(temperature=0), max_tokens=2)):
         pass
+    # constrained output's vocabulary (engine/constrain.py): seconds for a large vocabulary,
+    # holding the GIL, so now rather than inside the first JSON-schema request
+    from genie_rt.engine import constrain
+    try:
+        constrain.prepare(engine.tokenizer)
+    except Exception as exc:   # constrained requests will then fail with the reason
+        log.warning("constrained output is unavailable: %s", exc)
 
 
 class GracefulServer(uvicorn.Server):

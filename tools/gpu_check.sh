@@ -14,6 +14,9 @@
 #             SKIP=bench,prefix,prefill,decode skips steps, PSIZES/PSTART: prefill profile sizes, start)
 #   arch      synthetic files at the shapes of Gemma 3 270M and SmolLM2 135M (tools/synth_arch.py),
 #             then genie-rt bench on them and on Qwen3-4B (LLAMA_BENCH=path: llama-bench too)
+#   constrained  pytest -m gpu tests/test_constrained.py, then tools/bench_constrained.py (tg128
+#             unconstrained vs under JSON-schema masks, same run) on the synthetic Gemma 3 270M
+#             and SmolLM2 135M shapes and the fixture
 #   start     tools/bench_start.py: serve's time to /health with an empty and a filled kernel cache
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
 #             there and NO_NCU is unset) one Nsight Compute profile of each of a few
@@ -105,6 +108,18 @@ for s in "$@"; do
         if [ -n "${LLAMA_BENCH:-}" ]; then
           timeout 200 "$LLAMA_BENCH" -m $f -p 18,33,128,512 -n 128 -r 3 -ngl 99 -o md 2>/dev/null | tee "$OUT/llama-bench-$n.md"
         fi
+      done ;;
+    constrained)
+      stage constrained
+      timeout ${CT:-240} $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_constrained.py 2>&1 \
+        | tee "$OUT/constrained-tests.txt" | tail -15
+      for m in gemma3-270m smollm2-135m; do
+        [ -f /tmp/$m.gguf ] || $PY tools/synth_arch.py --preset $m -o /tmp/$m.gguf | tail -1
+      done
+      for f in /tmp/gemma3-270m.gguf /tmp/smollm2-135m.gguf engine/data/qwen3-micro-q4km.gguf; do
+        n=$(basename $f .gguf)
+        timeout ${CBT:-200} $PY tools/bench_constrained.py $f --backend cuda -n 128 -r ${CR:-5} \
+          --json "$OUT/constrained-$n.json" 2>&1 | tail -4
       done ;;
     start)
       stage start
