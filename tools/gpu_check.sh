@@ -113,10 +113,10 @@ for s in "$@"; do
       stage constrained
       timeout ${CT:-240} $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_constrained.py 2>&1 \
         | tee "$OUT/constrained-tests.txt" | tail -15
-      for m in gemma3-270m smollm2-135m; do
-        [ -f /tmp/$m.gguf ] || $PY tools/synth_arch.py --preset $m -o /tmp/$m.gguf | tail -1
+      for m in gemma3-270m smollm2-135m; do   # types the CUDA kernels take (the presets' own may not be)
+        [ -f /tmp/$m-q4k.gguf ] || $PY tools/synth_arch.py --preset $m --types Q4_K -o /tmp/$m-q4k.gguf | tail -1
       done
-      for f in /tmp/gemma3-270m.gguf /tmp/smollm2-135m.gguf engine/data/qwen3-micro-q4km.gguf; do
+      for f in /tmp/gemma3-270m-q4k.gguf /tmp/smollm2-135m-q4k.gguf engine/data/qwen3-micro-q4km.gguf; do
         n=$(basename $f .gguf)
         timeout ${CBT:-200} $PY tools/bench_constrained.py $f --backend cuda -n 128 -r ${CR:-5} \
           --json "$OUT/constrained-$n.json" 2>&1 | tail -4
