@@ -149,8 +149,10 @@ def tool_call_constraint(tools: list[dict], mode, token_id=None, response: Const
     close_tag = _tag(TOOL_CALL_END, token_id(TOOL_CALL_END))
     head = "%llguidance {}\n\n"
     common = f'WS: /[ \\t\\n]{{0,4}}/\nmore: (WS {open_tag} call)*\n'
-    if isinstance(mode, str) and mode != "auto":
-        tool = next(t for t in tools if t["function"]["name"] == mode)
+    if isinstance(mode, str) and mode not in ("auto", "open"):
+        tool = next((t for t in tools if t["function"]["name"] == mode), None)
+        if tool is None:
+            raise ConstraintError(f"'tool_choice' names {mode!r}, which is not one of the tools")
         params = tool["function"].get("parameters") or {"type": "object", "properties": {}}
         lark = head + (f"start: %json {js(params)} WS \"}}\" WS {close_tag}\n"
                        f'WS: /[ \\t\\n]{{0,4}}/\n')

@@ -148,3 +148,16 @@ def test_cuda_constrained_matches_host_path(fixture_gguf):
     free = run(eng, None, 0.0, max_tokens=16)          # the next unconstrained request is unaffected
     cpu = Engine.load(fixture_gguf, EngineConfig(backend="cuda", n_ctx=512))
     assert run(cpu, None, 0.0, max_tokens=16).tokens == free.tokens
+
+
+def test_required_call_without_a_template_tag(cpu_engine):
+    """tool_choice "required" where the template does not open the block: the reply must."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]
+    spec = constrain.tool_call_constraint(tools, "open", cpu_engine.tokenizer.token_id)
+    r = run(cpu_engine, spec, 1.0, 3, max_tokens=60)
+    assert r.text.lstrip().startswith("<tool_call>")
+    body = r.text.lstrip()[len("<tool_call>"):].split("</tool_call>")[0]
+    assert json.loads(body)["name"] == "f" and isinstance(json.loads(body)["arguments"]["x"], int)
+    with pytest.raises(constrain.ConstraintError, match="not one of the tools"):
+        constrain.tool_call_constraint(tools, "g")

@@ -114,9 +114,9 @@ for s in "$@"; do
       timeout ${CT:-240} $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_constrained.py 2>&1 \
         | tee "$OUT/constrained-tests.txt" | tail -15
       for m in gemma3-270m smollm2-135m; do   # types the CUDA kernels take (the presets' own may not be)
-        [ -f /tmp/$m-q4k.gguf ] || $PY tools/synth_arch.py --preset $m --types Q4_K -o /tmp/$m-q4k.gguf | tail -1
+        [ -f /tmp/$m-q8.gguf ] || $PY tools/synth_arch.py --preset $m --types Q8_0 -o /tmp/$m-q8.gguf | tail -1
       done
-      for f in /tmp/gemma3-270m-q4k.gguf /tmp/smollm2-135m-q4k.gguf engine/data/qwen3-micro-q4km.gguf; do
+      for f in /tmp/gemma3-270m-q8.gguf /tmp/smollm2-135m-q8.gguf engine/data/qwen3-micro-q4km.gguf; do
         n=$(basename $f .gguf)
         timeout ${CBT:-200} $PY tools/bench_constrained.py $f --backend cuda -n 128 -r ${CR:-5} \
           --json "$OUT/constrained-$n.json" 2>&1 | tail -4
