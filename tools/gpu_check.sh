@@ -16,7 +16,7 @@
 #             then genie-rt bench on them and on Qwen3-4B (LLAMA_BENCH=path: llama-bench too)
 #   constrained  pytest -m gpu tests/test_constrained.py, then tools/bench_constrained.py (tg128
 #             unconstrained vs under JSON-schema masks, same run) on the synthetic Gemma 3 270M
-#             and SmolLM2 135M shapes and the fixture
+#             and SmolLM2 135M shapes (Q8_0), the fixture, synthetic Qwen3-0.6B and 4B (Q4_K_M)
 #   start     tools/bench_start.py: serve's time to /health with an empty and a filled kernel cache
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
 #             there and NO_NCU is unset) one Nsight Compute profile of each of a few
@@ -116,7 +116,10 @@ for s in "$@"; do
       for m in gemma3-270m smollm2-135m; do   # types the CUDA kernels take (the presets' own may not be)
         [ -f /tmp/$m-q8.gguf ] || $PY tools/synth_arch.py --preset $m --types Q8_0 -o /tmp/$m-q8.gguf | tail -1
       done
-      for f in /tmp/gemma3-270m-q8.gguf /tmp/smollm2-135m-q8.gguf engine/data/qwen3-micro-q4km.gguf; do
+      [ -f /tmp/qwen3-0.6b-q4km.gguf ] || $PY tools/synth_gguf.py --shape 0.6b -o /tmp/qwen3-0.6b-q4km.gguf --threads 8 | tail -1
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      for f in /tmp/gemma3-270m-q8.gguf /tmp/smollm2-135m-q8.gguf engine/data/qwen3-micro-q4km.gguf \
+               /tmp/qwen3-0.6b-q4km.gguf $MODEL4B; do
         n=$(basename $f .gguf)
         timeout ${CBT:-200} $PY tools/bench_constrained.py $f --backend cuda -n 128 -r ${CR:-5} \
           --json "$OUT/constrained-$n.json" 2>&1 | tail -4
