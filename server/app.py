@@ -28,7 +28,7 @@ error event, a queued request gets the 503 JSON error - stop the worker, exit 0 
 caches are saved at the end of each turn, a cancelled one included).
 
 What it deliberately does not do: batching (several slots are reported with -np, one worker
-serves them in turn), grammar-constrained sampling, logprobs, embeddings.
+serves them in turn), embeddings. (Constrained output and logprobs: server/constraints.py.)
 """
 from __future__ import annotations
 

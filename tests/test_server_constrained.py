@@ -217,3 +217,14 @@ def test_smollm2_50_prompts_schema_valid():
                 tool_choice="required", max_tokens=100, temperature=0.7, seed=seed)
             for c in r.choices[0].message.tool_calls:
                 check_light(json.loads(c.function.arguments))
+
+
+def test_ollama_format_and_responses_text_format(real):
+    r = httpx.post(real + "/api/chat", json={"model": "x", "messages": ASK, "stream": False, "format": PERSON,
+                                             "options": {"temperature": 0.9, "seed": 4, "num_predict": 120}},
+                   timeout=60)
+    assert r.status_code == 200, r.text
+    check_person(json.loads(r.json()["message"]["content"]))
+    r = oai(real).responses.create(model="x", input="Make up a person.", max_output_tokens=120, temperature=0.5,
+                                   text={"format": {"type": "json_schema", "name": "p", "schema": PERSON}})
+    check_person(json.loads(r.output_text))
