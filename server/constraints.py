@@ -18,6 +18,8 @@ from __future__ import annotations
 from genie_rt.engine.constrain import (ConstraintError, ConstraintSpec, gbnf_constraint, json_object_constraint,
                                        json_schema_constraint, tool_call_constraint)
 
+from genie_rt.engine.chat import show_json
+
 from .errors import bad_request
 
 MAX_TOP_LOGPROBS = 20          # OpenAI's limit for top_logprobs
@@ -33,7 +35,7 @@ def _int_field(body: dict, name: str, hi: int) -> int:
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if not isinstance(v, int) or not 0 <= v <= hi:
-        raise bad_request(f"'{name}' must be an integer in 0..{hi}, got {v!r}"[:200])
+        raise bad_request(f"'{name}' must be an integer in 0..{hi}, got {show_json(v)}")
     return v
 
 
@@ -77,7 +79,8 @@ def _schema_of(fmt: dict) -> tuple[dict | None, bool]:
         if not isinstance(strict, bool) and strict is not None:
             raise bad_request("'response_format.json_schema.strict' must be a boolean")
         return schema, bool(strict)
-    raise bad_request(f"'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", got {kind!r}"[:200])
+    raise bad_request(f"'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", "
+                      f"got {show_json(kind)}")
 
 
 def parse_output(body: dict) -> tuple[ConstraintSpec | None, dict | None]:
