@@ -34,6 +34,7 @@ import numpy as np
 from . import cuda_layout
 from .arena import Arena
 from .config import EngineConfig, ModelConfig
+from .cuda_constrained import ConstrainedSteps
 from .cuda_layout import BUCKETS, MAX_BIAS, cuda_budget, is_integrated, plan_layout, rope_keys  # noqa: F401
 from .device_state import N_SLOTS, S_LAST, S_POS, S_TOKEN
 from .gguf_file import GGUFFile
@@ -54,7 +55,7 @@ class _Request:
     draws: int = 0                 # tokens sampled on the device this request
 
 
-class CUDABackend:
+class CUDABackend(ConstrainedSteps):
     """engine/backend.py's Backend on a CUDA GPU."""
 
     name = "cuda"
@@ -158,10 +159,22 @@ class CUDABackend:
 
     def _record_head(self, x_last, sample: str | None) -> None:
         """Final norm, output projection, and (optionally) sampling of one row."""
-        from genie_rt.engine import gpu_sampling
         ops = self._decode_ops()
         self.spec.head(ops, self.weights, x_last, self.arena["logits"], self.cfg)
+        self._record_sample(sample)
+
+    def _record_sample(self, sample: str | None, masked: bool = False, advance: bool = False) -> None:
+        """Sampling of the logits (after the grammar mask in sws.mask when `masked`)."""
+        from genie_rt.engine import gpu_sampling
         logits = self.arena["logits"].reshape(self.cfg.vocab_size)
+        if masked:
+            gpu_sampling.apply_mask(self.sws, logits, stream=self.stream)
+        self._record_draw(logits, sample)
+        if advance:
+            gpu_sampling.advance_state(self.state, stream=self.stream)
+
+    def _record_draw(self, logits, sample: str | None) -> None:
+        from genie_rt.engine import gpu_sampling
         if sample == "greedy":
             gpu_sampling.sample_greedy(self.sws, logits, self.state, self.out, stream=self.stream)
         elif sample == "full":
@@ -385,7 +398,19 @@ class CUDABackend:
 
     def prefill_sample(self, tokens, start: int, sampler, history, cancel=None) -> int | None:
         self._enter()
+        if sampler.want_probs:
+            logits = self.prefill(tokens, start, cancel)
+            return None if logits is None else sampler.sample(logits, history)
         self._begin_request(sampler, history)
+        if sampler.constraint is not None:
+            if not self._prefill_layers(np.asarray(tokens, np.int32), start, cancel):
+                return None
+            self._run(("head", None), lambda: self._record_head(self.arena["x_last"], None))
+            self._draw_graph(self._mask_step(sampler), advance=False)
+            self.stream.synchronize()
+            token = self._read_token()
+            sampler.constraint.accept(token)
+            return token
         if not self._prefill_layers(np.asarray(tokens, np.int32), start, cancel):
             return None
         mode = "greedy" if self._req.greedy else "full"
@@ -395,6 +420,8 @@ class CUDABackend:
 
     def decode_sample(self, token: int, pos: int, sampler, history) -> int:
         self._enter()
+        if sampler.want_probs or sampler.constraint is not None:
+            return sampler.sample(self.decode(token, pos), history)
         self._begin_request(sampler, history[:-1] if history and history[-1] == token else history)
         self._set_state(pos=pos, token=token)
         self._wrote(pos, 1)
@@ -408,8 +435,14 @@ class CUDABackend:
         device one step ahead of the host (it never waits for Python between tokens)."""
         from numba import cuda
         self._enter()
+        if sampler.want_probs:
+            yield from self._host_sampled(token, pos, sampler, history)
+            return
         self._begin_request(sampler, history[:-1] if history and history[-1] == token else history)
         self._set_state(pos=pos, token=token)
+        if sampler.constraint is not None:
+            yield from self._constrained(pos, sampler)
+            return
         mode = "greedy" if self._req.greedy else "full"
         replay = lambda: self._run(("decode", mode), lambda: self._record_decode(mode))  # noqa: E731
         pending: deque = deque()

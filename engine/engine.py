@@ -162,7 +162,13 @@ class Engine:
         req.params.validate(self.cfg.vocab_size)
         if req.conversation_id is not None:
             validate_conversation_id(req.conversation_id)   # InvalidConversationId before any work
-        sampler = Sampler(req.params)
+        constraint = None
+        if req.constraint is not None:       # ConstraintError (a ValueError) before any work
+            from .constrain import Constraint
+            constraint = Constraint.start(self.tokenizer, req.constraint, self.cfg.vocab_size)
+        sampler = Sampler(req.params, constraint, n_probs=req.n_probs,
+                          want_probs=req.logprobs or req.n_probs > 0, post_sampling=req.post_sampling_probs)
+        probs = [] if sampler.want_probs else None
         cancel = req.cancel
 
         t0 = time.perf_counter()
@@ -171,7 +177,7 @@ class Engine:
         token = self.backend.prefill_sample(prompt[n_reuse:], n_reuse, sampler, prompt, cancel)
         t1 = time.perf_counter()
         if token is None:  # cancelled between prefill chunks: the pool holds a partial prompt
-            yield Done(self._finish(req, [], "cancelled", None, n_reuse, t0, t1, t1, ""))
+            yield Done(self._finish(req, [], "cancelled", None, n_reuse, t0, t1, t1, "", None))
             return
         self.kv_tokens = prompt[:]
 
@@ -198,9 +204,11 @@ class Engine:
                 generated.append(token)
                 history.append(token)
                 pending.append(token)
+                if probs is not None:
+                    probs.append(sampler.records[len(generated) - 1])
                 text, stopped = stops.feed(decoder.feed(token))
                 if text or stopped:
-                    yield Delta(text, pending)
+                    yield Delta(text, pending, probs[-len(pending):] if probs is not None else None)
                     pending = []
                 if stopped:
                     finish = "stop"
@@ -223,16 +231,16 @@ class Engine:
             else:
                 text += stops.flush()
             if text or pending:
-                yield Delta(text, pending)
+                yield Delta(text, pending, probs[len(probs) - len(pending):] if probs is not None else None)
         t2 = time.perf_counter()
-        result = self._finish(req, generated, finish, stops.stop_word, n_reuse, t0, t1, t2, stops.text)
+        result = self._finish(req, generated, finish, stops.stop_word, n_reuse, t0, t1, t2, stops.text, probs)
         yield Done(result)
         # After Done, so the client has its answer before the (possibly large) file is written;
         # every consumer (server worker, CLI) drives the generator to its end.
         if self.kv_store is not None and req.conversation_id is not None:
             self.kv_store.save(self, req.conversation_id)
 
-    def _finish(self, req, generated, finish, stop_word, n_reuse, t0, t1, t2, text) -> GenerationResult:
+    def _finish(self, req, generated, finish, stop_word, n_reuse, t0, t1, t2, text, probs) -> GenerationResult:
         s = self.stats
         s.requests += 1
         s.prompt_tokens += len(req.prompt)
@@ -243,4 +251,4 @@ class Engine:
         s.gen_ms += (t2 - t1) * 1000
         return GenerationResult(text=text, tokens=generated, finish_reason=finish, stop_word=stop_word,
                                 n_prompt=len(req.prompt), n_cached=n_reuse, prompt_ms=(t1 - t0) * 1000,
-                                n_generated=len(generated), gen_ms=(t2 - t1) * 1000)
+                                n_generated=len(generated), gen_ms=(t2 - t1) * 1000, probs=probs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from .sampling import SamplingParams
+from .sampling import SamplingParams, TokenProbs
 
 
 class ContextOverflowError(ValueError):
@@ -31,13 +31,19 @@ class GenerationRequest:
     ignore_eos: bool = False
     conversation_id: str | None = None         # persistent KV (kvcache/persist.py)
     cancel: threading.Event | None = None      # set by the client side to stop early
+    constraint: object = None                  # engine/constrain.py ConstraintSpec: the output's grammar
+    n_probs: int = 0                           # the most likely tokens to report per token
+    logprobs: bool = False                     # report each token's probability (Delta.probs)
+    post_sampling_probs: bool = False          # ... after the whole sampler chain (llama-server)
 
 
 @dataclass
 class Delta:
-    """Newly completed text and the token ids that produced it."""
+    """Newly completed text and the token ids that produced it (with their probabilities when
+    the request asked for logprobs: one TokenProbs per token)."""
     text: str
     tokens: list[int]
+    probs: list[TokenProbs] | None = None
 
 
 @dataclass
@@ -51,6 +57,7 @@ class GenerationResult:
     prompt_ms: float
     n_generated: int
     gen_ms: float
+    probs: list[TokenProbs] | None = None   # per generated token, when the request asked
 
     @property
     def prompt_per_second(self) -> float:

@@ -53,7 +53,13 @@ Parameters (set per request by `set_request`, never per token):
     bias_ids int32[max_bias], bias_vals float32[max_bias]: the logit_bias pairs
     ring int32[ring_capacity]: recent tokens, token j of the history at ring[j % capacity]
 
-Deliberately not here: batches of sequences, logprobs, grammar, mirostat / typical /
+Grammar masks (engine/constrain.py): `apply_mask` bans, in place, every token whose bit is clear
+in ws.mask (int32[(V + 31) // 32], bit i % 32 of word i // 32: llguidance's bitmask layout);
+`upload_mask` copies the host's mask for the next step there (through a pinned mirror, async on
+the stream). Launched before `sample`, in the same graph: the mask is the step's input like the
+token id, so one captured graph serves every step of a constrained request.
+
+Deliberately not here: batches of sequences, logprobs, mirostat / typical /
 DRY samplers. The logits buffer is modified in place (bias and penalties). NaN logits
 are treated as banned (the host's np.argmax would pick them). The GPU's RNG is not
 numpy's: for the same seed the CPU and CUDA back-ends draw different (equally
@@ -889,6 +895,15 @@ def _select_kernel(logits, params_f, params_i, state, ring, out, ws_i, ws_f, ws_
 
 
 @cuda.jit
+def _mask_kernel(logits, mask):
+    """One thread per token: logits[i] = -inf where bit i of the mask is clear."""
+    i = cuda.grid(1)
+    if i < logits.shape[0]:
+        if (uint32(mask[i >> 5]) >> uint32(i & 31)) & uint32(1) == uint32(0):
+            logits[i] = float32(-math.inf)
+
+
+@cuda.jit
 def _advance_state_kernel(state):
     """state[0] += 1 (the position of the next token)."""
     if cuda.threadIdx.x == 0 and cuda.blockIdx.x == 0:
@@ -911,7 +926,9 @@ _SIG_SELECT = ("void(float32[::1], float32[::1], int32[::1], int32[::1], int32[:
                "int32[::1], float32[::1], int64[::1], int32[::1], uint32[::1], float32[::1], "
                "int32[::1], uint32[::1], float32[::1], int32[::1], int64[::1], int8[::1])")
 _SIG_ADVANCE = "void(int32[::1])"
+_SIG_MASK = "void(float32[::1], int32[::1])"
 KERNEL_SIGNATURES = {
+    "_mask_kernel": _SIG_MASK,
     "_penalties_kernel": _SIG_PENALTIES,
     "_argmax_kernel": _SIG_ARGMAX,
     "_hist_kernel": _SIG_HIST,
@@ -963,6 +980,7 @@ class SamplerWorkspace:
     den_i: object         # int32[V]
     den_w: object         # int64[V] masses, then draw weights
     kept: object          # int8[V] with debug_kept (tests), else int8[1]
+    mask: object = None   # int32[(V+31)//32] grammar bitmask of the step (apply_mask)
     host: dict = None     # pinned host mirrors of the per-request buffers (set_request)
 
 
@@ -987,6 +1005,7 @@ _BUFFERS = [  # name, dtype, length as a function of (V, nb, C, R, B)
     ("den_v", np.float32, lambda V, nb, C, R, B: V),
     ("den_i", np.int32, lambda V, nb, C, R, B: V),
     ("den_w", np.int64, lambda V, nb, C, R, B: V),
+    ("mask", np.int32, lambda V, nb, C, R, B: (V + 31) // 32),
 ]
 
 
@@ -1128,6 +1147,8 @@ def _host_mirrors(ws: SamplerWorkspace) -> dict:
     m = {name: pinned_like(getattr(ws, name)) for name in ("params_f", "params_i", "bias_ids",
                                                           "bias_vals", "ring")}
     m["counters"] = pinned_like(ws.params_i[:2])
+    if ws.mask is not None:
+        m["mask"] = pinned_like(ws.mask)
     return m
 
 
@@ -1156,6 +1177,25 @@ def sample_greedy(ws: SamplerWorkspace, logits, state, out, stream=0) -> None:
                                            ws.bias_vals, ws.ring, state, ws.pen_cnt, ws.ws_i)
     _argmax_kernel[ws.n_blocks, ws.block, stream](logits, ws.params_f, state, ws.ring, out,
                                                   ws.ws_i, ws.ws_f, ws.part, np.int32(1))
+
+
+def mask_words(ws: SamplerWorkspace) -> np.ndarray:
+    """The pinned host mirror of ws.mask: compute the next mask into it, then upload_mask.
+    Rewrite it only after the previous upload finished (the caller syncs each step)."""
+    return ws.host["mask"]
+
+
+def upload_mask(ws: SamplerWorkspace, stream=0) -> None:
+    """Copy mask_words(ws) to ws.mask, asynchronously on `stream`."""
+    upload(ws.mask, ws.host["mask"], stream)
+
+
+def apply_mask(ws: SamplerWorkspace, logits, stream=0) -> None:
+    """logits[i] = -inf where ws.mask's bit i is clear (one launch; graph-capturable)."""
+    _check("logits", logits, np.float32, length=ws.vocab)
+    _check("mask", ws.mask, np.int32, length=(ws.vocab + 31) // 32)
+    threads = 256
+    _mask_kernel[-(-ws.vocab // threads), threads, stream](logits, ws.mask)
 
 
 def advance_state(state, stream=0) -> None:

@@ -7,6 +7,13 @@ Temperature <= 0 means greedy (argmax after bias and penalties). top_k <= 0,
 top_p >= 1 and min_p <= 0 switch those filters off. A seed makes the draw
 reproducible: the same seed, prompt and parameters give the same tokens.
 
+A grammar (engine/constrain.py) bans the tokens it does not allow after the penalties (their
+logits become -inf), before top_k. With `n_probs` the sampler records, per draw, the chosen
+token's log-probability and the `n_probs` most likely tokens (`records`, one TokenProbs a
+draw): by default over the distribution the chain starts from (bias, penalties and the grammar
+applied; llama-server's and OpenAI's logprobs), with `post_sampling` over what the chain kept
+after top_k / top_p / min_p and temperature (llama-server's post_sampling_probs).
+
 The CUDA back-end samples on the GPU with the same chain (engine/cuda_sampling.py);
 this module is its reference. Validation of user input (ranges, types) happens at the
 boundary (CLI, server) through `SamplingParams.validate`.
@@ -77,13 +84,40 @@ class SamplingParams:
                                  "(use -inf or a float to ban a token)")
 
 
-class Sampler:
-    """Stateful sampler for one request: owns the random generator."""
+@dataclass
+class TokenProbs:
+    """One draw's probabilities: the chosen token and the most likely ones, as natural logs
+    (post_sampling: of the probabilities after the whole chain; -inf for a banned token)."""
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+    post_sampling: bool = False
 
-    def __init__(self, params: SamplingParams):
+
+def _top(ids: np.ndarray, logp: np.ndarray, n: int) -> list[tuple[int, float]]:
+    """The n largest (id, logp), by logp descending then id ascending."""
+    if n <= 0 or ids.size == 0:
+        return []
+    n = min(n, ids.size)
+    part = np.argpartition(-logp, n - 1)[:n] if n < ids.size else np.arange(ids.size)
+    order = np.lexsort((ids[part], -logp[part]))
+    return [(int(ids[part[j]]), float(logp[part[j]])) for j in order]
+
+
+class Sampler:
+    """Stateful sampler for one request: owns the random generator (and the request's grammar
+    constraint and probability records, when it has them)."""
+
+    def __init__(self, params: SamplingParams, constraint=None, n_probs: int = 0,
+                 want_probs: bool = False, post_sampling: bool = False):
         self.params = params
         seed = params.seed if params.seed is not None and params.seed >= 0 else None
         self.rng = np.random.default_rng(None if seed is None else seed & ((1 << 64) - 1))
+        self.constraint = constraint          # engine/constrain.py Constraint, or None
+        self.n_probs = n_probs
+        self.want_probs = want_probs or n_probs > 0
+        self.post_sampling = post_sampling
+        self.records: list[TokenProbs] = []   # one per draw when want_probs
 
     def apply_penalties(self, logits: np.ndarray, history: list[int]) -> np.ndarray:
         p = self.params
@@ -99,17 +133,46 @@ class Sampler:
         return logits
 
     def sample(self, logits: np.ndarray, history: list[int] | None = None) -> int:
-        p = self.params
         logits = self.apply_penalties(logits, history or [])
+        allowed = self.constraint.allowed() if self.constraint is not None else None
+        if allowed is not None:
+            logits[~allowed] = -np.inf
+        token, kept, kept_p = self._draw(logits)
+        if self.want_probs:
+            self.records.append(self._record(logits, token, kept, kept_p))
+        if self.constraint is not None:
+            self.constraint.accept(token)
+        return token
+
+    def _record(self, logits, token, kept, kept_p) -> TokenProbs:
+        if self.post_sampling:
+            with np.errstate(divide="ignore"):
+                logp = np.log(kept_p)
+            hit = np.flatnonzero(kept == token)
+            lp = float(logp[hit[0]]) if hit.size else float("-inf")
+            return TokenProbs(token, lp, _top(kept, logp, self.n_probs), True)
+        z = logits.astype(np.float64)
+        finite = np.isfinite(z)
+        zmax = z[finite].max() if finite.any() else 0.0
+        lse = zmax + np.log(np.exp(z[finite] - zmax).sum()) if finite.any() else 0.0
+        ids = np.flatnonzero(finite)
+        logp = z[ids] - lse
+        lp = float(z[token] - lse) if finite[token] else float("-inf")
+        return TokenProbs(token, lp, _top(ids, logp, self.n_probs))
+
+    def _draw(self, logits: np.ndarray) -> tuple[int, np.ndarray, np.ndarray]:
+        """The token, and the candidates the chain kept with their final probabilities."""
+        p = self.params
         if p.is_greedy:
-            return int(np.argmax(logits))
+            t = int(np.argmax(logits))
+            return t, np.array([t]), np.array([1.0])
         # candidates sorted by logit, descending (top_k first bounds the sort)
         k = p.top_k if 0 < p.top_k < logits.size else logits.size
         idx = np.argpartition(-logits, k - 1)[:k] if k < logits.size else np.arange(logits.size)
         idx = idx[np.argsort(-logits[idx], kind="stable")]
         cand = logits[idx].astype(np.float64)
         if not np.isfinite(cand[0]):          # every token banned by logit_bias: fall back
-            return int(idx[0])
+            return int(idx[0]), idx[:1], np.array([1.0])
         finite = np.isfinite(cand)
         cand, idx = cand[finite], idx[finite]
         probs = np.exp(cand - cand[0])
@@ -123,4 +186,4 @@ class Sampler:
         scaled = (cand - cand[0]) / p.temperature
         probs = np.exp(scaled)
         probs /= probs.sum()
-        return int(idx[self.rng.choice(probs.size, p=probs)])
+        return int(idx[self.rng.choice(probs.size, p=probs)]), idx, probs

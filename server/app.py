@@ -28,7 +28,7 @@ error event, a queued request gets the 503 JSON error - stop the worker, exit 0 
 caches are saved at the end of each turn, a cancelled one included).
 
 What it deliberately does not do: batching (several slots are reported with -np, one worker
-serves them in turn), grammar-constrained sampling, logprobs, embeddings.
+serves them in turn), embeddings. (Constrained output and logprobs: server/constraints.py.)
 """
 from __future__ import annotations
 
@@ -138,6 +138,13 @@ def warm_up(engine) -> None:
     prompt = engine.raw_prompt("Hello") or [0]
     for _ in engine.generate(GenerationRequest(prompt=prompt, params=SamplingParams(temperature=0), max_tokens=2)):
         pass
+    # constrained output's vocabulary (engine/constrain.py): seconds for a large vocabulary,
+    # holding the GIL, so now rather than inside the first JSON-schema request
+    from genie_rt.engine import constrain
+    try:
+        constrain.prepare(engine.tokenizer)
+    except Exception as exc:   # constrained requests will then fail with the reason
+        log.warning("constrained output is unavailable: %s", exc)
 
 
 class GracefulServer(uvicorn.Server):

@@ -82,7 +82,7 @@ async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done, 
 @endpoint
 async def chat_completions(request: Request, st: ServerState) -> Response:
     chat = await jobs.start_chat(request, st)
-    fmt = ChatFormatter(st.model_name, FINGERPRINT, chat.output)
+    fmt = ChatFormatter(st.model_name, FINGERPRINT, chat.output, st.engine.tokenizer)
     include_usage = chat.req.gen.include_usage
     if chat.req.gen.stream:
         def done(result) -> list[dict]:
@@ -90,7 +90,7 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
             jobs._count_tool_calls(st, result, has_calls)
             return chunks
         return SSEResponse(_sse(chat.stream, chat.event, [fmt.first_chunk()],
-                                lambda ev: fmt.text_chunks(ev.text), done))
+                                lambda ev: fmt.text_chunks(ev.text, ev.probs), done))
     generated, _, result = await jobs.collect(chat.stream, chat.event)
     chat.output.text = chat.forced + generated
     response, has_calls = fmt.response(result)
@@ -153,9 +153,10 @@ async def _completion(request: Request, st: ServerState, native: bool) -> Respon
                                     lambda result: [nfmt.response("", [], result)], done_marker=False))
         text, tokens, result = await jobs.collect(stream, event)
         return JSONResp(select_fields(nfmt.response(text, tokens, result), req.response_fields))
-    fmt = CompletionFormatter(st.model_name, FINGERPRINT)
+    fmt = CompletionFormatter(st.model_name, FINGERPRINT, st.engine.tokenizer)
     if req.gen.stream:
-        return SSEResponse(_sse(stream, event, [], lambda ev: [fmt.text_chunk(ev.text)] if ev.text else [],
+        return SSEResponse(_sse(stream, event, [], lambda ev: [fmt.text_chunk(ev.text, ev.probs)]
+                                if ev.text or ev.probs else [],
                                 lambda result: fmt.final_chunks(result, req.gen.include_usage)))
     text, _, result = await jobs.collect(stream, event)
     return JSONResp(fmt.response(text, result))
@@ -167,7 +168,7 @@ async def _completion_batch(request: Request, st: ServerState, req, native: bool
         raise ApiError(400, "'prompt' with several prompts cannot be streamed here; send one prompt per "
                             "request to stream")
     results = []
-    fmt = CompletionFormatter(st.model_name, FINGERPRINT)
+    fmt = CompletionFormatter(st.model_name, FINGERPRINT, st.engine.tokenizer)
     choices = []
     for k, one in enumerate(req.batch):
         prompt = await _prompt_ids(st, one)

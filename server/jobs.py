@@ -33,6 +33,7 @@ from genie_rt.engine.chat import TOOL_CALL_START
 from genie_rt.engine.generate import Delta, Done, GenerationRequest
 
 from . import schemas
+from .constraints import tool_constraint
 from .errors import ApiError, api_error, bad_request, exceed_context
 from .openai_format import ChatOutput, prompt_opens_thinking
 from .prompt_limits import TextBudget, TooManyTokens, encode_bounded
@@ -86,9 +87,14 @@ def check_prompt(prompt: list[int], n_ctx: int) -> None:
 
 
 # --- jobs -----------------------------------------------------------------------------------------
-def start_job(request: Request, st: ServerState, gen: schemas.GenerationFields, prompt: list[int]) -> JobStream:
+def start_job(request: Request, st: ServerState, gen: schemas.GenerationFields, prompt: list[int],
+              constraint=None) -> JobStream:
+    """Queue a generation; `constraint` (a chat's tool-call grammar) replaces gen.constraint."""
     job = Job(GenerationRequest(prompt=prompt, params=gen.params, max_tokens=gen.max_tokens, stop=gen.stop,
-                                ignore_eos=gen.ignore_eos, conversation_id=gen.conversation_id),
+                                ignore_eos=gen.ignore_eos, conversation_id=gen.conversation_id,
+                                constraint=constraint if constraint is not None else gen.constraint,
+                                n_probs=gen.n_probs, logprobs=gen.logprobs,
+                                post_sampling_probs=gen.post_sampling_probs),
               asyncio.get_running_loop())
     try:
         st.worker.submit(job)
@@ -205,14 +211,28 @@ class ChatJob:
     prompt_text: str = ""
 
 
-def _render(st: ServerState, req: schemas.ChatRequest) -> tuple[str, str, list[int]]:
+def tool_grammar(st: ServerState, req: schemas.ChatRequest, forced: str, prefilled: bool):
+    """The tool-call constraint of a chat with tools (None without tools, with a `grammar`,
+    or when the reply continues a prefilled assistant message)."""
+    if not req.tools or prefilled or (req.gen.constraint is not None and req.gen.response_schema is None):
+        return None
+    if req.forced_tool:
+        mode = req.forced_tool if forced else "open"
+    else:
+        mode = "auto"
+    schema = req.gen.response_schema if mode == "auto" else None
+    return tool_constraint(req.tools, mode, getattr(st.engine, "tokenizer", None), schema)
+
+
+def _render(st: ServerState, req: schemas.ChatRequest) -> tuple[str, str, list[int], object]:
     engine = st.engine
     text, prefilled = render_chat(engine.template, req.messages, req.tools, req.template_kwargs,
                                   req.add_generation_prompt)
     if not prefilled and req.add_generation_prompt:
         text = close_forced_think(text, req.template_kwargs.get("enable_thinking") is False)
     forced = "" if prefilled else forced_tool_start(engine.template, text, req.forced_tool)
-    return text, forced, encode_prompt(st, text + forced, True, True, engine.n_ctx - 1)
+    return (text, forced, encode_prompt(st, text + forced, True, True, engine.n_ctx - 1),
+            tool_grammar(st, req, forced, prefilled))
 
 
 async def start_chat(request: Request, st: ServerState, body: dict | None = None) -> ChatJob:
@@ -223,7 +243,7 @@ async def start_chat(request: Request, st: ServerState, body: dict | None = None
         body = await read_json(request, st.settings.max_body_bytes)
     # in the pool: logit_bias may carry text keys to tokenize (megabytes at worst)
     req = await run_in_threadpool(schemas.parse_chat, body, st.vocab_size, st.tokenize_text, st.settings.defaults)
-    text, forced, prompt = await run_in_threadpool(_render, st, req)
+    text, forced, prompt, tool_spec = await run_in_threadpool(_render, st, req)
     check_prompt(prompt, engine.n_ctx)
     output = ChatOutput(parse_reasoning=req.parse_reasoning, think_open=prompt_opens_thinking(text),
                         parse_tools=req.tools is not None)
@@ -232,7 +252,7 @@ async def start_chat(request: Request, st: ServerState, body: dict | None = None
     if engine.template.stop_strings:   # the plain fallback's next "User:" line ends the reply
         gen = replace(gen, stop=list(gen.stop) + [s for s in engine.template.stop_strings
                                                               if s not in gen.stop])
-    stream = start_job(request, st, gen, prompt)
+    stream = start_job(request, st, gen, prompt, tool_spec)
     event = await first_event(stream)
     return ChatJob(req, output, forced, prompt, stream, event, st, text + forced)
 

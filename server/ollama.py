@@ -17,7 +17,7 @@ function shape (Ollama's own), think (true / false; "low" / "medium" / "high" me
 temperature, top_k, top_p, min_p, seed, num_predict, stop, repeat_penalty, repeat_last_n,
 presence_penalty, frequency_penalty (num_ctx, num_gpu, num_thread, keep_alive are accepted and
 ignored: the context is the server's). `format` ("json" or a schema) becomes response_format,
-refused for now like every constrained-decoding field.
+which constrains the reply (server/constraints.py).
 Replies: {"model", "created_at", "message": {"role": "assistant", "content", "thinking"?,
 "tool_calls"?: [{"function": {"name", "arguments": {...}}}]}, "done": false} per piece (a tool
 call once its block is closed), then the final object with "done": true, "done_reason" stop |

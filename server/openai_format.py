@@ -29,6 +29,7 @@ import time
 
 from genie_rt.engine.chat import THINK_START, parse_tool_calls, split_reasoning
 
+from . import logprobs as lp
 from .errors import json_bytes
 from .schemas import RANDOM_SEED
 
@@ -156,12 +157,14 @@ def finish_reason(result, has_tool_calls: bool) -> str:
 class ChatFormatter:
     """chat.completion / chat.completion.chunk objects for one request."""
 
-    def __init__(self, model: str, fingerprint: str, output: ChatOutput):
+    def __init__(self, model: str, fingerprint: str, output: ChatOutput, tokenizer=None):
         self.id = "chatcmpl-" + random_id()
         self.created = int(time.time())
         self.model = model
         self.fingerprint = fingerprint
         self.output = output
+        self.tokenizer = tokenizer        # for logprobs (token texts)
+        self._pending_probs: list = []    # probabilities of tokens whose text is still held back
 
     def _chunk(self, choices: list, **extra) -> dict:
         return {"choices": choices, "created": self.created, "id": self.id, "model": self.model,
@@ -173,14 +176,26 @@ class ChatFormatter:
     def first_chunk(self) -> dict:
         return self._delta_chunk({"role": "assistant", "content": None})
 
-    def text_chunks(self, piece: str) -> list[dict]:
-        return [self._delta_chunk(d) for d in self.output.feed(piece)]
+    def _attach_probs(self, chunks: list[dict], probs) -> None:
+        """A delta's token probabilities go on the first chunk that carries its text (held back
+        with the text the parser holds back)."""
+        if probs:
+            self._pending_probs.extend(probs)
+        if chunks and self._pending_probs and self.tokenizer is not None:
+            chunks[0]["choices"][0]["logprobs"] = lp.chat_logprobs(self.tokenizer, self._pending_probs)
+            self._pending_probs = []
+
+    def text_chunks(self, piece: str, probs=None) -> list[dict]:
+        chunks = [self._delta_chunk(d) for d in self.output.feed(piece)]
+        self._attach_probs(chunks, probs)
+        return chunks
 
     def final_chunks(self, result, include_usage: bool) -> tuple[list[dict], bool]:
         """Remaining deltas, the finish chunk, the usage chunk; timings on the last one."""
         chunks = [self._delta_chunk(d) for d in self.output.feed("", final=True)]
         _, has_calls = self.output.message()
         chunks.append(self._chunk([{"finish_reason": finish_reason(result, has_calls), "index": 0, "delta": {}}]))
+        self._attach_probs(chunks, None)
         if include_usage:  # OpenAI: the usage chunk has an empty choices array
             chunks.append(self._chunk([], usage=usage(result)))
         chunks[-1]["timings"] = timings(result)
@@ -188,7 +203,10 @@ class ChatFormatter:
 
     def response(self, result) -> tuple[dict, bool]:
         msg, has_calls = self.output.message()
-        return {"choices": [{"finish_reason": finish_reason(result, has_calls), "index": 0, "message": msg}],
+        choice = {"finish_reason": finish_reason(result, has_calls), "index": 0, "message": msg}
+        if result.probs is not None and self.tokenizer is not None:
+            choice["logprobs"] = lp.chat_logprobs(self.tokenizer, result.probs)
+        return {"choices": [choice],
                 "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
                 "object": "chat.completion", "usage": usage(result), "id": self.id,
                 "timings": timings(result)}, has_calls
@@ -198,19 +216,24 @@ class ChatFormatter:
 class CompletionFormatter:
     """text_completion objects (streamed chunks share the object name, as in llama-server)."""
 
-    def __init__(self, model: str, fingerprint: str):
+    def __init__(self, model: str, fingerprint: str, tokenizer=None):
         self.id = "cmpl-" + random_id()
         self.created = int(time.time())
         self.model = model
         self.fingerprint = fingerprint
+        self.tokenizer = tokenizer        # for logprobs (token texts)
+        self._offset = 0                  # text_offset of the next streamed token
 
-    def _obj(self, text: str, finish: str | None, **extra) -> dict:
-        return {"choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+    def _obj(self, text: str, finish: str | None, probs=None, **extra) -> dict:
+        logprobs = None
+        if probs is not None and self.tokenizer is not None:
+            logprobs, self._offset = lp.completion_logprobs(self.tokenizer, probs, self._offset)
+        return {"choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
                 "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
                 "object": "text_completion", "id": self.id, **extra}
 
-    def text_chunk(self, piece: str) -> dict:
-        return self._obj(piece, None)
+    def text_chunk(self, piece: str, probs=None) -> dict:
+        return self._obj(piece, None, probs)
 
     def final_chunks(self, result, include_usage: bool) -> list[dict]:
         """The finish chunk; usage on it (llama-server) or, with include_usage, on a last chunk
@@ -224,14 +247,17 @@ class CompletionFormatter:
         return chunks
 
     def response(self, text: str, result) -> dict:
-        return self._obj(text, finish_reason(result, False), usage=usage(result), timings=timings(result))
+        self._offset = 0
+        return self._obj(text, finish_reason(result, False), result.probs, usage=usage(result),
+                         timings=timings(result))
 
 
 # --- llama-server's native /completion --------------------------------------------------------------
 SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]
 
 
-def sampling_settings(p, max_tokens: int | None, ignore_eos: bool, stream: bool) -> dict:
+def sampling_settings(p, max_tokens: int | None, ignore_eos: bool, stream: bool, n_probs: int = 0,
+                      post_sampling_probs: bool = False) -> dict:
     """llama-server's names for a request's sampling settings (its generation_settings, and
     /props' defaults); seed 0xFFFFFFFF (RANDOM_SEED) means a random one. The samplers this
     engine lacks are reported with the values that switch them off, so a client reading the
@@ -248,11 +274,11 @@ def sampling_settings(p, max_tokens: int | None, ignore_eos: bool, stream: bool)
             "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1,
             "adaptive_target": -1.0, "adaptive_decay": 0.9,
             "max_tokens": n_predict, "n_predict": n_predict, "n_keep": 0, "n_discard": 0,
-            "ignore_eos": ignore_eos, "stream": stream, "n_probs": 0, "min_keep": 0,
+            "ignore_eos": ignore_eos, "stream": stream, "n_probs": n_probs, "min_keep": 0,
             "grammar": "", "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
             "chat_format": "Content-only", "reasoning_format": "auto", "reasoning_in_content": False,
             "generation_prompt": "", "samplers": list(SAMPLERS), "speculative.types": "none",
-            "timings_per_token": False, "post_sampling_probs": False, "backend_sampling": False, "lora": []}
+            "timings_per_token": False, "post_sampling_probs": post_sampling_probs, "backend_sampling": False, "lora": []}
 
 
 def logit_bias_list(logit_bias: dict, extra_banned=()) -> list[dict]:
@@ -289,16 +315,21 @@ class NativeCompletionFormatter:
         self.n_prompt = len(prompt)
         self.n_ctx = st.engine.n_ctx
         self.eog = sorted(getattr(st.engine.tokenizer, "eot_ids", ()) or ())
+        self.tokenizer = st.engine.tokenizer
         self.n_generated = 0
 
     def text_chunk(self, delta) -> dict:
         self.n_generated += len(delta.tokens)
-        return {"index": 0, "content": delta.text, "tokens": list(delta.tokens), "stop": False, "id_slot": 0,
-                "tokens_predicted": self.n_generated, "tokens_evaluated": self.n_prompt}
+        out = {"index": 0, "content": delta.text, "tokens": list(delta.tokens), "stop": False, "id_slot": 0,
+               "tokens_predicted": self.n_generated, "tokens_evaluated": self.n_prompt}
+        if getattr(delta, "probs", None) is not None:
+            out["completion_probabilities"] = lp.native_probs(self.tokenizer, delta.probs)
+        return out
 
     def generation_settings(self) -> dict:
         g = self.gen
-        return {**sampling_settings(g.params, g.max_tokens, g.ignore_eos, g.stream), "stop": list(g.stop),
+        return {**sampling_settings(g.params, g.max_tokens, g.ignore_eos, g.stream, g.n_probs, g.post_sampling_probs),
+                "stop": list(g.stop),
                 "logit_bias": logit_bias_list(g.params.logit_bias, self.eog if g.ignore_eos else ())}
 
     def response(self, text: str, tokens: list[int], result) -> dict:
@@ -308,4 +339,6 @@ class NativeCompletionFormatter:
                 "prompt": self.prompt_text, "has_new_line": "\n" in (text or result.text),
                 "truncated": truncated(result, self.n_ctx, self.gen.max_tokens), "stop_type": stop_type(result),
                 "stopping_word": result.stop_word or "",
-                "tokens_cached": result.n_prompt + result.n_generated, "timings": timings(result)}
+                "tokens_cached": result.n_prompt + result.n_generated, "timings": timings(result),
+                **({"completion_probabilities": lp.native_probs(self.tokenizer, result.probs)}
+                   if result.probs is not None and not self.gen.stream else {})}

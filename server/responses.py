@@ -11,8 +11,8 @@ Request -> OpenAI chat body:
   "none", "required", {"type": "function", "name"}); max_output_tokens, temperature, top_p,
   stream; reasoning.effort "none"/"minimal" switches thinking off, any other effort on.
 - previous_response_id and conversation are refused (400): nothing is stored (`store` is
-  ignored). text.format other than text and built-in tools (web search, file search, ...) are
-  refused.
+  ignored). text.format json_schema / json_object constrain the output (server/constraints.py);
+  other formats and built-in tools (web search, file search, ...) are refused.
 Response: {"id": "resp_...", "object": "response", "status": completed | incomplete, "output":
 [reasoning item, message item (output_text), function_call items], "usage", ...}. Streaming:
 response.created, response.in_progress, then per item output_item.added, content_part.added /
@@ -122,10 +122,15 @@ def to_chat_body(body: dict) -> dict:
             raise bad_request(f"'{key}' is not supported: this server stores no responses; send the whole "
                               "conversation in 'input'")
     fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
-    if isinstance(fmt, dict) and fmt.get("type", "text") != "text":
-        raise bad_request(f"'text.format.type' {schemas._show(fmt.get('type'))} is not supported "
-                          "(no grammar-constrained sampling); use 'text'")
     out: dict = {"messages": _messages(body)}
+    if isinstance(fmt, dict) and fmt.get("type", "text") == "json_schema":   # constrained (constraints.py)
+        out["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": fmt.get("name"), "schema": fmt.get("schema", {"type": "object"}), "strict": fmt.get("strict")}}
+    elif isinstance(fmt, dict) and fmt.get("type", "text") == "json_object":
+        out["response_format"] = {"type": "json_object"}
+    elif isinstance(fmt, dict) and fmt.get("type", "text") != "text":
+        raise bad_request(f"'text.format.type' must be text, json_object or json_schema, got "
+                          f"{schemas._show(fmt.get('type'))}")
     if body.get("max_output_tokens") is not None:
         out["max_tokens"] = body["max_output_tokens"]
     for key in ("temperature", "top_p", "stream", "seed", "top_k", "min_p", "stop"):

@@ -20,9 +20,9 @@ What it deliberately does not do
   its ChatTemplateError is a 400 too. `chat_messages` checks only their shape (objects, roles,
   content types, tool calls with JSON arguments) so those messages are bounded; tools are
   checked by engine/chat.py's `validate_tools`, whatever `tool_choice` says.
-- Honour fields that need machinery this engine lacks (n > 1, logprobs, json_schema /
-  json_object response formats, echo, suffix): they are refused with a 400 saying so, rather
-  than silently ignored. Unknown fields are ignored, as llama-server ignores them.
+- Output constraints and logprobs: server/constraints.py reads them into GenerationFields.
+- Honour fields that need machinery this engine lacks (n > 1, echo, suffix): they are refused
+  with a 400 saying so, rather than silently ignored. Unknown fields are ignored, as llama-server ignores them.
 """
 from __future__ import annotations
 
@@ -212,20 +212,6 @@ def _refuse_unsupported(body: dict) -> None:
     n = get_int(body, "n", 1, 1, MAX_INT32)
     if n != 1:
         raise bad_request("'n' must be 1: this server generates one choice per request")
-    for name in ("logprobs", "top_logprobs", "n_probs"):
-        v = body.get(name)
-        if v not in (None, False, 0):
-            raise bad_request(f"'{name}' is not supported by this server")
-    fmt = body.get("response_format")
-    if fmt is not None:
-        if not isinstance(fmt, dict):
-            raise bad_request(f"'response_format' must be an object, got {_kind(fmt)}")
-        if fmt.get("type", "text") != "text":
-            raise bad_request(f"'response_format.type' {_show(fmt.get('type'))} is not supported "
-                              "(no grammar-constrained sampling); use 'text'")
-    for name in ("grammar", "json_schema"):
-        if body.get(name) not in (None, ""):
-            raise bad_request(f"'{name}' is not supported by this server (no grammar-constrained sampling)")
 
 
 # --- requests -------------------------------------------------------------------------------------
@@ -239,6 +225,11 @@ class GenerationFields:
     stream: bool
     include_usage: bool
     conversation_id: str | None
+    constraint: Any = None                 # engine/constrain.py ConstraintSpec (server/constraints.py)
+    response_schema: dict | None = None    # the JSON schema behind `constraint`, if it is one
+    logprobs: bool = False
+    n_probs: int = 0
+    post_sampling_probs: bool = False
 
 
 @dataclass
@@ -272,11 +263,11 @@ def _default_params(defaults) -> tuple[SamplingParams, int, int]:
 
 
 def parse_generation(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]],
-                     defaults=None) -> GenerationFields:
+                     defaults=None, chat: bool = False) -> GenerationFields:
     """The fields every generation route shares. `defaults` (state.RequestDefaults) are what
     the server was started with (--temp, --seed, -n, ...). The constrained-decoding fields
-    (response_format, grammar, json_schema) and logprobs / n are refused here, in one place
-    (_refuse_unsupported), so support for them slots in there."""
+    (response_format, grammar, json_schema) and logprobs are read by server/constraints.py."""
+    from .constraints import parse_output, parse_probs
     _refuse_unsupported(body)
     d, d_top_k, server_n_predict = _default_params(defaults)
     get_str(body, "model", None)  # any model name is accepted (one model per server), but it is a string
@@ -310,10 +301,14 @@ def parse_generation(body: dict, vocab_size: int, tokenize: Callable[[str], list
     stream = get_bool(body, "stream", False)
     options = get_object(body, "stream_options")
     include_usage = get_bool(options, "include_usage", False)
+    logprobs, n_probs, post = parse_probs(body, chat)
+    constraint, schema = parse_output(body)
     return GenerationFields(params=params, max_tokens=None if max_tokens < 0 else max_tokens,
                             stop=parse_stop(body), ignore_eos=get_bool(body, "ignore_eos", False),
                             stream=stream, include_usage=include_usage,
-                            conversation_id=parse_conversation_id(body))
+                            conversation_id=parse_conversation_id(body), constraint=constraint,
+                            response_schema=schema, logprobs=logprobs, n_probs=n_probs,
+                            post_sampling_probs=post)
 
 
 def parse_tool_choice(body: dict, tools: list | None) -> bool | str | None:
@@ -459,7 +454,7 @@ def parse_chat(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]
     tools = parse_tools(body)
     add_generation_prompt = generation_prompt_flag(body, messages)
     return ChatRequest(add_generation_prompt=add_generation_prompt, verbose=get_bool(body, "verbose", False),
-                       gen=parse_generation(body, vocab_size, tokenize, defaults), messages=messages,
+                       gen=parse_generation(body, vocab_size, tokenize, defaults, chat=True), messages=messages,
                        tools=tools, enable_thinking=enable_thinking,
                        forced_tool=parse_tool_choice(body, tools),
                        parse_reasoning=fmt != "none", template_kwargs=kwargs)

