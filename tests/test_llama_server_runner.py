@@ -4,6 +4,7 @@ docs block rendered from a results JSON (figure, command, device, date). The run
 `python tools/llama_server_tests/run.py --fetch DIR` (minutes; see docs/server.md)."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -58,3 +59,19 @@ def test_docs_block_comes_from_the_results(tmp_path):
     (tmp_path / "bare.md").write_text("no block")
     with pytest.raises(SystemExit):
         run.write_docs(tmp_path / "bare.md", data)
+
+
+def test_report_of_several_runs_is_their_union(tmp_path):
+    def write(name, results, command):
+        path = tmp_path / name
+        path.write_text(json.dumps({"date": "d", "device": "cpu", "commit": "c", "source": "s",
+                                    "command": command, "results": results}))
+        return path
+    a = write("a.json", {"unit/test_basic.py::test_a": {"outcome": "failed", "message": "x"},
+                         "unit/test_basic.py::test_b": {"outcome": "passed", "message": ""}}, "run a")
+    b = write("b.json", {"unit/test_basic.py::test_a": {"outcome": "passed", "message": ""}}, "run b")
+    out = tmp_path / "out.json"
+    assert run.main(["--report-only", str(a), str(b), "--json", str(out), "--min-rate", "1.0"]) == 0
+    data = json.loads(out.read_text())
+    assert data["summary"]["real"] == {"passed": 2} and "run a" in data["command"] and "run b" in data["command"]
+    assert run.main(["--report-only", str(b), str(a), "--min-rate", "1.0"]) == 1     # a's failure wins now

@@ -181,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
                    default=DEFAULT_FILES)
     p.add_argument("--json", type=Path, default=None, help="write the raw results and the summary here")
     p.add_argument("--markdown", action="store_true", help="print the summary as a markdown table")
-    p.add_argument("--report-only", type=Path, default=None, help="classify a results JSON written before")
+    p.add_argument("--report-only", type=Path, nargs="+", default=None, metavar="JSON",
+                   help="classify results JSONs written before; several: their union, a later file's "
+                        "outcome of a test replacing an earlier one's (runs of different files, same code)")
     p.add_argument("-k", default=None, help="pytest -k expression")
     p.add_argument("--update", type=Path, default=None,
                    help="a results JSON of an earlier run: this run's outcomes replace its ones (a rerun of "
@@ -193,8 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     meta: dict = {}
     if args.report_only:
-        meta = json.loads(args.report_only.read_text())
-        results = meta.pop("results")
+        runs = [json.loads(f.read_text()) for f in args.report_only]
+        results = {k: v for r in runs for k, v in r["results"].items()}
+        meta = {key: " + ".join(dict.fromkeys(str(r.get(key, "?")) for r in runs))
+                for key in ("date", "device", "commit", "source")}
+        meta["command"] = "`; `".join(str(r.get("command", "?")) for r in runs)
     else:
         if args.fetch:
             if args.llama_cpp is not None:      # with --fetch, the first positional is a test file
