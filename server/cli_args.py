@@ -9,12 +9,12 @@ What each llama-server flag means here (docs/server.md has the table):
   (the defaults of requests that leave a field out), -a/--alias (comma separated: several
   names), --tags, --api-key (comma separated: several keys), --api-key-file (one key a line),
   --chat-template NAME|JINJA, --chat-template-file, --reasoning on|off|auto, --reasoning-budget
-  -1|0, --reasoning-format, --slots/--no-slots, --slot-save-path, --no-webui/--no-ui,
+  -1|0, --reasoning-format, --slots/--no-slots, --slot-save-path, --no-webui/--no-ui, --metrics,
   --cors-origins, -ctk/-ctv (f32, f16, q8_0 -> our int8), -ub/--ubatch-size (prefill chunk);
 - accepted with a different meaning: -np/--parallel N (N slots are reported and each gets
   ctx/N positions as in llama-server - the whole context with --kv-unified - but one engine
   worker serves them one after another);
-  --jinja/--no-jinja (templates are always Jinja); --metrics (always on);
+  --jinja/--no-jinja (templates are always Jinja);
 - accepted and ignored (llama.cpp's own tuning; a log line says so): -t, -tb, -ngl, -b, -fa,
   -cb/-nocb, --swa-full, --mlock, --no-mmap, --cache-ram, --no-cache-idle-slots,
   --no-warmup, --log-*;
@@ -152,7 +152,8 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
                    help="no chat page at /")
     p.add_argument("--cors-origins", default=None, metavar="LIST",
                    help="comma-separated allowed origins; 'localhost' = any loopback origin; default: any")
-    p.add_argument("--metrics", action="store_true", help="accepted: /metrics is always on")
+    p.add_argument("--metrics", action="store_true", default=False,
+                   help="GET /metrics on (Prometheus text); without it /metrics answers 501, as llama-server")
     for flag in IGNORED_WITH_VALUE:
         p.add_argument(flag, action=_Ignored, nargs=1, dest="ignored_" + flag.lstrip("-").replace("-", "_"),
                        help=argparse.SUPPRESS)

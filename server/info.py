@@ -117,6 +117,9 @@ async def props(request: Request, st: ServerState) -> Response:
 
 @endpoint
 async def metrics(request: Request, st: ServerState) -> Response:
+    if not st.settings.metrics_endpoint:
+        raise ApiError(501, "This server does not support metrics endpoint. Start it with --metrics.",
+                       "not_supported_error")
     engine = st.ready_engine()
     worker = st.worker
     text = st.metrics.render(processing=worker.n_processing, queued=worker.n_queued,

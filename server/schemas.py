@@ -27,6 +27,7 @@ What it deliberately does not do
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -384,6 +385,10 @@ def template_kwargs(body: dict, reasoning_default: str = "off") -> dict:
     kwargs = dict(get_object(body, "chat_template_kwargs"))
     # as llama-server: today's date for templates that print it (Llama 3.x: "26 Jul 2024" otherwise)
     kwargs.setdefault("date_string", datetime.date.today().strftime("%d %b %Y"))
+    # as llama-server gives firefunction-v2's template: the time, and the tools as indented JSON text
+    kwargs.setdefault("datetime", datetime.datetime.now().strftime("%b %d %Y %H:%M:%S GMT"))
+    tools = body.get("tools")
+    kwargs.setdefault("functions", json.dumps(tools, indent=2, ensure_ascii=False) if tools else "")
     thinking = parse_thinking(body, kwargs, reasoning_default)
     kwargs.pop("enable_thinking", None)
     if thinking is not None:

@@ -54,6 +54,7 @@ class ServerSettings:
     slots_endpoint: bool = True          # GET /slots (501 with --no-slots)
     slot_save_path: str | None = None    # POST /slots/N?action=save|restore (KV files, kvcache/persist.py)
     webui: bool = True                   # the chat page at /
+    metrics_endpoint: bool = True        # GET /metrics (the command line: only with --metrics, as llama-server)
     cors_origins: list[str] | None = None   # None: any origin (echoed); "localhost": loopback origins
     defaults: RequestDefaults = field(default_factory=RequestDefaults)
 
@@ -88,7 +89,7 @@ class ServerSettings:
                    max_body_bytes=int(float(arg("max_body_mb", 8)) * (1 << 20)),
                    verbose=bool(arg("verbose", False)), n_parallel=int(arg("parallel", 1)),
                    slots_endpoint=bool(arg("slots", True)), slot_save_path=arg("slot_save_path", None),
-                   webui=bool(arg("webui", True)),
+                   webui=bool(arg("webui", True)), metrics_endpoint=bool(arg("metrics", True)),
                    cors_origins=None if cors is None else [o.strip() for o in cors.split(",") if o.strip()],
                    defaults=defaults)
 

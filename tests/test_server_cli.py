@@ -139,3 +139,17 @@ def test_unknown_flag_exits_2_from_the_command_line():
     r = subprocess.run([sys.executable, "-m", "genie_rt.engine.cli", "serve", "-m", MODEL, "--embeddings"],
                        capture_output=True, text=True, cwd=Path(__file__).parent.parent)
     assert r.returncode == 2 and "--embeddings: embeddings are not supported" in r.stderr
+
+
+def test_metrics_only_with_the_flag_as_llama_server(fixture_gguf):
+    assert settings().metrics_endpoint is False and settings("--metrics").metrics_endpoint is True
+    from genie_rt.engine.config import EngineConfig
+    from genie_rt.engine.engine import Engine
+    from genie_rt.server.app import create_app
+    from starlette.testclient import TestClient
+    engine = Engine.load(fixture_gguf, EngineConfig(backend="cpu", n_ctx=64))
+    with TestClient(create_app(engine, settings())) as c:
+        r = c.get("/metrics")
+        assert r.status_code == 501 and "--metrics" in r.json()["error"]["message"]
+    with TestClient(create_app(engine, settings("--metrics"))) as c:
+        assert c.get("/metrics").status_code == 200

@@ -169,3 +169,17 @@ def test_slots_endpoint_off_is_501(engine):
     with running_server(app) as (base, _, _):
         r = httpx.get(base + "/slots")
     assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
+
+
+def test_firefunction_template_gets_its_functions_and_datetime():
+    """llama-server gives firefunction-v2's template `functions` (the tools as indented JSON) and
+    `datetime`; here every template gets both, as extra variables a request's chat_template_kwargs
+    can override."""
+    import datetime
+    from genie_rt.server.schemas import template_kwargs
+    tools = [{"type": "function", "function": {"name": "light_set", "parameters": {"type": "object"}}}]
+    kw = template_kwargs({"tools": tools})
+    assert '"name": "light_set"' in kw["functions"] and kw["functions"].startswith("[\n  {")
+    assert datetime.date.today().strftime("%b %d %Y") in kw["datetime"]
+    assert template_kwargs({})["functions"] == ""
+    assert template_kwargs({"chat_template_kwargs": {"functions": "mine"}})["functions"] == "mine"
