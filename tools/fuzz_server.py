@@ -15,7 +15,7 @@ derandomized round of each):
   Gemma 3 too when tests/models has them).
 - gguf: the fixture's header with one count, length, type or dimension replaced (by an
   extreme or random value): open_gguf + ModelConfig + check_tensors either load or raise
-  GGUFError/ValueError naming the file, within 2 s and 64 MiB of Python allocations.
+  GGUFError/ValueError naming the file, no hang (30 s) and 64 MiB of Python allocations.
 - kvfile: a saved conversation file truncated, with bytes flipped or replaced: the next request
   of that conversation runs cold (nothing restored), gives the cold greedy reply, the bad file
   is deleted.
@@ -185,6 +185,7 @@ def fuzz_tokenizer(tokenizer, max_examples: int, derandomize: bool, seed: int | 
 
 
 # -- GGUF headers ---------------------------------------------------------------------------------
+HANG_S = 30.0       # a hang detector, not a speed limit (a file opens in well under 1 s when idle)
 _SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
 
@@ -278,7 +279,7 @@ def fuzz_gguf(source: Path, workdir: Path, max_examples: int, derandomize: bool,
             tracemalloc.stop()
         seen["max_seconds"] = max(seen["max_seconds"], round(dt, 3))
         seen["max_alloc_mb"] = max(seen["max_alloc_mb"], round(peak, 1))
-        assert dt < 2.0, f"{what}={value}: {dt:.1f} s"
+        assert dt < HANG_S, f"{what}={value}: {dt:.1f} s (a hang?)"
         assert peak < 64, f"{what}={value}: {peak:.0f} MiB allocated"
 
     (one if seed is None else _seeded(one, seed))()
