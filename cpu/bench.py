@@ -87,7 +87,7 @@ def validate(quick: bool) -> list[str]:
         failures.append("attention int8 window 16 ring 22")
     x = rng.standard_normal((5, 640)).astype(np.float32)
     wn = rng.standard_normal(640).astype(np.float32)
-    from genie_rt.engine.qwen3 import rmsnorm
+    from genie_rt.engine.models.reference import rmsnorm
     if np.abs(ops.rmsnorm(x, wn, 1e-6) - rmsnorm(x.astype(np.float64), wn, 1e-6)).max() > 1e-5:
         failures.append("rmsnorm")
     g = rng.standard_normal(3000).astype(np.float32) * 5

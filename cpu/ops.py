@@ -14,7 +14,7 @@
 
 All float32 in, float32 out, C-contiguous; each output element is computed by the
 same operations whatever n (batch-invariant). The numpy references are the ones in
-engine/qwen3.py (rmsnorm, rope_neox, silu) and here (`*_reference`).
+engine/models/reference.py (rmsnorm, rope_neox, silu) and here (`*_reference`).
 
 Accuracy: rmsnorm sums squares in 64-wide float32 chunks (simd.dot_f32, a fixed tree)
 added in order - not numpy's pairwise order, so results differ from numpy by float32
@@ -25,7 +25,7 @@ cancellation of 1 + tanh(y) at negative y.
 
 What it deliberately does not do: fuse ops (the model files call them in sequence),
 thread (these are O(n d) and well under the linears' cost), or compute the RoPE tables
-(engine/qwen3.rope_tables does, and the model file owns the positions).
+(engine/models/reference.rope_tables does, and the model file owns the positions).
 """
 from __future__ import annotations
 

@@ -78,9 +78,11 @@ class CUDABackend:
         self.use_graphs = (not self.simulator) if use_graphs is None else use_graphs
         self.lay = lay = plan_layout(g, cfg, ecfg, plan.n_ctx)
         self.stream = cuda.stream()
-        self.arena = A = Arena(lay.layout)
+        self.mapped = bool(getattr(ecfg, "mapped_memory", False))
+        self.arena = A = Arena(lay.layout, mapped=self.mapped)
         self.integrated = is_integrated(cuda_layout.device())
-        cuda_weights.upload(A, lay, g, self.stream, self.integrated)
+        # weights in host memory (integrated GPU, or mapped): the file's pages are dropped behind them
+        cuda_weights.upload(A, lay, g, self.stream, self.integrated or self.mapped)
         self.weights, self.stacks = cuda_weights.bind(A, lay, g, cfg, ecfg.gemv_mode)
         self.attn = attn_layers(cfg, self.weights.layers, self.weights.rope_freqs)
         self._upload_rope_tables()
@@ -317,7 +319,7 @@ class CUDABackend:
         dev = cuda_layout.device()
         name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
         return {"backend": "cuda", "device": name, "compute_capability": "%d.%d" % dev.compute_capability,
-                "integrated": self.integrated, "arena_bytes": self.lay.layout.nbytes,
+                "integrated": self.integrated, "mapped_memory": self.mapped, "arena_bytes": self.lay.layout.nbytes,
                 "graphs": len(self._graphs), "compile_seconds": round(self.compile_seconds, 2)}
 
     def synchronize(self) -> None:

@@ -11,6 +11,8 @@
   token streams (every matrix once, one embedding row) over the measured bandwidth.
 
 The depth is reached by prefilling d random tokens before each repetition (not timed).
+Power mode, clocks and temperatures are read before the first test and after each one
+(engine/throttle.py): a summary and any sign of throttling are printed below the table.
 Random tokens are drawn with a fixed seed, so runs are comparable.
 """
 from __future__ import annotations
@@ -90,6 +92,9 @@ def time_tg(backend, rng, vocab, n: int, depth: int) -> float:
 
 def run_bench(args, ecfg) -> int:
     from .engine import Engine
+    from .platform_probe import Probe
+    from .throttle import hints, summary
+    probe = Probe()
     prompts = _ints(args.n_prompt, "-p")
     gens = _ints(args.n_gen, "-n")
     depths = _ints(args.depth, "-d")
@@ -108,6 +113,7 @@ def run_bench(args, ecfg) -> int:
         raise ValueError(f"the tests need {need} positions but the context is {backend.n_ctx}; pass a larger --ctx")
     rng = np.random.default_rng(0)
     results = []
+    telemetry = [probe.telemetry()]
     tests = [(f"pp{n}", n, 0, d) for d in depths for n in prompts if n] + \
             [(f"tg{n}", 0, n, d) for d in depths for n in gens if n]
     for name, n_p, n_g, d in tests:
@@ -116,6 +122,7 @@ def run_bench(args, ecfg) -> int:
         fn()  # warm-up
         r = BenchResult(name, n_p, n_g, d, [fn() for _ in range(args.repetitions)])
         results.append(r)
+        telemetry.append(probe.telemetry())
         if not args.json:
             print(f"{name:>8} @ d{d:<6} {r.avg_ts:10.2f} +- {r.stddev_ts:7.2f} tokens/s", flush=True)
 
@@ -134,8 +141,10 @@ def run_bench(args, ecfg) -> int:
     peak = backend.peak_memory_bytes()
     if peak is not None:
         info["peak_memory_bytes"] = peak
+    platform_info = {"summary": summary(telemetry), "hints": hints(telemetry)}
     if args.json:
-        json.dump({"info": info, "roofline": roofline, "results": rows}, sys.stdout, indent=2)
+        json.dump({"info": info, "roofline": roofline, "results": rows, "platform": platform_info}, sys.stdout,
+                  indent=2)
         print()
     else:
         print(f"\nmodel {info['model']}  backend {info['backend']}  ctx {info['n_ctx']}  "
@@ -147,4 +156,9 @@ def run_bench(args, ecfg) -> int:
             for row in rows:
                 if "roofline_fraction" in row:
                     print(f"  {row['test']} @ d{row['n_depth']}: {100 * row['roofline_fraction']:.1f} % of the roofline")
+        sm = platform_info["summary"]
+        if sm:
+            print("platform: " + ", ".join(f"{k} {v}" for k, v in sm.items() if v is not None))
+        for h in platform_info["hints"]:
+            print(f"throttle? {h}")
     return 0

@@ -6,6 +6,8 @@
     genie-rt kv list|show|rm|clear          persistent conversation caches
     genie-rt cache info|clear               compiled CUDA kernels (engine/cli_cache.py)
     genie-rt warmup -m MODEL                compile and cache a model's kernels, then exit
+    genie-rt info -m MODEL [--json]         the plan before a load: back-end, memory budget, context
+                                            (alias `plan`; `--dry-run` on run/serve/bench prints it too)
 
 Without -m, `run` uses the built-in micro model (random weights, 2 layers): it proves
 the install and the pipeline on any machine; its text is gibberish by design.
@@ -39,6 +41,16 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool) -> None:
     p.add_argument("-t", "--threads", type=int, default=None,
                    help="CPU back-end threads (default: the physical cores)")
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--min-headroom-mb", type=int, default=None,
+                   help="end a reply when the system's available memory drops below this, MiB "
+                        "(default 256 on an integrated GPU such as a Jetson, off elsewhere; 0 = off)")
+    p.add_argument("--thermal-limit-c", type=float, default=None,
+                   help="slow generation down while the hottest thermal zone is at or above this, °C (default off)")
+    p.add_argument("--mapped-memory", action="store_true",
+                   help="CUDA: weights, KV and scratch in mapped host memory, as on an integrated GPU "
+                        "(to exercise the Jetson placement on a discrete GPU; slower there)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print what the load would do (back-end, memory budget, context) and exit: 0 fits, 1 not")
     add_kernel_cache_args(p)
 
 
@@ -64,6 +76,8 @@ def _engine_config(args):
         raise ValueError(f"--reserve-mb must be >= 0, got {args.reserve_mb}")
     if args.threads is not None and args.threads < 1:
         raise ValueError(f"--threads must be >= 1 (or left out: the physical cores), got {args.threads}")
+    if args.min_headroom_mb is not None and args.min_headroom_mb < 0:
+        raise ValueError(f"--min-headroom-mb must be >= 0 (0 = off), got {args.min_headroom_mb}")
     if args.kv_cache_budget_mb < 1:
         raise ValueError(f"--kv-cache-budget-mb must be >= 1, got {args.kv_cache_budget_mb}")
     if args.kv_cache_dir is not None:     # checked before minutes of loading, not after
@@ -75,7 +89,9 @@ def _engine_config(args):
                         prefill_chunk=args.prefill_chunk, gemv_mode=args.gemv_mode,
                         reserve_bytes=None if args.reserve_mb is None else args.reserve_mb << 20,
                         kv_cache_dir=args.kv_cache_dir, kv_cache_budget=args.kv_cache_budget_mb << 20,
-                        threads=args.threads)
+                        threads=args.threads,
+                        min_headroom_bytes=None if args.min_headroom_mb is None else args.min_headroom_mb << 20,
+                        thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory)
 
 
 def _load(args):
@@ -122,6 +138,19 @@ def cmd_bench(args) -> int:
     return run_bench(args, _engine_config(args))
 
 
+def cmd_info(args) -> int:
+    """The load plan (engine/load_plan.py); exit status 1 when the model would not fit."""
+    import json
+    from .load_plan import make_plan
+    plan = make_plan(args.model, _engine_config(args))
+    if getattr(args, "json", False):
+        json.dump(plan.as_dict(), sys.stdout, indent=2)
+        print()
+    else:
+        print(plan.text())
+    return 0 if plan.fits else 1
+
+
 def cmd_kv(args) -> int:
     from genie_rt.kvcache.cli import run_kv_command
     return run_kv_command(args)
@@ -154,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true")
     bench.set_defaults(func=cmd_bench)
 
+    info = sub.add_parser("info", aliases=["plan"],
+                          help="before loading: back-end, every term of the memory budget, the context it would pick")
+    _add_model_args(info, model_required=True)
+    info.add_argument("--json", action="store_true")
+    info.set_defaults(func=cmd_info)
+
     kv = sub.add_parser("kv", help="manage persistent conversation KV caches")
     kv.add_argument("action", choices=("list", "show", "rm", "clear"))
     kv.add_argument("id", nargs="?", default=None)
@@ -171,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     from .memory import MemoryBudgetError
     try:
         apply_kernel_cache_args(args)
+        if getattr(args, "dry_run", False):
+            return cmd_info(args)
         return args.func(args)
     except (GGUFError, MemoryBudgetError, ValueError, OSError) as exc:
         print(f"genie-rt: error: {exc}", file=sys.stderr)

@@ -224,6 +224,10 @@ class EngineConfig:
     kv_cache_budget: int = 1 << 30      # bytes on disk for conversation caches
     seed: int | None = None
     threads: int | None = None          # CPU back-end threads; None: the physical cores
+    min_headroom_bytes: int | None = None   # end a reply when MemAvailable drops below this (step_guard.py);
+                                            # None: 256 MiB on an integrated GPU, off elsewhere; 0: off
+    thermal_limit_c: float | None = None    # slow generation while the hottest zone is this hot; None: off
+    mapped_memory: bool = False         # CUDA: the arena in mapped host memory (an integrated GPU's placement)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -244,5 +248,10 @@ class EngineConfig:
             raise ValueError(f"gemv_mode must be 'dp4a' or 'f32', got {self.gemv_mode!r}")
         if self.threads is not None and (not integer(self.threads) or self.threads < 1):
             raise ValueError(f"threads must be an integer >= 1 (or None: the physical cores), got {self.threads!r}")
+        if self.min_headroom_bytes is not None and (not integer(self.min_headroom_bytes)
+                                                    or self.min_headroom_bytes < 0):
+            raise ValueError(f"min_headroom_bytes must be an integer >= 0 (or None), got {self.min_headroom_bytes!r}")
+        if self.thermal_limit_c is not None and not 0 < self.thermal_limit_c < 150:
+            raise ValueError(f"thermal_limit_c must be between 0 and 150 °C (or None), got {self.thermal_limit_c!r}")
         if not integer(self.kv_cache_budget) or self.kv_cache_budget < 0:
             raise ValueError(f"kv_cache_budget must be a byte count >= 0, got {self.kv_cache_budget!r}")

@@ -271,6 +271,10 @@ def cuda_budget(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig) -> MemoryBudg
         avail = mem_available_bytes() or 0
         where = "shared memory (MemAvailable; integrated GPU)"
         overhead, reserve = OVERHEAD_INTEGRATED, RESERVE_INTEGRATED
+    elif ecfg.mapped_memory:              # the arena is mapped host memory: host memory pays for it
+        avail = mem_available_bytes() or 0
+        where = "host memory (MemAvailable; --mapped-memory)"
+        overhead, reserve = OVERHEAD_DISCRETE, RESERVE_DISCRETE
     else:
         free, _total = cuda.current_context().get_memory_info()
         avail, where = int(free), f"GPU memory ({dev.name.decode() if isinstance(dev.name, bytes) else dev.name}, free)"

@@ -30,7 +30,8 @@ from .chat import ChatTemplate
 from .config import DEFAULT_KV, EngineConfig, ModelConfig
 from .generate import ContextOverflowError, Delta, Done, GenerationRequest, GenerationResult, StopMatcher
 from .gguf_file import GGUFError, GGUFFile, open_gguf
-from .memory import MemoryPlan
+from .load_plan import budget_for, choose_backend, cuda_available  # noqa: F401 (tests patch it here)
+from .memory import MemoryPlan, fmt_bytes
 from .sampling import Sampler
 from .tokenizer import Tokenizer
 
@@ -45,14 +46,6 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
     return i
 
 
-def cuda_available() -> bool:
-    try:
-        from numba import cuda
-        return bool(cuda.is_available())
-    except Exception:  # no driver, no toolkit, simulator: all mean "no GPU"
-        return False
-
-
 @dataclass
 class EngineStats:
     requests: int = 0
@@ -62,6 +55,16 @@ class EngineStats:
     prompt_ms: float = 0.0
     gen_ms: float = 0.0
     prefix_hits: int = 0
+
+
+def make_guard(ecfg: EngineConfig, integrated: bool):
+    """The StepGuard for these settings, or None when nothing is guarded."""
+    from .step_guard import DEFAULT_HEADROOM_INTEGRATED, GuardConfig, StepGuard
+    headroom = ecfg.min_headroom_bytes
+    if headroom is None:
+        headroom = DEFAULT_HEADROOM_INTEGRATED if integrated else 0
+    gcfg = GuardConfig(min_headroom=headroom or None, thermal_limit_c=ecfg.thermal_limit_c)
+    return StepGuard(gcfg) if gcfg.active else None
 
 
 class Engine:
@@ -74,6 +77,7 @@ class Engine:
         self.kv_tokens: list[int] = []   # token ids whose K/V sit at positions 0..len-1
         self.stats = EngineStats()
         self.kv_store = None             # kvcache.persist.KVStore when --kv-cache-dir is set
+        self.guard = None                # step_guard.StepGuard: memory headroom, thermal back-off
 
     @property
     def n_ctx(self) -> int:
@@ -96,29 +100,24 @@ class Engine:
             raise
         except ValueError as exc:          # bad tokenizer / template metadata: name the file
             raise GGUFError(f"{path}: {exc}") from exc
-        backend_name = ecfg.backend
-        if backend_name == "auto":
-            backend_name = "cuda" if cuda_available() else "cpu"
-        elif backend_name == "cuda" and not cuda_available():
-            raise ValueError("back-end 'cuda': no usable CUDA GPU or driver on this machine "
-                             "(numba.cuda.is_available() is False); use --backend cpu or auto")
+        backend_name, _why = choose_backend(ecfg.backend, lambda: cuda_available())
         if ecfg.kv_dtype is None:
             ecfg = dataclasses.replace(ecfg, kv_dtype=DEFAULT_KV.get(backend_name, "int8"))
         if ecfg.n_ctx is not None and ecfg.n_ctx > cfg.n_ctx_train:
             log.warning("context %d exceeds the model's training context %d", ecfg.n_ctx, cfg.n_ctx_train)
+        budget = budget_for(g, cfg, ecfg, backend_name)     # what `genie-rt info` prints (load_plan.py)
+        plan = budget.plan(ecfg.n_ctx)
+        if ecfg.n_ctx is None and plan.n_ctx < cfg.n_ctx_train:
+            log.info("context %d tokens: the largest that fits in %s (%s available, the model was trained "
+                     "for %d)", plan.n_ctx, budget.where, fmt_bytes(budget.available), cfg.n_ctx_train)
         if backend_name == "cpu":
-            from .backend_cpu import CPUBackend, cpu_budget
-            budget = cpu_budget(g, cfg, ecfg.kv_dtype, ecfg.prefill_chunk, ecfg.reserve_bytes)
-            plan = budget.plan(ecfg.n_ctx)
+            from .backend_cpu import CPUBackend
             backend = CPUBackend(g, cfg, plan.n_ctx, ecfg.kv_dtype, ecfg.prefill_chunk, threads=ecfg.threads)
-        elif backend_name == "cuda":
-            from .backend_cuda import CUDABackend, cuda_budget
-            budget = cuda_budget(g, cfg, ecfg)
-            plan = budget.plan(ecfg.n_ctx)
-            backend = CUDABackend(g, cfg, ecfg, plan)
         else:
-            raise ValueError(f"unknown back-end '{ecfg.backend}' (use auto, cpu or cuda)")
+            from .backend_cuda import CUDABackend
+            backend = CUDABackend(g, cfg, ecfg, plan)
         engine = cls(g, cfg, ecfg, backend, plan, tokenizer, template, time.perf_counter() - t0)
+        engine.guard = make_guard(ecfg, bool(getattr(backend, "integrated", False)))
         if ecfg.kv_cache_dir:
             from genie_rt.kvcache.persist import KVStore
             engine.kv_store = KVStore(ecfg.kv_cache_dir, budget_bytes=ecfg.kv_cache_budget)
@@ -190,6 +189,9 @@ class Engine:
         # the back-end yields the token after each one fed to it (the CUDA back-end runs a
         # step ahead); a token is appended to history before the next is asked for
         steps = self.backend.decode_tokens(token, len(prompt), sampler, history)
+        guard = self.guard
+        if guard is not None:
+            guard.start_reply()
         try:
             while len(generated) < max_new:
                 if token in eot and not req.ignore_eos:
@@ -211,6 +213,8 @@ class Engine:
                 if cancel is not None and cancel.is_set():
                     finish = "cancelled"
                     break
+                if guard is not None and guard.after_token() == "memory":
+                    break                    # finish stays "length": the reply ends where it is
                 token = next(steps)
                 self.kv_tokens.append(generated[-1])
         finally:

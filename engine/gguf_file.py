@@ -28,7 +28,7 @@ metadata (whole processes; `python tools/bench_gguf_open.py` on the 2-core CI ma
 2026-12-02).
 
 This module knows the container, not the model: which tensors a model needs and what
-their shapes must be is checked by the architecture (engine/qwen3.py).
+their shapes must be is checked by the architecture (engine/models/weights.py).
 """
 from __future__ import annotations
 

@@ -30,15 +30,10 @@ class MemoryBudgetError(RuntimeError):
 
 
 def mem_available_bytes() -> int | None:
-    """MemAvailable from /proc/meminfo (bytes), or None where there is no such file."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
+    """MemAvailable from /proc/meminfo (bytes), or None where there is no such file (read
+    through engine/platform_probe.py, so $GENIE_RT_SYSFS_ROOT can stand in for the machine)."""
+    from .platform_probe import Probe
+    return Probe().mem_available()
 
 
 def fmt_bytes(n: int) -> str:
@@ -85,22 +80,33 @@ class MemoryBudget:
     kv_dtype: str | None = None  # only to word the advice (no "--kv int8" when it is int8)
     kv_fixed: int = 0            # KV bytes that do not grow with the context (sliding-window rings)
 
+    @property
+    def fixed(self) -> int:
+        """Every term that does not grow with the context."""
+        return self.weights + self.kv_fixed + self.scratch + self.overhead + self.reserve
+
+    def max_ctx(self) -> int:
+        """The context `plan(None)` picks: the largest multiple of 256 that fits, capped at
+        the training context (at least MIN_CTX); 0 when that does not fit."""
+        room = self.available - self.fixed
+        fit = room // self.kv_bytes_per_token if room > 0 else 0
+        n = max(MIN_CTX, min(self.n_ctx_train, fit // CTX_GRANULE * CTX_GRANULE))
+        return n if self.fixed + n * self.kv_bytes_per_token <= self.available else 0
+
     def plan(self, n_ctx: int | None) -> MemoryPlan:
         """Check the budget for n_ctx tokens (None: the largest context that fits)."""
-        fixed = self.weights + self.kv_fixed + self.scratch + self.overhead + self.reserve
+        requested = n_ctx
         if n_ctx is None:
-            room = self.available - fixed
-            fit = room // self.kv_bytes_per_token if room > 0 else 0
-            n_ctx = min(self.n_ctx_train, fit // CTX_GRANULE * CTX_GRANULE)
-            if n_ctx < MIN_CTX:
-                n_ctx = MIN_CTX  # report the smallest useful configuration
+            n_ctx = self.max_ctx() or MIN_CTX   # nothing fits: report the smallest useful configuration
         plan = MemoryPlan(n_ctx, self.weights, self.kv_fixed + n_ctx * self.kv_bytes_per_token, self.scratch,
                           self.overhead, self.reserve, self.available, self.where)
         if plan.total > plan.available:
+            largest = self.max_ctx() if requested is not None else 0
             raise MemoryBudgetError(
                 f"the model does not fit: {fmt_bytes(plan.total)} needed, "
                 f"{fmt_bytes(plan.available)} available\n{plan.table()}\n"
-                "Try a smaller model or quantization, a shorter context (--ctx)"
+                + (f"The largest context that fits is {largest} tokens (--ctx {largest}).\n" if largest else "")
+                + "Try a smaller model or quantization, a shorter context (--ctx)"
                 + (", the int8 KV cache (--kv int8)" if self.kv_dtype != "int8" else "")
                 + ", or a smaller --reserve-mb.")
         return plan

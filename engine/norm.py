@@ -1,6 +1,6 @@
 """RMSNorm, fused residual + RMSNorm, and SwiGLU on the GPU (float32 math).
 
-The math (engine/qwen3.py is the reference):
+The math (engine/models/reference.py is the reference):
 
     rmsnorm(x) * w       = x / sqrt(mean(x^2) + eps) * w          rows of x: [n, d]
     add_rmsnorm          : x += delta (in place); h = rmsnorm(x) * w   one pass over x
@@ -62,7 +62,7 @@ Q8_FLOATS = 4                      # floats of xs per 32 values
 # numpy reference
 # =====================================================================================
 def rmsnorm_reference(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """x[..., d] / sqrt(mean(x^2) + eps) * w[d], float32 (engine/qwen3.py's rmsnorm)."""
+    """x[..., d] / sqrt(mean(x^2) + eps) * w[d], float32 (engine/models/reference.py's rmsnorm)."""
     x = np.asarray(x, np.float32)
     ms = np.mean(x * x, axis=-1, keepdims=True)
     return x / np.sqrt(ms + np.float32(eps)) * np.asarray(w, np.float32)
@@ -104,7 +104,7 @@ def geglu_reference(g: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 
 def swiglu_reference(g: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """silu(g) * u, float32 (engine/qwen3.py's silu)."""
+    """silu(g) * u, float32 (engine/models/reference.py's silu)."""
     g = np.asarray(g, np.float32)
     return g / (np.float32(1) + np.exp(-g)) * np.asarray(u, np.float32)
 

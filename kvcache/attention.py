@@ -1,6 +1,6 @@
 """Decode attention over the KV pool: one query token, every head, INT8 or FP16 cache.
 
-The math (engine/qwen3.py `attention`, n = 1): for each query head h of KV head
+The math (engine/models/reference.py `attention`, n = 1): for each query head h of KV head
 j = h // group,
 
     out[h] = softmax(q[h] . K[0:ctx, j]^T / sqrt(hd)) @ V[0:ctx, j]       ctx = state[0] + 1
@@ -57,7 +57,7 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from genie_rt.engine import kernel_cache
-from genie_rt.engine.qwen3 import attention as attention_reference
+from genie_rt.engine.models.reference import attention as attention_reference
 from genie_rt.quant import ptx
 from genie_rt.quant.ptx import SIMULATOR
 
@@ -81,7 +81,7 @@ def attention_window_reference(q, k, v, start, window=0, scale=None):
     (positions 0 .. start+n-1, in position order). Query i sees keys p with
     p <= start + i and, when window W > 0, start + i - p < W (llama.cpp's
     LLAMA_SWA_TYPE_STANDARD masks p when start + i - p >= W). scale: the score scale
-    (None: 1 / sqrt(hd)). window 0 and scale None give engine/qwen3.py's attention
+    (None: 1 / sqrt(hd)). window 0 and scale None give engine/models/reference.py's attention
     exactly. Returns [n, n_head * hd]."""
     q = np.asarray(q, np.float64)
     k = np.asarray(k, np.float64)

@@ -1,6 +1,6 @@
 """Causal prefill attention over the KV pool, on tensor cores (mma.sync m16n8k16 f16->f32).
 
-The math (engine/qwen3.py `attention`): n query tokens at positions start .. start+n-1
+The math (engine/models/reference.py `attention`): n query tokens at positions start .. start+n-1
 (start = state[0], read at run time), query i attends to cache positions 0 .. start+i,
 which include earlier chunks and reused prefixes (written before this launch):
 

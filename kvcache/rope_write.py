@@ -1,6 +1,6 @@
 """QK-norm + RoPE + KV-cache write: one kernel per layer and step (Qwen3, Gemma 3, Llama).
 
-The math (engine/qwen3.py, lines `q = rope_neox(rmsnorm(q, L.q_norm, eps), cos, sin)`,
+The math (engine/models/reference.py, lines `q = rope_neox(rmsnorm(q, L.q_norm, eps), cos, sin)`,
 the same for k, then `kv.write(i, start, k, v)`), for n tokens at positions
 start .. start+n-1:
 
@@ -51,7 +51,7 @@ import numpy as np
 from numba import cuda, float32, int32
 
 from genie_rt.engine import kernel_cache
-from genie_rt.engine.qwen3 import rmsnorm, rope_neox, rope_tables
+from genie_rt.engine.models.reference import rmsnorm, rope_neox, rope_tables
 from genie_rt.quant import ptx  # noqa: F401  (installs warp shuffles in the simulator)
 from genie_rt.quant.ptx import SIMULATOR
 
@@ -75,7 +75,7 @@ def rope_table(n_ctx: int, head_dim: int, base: float, freq_factors=None,
     freq_factors: None, or head_dim/2 factors (Llama 3's `rope_freqs.weight`: theta_i is
     divided by factor_i, as ggml's rope does). freq_scale: linear position scaling,
     1 / `rope.scaling.factor` for `rope.scaling.type = linear` (ggml's freq_scale).
-    The defaults give exactly engine/qwen3.py's rope_tables."""
+    The defaults give exactly engine/models/reference.py's rope_tables."""
     half = head_dim // 2
     if head_dim % 2 or head_dim < 2:
         raise ValueError(f"rope_table: head_dim {head_dim} must be even")

@@ -16,8 +16,12 @@ by neighbouring threads come through the same cache lines). Traffic per token: o
 table row (cols * bits / 8 bytes) read, 4 * cols bytes written. The table uses the
 planar device layout of quant/layout.py (fp16 planes are read as uint16 bits).
 
-Formats: Q6_K (token_embd of Q4_K_M files), Q4_K, Q5_K, Q8_0, Q5_0, Q4_0, F16, F32.
-Deliberately not here: the output projection (a GEMV), BF16 and the other formats.
+`scale` multiplies every weight in float32 after dequantization (Gemma scales its
+embeddings by sqrt(hidden)); with the default 1 the result is the dequantized row.
+
+Formats: Q6_K (token_embd of Q4_K_M files), Q4_K, Q5_K, Q8_0, Q5_0, Q5_1, Q4_0, Q4_1,
+F16, BF16, F32. Deliberately not here: the output projection (a GEMV), the IQ/TQ and
+Q2_K/Q3_K formats.
 A token id outside the table gives a row of zeros (ids cannot be checked on the host
 without a synchronisation).
 """
@@ -39,11 +43,12 @@ ROW_TILE = 256                      # weights per CUDA block (= threads per bloc
 # =====================================================================================
 # numpy reference
 # =====================================================================================
-def embed_reference(table: PackedWeight, ids) -> np.ndarray:
-    """float32 [n, cols]: formats.dequantize of the table rows `ids` (host planes)."""
+def embed_reference(table: PackedWeight, ids, scale: float = 1.0) -> np.ndarray:
+    """float32 [n, cols]: formats.dequantize of the table rows `ids` (host planes), times
+    float32(scale) (llama.cpp's ggml_scale of the embeddings: Gemma's sqrt(n_embd))."""
     ids = np.asarray(ids, np.int64)
     raw = unpack(table)[ids]
-    return dequantize(raw, table.qtype, (len(ids), table.cols))
+    return dequantize(raw, table.qtype, (len(ids), table.cols)) * np.float32(scale)
 
 
 # =====================================================================================
@@ -81,7 +86,7 @@ def _where(ids, rows, out):
 
 
 @cuda.jit
-def _embed_q6_k(ids, ql, qh, sc, d, out):
+def _embed_q6_k(ids, ql, qh, sc, d, out, scale):
     """ql uint8[rows, nb*128], qh uint8[rows, nb*64], sc int8[rows, nb*16],
     d uint16[rows, nb] (fp16 bits), out float32[n, nb*256]. Weight i of super-block s:
     half h = i>>7, quarter k = (i>>5)&3, lane l = i&31;
@@ -98,8 +103,8 @@ def _embed_q6_k(ids, ql, qh, sc, d, out):
     lo = (int32(ql[tok, s * 128 + 64 * h + 32 * (k & 1) + lane]) >> (4 * (k >> 1))) & 15
     hi = (int32(qh[tok, s * 64 + 32 * h + lane]) >> (2 * k)) & 3
     q = (lo | (hi << 4)) - 32
-    scale = _f16(d, tok, s) * float32(sc[tok, s * 16 + (j >> 4)])
-    out[cuda.blockIdx.x, i] = scale * float32(q)
+    f = _f16(d, tok, s) * float32(sc[tok, s * 16 + (j >> 4)])
+    out[cuda.blockIdx.x, i] = _mul_rn(f * float32(q), scale)
 
 
 @cuda.jit(device=True)
@@ -124,7 +129,7 @@ def _k_dmin(hdr, tok, s):
 
 
 @cuda.jit
-def _embed_q4_k(ids, hdr, qs, out):
+def _embed_q4_k(ids, hdr, qs, out, scale):
     """hdr uint8[rows, nb*16] (d, dmin fp16; 12 bytes of packed 6-bit scales/mins),
     qs uint8[rows, nb*128]. Weight i of super-block s: sub-block j = i>>5, lane l = i&31;
     q = (qs[32(j>>1) + l] >> 4(j&1)) & 15; w = (d*sc[j]) * q - dmin*m[j]."""
@@ -137,11 +142,11 @@ def _embed_q4_k(ids, hdr, qs, out):
     q = (int32(qs[tok, s * 128 + 32 * (j >> 1) + lane]) >> (4 * (j & 1))) & 15
     sc, m = _k_scale_min(hdr, tok, s, j)
     d, dmin = _k_dmin(hdr, tok, s)
-    out[cuda.blockIdx.x, i] = _mul_rn(d * float32(sc), float32(q)) - _mul_rn(dmin, float32(m))
+    out[cuda.blockIdx.x, i] = _mul_rn(_mul_rn(d * float32(sc), float32(q)) - _mul_rn(dmin, float32(m)), scale)
 
 
 @cuda.jit
-def _embed_q5_k(ids, hdr, qh, qs, out):
+def _embed_q5_k(ids, hdr, qh, qs, out, scale):
     """As Q4_K plus qh uint8[rows, nb*32]: bit j of qh[l] is the 5th bit of sub-block j."""
     tok, i = _where(ids, qs.shape[0], out)
     if tok < 0:
@@ -153,20 +158,20 @@ def _embed_q5_k(ids, hdr, qh, qs, out):
     q |= ((int32(qh[tok, s * 32 + lane]) >> j) & 1) << 4
     sc, m = _k_scale_min(hdr, tok, s, j)
     d, dmin = _k_dmin(hdr, tok, s)
-    out[cuda.blockIdx.x, i] = _mul_rn(d * float32(sc), float32(q)) - _mul_rn(dmin, float32(m))
+    out[cuda.blockIdx.x, i] = _mul_rn(_mul_rn(d * float32(sc), float32(q)) - _mul_rn(dmin, float32(m)), scale)
 
 
 @cuda.jit
-def _embed_q8_0(ids, qs, d, out):
+def _embed_q8_0(ids, qs, d, out, scale):
     """qs int8[rows, nb*32], d uint16[rows, nb]: w = q * d."""
     tok, i = _where(ids, qs.shape[0], out)
     if tok < 0:
         return
-    out[cuda.blockIdx.x, i] = float32(qs[tok, i]) * _f16(d, tok, i >> 5)
+    out[cuda.blockIdx.x, i] = _mul_rn(float32(qs[tok, i]) * _f16(d, tok, i >> 5), scale)
 
 
 @cuda.jit
-def _embed_q4_0(ids, qs, d, out):
+def _embed_q4_0(ids, qs, d, out, scale):
     """qs uint8[rows, nb*16], d uint16[rows, nb]: weight j < 16 of a block is the low
     nibble of qs[j], weight j + 16 the high nibble; w = (q - 8) * d."""
     tok, i = _where(ids, qs.shape[0], out)
@@ -175,11 +180,11 @@ def _embed_q4_0(ids, qs, d, out):
     b = i >> 5
     j = i & 31
     q = ((int32(qs[tok, b * 16 + (j & 15)]) >> (4 * (j >> 4))) & 15) - 8
-    out[cuda.blockIdx.x, i] = float32(q) * _f16(d, tok, b)
+    out[cuda.blockIdx.x, i] = _mul_rn(float32(q) * _f16(d, tok, b), scale)
 
 
 @cuda.jit
-def _embed_q5_0(ids, qs, qh, d, out):
+def _embed_q5_0(ids, qs, qh, d, out, scale):
     """qs uint8[rows, nb*16], qh uint8[rows, nb*4] (little-endian uint32: bit j = 5th bit
     of weight j), d uint16[rows, nb]: w = (q - 16) * d."""
     tok, i = _where(ids, qs.shape[0], out)
@@ -189,25 +194,62 @@ def _embed_q5_0(ids, qs, qh, d, out):
     j = i & 31
     q = (int32(qs[tok, b * 16 + (j & 15)]) >> (4 * (j >> 4))) & 15
     q |= ((int32(qh[tok, b * 4 + (j >> 3)]) >> (j & 7)) & 1) << 4
-    out[cuda.blockIdx.x, i] = float32(q - 16) * _f16(d, tok, b)
+    out[cuda.blockIdx.x, i] = _mul_rn(float32(q - 16) * _f16(d, tok, b), scale)
 
 
 @cuda.jit
-def _embed_f16(ids, w, out):
+def _embed_q4_1(ids, qs, dm, out, scale):
+    """qs as Q4_0, dm uint32[rows, nb] (fp16 d | fp16 m << 16): w = d * q + m, q unsigned
+    0..15 (the product rounded on its own, as the reference: never an FMA)."""
+    tok, i = _where(ids, qs.shape[0], out)
+    if tok < 0:
+        return
+    b = i >> 5
+    j = i & 31
+    q = (int32(qs[tok, b * 16 + (j & 15)]) >> (4 * (j >> 4))) & 15
+    d, m = ptx.unpack_half2(dm[tok, b])
+    out[cuda.blockIdx.x, i] = _mul_rn(_mul_rn(d, float32(q)) + m, scale)
+
+
+@cuda.jit
+def _embed_q5_1(ids, qs, qh, dm, out, scale):
+    """As Q5_0 with an unsigned q (0..31) and a min: w = d * q + m."""
+    tok, i = _where(ids, qs.shape[0], out)
+    if tok < 0:
+        return
+    b = i >> 5
+    j = i & 31
+    q = (int32(qs[tok, b * 16 + (j & 15)]) >> (4 * (j >> 4))) & 15
+    q |= ((int32(qh[tok, b * 4 + (j >> 3)]) >> (j & 7)) & 1) << 4
+    d, m = ptx.unpack_half2(dm[tok, b])
+    out[cuda.blockIdx.x, i] = _mul_rn(_mul_rn(d, float32(q)) + m, scale)
+
+
+@cuda.jit
+def _embed_bf16(ids, w, out, scale):
+    """w uint16[rows, cols] (bf16 bits): the float32 with those 16 high bits."""
+    tok, i = _where(ids, w.shape[0], out)
+    if tok < 0:
+        return
+    out[cuda.blockIdx.x, i] = _mul_rn(ptx.bits_to_f32(uint32(w[tok, i]) << 16), scale)
+
+
+@cuda.jit
+def _embed_f16(ids, w, out, scale):
     """w uint16[rows, cols] (fp16 bits)."""
     tok, i = _where(ids, w.shape[0], out)
     if tok < 0:
         return
-    out[cuda.blockIdx.x, i] = _f16(w, tok, i)
+    out[cuda.blockIdx.x, i] = _mul_rn(_f16(w, tok, i), scale)
 
 
 @cuda.jit
-def _embed_f32(ids, w, out):
+def _embed_f32(ids, w, out, scale):
     """w float32[rows, cols]."""
     tok, i = _where(ids, w.shape[0], out)
     if tok < 0:
         return
-    out[cuda.blockIdx.x, i] = w[tok, i]
+    out[cuda.blockIdx.x, i] = _mul_rn(w[tok, i], scale)
 
 
 kernel_cache.attach_module(globals())   # compiled kernels persist on disk (engine/kernel_cache.py)
@@ -216,7 +258,7 @@ kernel_cache.attach_module(globals())   # compiled kernels persist on disk (engi
 # =====================================================================================
 # Launcher
 # =====================================================================================
-_U8, _I8, _U16, _F32 = "uint8[:, ::1]", "int8[:, ::1]", "uint16[:, ::1]", "float32[:, ::1]"
+_U8, _I8, _U16, _U32, _F32 = "uint8[:, ::1]", "int8[:, ::1]", "uint16[:, ::1]", "uint32[:, ::1]", "float32[:, ::1]"
 # qtype -> (kernel name, [(plane name, plane signature, pass as)], ...)
 _KERNELS = {
     QType.Q6_K: ("_embed_q6_k", [("ql", _U8), ("qh", _U8), ("sc", _I8), ("d", _U16)]),
@@ -225,13 +267,16 @@ _KERNELS = {
     QType.Q8_0: ("_embed_q8_0", [("qs", _I8), ("d", _U16)]),
     QType.Q4_0: ("_embed_q4_0", [("qs", _U8), ("d", _U16)]),
     QType.Q5_0: ("_embed_q5_0", [("qs", _U8), ("qh", _U8), ("d", _U16)]),
+    QType.Q4_1: ("_embed_q4_1", [("qs", _U8), ("dm", _U32)]),
+    QType.Q5_1: ("_embed_q5_1", [("qs", _U8), ("qh", _U8), ("dm", _U32)]),
     QType.F16: ("_embed_f16", [("w", _U16)]),
+    QType.BF16: ("_embed_bf16", [("w", _U16)]),
     QType.F32: ("_embed_f32", [("w", _F32)]),
 }
 SUPPORTED = frozenset(_KERNELS)
-KERNEL_SIGNATURES = {name: f"void(int32[::1], {', '.join(s for _, s in planes)}, float32[:, ::1])"
+KERNEL_SIGNATURES = {name: f"void(int32[::1], {', '.join(s for _, s in planes)}, float32[:, ::1], float32)"
                      for name, planes in _KERNELS.values()}
-_DTYPES = {_U8: np.uint8, _I8: np.int8, _U16: np.uint16, _F32: np.float32}
+_DTYPES = {_U8: np.uint8, _I8: np.int8, _U16: np.uint16, _U32: np.uint32, _F32: np.float32}
 _compiled = False
 
 
@@ -276,8 +321,9 @@ def device_planes(table: PackedWeight) -> list:
     return planes
 
 
-def embed(table: PackedWeight, ids, out, stream=0, planes=None) -> None:
-    """out[t, :] = row ids[t] of the table, dequantized to float32.
+def embed(table: PackedWeight, ids, out, stream=0, planes=None, scale: float = 1.0) -> None:
+    """out[t, :] = row ids[t] of the table, dequantized to float32, times `scale`
+    (Gemma: sqrt(hidden); one float32 multiply per weight, exact for scale 1).
 
     table: PackedWeight with device planes (quant/layout.py); ids: int32[n] device array
     (decode: state[1:2]); out: float32[n, table.cols] device array. `planes`: the result
@@ -295,7 +341,7 @@ def embed(table: PackedWeight, ids, out, stream=0, planes=None) -> None:
         return
     name, _ = _KERNELS[table.qtype]
     grid = (n, -(-table.cols // ROW_TILE))
-    globals()[name][grid, ROW_TILE, stream](ids, *planes, out)
+    globals()[name][grid, ROW_TILE, stream](ids, *planes, out, np.float32(scale))
 
 
 def to_device(table: PackedWeight, stream=0) -> PackedWeight:

@@ -15,8 +15,8 @@ This file has three parts, in order:
    compilers (`compile_*`). The kernels are in `gemv_kernels.py`; the benchmark in
    `gemv_bench.py` (`python -m genie_rt.quant.gemv`).
 
-Formats: Q4_K, Q6_K, Q8_0, Q5_0 (x quantized to q8, `dp4a`) and F16 (float x). Q4_K and
-Q6_K also have an "f32" mode (dequantize to float, fp32 dot) for comparison;
+Formats: Q4_K, Q6_K, Q8_0, Q5_0 and (gemv_units.py) Q4_0, Q4_1, Q5_1, Q5_K (x quantized
+to q8, `dp4a`), F16 and BF16 (float x). Q4_K and Q6_K also have an "f32" mode (dequantize to float, fp32 dot) for comparison;
 `DEFAULT_MODE` says which one a weight gets unless `prepare_weight(..., mode=)` says.
 Batches: x is float32 [n_tok, cols] with 1 <= n_tok <= 8; y is float32 [n_tok, rows].
 
@@ -26,7 +26,7 @@ kernels can be compiled at load with `compile_gemv` / `compile_qkv` / `compile_s
 `compile_quantize_q8`, so capturing a decode step compiles nothing.
 
 What it deliberately does not do: batches above 8 tokens (that is the MMQ GEMM),
-Q4_0/Q4_1/Q5_1/Q5_K/Q2_K/Q3_K weights, RMSNorm (the engine fuses the q8 quantization of
+Q2_K/Q3_K/IQ weights, RMSNorm (the engine fuses the q8 quantization of
 x into its norm kernel where it can; `quantize_q8` is the stand-alone version).
 """
 from __future__ import annotations
@@ -42,9 +42,8 @@ from .layout import PackedWeight, unpack
 MAX_TOKENS = 8                  # n_tok per launch: accumulators live in registers
 Q8_BLOCK = 32                   # activation values per q8 scale
 Q8_FLOATS = 4                   # floats of xs per 32 values: d and three pre-scaled sums
-SUPPORTED = tuple(K.MODES)      # Q4_K, Q6_K, Q8_0, Q5_0, F16
-DEFAULT_MODE = {QType.Q4_K: "dp4a", QType.Q6_K: "dp4a", QType.Q8_0: "dp4a",
-                QType.Q5_0: "dp4a", QType.F16: "f32"}
+SUPPORTED = tuple(K.MODES)      # Q4_K, Q6_K, Q8_0, Q5_0, F16, Q4_0, Q4_1, Q5_1, Q5_K, BF16
+DEFAULT_MODE = {q: modes[0] for q, modes in K.MODES.items()}
 
 # =====================================================================================
 # 1. Numpy references
@@ -65,10 +64,20 @@ def gemv_reference(W: np.ndarray, x: np.ndarray, residual: np.ndarray | None = N
     return y if residual is None else y + residual
 
 
-def swiglu_reference(Wg: np.ndarray, Wu: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """h = silu(x @ Wg.T) * (x @ Wu.T) in float64 (Qwen/Llama feed-forward input)."""
+def swiglu_reference(Wg: np.ndarray, Wu: np.ndarray, x: np.ndarray, act: str = "silu") -> np.ndarray:
+    """h = act(x @ Wg.T) * (x @ Wu.T) in float64: act "silu" (Qwen/Llama feed-forward
+    input) or "gelu", the tanh form (Gemma; engine/norm.py's gelu_reference)."""
     g = gemv_reference(Wg, x)
-    return g / (1.0 + np.exp(-g)) * gemv_reference(Wu, x)
+    return act_reference(g, act) * gemv_reference(Wu, x)
+
+
+def act_reference(g: np.ndarray, act: str) -> np.ndarray:
+    """silu(g) or gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/pi) g (1 + 0.044715 g^2))), float64."""
+    if act == "silu":
+        return g / (1.0 + np.exp(-g))
+    if act == "gelu":
+        return 0.5 * g * (1.0 + np.tanh(float(K.GELU_S) * g * (1.0 + float(K.GELU_A) * g * g)))
+    raise ValueError(f"act must be one of {K.ACTS}, got {act!r}")
 
 
 def quantize_q8_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -135,7 +144,9 @@ class GemvWeight:
     Slots (the kernels' wa, wb, wc: uint32 words; wd: uint16 fp16 bits):
         Q4_K  wa = qs, wb = hdr            Q6_K  wa = ql, wb = qh, wc = sc, wd = d
         Q8_0  wa = qs, wd = d              Q5_0  wa = qs, wb = qh, wd = d
-        F16   wa = w
+        F16   wa = w                       BF16  wa = w
+        Q4_0  wa = qs, wd = d              Q4_1  wa = qs, wb = dm
+        Q5_1  wa = qs, wb = qh, wc = dm    Q5_K  wa = qs, wb = hdr, wc = qh
     Unused slots hold another view of the same memory (never read)."""
     qtype: QType
     mode: str               # "dp4a" (x as q8) or "f32" (x as float32)
@@ -165,6 +176,11 @@ def _flat(a, dtype=None):
     """1-D view of a C-contiguous device array (optionally reinterpreted as dtype)."""
     a = a.reshape(a.size)
     return a if dtype is None else a.view(dtype)
+
+
+# slots the loaders read with ld.global.nc.v4 (16-byte aligned); the others are read a
+# word or a half at a time (the fields of the 32-weight formats: 4-byte rows of d, qh, dm)
+_VECTOR_SLOTS = {QType.Q4_K: ("wa", "wb"), QType.Q6_K: ("wa", "wb", "wc"), QType.Q5_K: ("wa", "wb", "wc")}
 
 
 def prepare_weight(w: PackedWeight, mode: str | None = None) -> GemvWeight:
@@ -202,10 +218,24 @@ def prepare_weight(w: PackedWeight, mode: str | None = None) -> GemvWeight:
     elif qtype == QType.Q5_0:
         wa, wb, wd = _flat(p["qs"], u32), _flat(p["qh"], u32), _flat(p["d"], u16)
         wc = wa
-    else:  # F16
+    elif qtype == QType.Q4_0:
+        wa, wd = _flat(p["qs"], u32), _flat(p["d"], u16)
+        wb = wc = wa
+    elif qtype == QType.Q4_1:
+        wa, wb = _flat(p["qs"], u32), _flat(p["dm"], u32)
+        wc, wd = wa, wa.view(u16)
+    elif qtype == QType.Q5_1:
+        wa, wb, wc = _flat(p["qs"], u32), _flat(p["qh"], u32), _flat(p["dm"], u32)
+        wd = wa.view(u16)
+    elif qtype == QType.Q5_K:
+        wa, wb, wc = _flat(p["qs"], u32), _flat(p["hdr"], u32), _flat(p["qh"], u32)
+        wd = wa.view(u16)
+    else:  # F16, BF16
         wa, wd = _flat(p["w"], u32), _flat(p["w"], u16)
         wb = wc = wa
-    for name, a in (("wa", wa), ("wb", wb), ("wc", wc)):
+    slots = {"wa": wa, "wb": wb, "wc": wc}
+    for name in _VECTOR_SLOTS.get(qtype, ("wa",)):      # the slots read with 16-byte loads
+        a = slots[name]
         if _address(a) % 16:
             raise ValueError(f"gemv: {qtype.name} plane ({name}) starts at {_address(a):#x}, not "
                              f"16-byte aligned: keep arena offsets at multiples of 16")
@@ -293,8 +323,8 @@ def _qkv_kernel(specs, n_tok, ks, lpr):
     return _get(("qkv", specs, n_tok, ks, lpr), lambda: K.qkv_kernel(specs, n_tok, ks, lpr))
 
 
-def _swiglu_kernel(g, u, n_tok, ks, lpr):
-    return _get(("swiglu", g, u, n_tok, ks, lpr), lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr))
+def _swiglu_kernel(g, u, n_tok, ks, lpr, act="silu"):
+    return _get(("swiglu", g, u, n_tok, ks, lpr, act), lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr, act))
 
 
 def _blocks(rows: int, ks: int, lpr: int = 32) -> int:
@@ -455,26 +485,29 @@ def compile_qkv(wq, wk, wv, n_tok=1, ksplit=None, lpr=None):
     return _compile(_qkv_kernel(tuple(w.spec for w in ws), n_tok, ks, lpr), SIG_QKV)
 
 
-def gemv_swiglu(wg, wu, x, h, *, xq=None, xs=None, stream=0, ksplit=None, lpr=None):
-    """h = silu(Wg x) * (Wu x) in one launch: h float32 [n_tok, rows].
+def gemv_swiglu(wg, wu, x, h, *, xq=None, xs=None, stream=0, ksplit=None, lpr=None, act="silu"):
+    """h = act(Wg x) * (Wu x) in one launch: h float32 [n_tok, rows]; act "silu" (SwiGLU)
+    or "gelu" (GELU, tanh form: Gemma's GeGLU).
 
     Wg and Wu must have the same shape; their formats may differ (the kernel then runs
     two different row loops one after the other, still one launch)."""
+    if act not in K.ACTS:
+        raise ValueError(f"gemv_swiglu: act must be one of {K.ACTS}, got {act!r}")
     wg, wu = _prepared(wg), _prepared(wu)
     if (wg.rows, wg.cols) != (wu.rows, wu.cols):
         raise ValueError(f"gemv_swiglu: gate {wg.rows}x{wg.cols} and up {wu.rows}x{wu.cols} differ")
     xf, xqf, xsf, n_tok, cols = _activations((wg, wu), x, xq, xs)
     _check_out(h, "h", n_tok, wg.rows, x)
     ks, lpr = _split_lanes(wg.rows, min(wg.units, wu.units), ksplit, lpr)
-    kern = _swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr)
+    kern = _swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr, act)
     kern[_blocks(wg.rows, ks, lpr), K.BLOCK, stream](*_w_args(wg), *_w_args(wu), wg.rows,
                                                      xf, xqf, xsf, cols, _flat(h))
 
 
-def compile_swiglu(wg, wu, n_tok=1, ksplit=None, lpr=None):
+def compile_swiglu(wg, wu, n_tok=1, ksplit=None, lpr=None, act="silu"):
     wg, wu = _prepared(wg), _prepared(wu)
     ks, lpr = _split_lanes(wg.rows, min(wg.units, wu.units), ksplit, lpr)
-    return _compile(_swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr), SIG_SWIGLU)
+    return _compile(_swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr, act), SIG_SWIGLU)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from .formats import BLOCK_SIZES, QType
+from .formats import BLOCK_SIZES, QType, quantize_bf16
 from .layout import PackedWeight, pack
 
 H200_READ_TBS = 4.37        # measured 128-bit read bandwidth on the project's H200 (notes)
@@ -48,9 +48,11 @@ def random_weight(qtype, rows: int, cols: int, rng: np.random.Generator) -> Pack
     qtype = QType(qtype) if not isinstance(qtype, str) else QType[qtype]
     block, nbytes = BLOCK_SIZES[qtype]
     n_blocks = rows * cols // block
-    if qtype == QType.F16:
-        w = (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.02)).astype(np.float16)
-        return pack(w.view(np.uint8), qtype, (rows, cols))
+    if qtype in (QType.F16, QType.BF16):
+        w = rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(0.02)
+        if qtype == QType.F16:
+            return pack(w.astype(np.float16).view(np.uint8), qtype, (rows, cols))
+        return pack(quantize_bf16(w.reshape(-1, 1)).reshape(rows, -1), qtype, (rows, cols))
     raw = np.frombuffer(rng.bytes(n_blocks * nbytes), np.uint8).copy().reshape(n_blocks, nbytes)
     f = rng.uniform(0.75, 1.25, n_blocks).astype(np.float32)
     u16 = raw.view(np.uint16)                       # every block size here is even
@@ -65,6 +67,18 @@ def random_weight(qtype, rows: int, cols: int, rng: np.random.Generator) -> Pack
         u16[:, 0] = _fp16_bits(np.float32(0.02 / 74) * f)
     elif qtype == QType.Q5_0:                       # w = d*(q-16), q ~ U(0..31)
         u16[:, 0] = _fp16_bits(np.float32(0.02 / 9.2) * f)
+    elif qtype == QType.Q4_0:                       # w = d*(q-8), q ~ U(0..15)
+        u16[:, 0] = _fp16_bits(np.float32(0.02 / 4.6) * f)
+    elif qtype in (QType.Q4_1, QType.Q5_1):         # w = d*q + m, m ~ -d*qmax/2: E[w] ~ 0
+        qmax = 15 if qtype == QType.Q4_1 else 31
+        d = _fp16_bits(np.float32(0.02 / (0.29 * qmax)) * f)
+        u16[:, 0] = d
+        u16[:, 1] = _fp16_bits(d.view(np.float16).astype(np.float32) * np.float32(-qmax / 2)
+                               * rng.uniform(0.8, 1.2, n_blocks).astype(np.float32))
+    elif qtype == QType.Q5_K:                       # as Q4_K with 5-bit q: dmin = 15.5 d
+        d = _fp16_bits(np.float32(3.8e-5) * f)
+        u16[:, 0] = d
+        u16[:, 1] = _fp16_bits(d.view(np.float16).astype(np.float32) * 15.5)
     else:
         raise ValueError(f"random_weight: no generator for {qtype.name}")
     return pack(raw.reshape(rows, -1), qtype, (rows, cols))

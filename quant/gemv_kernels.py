@@ -45,6 +45,7 @@ from numba import cuda, float32, int32, int8, uint32
 
 from genie_rt.engine import kernel_cache
 
+from . import gemv_units as U
 from . import ptx
 from .formats import QType
 
@@ -59,12 +60,19 @@ F1056 = np.float32(1056.0)            # 1024 + 32: Q6_K quants are q - 32
 F32 = np.float32(32.0)
 F16_ = np.float32(16.0)
 RINT = np.float32(12582912.0)         # 1.5 * 2**23: (v + RINT) - RINT rounds to nearest even
+_GELU_A = float32(0.044715)
+_GELU_S = float32(0.79788456080286535587989211986876)
 
-# weights per unit, units per format block (all powers of two)
-UNIT_WEIGHTS = {QType.Q4_K: 32, QType.Q6_K: 32, QType.Q5_0: 32, QType.Q8_0: 16, QType.F16: 8}
-UNIT_SHIFT = {QType.Q4_K: 3, QType.Q6_K: 3, QType.Q8_0: 1, QType.Q5_0: 0, QType.F16: 0}  # log2 units/block
+# weights per unit, units per format block (all powers of two); the formats after F16
+# have their unit decoders in gemv_units.py
+UNIT_WEIGHTS = {QType.Q4_K: 32, QType.Q6_K: 32, QType.Q5_0: 32, QType.Q8_0: 16, QType.F16: 8,
+                QType.Q4_0: 32, QType.Q4_1: 32, QType.Q5_1: 32, QType.Q5_K: 32, QType.BF16: 8}
+UNIT_SHIFT = {QType.Q4_K: 3, QType.Q6_K: 3, QType.Q8_0: 1, QType.Q5_0: 0, QType.F16: 0,  # log2 units/block
+              QType.Q4_0: 0, QType.Q4_1: 0, QType.Q5_1: 0, QType.Q5_K: 3, QType.BF16: 0}
 MODES = {QType.Q4_K: ("dp4a", "f32"), QType.Q6_K: ("dp4a", "f32"), QType.Q8_0: ("dp4a",),
-         QType.Q5_0: ("dp4a",), QType.F16: ("f32",)}
+         QType.Q5_0: ("dp4a",), QType.F16: ("f32",),
+         QType.Q4_0: ("dp4a",), QType.Q4_1: ("dp4a",), QType.Q5_1: ("dp4a",), QType.Q5_K: ("dp4a",),
+         QType.BF16: ("f32",)}
 
 if ptx.SIMULATOR:
     _dev = cuda.jit(device=True)
@@ -167,7 +175,9 @@ def load_f16(wa, wb, wc, wd, g):
 
 
 LOADERS = {QType.Q4_K: load_q4k, QType.Q6_K: load_q6k, QType.Q8_0: load_q8_0,
-           QType.Q5_0: load_q5_0, QType.F16: load_f16}
+           QType.Q5_0: load_q5_0, QType.F16: load_f16,
+           QType.Q4_0: U.load_q4_0, QType.Q4_1: U.load_q4_1, QType.Q5_1: U.load_q5_1,
+           QType.Q5_K: U.load_q5_k, QType.BF16: U.load_bf16}
 
 
 # =====================================================================================
@@ -387,7 +397,10 @@ def _f16_f32(NT):
 MULTIPLIERS = {(QType.Q4_K, "dp4a"): _q4k_dp4a, (QType.Q4_K, "f32"): _q4k_f32,
                (QType.Q6_K, "dp4a"): _q6k_dp4a, (QType.Q6_K, "f32"): _q6k_f32,
                (QType.Q8_0, "dp4a"): _q8_0_dp4a, (QType.Q5_0, "dp4a"): _q5_0_dp4a,
-               (QType.F16, "f32"): _f16_f32}
+               (QType.F16, "f32"): _f16_f32,
+               (QType.Q4_0, "dp4a"): U._q4_0_dp4a, (QType.Q4_1, "dp4a"): U._q4_1_dp4a,
+               (QType.Q5_1, "dp4a"): U._q5_1_dp4a, (QType.Q5_K, "dp4a"): lambda NT: U._q5k_dp4a(NT, _k_scales),
+               (QType.BF16, "f32"): U._bf16_f32}
 
 
 # =====================================================================================
@@ -569,11 +582,19 @@ def qkv_kernel(specs, NT, KSPLIT, LPR=32):
     return kernel_cache.attach(qkv)
 
 
-def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32):
-    """h[t, r] = silu(Wg x)[t, r] * (Wu x)[t, r]: each warp streams row r of both weights
-    (gate then up; mixed formats just mean two different row loops).
+GELU_A = np.float32(0.044715)                             # ggml's GELU_COEF_A
+GELU_S = np.float32(0.79788456080286535587989211986876)   # ggml's SQRT_2_OVER_PI
+ACTS = ("silu", "gelu")
+
+
+def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu"):
+    """h[t, r] = act(Wg x)[t, r] * (Wu x)[t, r]: each warp streams row r of both weights
+    (gate then up; mixed formats just mean two different row loops). act = silu (SwiGLU:
+    Qwen, Llama) or gelu, the tanh form (GeGLU: Gemma; engine/norm.py's gelu_reference).
     gate/up = (qtype, mode). Arguments: (wa, wb, wc, wd, nu) of Wg, then of Wu, rows,
     xf, xq, xs, cols, h [NT * rows]."""
+    assert ACT in ACTS, ACT
+    GELU = ACT == "gelu"
     dot_g = _make_row_dot(gate[0], gate[1], NT)
     dot_u = _make_row_dot(up[0], up[1], NT)
     NT2 = 2 * NT
@@ -596,7 +617,11 @@ def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32):
         if (lane & SUB) == 0 and ks == 0 and row < rows:
             for t in range(NT):
                 g = acc[t]
-                h[t * rows + row] = g / (float32(1) + math.exp(-g)) * acc[NT + t]
+                if GELU:
+                    th = math.tanh(_GELU_S * g * (float32(1) + _GELU_A * g * g))
+                    h[t * rows + row] = float32(0.5) * g * (float32(1) + th) * acc[NT + t]
+                else:
+                    h[t * rows + row] = g / (float32(1) + math.exp(-g)) * acc[NT + t]
     return kernel_cache.attach(swiglu)
 
 

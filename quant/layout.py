@@ -7,7 +7,9 @@ matrix [rows, cols] into planes (struct of arrays), each a C-contiguous 2-D arra
 [rows, n_blocks * field_bytes], so that:
 
 - every plane row starts 16-byte aligned whenever field_bytes * n_blocks is a multiple
-  of 16 (true for all real model shapes: cols is a multiple of 256),
+  of 16 (the bulk quants always are; the 2- and 4-byte fields of the 32-weight formats
+  are not when n_blocks is not a multiple of 8, e.g. SmolLM2's 576 columns: kernels
+  read those with scalar loads),
 - the bulk quants of consecutive blocks are contiguous, so a warp reading a row reads
   one coalesced stream with `ld.global.nc.v4`,
 - the total byte count equals the GGUF tensor's (no padding, no decoded scales):
@@ -30,9 +32,15 @@ Planes per type (nb = blocks per row; field order inside a plane is GGUF's):
     Q5_0   32     qs      16           uint8    low 4 bits
                   qh      4            uint8    5th bits (a little-endian uint32 per block)
                   d       2            float16
+    Q5_1   32     dm      4            uint32   d | m << 16, two fp16 (w = d q + m) [rows, nb]
+                  qh      4            uint8    as Q5_0
+                  qs      16           uint8    as Q5_0
     Q4_0   32     qs      16           uint8
                   d       2            float16
+    Q4_1   32     dm      4            uint32   d | m << 16, two fp16 [rows, nb]
+                  qs      16           uint8
     F16    1      w       2            float16  [rows, cols]
+    BF16   1      w       2            uint16   [rows, cols] (bf16 bits)
     F32    1      w       4            float32  [rows, cols]
 
 The numpy `pack` / `unpack` here are the definition; GPU kernels index these planes.
@@ -52,8 +60,11 @@ PLANES: dict[QType, list[tuple[str, int, int, str]]] = {
     QType.Q6_K: [("ql", 0, 128, "u1"), ("qh", 128, 64, "u1"), ("sc", 192, 16, "i1"), ("d", 208, 2, "<f2")],
     QType.Q8_0: [("d", 0, 2, "<f2"), ("qs", 2, 32, "i1")],
     QType.Q5_0: [("d", 0, 2, "<f2"), ("qh", 2, 4, "u1"), ("qs", 6, 16, "u1")],
+    QType.Q5_1: [("dm", 0, 4, "<u4"), ("qh", 4, 4, "u1"), ("qs", 8, 16, "u1")],
     QType.Q4_0: [("d", 0, 2, "<f2"), ("qs", 2, 16, "u1")],
+    QType.Q4_1: [("dm", 0, 4, "<u4"), ("qs", 4, 16, "u1")],
     QType.F16: [("w", 0, 2, "<f2")],
+    QType.BF16: [("w", 0, 2, "<u2")],
     QType.F32: [("w", 0, 4, "<f4")],
 }
 PACKABLE = frozenset(PLANES)

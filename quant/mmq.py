@@ -14,6 +14,8 @@ and each warp dequantizes them straight into fp16 mma fragments in registers.
                             mode "add"     Y += X W^T        (residual stream)
                             mode "swiglu"  Y  = silu(X G^T) * (X U^T), W = [G; U] stacked
                                            by rows (2 I rows -> Y [N, I])
+                            mode "geglu"   Y  = gelu(X G^T) * (X U^T), gelu's tanh form
+                                           (Gemma), same stacking
 
 Public API (all launchers: no allocation, no synchronisation, any numba stream):
     prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps=1e-6)   (+ fused RMSNorm)
@@ -49,21 +51,39 @@ import numpy as np
 from .formats import QType, dequantize, unpack_q4_k_scales
 from .layout import PackedWeight, pack, unpack
 from . import mmq_kernels as K
+from . import mmq_legacy as L
 from . import mmq_prep as P
 
-SUPPORTED = {QType.Q4_K: K.Q4_K, QType.Q6_K: K.Q6_K, QType.Q8_0: K.Q8_0}
+SUPPORTED = {QType.Q4_K: K.Q4_K, QType.Q6_K: K.Q6_K, QType.Q8_0: K.Q8_0,
+             QType.Q4_0: L.Q4_0, QType.Q4_1: L.Q4_1, QType.Q5_0: L.Q5_0, QType.Q5_1: L.Q5_1}
 # Split-K workspace layout: every plan's int32 tile counters start at byte 0 of a region
 # of this size and its partial sums start after it. The kernels leave their counters at
 # zero, so one workspace, zeroed once, serves any sequence of launches of different
 # plans on one stream: no launch's partial sums can land on another plan's counters.
 COUNTER_BYTES = 1 << 16
-MODES = {"store": K.EPI_STORE, "add": K.EPI_ADD, "swiglu": K.EPI_SWIGLU}
+MODES = {"store": K.EPI_STORE, "add": K.EPI_ADD, "swiglu": K.EPI_SWIGLU, "geglu": K.EPI_GEGLU}
+GATED = ("swiglu", "geglu")     # W = [gate; up] stacked by rows; y = act(x G^T) * (x U^T)
 REDUCTIONS = {"last": K.RED_LAST, "kernel": K.RED_KERNEL}
 # How a split K is summed (mmq_kernels.RED_*): "kernel" (partial sums to a workspace,
 # then one reduction launch over every output) or "last" (the last block of each tile
 # sums the partials of its tile). docs/kernels/mmq.md has the measurements.
 DEFAULT_REDUCE = "kernel"
-COL_MULTIPLE = 256      # K must be whole super-blocks (and 8-block groups for Q8_0)
+COL_MULTIPLE = 256      # K of the k-quants: whole super-blocks (and Q8_0's fast path: 8-block groups)
+COL_MULTIPLE_32 = 32    # K of the 32-weight formats (mmq_legacy.py): whole blocks
+
+
+def kernel_format(qtype, cols: int) -> int:
+    """The kernel format code for a weight: Q8_0 takes mmq_kernels' path when K is a
+    multiple of 256 (its d plane is staged with cp.async, 8 blocks at a time) and
+    mmq_legacy's otherwise (Gemma 3 270M's 640 columns)."""
+    fmt = SUPPORTED[QType[qtype] if isinstance(qtype, str) else QType(qtype)]
+    if fmt == K.Q8_0 and cols % COL_MULTIPLE:
+        return L.Q8_0L
+    return fmt
+
+
+def _col_multiple(fmt) -> int:
+    return COL_MULTIPLE_32 if fmt in L.LEGACY else COL_MULTIPLE
 
 
 # =====================================================================================
@@ -87,6 +107,12 @@ def dequantize_weight(w: PackedWeight, rows=None) -> np.ndarray:
 def _weight_abs(w: PackedWeight, rows=None) -> np.ndarray:
     """|terms| of each weight before cancellation: |s q| + |m| (Q4_K), |w| otherwise."""
     wd = dequantize_weight(w, rows)
+    if w.qtype in (QType.Q4_1, QType.Q5_1):         # w = d q + m: |d q| + |m|
+        dm = _host_planes(w).planes["dm"]
+        if rows is not None:
+            dm = dm[np.asarray(rows)]
+        m = np.repeat(np.ascontiguousarray(dm).view(np.float16)[:, 1::2].astype(np.float64), 32, axis=1)
+        return np.abs(wd - m) + np.abs(m)
     if w.qtype != QType.Q4_K:
         return np.abs(wd)
     raw = unpack(_host_planes(w))
@@ -112,11 +138,11 @@ def reference(w: PackedWeight, x: np.ndarray, mode: str = "store", y0=None, rows
     x is the float32 activation [N, cols] that prepare_x receives; y0 the residual [N, rows]
     for mode "add". SwiGLU: w stacks gate (rows 0..I-1) and up (I..2I-1)."""
     x64 = np.asarray(x, np.float64)
-    if mode == "swiglu":
+    if mode in GATED:
         rg, ru = _split_swiglu(w, rows)
         gate = x64 @ dequantize_weight(w, rg).T
         up = x64 @ dequantize_weight(w, ru).T
-        return gate / (1.0 + np.exp(-gate)) * up
+        return _act(gate, mode) * up
     y = x64 @ dequantize_weight(w, rows).T
     if mode == "add":
         y0 = np.asarray(y0, np.float64)
@@ -134,7 +160,8 @@ def reference(w: PackedWeight, x: np.ndarray, mode: str = "store", y0=None, rows
 # |y - ref| <= (3u + cols 2^-22) sum_k |x_k| W_abs_k
 #              + 2^-25 ((QMAX + 2) sum_k |x_k| + sum_k |w_k|)
 F16_U = 2.0 ** -11
-_QMAX = {QType.Q4_K: 15, QType.Q6_K: 32, QType.Q8_0: 0}
+_QMAX = {QType.Q4_K: 15, QType.Q6_K: 32, QType.Q8_0: 0,     # 32-weight formats: d is exact fp16
+         QType.Q4_0: 0, QType.Q4_1: 0, QType.Q5_0: 0, QType.Q5_1: 0}
 
 
 def error_bound(w: PackedWeight, x: np.ndarray, mode: str = "store", y0=None, rows=None) -> np.ndarray:
@@ -148,20 +175,27 @@ def error_bound(w: PackedWeight, x: np.ndarray, mode: str = "store", y0=None, ro
         sub = 2.0 ** -25 * ((qmax + 2) * ax.sum(axis=1)[:, None] + np.abs(dequantize_weight(w, r)).sum(axis=1)[None, :])
         return ax @ ((3 * F16_U + acc_eps) * wabs).T + sub + 1e-30
 
-    if mode == "swiglu":
+    if mode in GATED:
         rg, ru = _split_swiglu(w, rows)
         x64 = np.asarray(x, np.float64)
         g = x64 @ dequantize_weight(w, rg).T
         u = x64 @ dequantize_weight(w, ru).T
         eg, eu = gemm_bound(rg), gemm_bound(ru)
-        sg = 1.0 / (1.0 + np.exp(-g))
-        # |d silu/dg| <= 1.1; silu(g)*u evaluated in float32 adds a few ulps
-        return 1.1 * (np.abs(u) + eu) * eg + np.abs(g * sg) * eu + 1e-6 * np.abs(g * sg * u)
+        a = _act(g, mode)
+        # |d silu/dg| <= 1.1, |d gelu/dg| <= 1.13; act(g)*u in float32 adds a few ulps
+        return 1.13 * (np.abs(u) + eu) * eg + np.abs(a) * eu + 1e-6 * np.abs(a * u)
     b = gemm_bound(rows)
     if mode == "add":
         y0 = np.abs(np.asarray(y0, np.float64))
         b = b + 2.0 ** -23 * (y0 if rows is None else y0[:, np.asarray(rows)])
     return b
+
+
+def _act(g, mode):
+    """float64 silu (mode "swiglu") or gelu-tanh ("geglu") of the gate."""
+    if mode == "swiglu":
+        return g / (1.0 + np.exp(-g))
+    return 0.5 * g * (1.0 + np.tanh(0.7978845608028654 * g * (1.0 + 0.044715 * g * g)))
 
 
 def random_weight(qtype, rows: int, cols: int, rng: np.random.Generator) -> PackedWeight:
@@ -184,7 +218,8 @@ def random_weight(qtype, rows: int, cols: int, rng: np.random.Generator) -> Pack
         d = rng.uniform(1e-4, 1e-3, (rows, nb, 1)).astype(np.float16)
         raw[:, :, 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
     else:
-        raise ValueError(f"random_weight: {qtype.name} not supported")
+        from .gemv_bench import random_weight as any_random_weight
+        return any_random_weight(qtype, rows, cols, rng)
     return pack(raw.reshape(rows, -1), qtype, (rows, cols))
 
 
@@ -333,15 +368,15 @@ def plan(qtype, rows_out: int, cols: int, n: int, mode: str = "store", config: T
     reduce = DEFAULT_REDUCE if reduce is None else reduce
     if reduce not in REDUCTIONS:
         raise ValueError(f"mmq: reduce must be one of {sorted(REDUCTIONS)}, got {reduce!r}")
-    if cols % COL_MULTIPLE:
-        raise ValueError(f"mmq: cols = {cols} must be a multiple of {COL_MULTIPLE}")
+    fmt, epi = kernel_format(qtype, cols), MODES[mode]
+    if cols % _col_multiple(fmt) or cols < 1:
+        raise ValueError(f"mmq: {qtype.name} weights need cols a multiple of {_col_multiple(fmt)}, got {cols}")
     if n < 1 or rows_out < 1:
         raise ValueError(f"mmq: need N >= 1 and rows >= 1, got N = {n}, rows = {rows_out}")
-    fmt, epi = SUPPORTED[qtype], MODES[mode]
     sms, limit = device_limits()
     num_sms = num_sms or sms
     smem_limit = smem_limit or limit
-    n_stages = cols // K.STAGE_K
+    n_stages = -(-cols // K.STAGE_K)        # the last stage of a 32-weight format may be partial
     if config is not None:
         candidates = [config]
     elif n <= 64:
@@ -350,15 +385,15 @@ def plan(qtype, rows_out: int, cols: int, n: int, mode: str = "store", config: T
         candidates = [LARGE, replace(LARGE, stages=2)]
     best = None
     for cfg in candidates:
-        if epi == K.EPI_SWIGLU and cfg.mt % 2:
-            raise ValueError(f"mmq: mode 'swiglu' needs an even mt, config {cfg.name} has mt = {cfg.mt}")
+        if epi in K.GATED and cfg.mt % 2:
+            raise ValueError(f"mmq: mode {mode!r} needs an even mt, config {cfg.name} has mt = {cfg.mt}")
         fitted = _fit(cfg, fmt, smem_limit)
         if fitted is None:
             raise ValueError(f"mmq: config {cfg.name} needs {cfg.smem_bytes(fmt)} B of shared "
                              f"memory, the device allows {smem_limit}; use a smaller tile")
         cfg = fitted
         smem = cfg.smem_bytes(fmt)
-        bm_out = cfg.bm // 2 if epi == K.EPI_SWIGLU else cfg.bm
+        bm_out = cfg.bm // 2 if epi in K.GATED else cfg.bm
         row_tiles, tok_tiles = -(-rows_out // bm_out), -(-n // cfg.bn)
         tiles = row_tiles * tok_tiles
         per_sm = _blocks_per_sm(cfg, smem, smem_limit, epi)
@@ -379,7 +414,7 @@ def plan(qtype, rows_out: int, cols: int, n: int, mode: str = "store", config: T
     sp = grid[2]
     ws, counters, red = 0, 0, REDUCTIONS[reduce]
     if sp > 1 and red == K.RED_KERNEL:
-        partials = sp * n * rows_out * (2 if epi == K.EPI_SWIGLU else 1)
+        partials = sp * n * rows_out * (2 if epi in K.GATED else 1)
         if partials >= 1 << 31:
             raise ValueError(f"mmq: {partials} split-K partial sums exceed the 32-bit index "
                              "range; use fewer splits or a smaller chunk")
@@ -394,9 +429,9 @@ def plan(qtype, rows_out: int, cols: int, n: int, mode: str = "store", config: T
 
 
 def _rows_out(w: PackedWeight, mode: str) -> int:
-    if mode == "swiglu":
+    if mode in GATED:
         if w.rows % 2:
-            raise ValueError(f"mmq: mode 'swiglu' needs the stacked [gate; up] weight (even "
+            raise ValueError(f"mmq: mode {mode!r} needs the stacked [gate; up] weight (even "
                              f"rows), got {w.rows} rows")
         return w.rows // 2
     return w.rows
@@ -437,7 +472,14 @@ _PLANE_TYPES = {   # fmt -> kernel plane slots p0..p3: (plane name, numba dtype)
     K.Q4_K: (("qs", "uint8"), ("hdr", "uint8"), ("qs", "uint8"), ("qs", "uint8")),
     K.Q6_K: (("ql", "uint8"), ("qh", "uint8"), ("sc", "int8"), ("d", "float16")),
     K.Q8_0: (("qs", "int8"), ("d", "float16"), ("qs", "int8"), ("qs", "int8")),
+    # the 32-weight formats: d as its fp16 bits, qh (uint8 in the layout) as a uint32 a block
+    L.Q4_0: (("qs", "uint8"), ("d", "uint16"), ("qs", "uint8"), ("qs", "uint8")),
+    L.Q4_1: (("qs", "uint8"), ("dm", "uint32"), ("qs", "uint8"), ("qs", "uint8")),
+    L.Q5_0: (("qs", "uint8"), ("d", "uint16"), ("qh", "uint32"), ("qs", "uint8")),
+    L.Q5_1: (("qs", "uint8"), ("dm", "uint32"), ("qh", "uint32"), ("qs", "uint8")),
+    L.Q8_0L: (("qs", "int8"), ("d", "uint16"), ("qs", "int8"), ("qs", "int8")),
 }
+_PLANE_DTYPES = {"d": (np.float16, np.uint16), "qh": (np.uint8, np.uint32)}   # stored -> passed as
 _REST_SIG = ("float16[:, ::1], float32[::1], float32[:, ::1], float32[::1], int32[::1], "
              "int64, int64, int64, int64, int64")
 
@@ -495,17 +537,19 @@ def compile_for(weights, n_values=(18, 33, 128, 512), modes=("store",)) -> None:
             for mode in modes:
                 if isinstance(item, PackedWeight):
                     qtype = item.qtype
-                    if mode == "swiglu" and item.rows % 2:
+                    if mode in GATED and item.rows % 2:
                         continue
                     p = plan(qtype, _rows_out(item, mode), item.cols, n, mode)
                     cfgs = [(p.config, p.red)]
+                    fmt = p.fmt
                 else:
                     qtype = QType(item)
+                    fmt = SUPPORTED[qtype]
                     red = REDUCTIONS[DEFAULT_REDUCE]
                     cfgs = [(small_config(n), red)] if n <= 64 else \
                         [(LARGE, red), (replace(LARGE, stages=2), red)]
                 for cfg, red in cfgs:
-                    keys.add((SUPPORTED[QType(qtype)], cfg, MODES[mode], red))
+                    keys.add((fmt, cfg, MODES[mode], red))
     for fmt, cfg, epi, red in sorted(keys, key=str):
         _ensure_compiled(_kernel(fmt, cfg, epi, red), fmt)
         if red == K.RED_KERNEL:                   # (compiled even if no plan splits K)
@@ -519,7 +563,7 @@ def prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps: float = 1e-6) -> 
     """x float32 [N, cols] -> x16 float16 [N, cols] (MMQ order), xscale float32 [N].
 
     With norm_weight (float32 [cols]) the RMSNorm is fused in: the values converted are
-    x / sqrt(mean(x^2) + eps) * norm_weight (engine/qwen3.py's rmsnorm), so the residual
+    x / sqrt(mean(x^2) + eps) * norm_weight (engine/models/reference.py's rmsnorm), so the residual
     stream feeds MMQ in one kernel. xscale[t] is 1 unless max|v[t]| > 16384, then the
     power of two that brings the row below it (fp16 overflows at 65504; mmq multiplies
     it back in its epilogue)."""
@@ -561,7 +605,8 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
 
     w          PackedWeight, planes are device arrays ([rows, bytes], C-contiguous rows)
     x16        float16 [N, cols] from prepare_x; xscale float32 [N] from prepare_x
-    y          float32 [N, rows] ("store", "add": read and written), [N, rows/2] ("swiglu")
+    y          float32 [N, rows] ("store", "add": read and written), [N, rows/2] ("swiglu",
+               "geglu")
     workspace  uint8 device array >= workspace_bytes(w, N, mode) bytes (zeroed once after
                allocation; may be shared by every launch on this stream, whatever its
                plan - see COUNTER_BYTES), or None when that is 0
@@ -570,7 +615,7 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
     With a split K and reduce "kernel" this is two launches: the GEMM, then the reduction.
     """
     _check(w.qtype in SUPPORTED, f"{QType(w.qtype).name} weights are not supported "
-           f"(supported: {', '.join(q.name for q in SUPPORTED)})")
+           f"(supported: {', '.join(sorted(q.name for q in SUPPORTED))})")
     _check(len(x16.shape) == 2 and x16.dtype == np.float16 and _c_contig(x16),
            f"x16 must be a C-contiguous float16 [N, cols] from prepare_x, got "
            f"{x16.dtype}{tuple(x16.shape)}")
@@ -588,6 +633,9 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
     for name, dt in _PLANE_TYPES[fmt]:
         plane = w.planes.get(name)
         _check(plane is not None, f"{QType(w.qtype).name} weight lacks plane {name!r}")
+        stored, passed = _PLANE_DTYPES.get(name, (None, None))
+        if passed == np.dtype(dt) and plane.dtype == stored:
+            plane = plane.view(passed)                  # a reinterpretation (no copy)
         _check(len(plane.shape) == 2 and plane.shape[0] == w.rows and plane.dtype == np.dtype(dt)
                and _c_contig(plane), f"plane {name!r} must be a C-contiguous {dt} [{w.rows}, *], "
                f"got {plane.dtype}{tuple(plane.shape)}")

@@ -42,6 +42,7 @@ from numba import cuda, float32, int32, uint32
 
 from genie_rt.engine import kernel_cache
 
+from . import mmq_legacy as L
 from .ptx import hfma2
 from .ptx import (SIMULATOR, cp_async16_zfill, cp_async_commit, cp_async_wait_group_0,
                   cp_async_wait_group_1, cp_async_wait_group_2, f16_bits_to_f32,
@@ -51,10 +52,13 @@ U = np.uint32
 
 # Formats (plane order of the kernel arguments p0..p3; unused slots get a dummy plane).
 Q4_K, Q6_K, Q8_0 = 0, 1, 2
-FORMAT_NAMES = {Q4_K: "Q4_K", Q6_K: "Q6_K", Q8_0: "Q8_0"}
+FORMAT_NAMES = {Q4_K: "Q4_K", Q6_K: "Q6_K", Q8_0: "Q8_0", **L.NAMES}
 # Epilogues.
-EPI_STORE, EPI_ADD, EPI_SWIGLU = 0, 1, 2
-EPI_NAMES = {EPI_STORE: "store", EPI_ADD: "add", EPI_SWIGLU: "swiglu"}
+EPI_STORE, EPI_ADD, EPI_SWIGLU, EPI_GEGLU = 0, 1, 2, 3
+EPI_NAMES = {EPI_STORE: "store", EPI_ADD: "add", EPI_SWIGLU: "swiglu", EPI_GEGLU: "geglu"}
+GATED = (EPI_SWIGLU, EPI_GEGLU)     # W = [gate; up]: y = act(x G^T) * (x U^T), act silu / gelu-tanh
+_GELU_A = float32(0.044715)                               # ggml's GELU_COEF_A
+_GELU_S = float32(0.79788456080286535587989211986876)     # ggml's SQRT_2_OVER_PI
 # Split-K reductions (splits > 1):
 #   RED_LAST    every block publishes its partial tile; the last block of a tile to finish
 #               (an atomic counter) sums the partials in split order and runs the epilogue
@@ -71,15 +75,15 @@ MAX_REGISTERS = 128      # per thread, for warp tiles of <= 16 mma tiles (see bu
 #   Q4_K: qs 64 B (4 chunks) + header 16 B (d, dmin, 12 packed 6-bit scales/mins)
 #   Q6_K: ql 64 B (4) + qh 32 B (2) + sc 16 B (1)       (d comes from global, see below)
 #   Q8_0: qs 128 B (8) + d of the super-block's 8 blocks 16 B (1)
-RAW_CHUNKS = {Q4_K: 5, Q6_K: 7, Q8_0: 9}
+RAW_CHUNKS = {Q4_K: 5, Q6_K: 7, Q8_0: 9, **L.RAW_CHUNKS}   # (+ the 32-weight formats: mmq_legacy.py)
 # Row strides 80 / 112 / 144 bytes = 20 / 28 / 36 words: the 8 rows g = 0..7 that a warp
 # reads at once start in banks 20g / 28g / 36g mod 32, all different multiples of 4, so
 # the quad's 4 words (t = 0..3) never collide: conflict-free without padding.
 # Scale table: words per row per stage (entries: Q4_K 4 sub-blocks x (scale2, -min2);
 # Q6_K 8 sub-blocks x scale2; Q8_0 4 blocks x scale2), padded to an odd/even stride
 # that spreads the 8 rows of a warp over distinct banks.
-SC_WORDS = {Q4_K: 10, Q6_K: 9, Q8_0: 5}
-SC_ENTRIES = {Q4_K: 4, Q6_K: 8, Q8_0: 4}
+SC_WORDS = {Q4_K: 10, Q6_K: 9, Q8_0: 5, **L.SC_WORDS}
+SC_ENTRIES = {Q4_K: 4, Q6_K: 8, Q8_0: 4, **{f: L.SC_ENTRIES for f in L.LEGACY}}
 X_WORDS = 68             # one token's 128 fp16 per stage = 64 words, + 4 pad: ldmatrix rows
                          # 272 B apart start in different 16-byte bank groups (conflict-free)
 
@@ -118,7 +122,7 @@ def register_capped(mt, nt, threads, epi):
     fit in 128 registers without spills (ptxas -v, sm_90: 64-142 before the cap), which
     lets two 256-thread blocks share an SM; the 256-thread SwiGLU kernel would spill
     (two accumulator sets in the epilogue) and stays uncapped (135 registers)."""
-    return mt * nt <= 16 and not (epi == EPI_SWIGLU and threads >= 256)
+    return mt * nt <= 16 and not (epi in GATED and threads >= 256)
 
 
 def smem_bytes(fmt, wm, wn, mt, nt, stages):
@@ -126,6 +130,21 @@ def smem_bytes(fmt, wm, wn, mt, nt, stages):
     bm, bn = 16 * mt * wm, 8 * nt * wn
     words = stages * bm * 4 * RAW_CHUNKS[fmt] + 2 * bm * SC_WORDS[fmt] + 4 + stages * bn * X_WORDS
     return 4 * words
+
+
+@_inline
+def _silu(v):
+    return v / (float32(1.0) + math.exp(-v))
+
+
+@_inline
+def _gelu(v):
+    """gelu, tanh form (engine/norm.py's gelu_reference: llama.cpp's Gemma FFN)."""
+    return float32(0.5) * v * (float32(1.0) + math.tanh(_GELU_S * v * (float32(1.0) + _GELU_A * v * v)))
+
+
+def _gate_act(epi):
+    return _gelu if epi == EPI_GEGLU else _silu
 
 
 # =====================================================================================
@@ -143,6 +162,8 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
                    Q4_K: qs u8, hdr u8, (dummy), (dummy)
                    Q6_K: ql u8, qh u8, sc i8, d f16 [rows_w, nb]
                    Q8_0: qs i8, d f16 [rows_w, nb], (dummy), (dummy)
+                   32-weight formats (mmq_legacy.py): qs u8 (Q8_0: i8), d bits u16
+                   [rows_w, nb] or dm u32 [rows_w, nb], qh u32 [rows_w, nb] or (dummy), (dummy)
       x          float16 [N, cols] in MMQ order (prepare_x)
       xscale     float32 [N] power-of-two per-token scale (prepare_x)
       y          float32 [N, rows_out] output (or residual stream for EPI_ADD)
@@ -150,15 +171,16 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
                  (counters start at 0 and are left at 0); unused when splits == 1.
                  RED_KERNEL: ws holds P float32 [splits, N, rows_w] (rows_w = weight
                  rows: 2 rows_out for SwiGLU), cnt is unused, y is not written.
-      n_tok      N; rows_out: output rows; n_stages = cols / 128;
+      n_tok      N; rows_out: output rows; n_stages = ceil(cols / 128);
       stages_per_split: K stages per blockIdx.z (even); splits = gridDim.z
 
     grid = (ceil(rows_out / BM_out), ceil(N / BN), splits), block = 32 * wm * wn threads,
     dynamic shared memory = smem_bytes(...).
     """
-    assert fmt in (Q4_K, Q6_K, Q8_0) and epi in (EPI_STORE, EPI_ADD, EPI_SWIGLU)
+    assert fmt in (Q4_K, Q6_K, Q8_0) + L.LEGACY and epi in (EPI_STORE, EPI_ADD, EPI_SWIGLU, EPI_GEGLU)
+    LG = fmt in L.LEGACY                   # a 32-weight format (mmq_legacy.py): K % 128 may be != 0
     assert red in (RED_LAST, RED_KERNEL)
-    swiglu = epi == EPI_SWIGLU
+    swiglu = epi in GATED                  # (SwiGLU or GeGLU: the same row layout)
     assert not swiglu or mt % 2 == 0, "SwiGLU needs an even number of m16 tiles per warp"
     NTH = 32 * wm * wn                     # threads per block
     BM = 16 * mt * wm                      # weight rows staged per block
@@ -178,6 +200,7 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
     X_OFF = FLAG + 4
     assert X_OFF % 4 == 0
     wait_group = _wait_group(stages)
+    gate_act = _gate_act(epi)
     ACC_WORDS = mt * nt * 4                # accumulators per thread
     # uint32 versions of the constants used in index math
     uNTH, uBM, uRW, uSCW, uSCE = U(NTH), U(BM), U(RW), U(SCW), U(SCE)
@@ -228,7 +251,9 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
     def load_stage(smem, p0, p1, p2, x, st, buf, m0, n0, n_tok, rows_out, x_rows_blk, tid):
         rb = buf * uRAW_STAGE
         sb = st >> U(1)                                  # super-block (k-quants) index
-        if fmt == Q4_K:     # qs: 64 B of the stage; header: 16 B of the super-block
+        if LG:              # qs of the stage's 4 blocks (d, m, qh: lg_prefetch)
+            lg_load_qs(smem, p0, rb, st, m0, rows_out, tid)
+        elif fmt == Q4_K:     # qs: 64 B of the stage; header: 16 B of the super-block
             load_plane(smem, p0, rb, U(0), U(2), st * U(64), U(16), m0, rows_out, tid)
             load_plane(smem, p1, rb, U(16), U(0), sb * U(16), U(16), m0, rows_out, tid)
         elif fmt == Q6_K:   # ql 64 B, qh 32 B of the stage; 16 int8 scales of the super-block
@@ -245,10 +270,15 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
             part = c & U(15)
             tok = n0 + tk
             nbytes = U(16)
+            xc = st * U(128) + part * U(8)
+            if LG:
+                if xc >= uint32(x.shape[1]):             # past the row: the last stage is partial
+                    xc = U(0)
+                    nbytes = U(0)
             if tok >= n_tok:
                 tok = U(0)
                 nbytes = U(0)
-            cp_async16_zfill(smem, xb + tk * uXW + part * U(4), x, (tok, st * U(128) + part * U(8)), nbytes)
+            cp_async16_zfill(smem, xb + tk * uXW + part * U(4), x, (tok, xc), nbytes)
             c += uNTH
 
     # ---- scale decode: packed sub-block scales of the stage -> fp16x2 table ----------
@@ -432,12 +462,20 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
                 afr[i, 3] = hfma2(hfma2(((u8 >> U(8)) & U(0x00FF00FF)) | MAGIC, ONE2, NEG1152), scl[i, 1], ZERO2)
             mma_group(smem, acc, afr, xrow, grp)
 
+    # the 32-weight formats' stage loader, scale prefetch/decode and compute (for the other
+    # formats the branches that call them are pruned; Q4_0's are built as stand-ins)
+    lg_load_qs, lg_prefetch, lg_decode, lg_compute = L.make(
+        fmt if LG else L.Q4_0, mt, NTH, PER_T, uRW, uSCW, uRAW_STAGE, uSC_OFF, uSC_BUF, weight_row, mma_group)
+
     @_inline
     def compute_stage(smem, acc, buf, scbuf, wrow0, g, t, xrow):
         # Every helper is called with literal chunk numbers, so after inlining all shared
         # memory offsets are immediates and the whole stage is straight-line code.
         rb = buf * uRAW_STAGE + (wrow0 + g) * uRW + t    # this lane's word in row g, m-tile 0
         scb = uSC_OFF + scbuf * uSC_BUF + (wrow0 + g) * uSCW
+        if LG:
+            lg_compute(smem, acc, buf, scbuf, wrow0, g, t, xrow)
+            return
         afr = cuda.local.array((mt, 4), uint32)
         if fmt == Q4_K:
             wq = cuda.local.array((mt, 2), uint32)       # [m-tile][row g / g+8]
@@ -475,7 +513,7 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
                                 y[tok, row] += v
                             else:
                                 u = acc[i + MTH, j, e] * xscale[tok]
-                                y[tok, row] = v / (float32(1.0) + math.exp(-v)) * u
+                                y[tok, row] = gate_act(v) * u
 
     jit_options = {} if SIMULATOR or not register_capped(mt, nt, NTH, epi) else {"max_registers": MAX_REGISTERS}
 
@@ -513,6 +551,10 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
         dq6n = cuda.local.array(PER_T, float32)
         if fmt == Q6_K:
             load_d6(p3, dq6, st0 >> U(1), m0, rows_out, tid)
+        pf = cuda.local.array((PER_T, 2), uint32)        # 32-weight formats: d/dm, qh of a stage
+        pfn = cuda.local.array((PER_T, 2), uint32)
+        if LG:
+            lg_prefetch(p1, p2, pf, st0, m0, rows_out, tid)
 
         # prologue: stages st0 .. st0 + stages - 2 in flight
         for s in range(stages - 1):
@@ -544,7 +586,15 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
             if fmt == Q6_K:
                 if (st & U(1)) == U(0) and (st >> U(1)) + U(1) < (st1 + U(1)) >> U(1):
                     load_d6(p3, dq6n, (st >> U(1)) + U(1), m0, rows_out, tid)
-            decode_scales(smem, st, buf, scbuf, tid, dq6)
+            if LG:                                       # next stage's fields in flight, this one's table
+                if st + U(1) < st1:
+                    lg_prefetch(p1, p2, pfn, st + U(1), m0, rows_out, tid)
+                lg_decode(smem, pf, scbuf, tid)
+                for k in range(PER_T):
+                    pf[k, 0] = pfn[k, 0]
+                    pf[k, 1] = pfn[k, 1]
+            else:
+                decode_scales(smem, st, buf, scbuf, tid, dq6)
             if fmt == Q6_K:
                 if (st & U(1)) == U(1):
                     for k in range(PER_T):
@@ -635,7 +685,8 @@ def build_reduce_kernel(epi):
     Sums run in split order, so the result is the same on every run; the loads of four
     splits are issued before they are added (they are independent, the adds are not).
     """
-    swiglu = epi == EPI_SWIGLU
+    swiglu = epi in GATED
+    gate_act = _gate_act(epi)
 
     @_inline
     def split_sum(ws, i, stride, splits):
@@ -672,5 +723,5 @@ def build_reduce_kernel(epi):
             y[tok, r] += v
         else:
             u = split_sum(ws, i + rows_out, stride, splits) * xs
-            y[tok, r] = v / (float32(1.0) + math.exp(-v)) * u
+            y[tok, r] = gate_act(v) * u
     return kernel_cache.attach(reduce)

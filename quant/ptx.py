@@ -44,7 +44,7 @@ __all__ = [
     "cp_async_wait_group", "cp_async_wait_group_0", "cp_async_wait_group_1",
     "cp_async_wait_group_2", "ldg_v4",
     # scalar
-    "dp4a", "hfma2", "pack_half2", "unpack_half2", "f16_bits_to_f32",
+    "dp4a", "hfma2", "pack_half2", "unpack_half2", "f16_bits_to_f32", "bits_to_f32",
     # host-side fragment packing and numpy references
     "frag_a_f16", "frag_b_f16", "frag_a_s8", "frag_b_s8", "frag_c", "unfrag_c",
     "unfrag_a_f16", "unfrag_b_f16", "unfrag_a_s8", "unfrag_b_s8",
@@ -547,6 +547,16 @@ if not SIMULATOR:
             return _asm(builder, _f32, [_i32],
                         "{ .reg .b16 h;\n\tcvt.u16.u32 h, $1;\n\tcvt.f32.f16 $0, h; }",
                         "=f,r", list(args))
+        return types.float32(types.uint32), codegen
+
+    @intrinsic
+    def bits_to_f32(typingctx, bits):
+        """The float32 whose bits are the uint32 `bits` (mov.b32: a reinterpretation;
+        bf16 weights are the high 16 bits of a float32)."""
+        _check_ints("bits_to_f32", bits=bits)
+
+        def codegen(context, builder, sig, args):
+            return _asm(builder, _f32, [_i32], "mov.b32 $0, $1;", "=f,r", list(args))
         return types.float32(types.uint32), codegen
 
 
@@ -1068,3 +1078,7 @@ else:
     def f16_bits_to_f32(bits):
         """Simulator: f32 of the half in the low 16 bits."""
         return _bits_to_f32(_u32(bits) & 0xFFFF)
+
+    def bits_to_f32(bits):
+        """Simulator: the float32 whose bits are `bits`."""
+        return np.array([_u32(bits)], np.uint32).view(np.float32)[0]

@@ -10,7 +10,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from starlette.responses import StreamingResponse
 
-from . import jobs, schemas
+from . import jobs, platform_metrics, schemas
 from .errors import ApiError, JSONResp, endpoint, json_bytes
 from .openai_format import SAMPLERS, sampling_settings
 from .prompt_limits import iter_encode, release_memory
@@ -39,6 +39,7 @@ async def health(request: Request, st: ServerState) -> Response:
         "load_seconds": getattr(engine, "load_seconds", None),
         "requests_processing": worker.n_processing,
         "requests_queued": worker.n_queued,
+        "platform": platform_metrics.health(engine),
     })
 
 
@@ -120,6 +121,7 @@ async def metrics(request: Request, st: ServerState) -> Response:
     worker = st.worker
     text = st.metrics.render(processing=worker.n_processing, queued=worker.n_queued,
                              kv_tokens=len(getattr(engine, "kv_tokens", ()) or ()), n_ctx=engine.n_ctx)
+    text += platform_metrics.metric_lines(engine)
     response = PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")
     # llama-server's casing (Starlette lowercases header names; a plain-dict reader looks this one up as is)
     response.raw_headers.append((b"Process-Start-Time-Unix", str(st.started).encode()))

@@ -1,7 +1,7 @@
 """Tests for genie_rt.kvcache.attention (decode) and attention_prefill (causal prefill).
 
 - simulator (no GPU) or device: tiny shapes (4 q heads, 2 kv heads, head_dim 32/64,
-  n_ctx <= 64), int8 and f16 caches, against engine.qwen3.attention run in float64 on
+  n_ctx <= 64), int8 and f16 caches, against engine.models.reference.attention run in float64 on
   the *same* (dequantized) cache, so only the kernels' arithmetic is measured;
 - PTX: every kernel compiles for sm_87 and sm_90, no float64 instructions, and the
   prefill kernel uses mma.sync + ldmatrix;
@@ -12,7 +12,7 @@
 - sliding windows and rings (simulator): windows inside / wider than the context and
   smaller than the chunk, wrapped rings with R = W + n - 1 exactly, head_dim 64 with
   group 3, head_dim 256 with one KV head, an explicit scale; references are
-  attention_window_reference (engine.qwen3's attention plus llama.cpp's SWA mask) on
+  attention_window_reference (engine.models.reference's attention plus llama.cpp's SWA mask) on
   every position 0 .. T-1, of which the ring holds the last R.
 
 Tolerances (|got - ref| <= atol + rtol * |ref|, atol relative to max |V|):

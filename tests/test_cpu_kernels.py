@@ -32,8 +32,8 @@ from genie_rt.cpu.linear import (linear, linear_error_bound, linear_quantized_re
 from genie_rt.cpu.threads import get_threads, physical_cores, set_threads
 from genie_rt.cpu.topk import top_k, top_k_reference
 from genie_rt.cpu.weights import CPUWeight
-from genie_rt.engine.qwen3 import rmsnorm as rmsnorm_reference
-from genie_rt.engine.qwen3 import rope_neox, rope_tables
+from genie_rt.engine.models.reference import rmsnorm as rmsnorm_reference
+from genie_rt.engine.models.reference import rope_neox, rope_tables
 from genie_rt.kvcache.pool import HostKVPool, KVShape, quantize_rows_int8
 from genie_rt.quant.formats import dequantize, quantize
 

