@@ -189,7 +189,11 @@ class Engine:
         stops = StopMatcher(req.stop)
         generated: list[int] = []
         history = prompt[:]
-        finish, pending, stopped = "length", [], False
+        # A Delta carries the tokens whose text it completes: while the decoder or the stop
+        # matcher holds text back, released text and tokens wait for it, so every Delta has at
+        # least one token and the tokens of all Deltas are the generated ones (streamed pieces
+        # never outnumber completion_tokens, also when a held-back stop prefix is flushed).
+        finish, pending, stopped, buf = "length", [], False, ""
         # the back-end yields the token after each one fed to it (the CUDA back-end runs a
         # step ahead); a token is appended to history before the next is asked for
         steps = self.backend.decode_tokens(token, len(prompt), sampler, history)
@@ -207,9 +211,10 @@ class Engine:
                 if probs is not None:
                     probs.append(sampler.records[len(generated) - 1])
                 text, stopped = stops.feed(decoder.feed(token))
-                if text or stopped:
-                    yield Delta(text, pending, probs[-len(pending):] if probs is not None else None)
-                    pending = []
+                buf += text
+                if stopped or (buf and not stops.holding and not decoder.holding):
+                    yield Delta(buf, pending, probs[len(probs) - len(pending):] if probs is not None else None)
+                    pending, buf = [], ""
                 if stopped:
                     finish = "stop"
                     break
@@ -230,8 +235,8 @@ class Engine:
                 finish = "stop"
             else:
                 text += stops.flush()
-            if text or pending:
-                yield Delta(text, pending, probs[len(probs) - len(pending):] if probs is not None else None)
+            if buf + text or pending:
+                yield Delta(buf + text, pending, probs[len(probs) - len(pending):] if probs is not None else None)
         t2 = time.perf_counter()
         result = self._finish(req, generated, finish, stops.stop_word, n_reuse, t0, t1, t2, stops.text, probs)
         yield Done(result)

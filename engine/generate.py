@@ -105,6 +105,11 @@ class StopMatcher:
         self.emitted = max(self.emitted, end)
         return out, False
 
+    @property
+    def holding(self) -> bool:
+        """True while text that may start a stop string is held back."""
+        return self.emitted < len(self.text)
+
     def flush(self) -> str:
         out = self.text[self.emitted:]
         self.emitted = len(self.text)

@@ -393,6 +393,11 @@ class StreamDecoder:
             return ""
         return self._utf8.decode(tok.token_to_piece(token_id))
 
+    @property
+    def holding(self) -> bool:
+        """True while bytes of an incomplete UTF-8 character are held back."""
+        return bool(self._utf8.getstate()[0])
+
     def flush(self) -> str:
         """End of the stream: emit what is buffered and reset for reuse."""
         text = self._utf8.decode(b"", final=True)
