@@ -39,6 +39,20 @@ def make_backends(path, kv="f16", n_ctx=128, chunk=512, gemv_mode="dp4a", warm=T
     return CUDABackend(g, cfg, ecfg, plan, warm=warm), CPUBackend(g, cfg, n_ctx, kv), cfg
 
 
+def greedy_continuation(be, tokens, n):
+    """n greedy tokens after `tokens` on back-end `be`: prefill_sample, then decode_tokens."""
+    from genie_rt.engine.sampling import Sampler, SamplingParams
+    sampler = Sampler(SamplingParams(temperature=0))
+    history = list(tokens)
+    seq = [be.prefill_sample(tokens, 0, sampler, history)]
+    steps = be.decode_tokens(seq[0], len(tokens), sampler, history)
+    for _ in range(n - 1):
+        history.append(seq[-1])
+        seq.append(next(steps))
+    steps.close()
+    return seq
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not SIM, reason="simulator test (on a GPU the gpu tests cover this)")
 def test_simulated_forward_matches_cpu(tmp_path):
@@ -80,21 +94,9 @@ def test_greedy_continuations_identical(fixture_gguf, prompts):
     """The fixture's random weights leave many near-tied logits (top-2 margins < 0.01), so
     this runs the decode GEMVs on float32 activations, the arithmetic closest to the CPU
     reference; the default q8 activations match it in cosine (above), like llama.cpp's."""
-    from genie_rt.engine.sampling import Sampler, SamplingParams
     gpu, cpu, _ = make_backends(fixture_gguf, "f16", gemv_mode="f32")
     for tokens in prompts:
-        out = []
-        for be in (gpu, cpu):
-            sampler = Sampler(SamplingParams(temperature=0))
-            history = list(tokens)
-            tok = be.prefill_sample(tokens, 0, sampler, history)
-            seq = [tok]
-            steps = be.decode_tokens(tok, len(tokens), sampler, history)
-            for _ in range(63):
-                history.append(seq[-1])
-                seq.append(next(steps))
-            steps.close()
-            out.append(seq)
+        out = [greedy_continuation(be, tokens, 64) for be in (gpu, cpu)]
         assert out[0] == out[1], f"first difference at {next(i for i, (a, b) in enumerate(zip(*out)) if a != b)}"
 
 

@@ -29,6 +29,7 @@ from genie_rt.engine.memory import MemoryPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import synth_arch  # noqa: E402
+from test_backend_cuda import cosine_rows, greedy_continuation  # noqa: E402
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" and os.environ.get("GENIE_RT_SIM_ARCHS") == "1"
 
@@ -39,11 +40,6 @@ SHAPES = {
     "llama": dict(layers=4, hidden=576, heads=9, kv_heads=3, head_dim=64, ffn=1536, vocab=0, rope_base=1e5,
                   types=dict(default="Q4_1", tok_embd="Q8_0")),
 }
-
-
-def cosine_rows(a, b):
-    a, b = np.atleast_2d(a).astype(np.float64), np.atleast_2d(b).astype(np.float64)
-    return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
 def backends(path, kv, n_ctx=256, chunk=512, gemv_mode="dp4a", warm=False):
@@ -87,21 +83,9 @@ def test_every_position_and_decode_match_cpu(synth_file, kv, min_cos):
 
 @pytest.mark.gpu
 def test_greedy_continuations_identical(synth_file):
-    from genie_rt.engine.sampling import Sampler, SamplingParams
     gpu, cpu, cfg = backends(synth_file, "f16", gemv_mode="f32")
     tokens = prompt(cfg, 23, seed=5)
-    out = []
-    for be in (gpu, cpu):
-        sampler = Sampler(SamplingParams(temperature=0))
-        history = list(tokens)
-        tok = be.prefill_sample(tokens, 0, sampler, history)
-        seq = [tok]
-        steps = be.decode_tokens(tok, len(tokens), sampler, history)
-        for _ in range(31):
-            history.append(seq[-1])
-            seq.append(next(steps))
-        steps.close()
-        out.append(seq)
+    out = [greedy_continuation(be, tokens, 32) for be in (gpu, cpu)]
     assert out[0] == out[1], (synth_file.name, next(i for i, (a, b) in enumerate(zip(*out)) if a != b))
 
 
