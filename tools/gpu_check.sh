@@ -5,6 +5,10 @@
 #
 # Stages:
 #   kernels   pytest -m gpu over every kernel family (real shapes against numpy; KTESTS= picks files)
+#   gputests  every test marked gpu, in NW (default 6) pytest-xdist workers: the kernels of each
+#             worker compile in parallel (GTESTS= picks files/ids, TT= the time limit)
+#   warm      synthetic Gemma 3 270M / SmolLM2 135M / Qwen3-4B shape files, then `genie-rt warmup`
+#             on each at once (fills the kernel cache that arch/bench/start-warm use)
 #   micro     kernel microbenchmarks: gemv, attention, sampling, embed, norm, mmq
 #   engine    pytest -m gpu for the back-end (parity with the CPU back-end, engine end to end, --mapped-memory
 #             logits equal to device memory's; EK= -k filter)
@@ -37,7 +41,9 @@ OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 if ls .whl/*.whl >/dev/null 2>&1; then
-  $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl || exit 1
+  # once per machine: two copies of this script started together must not install over each other
+  [ -f /tmp/site/.genie-installed ] || { $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    .whl/*.whl && touch /tmp/site/.genie-installed; } || exit 1
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 mkdir -p /tmp/gr/genie_rt
@@ -57,6 +63,23 @@ for s in "$@"; do
         ${KTESTS:-tests/test_ptx.py tests/test_gemv.py tests/test_mmq.py tests/test_attention.py \
         tests/test_rope_write.py tests/test_device_pool.py tests/test_embed.py tests/test_norm.py \
         tests/test_gpu_sampling.py} 2>&1 | tee "$OUT/kernels.txt" | tail -30 ;;
+    gputests)
+      stage gputests
+      timeout ${TT:-420} $PY -m pytest -q -m gpu -n ${NW:-6} -p no:cacheprovider -rfE --continue-on-collection-errors \
+        ${GTESTS:-tests} > "$OUT/gpu-tests.txt" 2>&1
+      echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/gpu-tests.txt" | cut -c1-300 | tail -${GTAIL:-80} ;;
+    warm)
+      stage warm
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      for m in gemma3-270m smollm2-135m; do
+        [ -f /tmp/$m.gguf ] || $PY tools/synth_arch.py --preset $m -o /tmp/$m.gguf | tail -1
+      done
+      for f in /tmp/gemma3-270m.gguf /tmp/smollm2-135m.gguf $MODEL4B; do
+        n=$(basename $f .gguf)
+        ( timeout ${WT:-400} $PY -m genie_rt.engine.cli warmup -m $f --ctx 2048 > "$OUT/warmup-$n.log" 2>&1
+          echo "warmup $n: exit $? in $SECONDS s"; tail -2 "$OUT/warmup-$n.log" ) &
+      done
+      wait ;;
     micro)
       stage micro
       for m in ${MICRO:-genie_rt.quant.gemv genie_rt.quant.mmq genie_rt.kvcache.attention}; do
