@@ -114,6 +114,7 @@ class CUDABackend(ConstrainedSteps):
         self._prefill_scratch = {}
         self._req = _Request()
         self._graphs: dict = {}
+        self.capture_stats: dict[str, list] = {}   # graph kind -> [count, first-run s, capture s, nodes]
         self.stream.synchronize()
         self.load_seconds = time.perf_counter() - t0
         self.compile_seconds = 0.0
@@ -211,12 +212,19 @@ class CUDABackend(ConstrainedSteps):
         graph = self._graphs.get(key)
         if graph is None:
             from .cuda_graph import CUDAGraph
+            t0 = time.perf_counter()
             record()                      # this step's work (and any compilation) ...
             self.stream.synchronize()
+            t1 = time.perf_counter()
             graph = CUDAGraph(self.stream)
             with graph.capture():         # ... then recorded, not executed again
                 record()
             self._graphs[key] = graph
+            st = self.capture_stats.setdefault(key[0], [0, 0.0, 0.0, 0])
+            st[0] += 1
+            st[1] += t1 - t0
+            st[2] += time.perf_counter() - t1
+            st[3] += graph.n_nodes
             return
         graph.replay()
 
@@ -240,6 +248,9 @@ class CUDABackend(ConstrainedSteps):
         from .kernel_cache import run_summary
         log.info("CUDA kernels compiled and %d graphs captured in %.1f s; %s", len(self._graphs),
                  self.compile_seconds, run_summary())
+        log.info("graphs by kind: %s", "; ".join(
+            f"{kind} {n} (first runs {a:.2f} s, captures {b:.2f} s, {nodes} nodes)"
+            for kind, (n, a, b, nodes) in self.capture_stats.items()))
 
     def prefill_keys(self) -> list[tuple[int, tuple, int]]:
         """Every (bucket, attention splits per plan) a prefill chunk can run as, with the first

@@ -65,7 +65,7 @@ for s in "$@"; do
         tests/test_gpu_sampling.py} 2>&1 | tee "$OUT/kernels.txt" | tail -30 ;;
     gputests)
       stage gputests
-      timeout ${TT:-420} $PY -m pytest -q -m gpu -n ${NW:-6} -p no:cacheprovider -rfE --continue-on-collection-errors \
+      timeout ${TT:-420} $PY -m pytest -q -m gpu -n ${NW:-6} -p no:cacheprovider -rfEs --continue-on-collection-errors \
         ${GTESTS:-tests} > "$OUT/gpu-tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/gpu-tests.txt" | cut -c1-300 | tail -${GTAIL:-80} ;;
     warm)
