@@ -607,7 +607,7 @@ _ATTACH_CHILD = """
 import importlib, json, pkgutil
 import genie_rt.engine, genie_rt.quant, genie_rt.kvcache
 from genie_rt.engine import norm, kernel_cache
-from genie_rt.quant import mmq_prep, gemv_kernels as G, mmq_kernels as M
+from genie_rt.quant import embed, mmq_prep, gemv_kernels as G, mmq_kernels as M
 from genie_rt.quant.formats import QType
 from genie_rt.kvcache import attention, attention_prefill
 ks = []
@@ -618,6 +618,7 @@ for pkg in (genie_rt.engine, genie_rt.quant, genie_rt.kvcache):       # every mo
         m = importlib.import_module(pkg.__name__ + "." + info.name)
         ks += [v for v in vars(m).values() if type(v).__name__ == "CUDADispatcher"
                and not v.targetoptions.get("device") and v.py_func.__module__ == m.__name__]
+ks += list(embed._KERNELS.values())                                  # made from one table
 ks += [G.gemv_kernel(QType.Q4_K, "dp4a", 1, 1, False), G.gemv_kernel(QType.Q4_K, "dp4a", 1, 2, False),
        G.qkv_kernel(((QType.Q4_K, "dp4a"),) * 3, 1, 1), G.swiglu_kernel((QType.Q4_K, "dp4a"), (QType.Q4_K, "dp4a"), 1, 1),
        M.build_reduce_kernel(M.EPI_STORE), attention.decode_kernel(128, 2, "int8"),
