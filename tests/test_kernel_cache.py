@@ -414,7 +414,7 @@ def test_gpu_edited_package_source_recompiles(tmp_path):
     cache = tmp_path / "kc"
     assert run_gpu_child(cache, package=tmp_path / "pkg")["misses"] >= 3
     assert run_gpu_child(cache, package=tmp_path / "pkg")["misses"] == 0
-    with open(pkg / "quant" / "ptx.py", "a") as f:                        # not the kernels' own files
+    with open(pkg / "quant" / "ptx_device.py", "a") as f:                 # not the kernels' own files
         f.write("\n# an edit\n")
     edited = run_gpu_child(cache, package=tmp_path / "pkg")
     assert edited["ok"] and edited["hits"] == 0 and edited["misses"] >= 3

@@ -48,8 +48,8 @@ def test_source_digest_changes_with_any_byte_and_any_name(tmp_path):
 
 def test_package_sources_cover_every_kernel_module():
     names = {n for n, _ in kernel_key.package_sources()}
-    for must in ("genie_rt.quant/ptx.py", "genie_rt.quant/gemv_kernels.py", "genie_rt.engine/norm.py",
-                 "genie_rt.kvcache/attention.py", "genie_rt.engine/kernel_cache.py"):
+    for must in ("genie_rt.quant/ptx.py", "genie_rt.quant/ptx_device.py", "genie_rt.quant/gemv_kernels.py",
+                 "genie_rt.engine/norm.py", "genie_rt.kvcache/attention.py", "genie_rt.engine/kernel_cache.py"):
         assert must in names
 
 
@@ -71,7 +71,7 @@ def test_key_follows_the_imported_package_and_sees_an_edit_in_another_module(tmp
     where, d0 = digest_in_child(tmp_path)
     assert Path(where).resolve().is_relative_to(tmp_path.resolve())     # the copy, not the checkout
     assert d0 == kernel_key.source_digest()                                # same bytes, same digest
-    with open(pkg / "quant" / "ptx.py", "a") as f:                        # a device-side helper module
+    with open(pkg / "quant" / "ptx_device.py", "a") as f:                 # a device-side helper module
         f.write("\n# edited\n")
     _, d1 = digest_in_child(tmp_path)
     assert d1 != d0
