@@ -166,10 +166,10 @@ class CUDABackend(ConstrainedSteps):
 
     def _record_sample(self, sample: str | None, masked: bool = False, advance: bool = False) -> None:
         """Sampling of the logits (after the grammar mask in sws.mask when `masked`)."""
-        from genie_rt.engine import gpu_sampling
+        from genie_rt.engine import gpu_mask, gpu_sampling
         logits = self.arena["logits"].reshape(self.cfg.vocab_size)
         if masked:
-            gpu_sampling.apply_mask(self.sws, logits, stream=self.stream)
+            gpu_mask.apply_mask(self.sws, logits, stream=self.stream)
         self._record_draw(logits, sample)
         if advance:
             gpu_sampling.advance_state(self.state, stream=self.stream)

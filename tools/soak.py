@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_proc import FIXTURE, ServerProcess, run_info  # noqa: E402
+from serve_proc import FIXTURE, ServerProcess, write_report  # noqa: E402
 
 SLOPE_LIMIT_KB = 10.0
 USERS = ["Turn on the kitchen light", "What is the weather like tomorrow?", "Set a timer for ten minutes",
@@ -311,13 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     levels = [int(x) for x in a.concurrency.split(",")]
     report = run_soak(a.model, a.requests, levels, a.disconnect, a.max_tokens, a.seed, a.ctx, a.sample_s, a.timeout,
                       a.backend, progress=lambda ph: print(json.dumps(ph), flush=True))
-    report = {**run_info(sys.argv if argv is None else [sys.argv[0]] + argv), **report}
     summary = {k: report[k] for k in ("requests", "failures", "memory", "descriptors", "threads", "sigterm", "checks",
                                       "passed")}
     print(json.dumps(summary, indent=1))
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(report, indent=1) + "\n")
+    report = write_report(a.json, report, argv)
     return 0 if report["passed"] else 1
 
 
