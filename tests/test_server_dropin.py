@@ -1,6 +1,6 @@
 """The llama-server behaviours added for a true drop-in (issue 16), on the fixture model (real
 engine, CPU) in a real uvicorn: /completion's stream tokens and counts, return_tokens,
-generation_settings, truncated, several prompts; /apply-template's add_generation_prompt and
+generation_settings, truncated, several prompts, n choices; /apply-template's add_generation_prompt and
 continue_final_message; /slots save / restore / erase on persistent KV files with path
 containment; CORS as llama-server and --cors-origins; a trailing slash is a 404; a tool without a
 type is a 400; -np slots and request defaults from launch flags."""
@@ -87,6 +87,25 @@ def test_several_prompts_answer_a_list(client):
     assert [o["index"] for o in out] == [0, 1, 2] and len({o["content"] for o in out}) == 1
     r = client.post("/v1/completions", json={"prompt": [PROMPT, PROMPT], "max_tokens": 3}).json()
     assert [c["index"] for c in r["choices"]] == [0, 1] and r["usage"]["completion_tokens"] == 6
+
+
+def test_n_choices_up_to_the_slots(client):
+    """n (n_cmpl): one job per choice, as many as the server has slots (-np 2 here)."""
+    msgs = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+    for _ in range(2):                    # the second time from the cached prefix
+        r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4, "n": 2, "ignore_eos": True,
+                                                      "id_slot": 0})
+        assert r.status_code == 200, r.text
+        choices = r.json()["choices"]
+        assert [c["index"] for c in choices] == [0, 1]
+        assert all(c["message"]["role"] == "assistant" and c["finish_reason"] == "length" for c in choices)
+    one = client.post("/completion", json={"prompt": PROMPT, "n_predict": 3, "n_cmpl": 2, "temperature": 0}).json()
+    assert [o["index"] for o in one] == [0, 1] and one[0]["content"] == one[1]["content"]
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "n": 2}).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1]
+    for body in ({"n": 3}, {"n_cmpl": 3}, {"n": 2, "stream": True}):
+        r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, **body})
+        assert r.status_code == 400 and "'n'" in r.json()["error"]["message"], body
 
 
 def test_apply_template_generation_prompt_flags(client):
