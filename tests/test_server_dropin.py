@@ -2,7 +2,7 @@
 engine, CPU) in a real uvicorn: /completion's stream tokens and counts, return_tokens,
 generation_settings, truncated, several prompts, n choices; /apply-template's add_generation_prompt and
 continue_final_message; /slots save / restore / erase on persistent KV files with path
-containment; CORS as llama-server and --cors-origins; a trailing slash is a 404; a tool without a
+containment; CORS as llama-server and --cors-origins; the web UI files a browser asks for; a trailing slash is a 404; a tool without a
 type is a 400; -np slots and request defaults from launch flags."""
 from __future__ import annotations
 
@@ -181,6 +181,30 @@ def test_cors_origins(engine, origins, origin, allowed):
         got = httpx.get(base + "/health", headers={"Origin": origin}).headers.get("access-control-allow-origin")
     assert (got == origin) if allowed else (got is None)
     assert (pre.headers.get("access-control-allow-origin") == origin) == allowed
+
+
+@pytest.mark.parametrize("webui", [True, False])
+def test_web_ui_files_a_browser_asks_for_are_public(engine, webui):
+    """What a browser that used llama-server's web UI still asks for, without the API key:
+    a service worker that removes the old one (also with --no-webui), the manifest and the
+    version file (with the page)."""
+    app = create_app(engine, ServerSettings(api_key="k", webui=webui))
+    with running_server(app) as (base, _, _):
+        sw = httpx.get(base + "/sw.js")
+        manifest = httpx.get(base + "/manifest.webmanifest")
+        version = httpx.get(base + "/_app/version.json")
+        page = httpx.get(base + "/")
+        assert httpx.get(base + "/v1/models").status_code == 401
+    assert sw.status_code == 200 and sw.headers["content-type"].startswith("application/javascript")
+    assert "registration.unregister()" in sw.text and "caches.delete" in sw.text
+    assert sw.headers["cache-control"] == "no-cache"
+    if webui:
+        assert manifest.status_code == 200 and manifest.json()["start_url"] == "/"
+        assert manifest.headers["content-type"].startswith("application/manifest+json")
+        assert version.status_code == 200 and version.json()["version"].startswith("genie-rt-")
+        assert '<link rel="manifest" href="/manifest.webmanifest">' in page.text
+    else:
+        assert manifest.status_code == version.status_code == page.status_code == 404
 
 
 def test_slots_endpoint_off_is_501(engine):
