@@ -257,7 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from genie_rt.server.cli_args import dash_long_options     # --ctx_size reads as --ctx-size (llama-server)
+    parser = build_parser()
+    args = parser.parse_args(dash_long_options(sys.argv[1:] if argv is None else list(argv), parser))
     logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     from .gguf_file import GGUFError

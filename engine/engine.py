@@ -3,6 +3,7 @@
     engine = Engine.load("model.gguf", EngineConfig(backend="auto"))
     for event in engine.generate(GenerationRequest(prompt=ids, max_tokens=64)):
         ...  # Delta(text, tokens) as text completes, then Done(result)
+             # (with progress_batch: Progress events while the prompt is processed, first)
 
 Loading checks everything before allocating: the file's structure, the config, every
 tensor's presence, shape and type, then the memory budget - so a model that cannot
@@ -28,7 +29,8 @@ from genie_rt.kvcache.persist import validate_conversation_id
 
 from .chat import ChatTemplate
 from .config import DEFAULT_KV, EngineConfig, ModelConfig
-from .generate import ContextOverflowError, Delta, Done, GenerationRequest, GenerationResult, StopMatcher
+from .generate import (ContextOverflowError, Delta, Done, GenerationRequest, GenerationResult, Progress, Stats,
+                       StopMatcher)
 from .gguf_file import GGUFError, GGUFFile, open_gguf
 from .load_plan import budget_for, choose_backend, cuda_available  # noqa: F401 (tests patch it here)
 from .memory import MemoryPlan, fmt_bytes
@@ -150,7 +152,27 @@ class Engine:
         # a sliding-window layer's ring may have lost the window the first new token needs
         return self.backend.reusable_prefix(min(n_reuse, len(prompt) - 1))
 
-    def generate(self, req: GenerationRequest) -> Iterator[Delta | Done]:
+    def _prefill(self, req: GenerationRequest, prompt: list[int], n_reuse: int, sampler, t0: float):
+        """Run the prompt after the reused prefix; yields Progress events when the request asks
+        for them (then in pieces of progress_batch tokens, as llama-server's n_batch), and
+        returns the first generated token (None when cancelled)."""
+        step = req.progress_batch
+        if step <= 0:
+            return self.backend.prefill_sample(prompt[n_reuse:], n_reuse, sampler, prompt, req.cancel)
+        total = len(prompt)
+        yield Progress(total, n_reuse, n_reuse, 0.0)
+        pos = n_reuse
+        while total - pos > step:            # the last piece is sampled from: prefill_sample
+            if self.backend.prefill(prompt[pos:pos + step], pos, req.cancel) is None:
+                return None
+            pos += step
+            yield Progress(total, n_reuse, pos, (time.perf_counter() - t0) * 1000)
+        token = self.backend.prefill_sample(prompt[pos:], pos, sampler, prompt, req.cancel)
+        if token is not None:
+            yield Progress(total, n_reuse, total, (time.perf_counter() - t0) * 1000)
+        return token
+
+    def generate(self, req: GenerationRequest) -> Iterator[Progress | Delta | Done]:
         prompt = list(req.prompt)
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -174,7 +196,7 @@ class Engine:
         t0 = time.perf_counter()
         n_reuse = self._restore(req)
         self.kv_tokens = self.kv_tokens[:n_reuse]
-        token = self.backend.prefill_sample(prompt[n_reuse:], n_reuse, sampler, prompt, cancel)
+        token = yield from self._prefill(req, prompt, n_reuse, sampler, t0)
         t1 = time.perf_counter()
         if token is None:  # cancelled between prefill chunks: the pool holds a partial prompt
             yield Done(self._finish(req, [], "cancelled", None, n_reuse, t0, t1, t1, "", None))
@@ -213,7 +235,9 @@ class Engine:
                 text, stopped = stops.feed(decoder.feed(token))
                 buf += text
                 if stopped or (buf and not stops.holding and not decoder.holding):
-                    yield Delta(buf, pending, probs[len(probs) - len(pending):] if probs is not None else None)
+                    yield Delta(buf, pending, probs[len(probs) - len(pending):] if probs is not None else None,
+                                Stats(len(prompt), n_reuse, (t1 - t0) * 1000, len(generated),
+                                      (time.perf_counter() - t1) * 1000))
                     pending, buf = [], ""
                 if stopped:
                     finish = "stop"
@@ -236,7 +260,9 @@ class Engine:
             else:
                 text += stops.flush()
             if buf + text or pending:
-                yield Delta(buf + text, pending, probs[len(probs) - len(pending):] if probs is not None else None)
+                yield Delta(buf + text, pending, probs[len(probs) - len(pending):] if probs is not None else None,
+                            Stats(len(prompt), n_reuse, (t1 - t0) * 1000, len(generated),
+                                  (time.perf_counter() - t1) * 1000))
         t2 = time.perf_counter()
         result = self._finish(req, generated, finish, stops.stop_word, n_reuse, t0, t1, t2, stops.text, probs)
         yield Done(result)

@@ -10,7 +10,8 @@ Routes (docs/server.md has every field):
   /props, /metrics, /slots; POST /slots/{id}?action=save|restore|erase (slots.py)
 - Anthropic: POST /v1/messages, /v1/messages/count_tokens (anthropic.py)
 - Ollama: /api/chat, /api/generate, /api/tags, /api/show, /api/version, /api/ps (ollama.py)
-- GET /: the chat page (webui.py; --no-webui: 404)
+- GET /: the chat page (webui.py; --no-webui: 404), with /manifest.webmanifest, /_app/version.json,
+  and /sw.js (a service worker that removes the one llama-server's web UI left in a browser)
 While the model loads, every route but the page answers 503 "Loading model"; the port is
 bound first so a supervisor can watch that. A path with a trailing slash is not another
 spelling of a route: 404, as llama-server (no redirect).
@@ -101,8 +102,7 @@ def routes(settings: ServerSettings) -> list[Route]:
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
     ]
     out += ollama.routes()
-    if settings.webui:
-        out += webui.routes()
+    out += webui.routes(settings.webui)     # /sw.js also without the page
     return out
 
 

@@ -22,7 +22,9 @@ from starlette.responses import Response
 
 from . import jobs, schemas
 from .errors import ApiError, JSONResp, api_error, endpoint
-from .openai_format import SSE_DONE, ChatFormatter, CompletionFormatter, NativeCompletionFormatter, sse
+from genie_rt.engine.generate import Progress
+
+from .openai_format import SSE_DONE, ChatFormatter, CompletionFormatter, NativeCompletionFormatter, sse, with_telemetry
 from .state import FINGERPRINT, ServerState
 from .streaming import JobStream, SSEResponse, read_json
 from .worker import DISCONNECTED
@@ -57,7 +59,8 @@ def _sse_error(exc: BaseException) -> bytes:
 
 
 async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done, done_marker: bool = True):
-    """SSE bytes for one job: the prelude chunks, `on_text(delta)` chunks per Delta, then
+    """SSE bytes for one job: the prelude chunks, `on_text(event)` chunks per Delta (and per
+    Progress event, with return_progress), then
     `on_done(result)` chunks and [DONE] (unless done_marker is False: llama-server's native
     /completion sends none) - or an error chunk, or nothing once the client left."""
     try:
@@ -85,18 +88,35 @@ async def chat_completions(request: Request, st: ServerState) -> Response:
     fmt = ChatFormatter(st.model_name, FINGERPRINT, chat.output, st.engine.tokenizer)
     include_usage = chat.req.gen.include_usage
     if chat.req.gen.stream:
+        per_token = chat.req.gen.timings_per_token
+
+        def on_event(ev) -> list[dict]:
+            if isinstance(ev, Progress):   # as llama-server: the role delta again, with the progress
+                return [with_telemetry(fmt.first_chunk(), ev, per_token)]
+            chunks = fmt.text_chunks(ev.text, ev.probs)
+            if chunks and per_token:
+                with_telemetry(chunks[-1], ev, True)
+            return chunks
+
         def done(result) -> list[dict]:
             chunks, has_calls = fmt.final_chunks(result, include_usage)
             jobs._count_tool_calls(st, result, has_calls)
             return chunks
-        return SSEResponse(_sse(chat.stream, chat.event, [fmt.first_chunk()],
-                                lambda ev: fmt.text_chunks(ev.text, ev.probs), done))
-    generated, _, result = await jobs.collect(chat.stream, chat.event)
-    chat.output.text = chat.forced + generated
-    response, has_calls = fmt.response(result)
-    jobs._count_tool_calls(st, result, has_calls)
-    if st.settings.verbose or chat.req.verbose:   # llama-server's --verbose / "verbose": what the model got
-        response["__verbose"] = {"prompt": chat.prompt_text, "content": generated}
+        return SSEResponse(_sse(chat.stream, chat.event, [fmt.first_chunk()], on_event, done))
+    response: dict = {}
+    for k in range(chat.req.gen.n):    # n > 1: one job per choice; the first one's usage, as llama-server
+        job = chat if k == 0 else await jobs.next_choice(request, chat)
+        generated, _, result = await jobs.collect(job.stream, job.event)
+        job.output.text = job.forced + generated
+        fmt.output = job.output
+        one, has_calls = fmt.response(result)
+        jobs._count_tool_calls(st, result, has_calls)
+        if k == 0:
+            response = one
+            if st.settings.verbose or chat.req.verbose:   # llama-server's --verbose / "verbose": what the model got
+                response["__verbose"] = {"prompt": chat.prompt_text, "content": generated}
+        else:
+            response["choices"].append({**one["choices"][0], "index": k})
     return JSONResp(response)
 
 
@@ -141,7 +161,8 @@ async def _completion(request: Request, st: ServerState, native: bool) -> Respon
     req = await run_in_threadpool(schemas.parse_completion, body, st.vocab_size, st.tokenize_text,
                                   st.settings.defaults, True)
     del body
-    if req.batch is not None:
+    jobs.check_choices(st, req.gen)
+    if req.batch is not None or req.gen.n > 1:
         return await _completion_batch(request, st, req, native)
     prompt = await _prompt_ids(st, req.prompt)
     stream = jobs.start_job(request, st, req.gen, prompt)
@@ -149,28 +170,36 @@ async def _completion(request: Request, st: ServerState, native: bool) -> Respon
     if native:
         nfmt = NativeCompletionFormatter(st, req, prompt)
         if req.gen.stream:
-            return SSEResponse(_sse(stream, event, [], lambda ev: [nfmt.text_chunk(ev)] if ev.text or ev.tokens else [],
+            return SSEResponse(_sse(stream, event, [], lambda ev: [nfmt.text_chunk(ev)]
+                                    if isinstance(ev, Progress) or ev.text or ev.tokens else [],
                                     lambda result: [nfmt.response("", [], result)], done_marker=False))
         text, tokens, result = await jobs.collect(stream, event)
         return JSONResp(select_fields(nfmt.response(text, tokens, result), req.response_fields))
     fmt = CompletionFormatter(st.model_name, FINGERPRINT, st.engine.tokenizer)
     if req.gen.stream:
-        return SSEResponse(_sse(stream, event, [], lambda ev: [fmt.text_chunk(ev.text, ev.probs)]
-                                if ev.text or ev.probs else [],
+        def on_event(ev) -> list[dict]:
+            if isinstance(ev, Progress):
+                return [with_telemetry(fmt.text_chunk(""), ev, req.gen.timings_per_token)]
+            if ev.text or ev.probs:
+                return [with_telemetry(fmt.text_chunk(ev.text, ev.probs), ev, req.gen.timings_per_token)]
+            return []
+        return SSEResponse(_sse(stream, event, [], on_event,
                                 lambda result: fmt.final_chunks(result, req.gen.include_usage)))
     text, _, result = await jobs.collect(stream, event)
     return JSONResp(fmt.response(text, result))
 
 
 async def _completion_batch(request: Request, st: ServerState, req, native: bool) -> Response:
-    """Several prompts: run one after another, answer the list (llama-server's batch answer)."""
+    """Several prompts, or n > 1 choices of each: run one after another, answer the list
+    (llama-server's batch answer: n_cmpl results per prompt)."""
     if req.gen.stream:
         raise ApiError(400, "'prompt' with several prompts cannot be streamed here; send one prompt per "
                             "request to stream")
     results = []
     fmt = CompletionFormatter(st.model_name, FINGERPRINT, st.engine.tokenizer)
     choices = []
-    for k, one in enumerate(req.batch):
+    prompts = [one for one in (req.batch or [req.prompt]) for _ in range(req.gen.n)]
+    for k, one in enumerate(prompts):
         prompt = await _prompt_ids(st, one)
         stream = jobs.start_job(request, st, req.gen, prompt)
         event = await jobs.first_event(stream)

@@ -3,11 +3,12 @@
     prompt = await prompt_ids(st, text, add_special=True, parse_special=True)   # bounded, checked
     stream = start_job(request, st, gen, prompt)          # queued (503 when full / shutting down)
     event = await first_event(stream)                     # the prompt is processed by then
-    async for ev in events(stream, event): ...            # Delta..., Done; ApiError on failure
+    async for ev in events(stream, event): ...            # (Progress...) Delta..., Done; ApiError on failure
 
     chat = await start_chat(request, st, body)            # an OpenAI chat body: parse, render, start
     msg, has_calls, result = await chat_message(chat)     # non-streamed
-    async for kind, *rest in chat_stream(chat): ...       # ("delta", {...}) ..., ("done", result, has_calls)
+    async for kind, *rest in chat_stream(chat): ...       # ("progress", Progress) ... with return_progress,
+                                                          # ("delta", {...}) ..., ("done", result, has_calls)
 
 The OpenAI routes (generation.py), Anthropic's /v1/messages (anthropic.py), the Responses API
 (responses.py) and Ollama's /api/chat (ollama.py) all turn their request into an OpenAI chat
@@ -30,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from genie_rt.engine.chat import TOOL_CALL_START
-from genie_rt.engine.generate import Delta, Done, GenerationRequest
+from genie_rt.engine.generate import Delta, Done, GenerationRequest, Progress
 
 from . import schemas
 from .constraints import tool_constraint
@@ -89,12 +90,15 @@ def check_prompt(prompt: list[int], n_ctx: int) -> None:
 # --- jobs -----------------------------------------------------------------------------------------
 def start_job(request: Request, st: ServerState, gen: schemas.GenerationFields, prompt: list[int],
               constraint=None) -> JobStream:
-    """Queue a generation; `constraint` (a chat's tool-call grammar) replaces gen.constraint."""
+    """Queue a generation; `constraint` (a chat's tool-call grammar) replaces gen.constraint. A
+    streamed request with return_progress gets Progress events, one per -b/--batch-size tokens
+    of the prompt (llama-server sends prompt_progress only while streaming)."""
     job = Job(GenerationRequest(prompt=prompt, params=gen.params, max_tokens=gen.max_tokens, stop=gen.stop,
                                 ignore_eos=gen.ignore_eos, conversation_id=gen.conversation_id,
                                 constraint=constraint if constraint is not None else gen.constraint,
                                 n_probs=gen.n_probs, logprobs=gen.logprobs,
-                                post_sampling_probs=gen.post_sampling_probs),
+                                post_sampling_probs=gen.post_sampling_probs,
+                                progress_batch=st.settings.n_batch if gen.stream and gen.return_progress else 0),
               asyncio.get_running_loop())
     try:
         st.worker.submit(job)
@@ -124,10 +128,11 @@ async def first_event(stream: JobStream):
 
 
 async def events(stream: JobStream, event) -> AsyncIterator:
-    """Delta events, then the Done; ApiError for a failure, a cancelled run or a disconnect."""
+    """(Progress events,) Delta events, then the Done; ApiError for a failure, a cancelled run or a
+    disconnect."""
     try:
         while True:
-            if isinstance(event, Delta):
+            if isinstance(event, (Delta, Progress)):
                 yield event
             elif isinstance(event, Done):
                 if event.result.finish_reason == "cancelled":  # server shutdown
@@ -151,7 +156,7 @@ async def collect(stream: JobStream, event) -> tuple[str, list[int], Any]:
         if isinstance(ev, Delta):
             pieces.append(ev.text)
             tokens += ev.tokens
-        else:
+        elif isinstance(ev, Done):
             return "".join(pieces), tokens, ev.result
     raise ApiError(500, "the generation ended without a result")
 
@@ -209,6 +214,9 @@ class ChatJob:
     event: Any
     st: ServerState
     prompt_text: str = ""
+    stats: Any = None           # the counts and times of the last Delta (timings_per_token)
+    gen: Any = None             # the generation fields the job ran with (the template's stops added)
+    constraint: Any = None      # its tool-call grammar, if any
 
 
 def tool_grammar(st: ServerState, req: schemas.ChatRequest, forced: str, prefilled: bool):
@@ -252,9 +260,30 @@ async def start_chat(request: Request, st: ServerState, body: dict | None = None
     if engine.template.stop_strings:   # the plain fallback's next "User:" line ends the reply
         gen = replace(gen, stop=list(gen.stop) + [s for s in engine.template.stop_strings
                                                               if s not in gen.stop])
+    check_choices(st, gen)
     stream = start_job(request, st, gen, prompt, tool_spec)
     event = await first_event(stream)
-    return ChatJob(req, output, forced, prompt, stream, event, st, text + forced)
+    return ChatJob(req, output, forced, prompt, stream, event, st, text + forced, gen=gen, constraint=tool_spec)
+
+
+def check_choices(st: ServerState, gen: schemas.GenerationFields) -> None:
+    """n (n_cmpl) as llama-server bounds it: at most the server's slots (-np)."""
+    if gen.n > st.settings.n_parallel:
+        raise bad_request(f"'n' must be between 1 and {st.settings.n_parallel} (the server's slots, "
+                          f"-np/--parallel), got {gen.n}")
+    if gen.n > 1 and gen.stream:
+        raise bad_request("'n' > 1 is not streamed by this server: send stream false, or one request per choice")
+
+
+async def next_choice(request: Request, chat: ChatJob) -> ChatJob:
+    """Another choice for the same chat (n > 1): the same prompt, a new reply (its KV prefix
+    reused), queued as a job of its own."""
+    o = chat.output
+    output = ChatOutput(parse_reasoning=o.parse_reasoning, think_open=o.think_open, parse_tools=o.parse_tools,
+                        infer_open=o.infer_open)
+    output.text = chat.forced
+    stream = start_job(request, chat.st, chat.gen, chat.prompt, chat.constraint)
+    return replace(chat, output=output, stream=stream, event=await first_event(stream), stats=None)
 
 
 def _count_tool_calls(st: ServerState, result, has_calls: bool) -> None:
@@ -272,10 +301,14 @@ async def chat_message(chat: ChatJob) -> tuple[dict, bool, Any]:
 
 
 async def chat_stream(chat: ChatJob) -> AsyncIterator[tuple]:
-    """("delta", OpenAI delta) as the reply grows, then ("done", result, has_calls). Raises ApiError
+    """("progress", Progress) while the prompt is processed (only with return_progress),
+    ("delta", OpenAI delta) as the reply grows, then ("done", result, has_calls). Raises ApiError
     on a failure after the first event."""
     async for ev in events(chat.stream, chat.event):
-        if isinstance(ev, Delta):
+        if isinstance(ev, Progress):
+            yield ("progress", ev)
+        elif isinstance(ev, Delta):
+            chat.stats = ev.stats
             for d in chat.output.feed(ev.text):
                 yield ("delta", d)
         else:

@@ -21,7 +21,7 @@ What it deliberately does not do
   content types, tool calls with JSON arguments) so those messages are bounded; tools are
   checked by engine/chat.py's `validate_tools`, whatever `tool_choice` says.
 - Output constraints and logprobs: server/constraints.py reads them into GenerationFields.
-- Honour fields that need machinery this engine lacks (n > 1, echo, suffix): they are refused
+- Honour fields that need machinery this engine lacks (echo, suffix): they are refused
   with a 400 saying so, rather than silently ignored. Unknown fields are ignored, as llama-server ignores them.
 """
 from __future__ import annotations
@@ -209,10 +209,10 @@ def parse_conversation_id(body: dict) -> str | None:
     return cid
 
 
-def _refuse_unsupported(body: dict) -> None:
-    n = get_int(body, "n", 1, 1, MAX_INT32)
-    if n != 1:
-        raise bad_request("'n' must be 1: this server generates one choice per request")
+def parse_n(body: dict) -> int:
+    """How many choices: llama-server's n_cmpl, or OpenAI's n (at most the server's slots: the
+    route checks that, it knows -np)."""
+    return get_int(body, "n_cmpl", None, 1, MAX_INT32) or get_int(body, "n", 1, 1, MAX_INT32)
 
 
 # --- requests -------------------------------------------------------------------------------------
@@ -231,6 +231,9 @@ class GenerationFields:
     logprobs: bool = False
     n_probs: int = 0
     post_sampling_probs: bool = False
+    n: int = 1                             # choices, generated one after another (n / n_cmpl)
+    return_progress: bool = False          # llama-server: prompt_progress chunks while streaming
+    timings_per_token: bool = False        # llama-server: timings on every streamed chunk
 
 
 @dataclass
@@ -269,7 +272,6 @@ def parse_generation(body: dict, vocab_size: int, tokenize: Callable[[str], list
     the server was started with (--temp, --seed, -n, ...). The constrained-decoding fields
     (response_format, grammar, json_schema) and logprobs are read by server/constraints.py."""
     from .constraints import parse_output, parse_probs
-    _refuse_unsupported(body)
     d, d_top_k, server_n_predict = _default_params(defaults)
     get_str(body, "model", None)  # any model name is accepted (one model per server), but it is a string
     max_tokens = get_int(body, "max_tokens", -1, -1, MAX_INT32)
@@ -309,7 +311,8 @@ def parse_generation(body: dict, vocab_size: int, tokenize: Callable[[str], list
                             stream=stream, include_usage=include_usage,
                             conversation_id=parse_conversation_id(body), constraint=constraint,
                             response_schema=schema, logprobs=logprobs, n_probs=n_probs,
-                            post_sampling_probs=post)
+                            post_sampling_probs=post, n=parse_n(body), return_progress=get_bool(body, "return_progress", False),
+                            timings_per_token=get_bool(body, "timings_per_token", False))
 
 
 def parse_tool_choice(body: dict, tools: list | None) -> bool | str | None:
