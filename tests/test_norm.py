@@ -561,9 +561,11 @@ def test_gpu_post_norm_gemma3_270m_bit_identical(n):
             _assert_bits_equal(out.copy_to_host(), h_ref, "h")
     x_np, h_np = post_norm.post_norm_add_reference(x_h, y_h, wp, EPS, wn)
     # x is a residual sum: on the H200 (2026-12-03) one element cancelled to 1.56e-4 with an
-    # error of 1.2e-7, the float32 rounding of operands of size ~1-50: measured on the stream's scale
+    # error of 1.2e-7, the float32 rounding of operands of size ~1-50; h = norm(x) * w carries
+    # that element's error along (3.96e-5, relative 7.5e-4 at the same index): both are
+    # measured on their rows' scale
     assert_close(x_ref, x_np, 1e-5, "x vs numpy", floor=float(np.abs(x_np).mean()))
-    assert_close(h_ref, h_np, 1e-5, "h vs numpy")
+    assert_close(h_ref, h_np, 1e-5, "h vs numpy", floor=float(np.abs(h_np).mean()))
     n_ff = 2048
     gu_h = (rng := np.random.default_rng(n)).standard_normal((n, 2 * n_ff)).astype(np.float32) * 3
     h = cuda.device_array((n, n_ff), np.float32)
