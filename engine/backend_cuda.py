@@ -42,6 +42,7 @@ from .h2d import pinned_like, upload
 from .memory import MemoryPlan
 from .models import architecture
 from .models.ops import AttnLayer, attn_layers, scratch_widths
+from .progress import NO_PROGRESS, Progress
 
 log = logging.getLogger("genie_rt.cuda")
 
@@ -61,7 +62,7 @@ class CUDABackend(ConstrainedSteps):
     name = "cuda"
 
     def __init__(self, g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, plan: MemoryPlan,
-                 use_graphs: bool | None = None, warm: bool = True):
+                 use_graphs: bool | None = None, warm: bool = True, progress: Progress = NO_PROGRESS):
         from numba import cuda
 
         from genie_rt.engine import gpu_sampling
@@ -83,7 +84,7 @@ class CUDABackend(ConstrainedSteps):
         self.arena = A = Arena(lay.layout, mapped=self.mapped)
         self.integrated = is_integrated(cuda_layout.device())
         # weights in host memory (integrated GPU, or mapped): the file's pages are dropped behind them
-        cuda_weights.upload(A, lay, g, self.stream, self.integrated or self.mapped)
+        cuda_weights.upload(A, lay, g, self.stream, self.integrated or self.mapped, progress)
         self.weights, self.stacks = cuda_weights.bind(A, lay, g, cfg, ecfg.gemv_mode)
         self.attn = attn_layers(cfg, self.weights.layers, self.weights.rope_freqs)
         self._upload_rope_tables()
@@ -118,7 +119,7 @@ class CUDABackend(ConstrainedSteps):
         self.load_seconds = time.perf_counter() - t0
         self.compile_seconds = 0.0
         if warm and not self.simulator:
-            self.warm_up()
+            self.warm_up(progress)
 
     # -- load helpers --------------------------------------------------------------------
     def _matrices(self):
@@ -220,26 +221,37 @@ class CUDABackend(ConstrainedSteps):
             return
         graph.replay()
 
-    def warm_up(self) -> None:
-        """Compile every kernel and capture the decode graphs and prefill buckets now."""
+    def warm_up(self, progress: Progress = NO_PROGRESS) -> None:
+        """Compile every kernel and capture the decode graphs and prefill buckets now: one
+        progress step, advanced per sequence (its kernels compiled or loaded from the kernel
+        cache, then its graph captured)."""
         t0 = time.perf_counter()
-        for n, splits, start in self.prefill_keys():
+        keys = self.prefill_keys()
+        modes = (None, "greedy", "full")
+        progress.start("compiling kernels" + (", capturing graphs" if self.use_graphs else ""),
+                       len(keys) + 2 * len(modes), "graphs" if self.use_graphs else "sequences")
+        for n, splits, start in keys:
             self._set_state(pos=start, last=0)       # a position that gives this split count
             self._run(("prefill", n, splits), lambda n=n, splits=splits: self._record_prefill(n, splits))
+            progress.advance(1, f"prefill {n}")
         self._set_state(pos=0, last=0)
-        for mode in (None, "greedy", "full"):
+        for mode in modes:
             self._run(("head", mode), lambda mode=mode: self._record_head(self.arena["x_last"], mode))
-        for mode in (None, "greedy", "full"):
+            progress.advance(1, f"head {mode or 'logits'}")
+        for mode in modes:
             self._set_state(pos=0)
             self._run(("decode", mode), lambda mode=mode: self._record_decode(mode))
+            progress.advance(1, f"decode {mode or 'logits'}")
         self.stream.synchronize()
         self.kv.zero(self.stream)
         self.stream.synchronize()
         self._wrote(0, 0, reset=True)
         self.compile_seconds = time.perf_counter() - t0
         from .kernel_cache import run_summary
+        summary = run_summary()
+        progress.done(summary)
         log.info("CUDA kernels compiled and %d graphs captured in %.1f s; %s", len(self._graphs),
-                 self.compile_seconds, run_summary())
+                 self.compile_seconds, summary)
 
     def prefill_keys(self) -> list[tuple[int, tuple, int]]:
         """Every (bucket, attention splits per plan) a prefill chunk can run as, with the first
