@@ -104,7 +104,7 @@ def resolve_model_arg(args) -> None:
     """args.model: None (the built-in default, assembled on first use) -> its path. Called after
     the flags are checked, so a bad flag is refused before the model is looked for."""
     from .default_model import resolve_model
-    args.model = str(resolve_model(args.model))
+    args.model = str(resolve_model(args.model, load_progress(args)))
 
 
 def load_progress(args):
