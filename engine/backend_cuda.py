@@ -42,6 +42,7 @@ from .h2d import pinned_like, upload
 from .memory import MemoryPlan
 from .models import architecture
 from .models.ops import AttnLayer, attn_layers, scratch_widths
+from .progress import NO_PROGRESS, Progress
 
 log = logging.getLogger("genie_rt.cuda")
 
@@ -61,7 +62,7 @@ class CUDABackend(ConstrainedSteps):
     name = "cuda"
 
     def __init__(self, g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, plan: MemoryPlan,
-                 use_graphs: bool | None = None, warm: bool = True):
+                 use_graphs: bool | None = None, warm: bool = True, progress: Progress = NO_PROGRESS):
         from numba import cuda
 
         from genie_rt.engine import gpu_sampling
@@ -83,7 +84,7 @@ class CUDABackend(ConstrainedSteps):
         self.arena = A = Arena(lay.layout, mapped=self.mapped)
         self.integrated = is_integrated(cuda_layout.device())
         # weights in host memory (integrated GPU, or mapped): the file's pages are dropped behind them
-        cuda_weights.upload(A, lay, g, self.stream, self.integrated or self.mapped)
+        cuda_weights.upload(A, lay, g, self.stream, self.integrated or self.mapped, progress)
         self.weights, self.stacks = cuda_weights.bind(A, lay, g, cfg, ecfg.gemv_mode)
         self.attn = attn_layers(cfg, self.weights.layers, self.weights.rope_freqs)
         self._upload_rope_tables()
@@ -119,7 +120,7 @@ class CUDABackend(ConstrainedSteps):
         self.load_seconds = time.perf_counter() - t0
         self.compile_seconds = 0.0
         if warm and not self.simulator:
-            self.warm_up()
+            self.warm_up(progress)
 
     # -- load helpers --------------------------------------------------------------------
     def _matrices(self):
@@ -255,38 +256,48 @@ class CUDABackend(ConstrainedSteps):
         st[3] += graph.n_nodes
         return True
 
-    def warm_up(self) -> None:
-        """Compile every kernel and capture the decode graphs and prefill buckets now.
+    def warm_up(self, progress: Progress = NO_PROGRESS) -> None:
+        """Compile every kernel and capture the decode graphs and prefill buckets now: one
+        progress step, advanced per sequence (its kernels compiled or loaded from the kernel
+        cache, then its graph captured).
 
         A bucket's first key runs once uncaptured (compiling its kernels, making its scratch)
         and is then captured; its other keys (more attention splits: the same kernels, other
-        grids) are captured directly, which halves their host time: with every kernel in the
-        kernel cache a warm start of the 4B still spent 10.1 of its 14.5 s here (H200,
-        2026-12-03), most of it presumably the Python launchers' host time (the load log's
-        per-kind breakdown says)."""
+        grids) are captured directly. With every kernel in the kernel cache, a warm start of
+        the 4B on the H200 (2026-12-03, tools/bench_start.py, 38 prefill graphs of 22,828
+        nodes) spent 9.7 of its 15.4 s here: the first runs of the 8 buckets 1.9 s, the 38
+        captures 6.7 s - the graphs' count and size, not compiling, set a warm start now."""
         t0 = time.perf_counter()
+        keys = self.prefill_keys()
+        modes = (None, "greedy", "full")
+        progress.start("compiling kernels" + (", capturing graphs" if self.use_graphs else ""),
+                       len(keys) + 2 * len(modes), "graphs" if self.use_graphs else "sequences")
         ran: set[int] = set()
-        for n, splits, start in self.prefill_keys():
+        for n, splits, start in keys:
             self._set_state(pos=start, last=0)       # a position that gives this split count
             rec = (lambda n=n, splits=splits: self._record_prefill(n, splits))
-            if self.use_graphs and n in ran and self._capture_only(("prefill", n, splits), rec):
-                continue
-            self._run(("prefill", n, splits), rec)
-            ran.add(n)
+            if not (self.use_graphs and n in ran and self._capture_only(("prefill", n, splits), rec)):
+                self._run(("prefill", n, splits), rec)
+                ran.add(n)
+            progress.advance(1, f"prefill {n}")
         self._set_state(pos=0, last=0)
-        for mode in (None, "greedy", "full"):
+        for mode in modes:
             self._run(("head", mode), lambda mode=mode: self._record_head(self.arena["x_last"], mode))
-        for mode in (None, "greedy", "full"):
+            progress.advance(1, f"head {mode or 'logits'}")
+        for mode in modes:
             self._set_state(pos=0)
             self._run(("decode", mode), lambda mode=mode: self._record_decode(mode))
+            progress.advance(1, f"decode {mode or 'logits'}")
         self.stream.synchronize()
         self.kv.zero(self.stream)
         self.stream.synchronize()
         self._wrote(0, 0, reset=True)
         self.compile_seconds = time.perf_counter() - t0
         from .kernel_cache import run_summary
+        summary = run_summary()
+        progress.done(summary)
         log.info("CUDA kernels compiled and %d graphs captured in %.1f s; %s", len(self._graphs),
-                 self.compile_seconds, run_summary())
+                 self.compile_seconds, summary)
         log.info("graphs by kind: %s", "; ".join(
             f"{kind} {n} (first runs {a:.2f} s, captures {b:.2f} s, {nodes} nodes)"
             for kind, (n, a, b, nodes) in self.capture_stats.items()))

@@ -34,6 +34,7 @@ from .generate import (ContextOverflowError, Delta, Done, GenerationRequest, Gen
 from .gguf_file import GGUFError, GGUFFile, open_gguf
 from .load_plan import budget_for, choose_backend, cuda_available  # noqa: F401 (tests patch it here)
 from .memory import MemoryPlan, fmt_bytes
+from .progress import NO_PROGRESS, Progress
 from .sampling import Sampler
 from .tokenizer import Tokenizer
 
@@ -90,7 +91,11 @@ class Engine:
         return self.gfile.path.name
 
     @classmethod
-    def load(cls, path: str | Path, ecfg: EngineConfig | None = None) -> "Engine":
+    def load(cls, path: str | Path, ecfg: EngineConfig | None = None,
+             progress: Progress = NO_PROGRESS) -> "Engine":
+        """Check, budget, read the weights, compile the kernels (the CPU's by a short warm-up
+        forward, the GPU's with their graphs). `progress` (engine/progress.py) is told each
+        long step; by default nothing is printed."""
         ecfg = ecfg or EngineConfig()
         t0 = time.perf_counter()
         g = open_gguf(path)
@@ -116,10 +121,12 @@ class Engine:
                      "for %d)", plan.n_ctx, budget.where, fmt_bytes(budget.available), cfg.n_ctx_train)
         if backend_name == "cpu":
             from .backend_cpu import CPUBackend
-            backend = CPUBackend(g, cfg, plan.n_ctx, ecfg.kv_dtype, ecfg.prefill_chunk, threads=ecfg.threads)
+            backend = CPUBackend(g, cfg, plan.n_ctx, ecfg.kv_dtype, ecfg.prefill_chunk, threads=ecfg.threads,
+                                 progress=progress)
+            backend.warm_up(progress)
         else:
             from .backend_cuda import CUDABackend
-            backend = CUDABackend(g, cfg, ecfg, plan)
+            backend = CUDABackend(g, cfg, ecfg, plan, progress=progress)
         engine = cls(g, cfg, ecfg, backend, plan, tokenizer, template, time.perf_counter() - t0)
         engine.guard = make_guard(ecfg, bool(getattr(backend, "integrated", False)))
         if ecfg.kv_cache_dir:

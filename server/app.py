@@ -251,15 +251,14 @@ def serve(args, engine_config, settings: ServerSettings | None = None) -> int:
 
     def load():
         from genie_rt.engine.engine import Engine
-        engine = Engine.load(model_path, engine_config)
+        from genie_rt.engine.cli import load_progress
+        engine = Engine.load(model_path, engine_config, progress=load_progress(args))
         template = chat_template_override(args, engine)
         if template is not None:
             engine.template = template
-        from genie_rt.engine.load_report import first_use_note, ready_summary
-        note = first_use_note(engine)
-        log.info("model %s on %s, context %d; warming up%s\n%s", engine.model_name,
-                 getattr(engine.backend, "name", "?"), engine.n_ctx, f" ({note})" if note else "",
-                 ready_summary(engine))
+        from genie_rt.engine.load_report import ready_summary
+        log.info("model %s on %s, context %d; warming up\n%s", engine.model_name,
+                 getattr(engine.backend, "name", "?"), engine.n_ctx, ready_summary(engine))
         warm_up(engine)
         return engine
 
