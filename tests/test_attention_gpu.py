@@ -47,7 +47,7 @@ def test_gpu_prefill_qwen3_4b(pool_4b, n, start):
     run_prefill(pool, kd, vd, 32, n, start, seed=n + start)
     splits = max(2, prefill_splits(plan, n, start))
     run_prefill(pool, kd, vd, 32, n, start, n_splits=min(splits, 8), seed=n + start)
-    from genie_rt.kvcache.attention_prefill import prefill_merge
+    from genie_rt.kvcache.attention_prefill_kernels import prefill_merge
     assert len(plan.kernel().overloads) == 1, "a launch recompiled: signature mismatch"
     assert len(prefill_merge.overloads) == 1, "a launch recompiled: signature mismatch"
 
