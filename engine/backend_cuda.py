@@ -35,7 +35,7 @@ from . import cuda_layout
 from .arena import Arena
 from .config import EngineConfig, ModelConfig
 from .cuda_constrained import ConstrainedSteps
-from .cuda_layout import BUCKETS, MAX_BIAS, cuda_budget, is_integrated, plan_layout, rope_keys  # noqa: F401
+from .cuda_layout import BUCKETS, MAX_BIAS, is_integrated, plan_layout, rope_keys
 from .device_state import N_SLOTS, S_LAST, S_POS, S_TOKEN
 from .gguf_file import GGUFFile
 from .h2d import pinned_like, upload

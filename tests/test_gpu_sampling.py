@@ -12,9 +12,6 @@ Four layers:
 - PTX: every kernel compiles for sm_87 and sm_90 without float64;
 - GPU (`-m gpu`): the same at vocab 151936, plus a chi-square over real draws.
 """
-import sys
-import threading
-
 import numpy as np
 import pytest
 from numba import cuda
