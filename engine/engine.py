@@ -34,7 +34,7 @@ from .generate import (ContextOverflowError, Delta, Done, GenerationRequest, Gen
 from .gguf_file import GGUFError, GGUFFile, open_gguf
 from .load_plan import budget_for, choose_backend, cuda_available  # noqa: F401 (tests patch it here)
 from .memory import MemoryPlan, fmt_bytes
-from .progress import NO_PROGRESS, Progress
+from .progress import NO_PROGRESS, Progress as LoadProgress
 from .sampling import Sampler
 from .tokenizer import Tokenizer
 
@@ -92,7 +92,7 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | Path, ecfg: EngineConfig | None = None,
-             progress: Progress = NO_PROGRESS) -> "Engine":
+             progress: LoadProgress = NO_PROGRESS) -> "Engine":
         """Check, budget, read the weights, compile the kernels (the CPU's by a short warm-up
         forward, the GPU's with their graphs). `progress` (engine/progress.py) is told each
         long step; by default nothing is printed."""
