@@ -45,7 +45,8 @@ if not HAS_GPU:
 # On a GPU machine they run on the device in seconds and stay in the quick suite.
 SIMULATOR_MODULES = frozenset({
     "test_attention.py", "test_backend_cuda.py", "test_device_pool.py", "test_embed.py", "test_gemv.py",
-    "test_gpu_sampling.py", "test_h2d.py", "test_integrated_gpu.py", "test_mmq.py", "test_norm.py",
+    "test_gpu_sampling.py", "test_h2d.py", "test_integrated_gpu.py", "test_mmq.py", "test_mmq_types.py",
+    "test_norm.py",
     "test_ptx.py", "test_rope_write.py",
 })
 
