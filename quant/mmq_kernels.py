@@ -425,28 +425,35 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
             afr[i, 3] = hfma2(hfma2(((u8 >> U(8)) & U(0x00FF00FF)) | MAGIC, ONE2, NEG1056), scl[i, 1], ZERO2)
 
     @_inline
-    def q4k_words(smem, acc, afr, wq, wh, sc0, sc1, r0, rh, hsh, xrow, grp):
+    def q4k_words(smem, acc, afr, wq, wh, sc0, sc1, r0, rh, half, csh, xrow, grp):
         # words of rows g, g+8 at r0 (+16 rows per m-tile): groups grp (low nibbles) and
-        # grp + 2 (high nibbles); Q5_K: their qh words at rh, shifted right by hsh
+        # grp + 2 (high nibbles); Q5_K: their qh words at rh, shifted right by 4 in the odd
+        # stage of a super-block (a select of constant shifts: a shift by a variable would
+        # be 64-bit) and by the literal csh
         for i in range(mt):
             wq[i, 0] = smem[r0 + U(16 * i) * uRW]
             wq[i, 1] = smem[r0 + U(16 * i + 8) * uRW]
             if Q5:
-                wh[i, 0] = smem[rh + U(16 * i) * uRW] >> hsh
-                wh[i, 1] = smem[rh + U(16 * i + 8) * uRW] >> hsh
+                h0 = smem[rh + U(16 * i) * uRW]
+                h1 = smem[rh + U(16 * i + 8) * uRW]
+                if half != U(0):
+                    h0 = h0 >> U(4)
+                    h1 = h1 >> U(4)
+                wh[i, 0] = h0 >> csh
+                wh[i, 1] = h1 >> csh
         q4k_frags(afr, wq, wh, sc0, U(0))
         mma_group(smem, acc, afr, xrow, grp)
         q4k_frags(afr, wq, wh, sc1, U(4))
         mma_group(smem, acc, afr, xrow, grp + U(2))
 
     @_inline
-    def q4k_chunk(smem, acc, afr, wq, wh, sc0, sc1, rb, scb, xrow, cc, hsh0):
+    def q4k_chunk(smem, acc, afr, wq, wh, sc0, sc1, rb, scb, xrow, cc, half):
         # 32-byte chunk cc of the stage: word w holds weights 4w..4w+3 of sub-block 2cc
         # (low nibbles) and of 2cc+1 (high nibbles). Lane t takes words t (weights 0-15 of
         # each sub-block: k16 groups 4cc, 4cc+2) and t+4 (16-31: groups 4cc+1, 4cc+3).
         # Q5_K: byte l of a chunk takes its fifth bits from qh byte l (the same words t,
         # t + 4 at raw word 20), bit 2 j / 2 j + 1 for the sub-blocks 2 j, 2 j + 1 of the
-        # super-block: j = 2 (stage parity) + cc, so the words shift by hsh0 + 2 cc.
+        # super-block: j = 2 (stage parity: half) + cc, so the words shift by 4 half + 2 cc.
         for i in range(mt):
             s0 = scb + U(16 * i) * uSCW + U(4) * cc
             sc0[i, 0] = smem[s0]
@@ -457,10 +464,10 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
             sc1[i, 1] = smem[s0 + U(3)]
             sc1[i, 2] = smem[s0 + U(8) * uSCW + U(2)]
             sc1[i, 3] = smem[s0 + U(8) * uSCW + U(3)]
-        hsh = hsh0 + U(2) * cc
-        q4k_words(smem, acc, afr, wq, wh, sc0, sc1, rb + U(8) * cc, rb + U(20), hsh, xrow, U(4) * cc)
-        q4k_words(smem, acc, afr, wq, wh, sc0, sc1, rb + U(8) * cc + U(4), rb + U(24), hsh, xrow,
-                  U(4) * cc + U(1))
+        q4k_words(smem, acc, afr, wq, wh, sc0, sc1, rb + U(8) * cc, rb + U(20), half, U(2) * cc, xrow,
+                  U(4) * cc)
+        q4k_words(smem, acc, afr, wq, wh, sc0, sc1, rb + U(8) * cc + U(4), rb + U(24), half, U(2) * cc,
+                  xrow, U(4) * cc + U(1))
 
     @_inline
     def q6k_half(smem, acc, afr, wl, wh, scl, rb, scb, xrow, s):
@@ -531,8 +538,8 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
             wh = cuda.local.array((mt, 2), uint32)       # Q5_K: qh words of rows g / g+8
             sc0 = cuda.local.array((mt, 4), uint32)      # sub-block 2cc:   s2, -m2 of g, g+8
             sc1 = cuda.local.array((mt, 4), uint32)      # sub-block 2cc+1
-            q4k_chunk(smem, acc, afr, wq, wh, sc0, sc1, rb, scb, xrow, U(0), U(4) * half)
-            q4k_chunk(smem, acc, afr, wq, wh, sc0, sc1, rb, scb, xrow, U(1), U(4) * half)
+            q4k_chunk(smem, acc, afr, wq, wh, sc0, sc1, rb, scb, xrow, U(0), half)
+            q4k_chunk(smem, acc, afr, wq, wh, sc0, sc1, rb, scb, xrow, U(1), half)
         elif fmt == Q6_K:
             wl = cuda.local.array((mt, 2, 2), uint32)    # ql words [m-tile][quarter parity][row]
             wh = cuda.local.array((mt, 2), uint32)       # qh words [m-tile][row]
