@@ -3,7 +3,9 @@ to the architecture's typed weights (engine/models/weights.py) as device views.
 
 `upload` copies tensor by tensor (host planes are temporaries of one tensor), so the peak
 host memory is one matrix; on an integrated GPU it drops the file's pages behind it, so
-the weights live once in the shared memory (arena), not twice (arena + page cache).
+the weights live once in the shared memory (arena), not twice (arena + page cache). A BF16 layer
+matrix is refused there if a weight is beyond fp16's range (the prefill GEMM converts
+BF16 weights to fp16: quant/mmq_float.py).
 
 `bind` gives each matrix a `CudaMatrix` (its GEMV view for decode and its planes for the
 GEMM), each 1-D tensor its float32 device array, and returns the stacked groups by the
@@ -21,7 +23,7 @@ from genie_rt.quant.formats import QType, dequantize
 from genie_rt.quant.layout import PLANES, PackedWeight, pack
 
 from .cuda_layout import CudaLayout, WeightGroup
-from .gguf_file import GGUFFile
+from .gguf_file import GGUFError, GGUFFile
 from .models.weights import bind_weights
 from .progress import NO_PROGRESS, Progress
 
@@ -68,6 +70,8 @@ def upload(arena, lay: CudaLayout, g: GGUFFile, stream, integrated: bool, progre
                 for name, rows in grp.members:
                     t = g.tensors[name]
                     host = pack(t.data, t.qtype, t.shape)
+                    if t.qtype == QType.BF16 and name.startswith("blk."):
+                        _check_bf16(host, name, g.path)
                     for plane, arr in host.planes.items():
                         arena[f"{grp.name}.{plane}"][r0:r0 + rows].copy_to_device(arr, stream=stream)
                     stream.synchronize()          # host planes are temporaries
@@ -85,6 +89,16 @@ def upload(arena, lay: CudaLayout, g: GGUFFile, stream, integrated: bool, progre
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def _check_bf16(host: PackedWeight, name: str, path) -> None:
+    """A layer matrix in BF16 feeds the prefill GEMM, which converts its weights to fp16
+    (quant/mmq_float.py): refuse one with a weight beyond fp16's range, naming it."""
+    from genie_rt.quant.mmq_float import check_bf16_range
+    try:
+        check_bf16_range(host.planes["w"], name)
+    except ValueError as exc:
+        raise GGUFError(f"{path}: {exc}") from exc
 
 
 def _packed(arena, grp: WeightGroup, r0: int = 0, rows: int | None = None) -> PackedWeight:

@@ -7,7 +7,9 @@ once. One kernel family serves both: weights stay in the GGUF bits in global mem
 (the planar layout of quant/layout.py), are staged raw into shared memory with cp.async,
 and each warp dequantizes them straight into fp16 mma fragments in registers.
 
-    W   PackedWeight [rows, cols], Q4_K / Q6_K / Q8_0, planes on the device
+    W   PackedWeight [rows, cols], planes on the device: Q4_K, Q5_K, Q6_K, Q8_0 (K a multiple
+        of 256), Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (of 32: mmq_legacy.py), F16, BF16 (of 16:
+        mmq_float.py)
     X   float32 [N, cols] activations (the RMSNorm output)
         -> prepare_x -> x16 float16 [N, cols] in "MMQ order" + xscale float32 [N]
     Y   float32 [N, rows]:  mode "store"   Y  = X W^T
@@ -34,8 +36,8 @@ mins need a second sum. With fp16, scales and mins are folded into the weights o
 (2 fp16x2 FMAs per pair of weights, per warp) and the accumulators never leave the
 tensor cores. tools/mmq_variants/ has the int8 variant to measure against.
 
-What this module does not do: attention, the F16/F32/Q5_K/legacy-4-bit formats (the
-launcher refuses them with a message), decode (N = 1 is the GEMV's job, although MMQ
+What this module does not do: attention, F32 or the other GGUF types (the launcher
+refuses them with a message), decode (N = 1 is the GEMV's job, although MMQ
 accepts it), or picking fused QKV layouts for the engine.
 
 Numbers: docs/kernels/mmq.md (the lesson and the measured table); the benchmark is
@@ -48,14 +50,17 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from .formats import QType, dequantize, unpack_q4_k_scales
+from .formats import QType, dequantize
+from .kquants import unpack_q4_k_scales, unpack_q5_k_scales
 from .layout import PackedWeight, pack, unpack
+from . import mmq_float as F
 from . import mmq_kernels as K
 from . import mmq_legacy as L
 from . import mmq_prep as P
 
-SUPPORTED = {QType.Q4_K: K.Q4_K, QType.Q6_K: K.Q6_K, QType.Q8_0: K.Q8_0,
-             QType.Q4_0: L.Q4_0, QType.Q4_1: L.Q4_1, QType.Q5_0: L.Q5_0, QType.Q5_1: L.Q5_1}
+SUPPORTED = {QType.Q4_K: K.Q4_K, QType.Q5_K: K.Q5_K, QType.Q6_K: K.Q6_K, QType.Q8_0: K.Q8_0,
+             QType.Q4_0: L.Q4_0, QType.Q4_1: L.Q4_1, QType.Q5_0: L.Q5_0, QType.Q5_1: L.Q5_1,
+             QType.F16: F.F16, QType.BF16: F.BF16}
 # Split-K workspace layout: every plan's int32 tile counters start at byte 0 of a region
 # of this size and its partial sums start after it. The kernels leave their counters at
 # zero, so one workspace, zeroed once, serves any sequence of launches of different
@@ -70,6 +75,7 @@ REDUCTIONS = {"last": K.RED_LAST, "kernel": K.RED_KERNEL}
 DEFAULT_REDUCE = "kernel"
 COL_MULTIPLE = 256      # K of the k-quants: whole super-blocks (and Q8_0's fast path: 8-block groups)
 COL_MULTIPLE_32 = 32    # K of the 32-weight formats (mmq_legacy.py): whole blocks
+COL_MULTIPLE_16 = 16    # K of F16 / BF16 (mmq_float.py): whole k16 groups (prepare_x's unit too)
 
 
 def kernel_format(qtype, cols: int) -> int:
@@ -83,6 +89,8 @@ def kernel_format(qtype, cols: int) -> int:
 
 
 def _col_multiple(fmt) -> int:
+    if fmt in F.FLOAT:
+        return COL_MULTIPLE_16
     return COL_MULTIPLE_32 if fmt in L.LEGACY else COL_MULTIPLE
 
 
@@ -105,7 +113,8 @@ def dequantize_weight(w: PackedWeight, rows=None) -> np.ndarray:
 
 
 def _weight_abs(w: PackedWeight, rows=None) -> np.ndarray:
-    """|terms| of each weight before cancellation: |s q| + |m| (Q4_K), |w| otherwise."""
+    """|terms| of each weight before cancellation: |s q| + |m| (Q4_K, Q5_K, Q4_1, Q5_1),
+    |w| otherwise."""
     wd = dequantize_weight(w, rows)
     if w.qtype in (QType.Q4_1, QType.Q5_1):         # w = d q + m: |d q| + |m|
         dm = _host_planes(w).planes["dm"]
@@ -113,13 +122,14 @@ def _weight_abs(w: PackedWeight, rows=None) -> np.ndarray:
             dm = dm[np.asarray(rows)]
         m = np.repeat(np.ascontiguousarray(dm).view(np.float16)[:, 1::2].astype(np.float64), 32, axis=1)
         return np.abs(wd - m) + np.abs(m)
-    if w.qtype != QType.Q4_K:
+    if w.qtype not in (QType.Q4_K, QType.Q5_K):
         return np.abs(wd)
     raw = unpack(_host_planes(w))
     if rows is not None:
         raw = raw[np.asarray(rows)]
-    blocks = raw.reshape(-1, 144)
-    _, dmin, _, m = unpack_q4_k_scales(blocks)
+    q4 = w.qtype == QType.Q4_K
+    blocks = raw.reshape(-1, 144 if q4 else 176)
+    _, dmin, _, m = (unpack_q4_k_scales if q4 else unpack_q5_k_scales)(blocks)
     mins = np.repeat((dmin[:, None] * m.astype(np.float32)).astype(np.float64), 32, axis=1)
     mins = mins.reshape(wd.shape)
     return np.abs(wd + mins) + mins
@@ -152,16 +162,18 @@ def reference(w: PackedWeight, x: np.ndarray, mode: str = "store", y0=None, rows
 
 # Error model of the kernel, per product x * w (u = 2^-11, fp16 unit roundoff):
 #   x -> fp16 (scaled by a power of two: exact scaling)        |x| u
-#   Q4_K: s = fp16(d sc), m = fp16(dmin mn), w16 = fp16(q s - m)  (|s q| + |m|) 2u + |w| u
+#   Q4_K, Q5_K: s = fp16(d sc), m = fp16(dmin mn), w16 = fp16(q s - m)  (|s q| + |m|) 2u + |w| u
 #   Q6_K: s = fp16(d sc), w16 = fp16(q s); Q8_0: s = d (exact)   |w| 2u
+#   F16: exact; BF16 -> fp16: exact from 2^-14 to 65504 (8 significant bits fit in 11)
 #   products exact in f32; sums in f32 inside the tensor core (truncating adds allowed)
 # plus fp16 subnormals (below 2^-14 the spacing is 2^-24, absolute): half a spacing on
 # s (times |q| <= QMAX), m, w16 and x:
 # |y - ref| <= (3u + cols 2^-22) sum_k |x_k| W_abs_k
 #              + 2^-25 ((QMAX + 2) sum_k |x_k| + sum_k |w_k|)
 F16_U = 2.0 ** -11
-_QMAX = {QType.Q4_K: 15, QType.Q6_K: 32, QType.Q8_0: 0,     # 32-weight formats: d is exact fp16
-         QType.Q4_0: 0, QType.Q4_1: 0, QType.Q5_0: 0, QType.Q5_1: 0}
+_QMAX = {QType.Q4_K: 15, QType.Q5_K: 31, QType.Q6_K: 32, QType.Q8_0: 0,   # 32-weight formats: d is exact fp16
+         QType.Q4_0: 0, QType.Q4_1: 0, QType.Q5_0: 0, QType.Q5_1: 0,
+         QType.F16: 0, QType.BF16: 0}                # (BF16 subnormals: the 2^-25 |x| term)
 
 
 def error_bound(w: PackedWeight, x: np.ndarray, mode: str = "store", y0=None, rows=None) -> np.ndarray:
@@ -478,8 +490,14 @@ _PLANE_TYPES = {   # fmt -> kernel plane slots p0..p3: (plane name, numba dtype)
     L.Q5_0: (("qs", "uint8"), ("d", "uint16"), ("qh", "uint32"), ("qs", "uint8")),
     L.Q5_1: (("qs", "uint8"), ("dm", "uint32"), ("qh", "uint32"), ("qs", "uint8")),
     L.Q8_0L: (("qs", "int8"), ("d", "uint16"), ("qs", "int8"), ("qs", "int8")),
+    K.Q5_K: (("qs", "uint8"), ("hdr", "uint8"), ("qh", "uint8"), ("qs", "uint8")),
+    # F16 / BF16: the weights as bytes (mmq_float.py stages them with the byte-row loader)
+    F.F16: (("w", "uint8"),) * 4,
+    F.BF16: (("w", "uint8"),) * 4,
 }
-_PLANE_DTYPES = {"d": (np.float16, np.uint16), "qh": (np.uint8, np.uint32)}   # stored -> passed as
+# plane name -> (dtypes it is stored as, the dtype it is passed as when the kernel's differs)
+_PLANE_DTYPES = {"d": ((np.float16,), np.uint16), "qh": ((np.uint8,), np.uint32),
+                 "w": ((np.float16, np.uint16), np.uint8)}
 _REST_SIG = ("float16[:, ::1], float32[::1], float32[:, ::1], float32[::1], int32[::1], "
              "int64, int64, int64, int64, int64")
 
@@ -633,8 +651,8 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
     for name, dt in _PLANE_TYPES[fmt]:
         plane = w.planes.get(name)
         _check(plane is not None, f"{QType(w.qtype).name} weight lacks plane {name!r}")
-        stored, passed = _PLANE_DTYPES.get(name, (None, None))
-        if passed == np.dtype(dt) and plane.dtype == stored:
+        stored, passed = _PLANE_DTYPES.get(name, ((), None))
+        if passed == np.dtype(dt) and plane.dtype in stored:
             plane = plane.view(passed)                  # a reinterpretation (no copy)
         _check(len(plane.shape) == 2 and plane.shape[0] == w.rows and plane.dtype == np.dtype(dt)
                and _c_contig(plane), f"plane {name!r} must be a C-contiguous {dt} [{w.rows}, *], "

@@ -49,6 +49,13 @@ EXTRA = [
     ("down_q6k", HIDDEN, FFN, "Q6_K", "add"),
     ("q_q8_0", Q_DIM, HIDDEN, "Q8_0", "store"),
     ("gate_up_swiglu", 2 * FFN, HIDDEN, "Q4_K", "swiglu"),
+    # the other weight types of the prefill GEMM, at shapes of the Q4_K ones above
+    ("q_q5k", Q_DIM, HIDDEN, "Q5_K", "store"),
+    ("down_q5k", HIDDEN, FFN, "Q5_K", "add"),
+    ("q_f16", Q_DIM, HIDDEN, "F16", "store"),
+    ("down_f16", HIDDEN, FFN, "F16", "add"),
+    ("q_bf16", Q_DIM, HIDDEN, "BF16", "store"),
+    ("down_bf16", HIDDEN, FFN, "BF16", "add"),
 ]
 N_VALUES = (18, 33, 128, 512, 2048)
 

@@ -6,7 +6,8 @@ launchers and the plans in `mmq.py` (read its docstring first), the lesson in
 docs/kernels/mmq.md.
 
 What the kernels compute (all shapes row-major):
-    W  [rows, cols]  Q4_K / Q6_K / Q8_0 PackedWeight planes (quant/layout.py)
+    W  [rows, cols]  Q4_K / Q5_K / Q6_K / Q8_0 PackedWeight planes (quant/layout.py); the
+                     32-weight formats (mmq_legacy.py) and F16 / BF16 (mmq_float.py) plug in
     X  [N, cols]     float16 in "MMQ order" + a per-token power-of-two scale (prepare_x)
     Y  [N, rows]     float32: Y = (X W^T) * xscale[token]   (or Y += ..., or SwiGLU)
 
@@ -42,6 +43,7 @@ from numba import cuda, float32, int32, uint32
 
 from genie_rt.engine import kernel_cache
 
+from . import mmq_float as F
 from . import mmq_legacy as L
 from .ptx import hfma2
 from .ptx import (SIMULATOR, cp_async16_zfill, cp_async_commit, cp_async_wait_group_0,
@@ -51,8 +53,10 @@ from .ptx import (SIMULATOR, cp_async16_zfill, cp_async_commit, cp_async_wait_gr
 U = np.uint32
 
 # Formats (plane order of the kernel arguments p0..p3; unused slots get a dummy plane).
-Q4_K, Q6_K, Q8_0 = 0, 1, 2
-FORMAT_NAMES = {Q4_K: "Q4_K", Q6_K: "Q6_K", Q8_0: "Q8_0", **L.NAMES}
+# Q5_K (8) is Q4_K plus the qh plane of 5th bits: Q4_K's code paths with a fifth bit.
+Q4_K, Q6_K, Q8_0, Q5_K = 0, 1, 2, 8
+KQ45 = (Q4_K, Q5_K)                # the formats with Q4_K's header (d, dmin, packed scales/mins)
+FORMAT_NAMES = {Q4_K: "Q4_K", Q6_K: "Q6_K", Q8_0: "Q8_0", Q5_K: "Q5_K", **L.NAMES, **F.NAMES}
 # Epilogues.
 EPI_STORE, EPI_ADD, EPI_SWIGLU, EPI_GEGLU = 0, 1, 2, 3
 EPI_NAMES = {EPI_STORE: "store", EPI_ADD: "add", EPI_SWIGLU: "swiglu", EPI_GEGLU: "geglu"}
@@ -75,15 +79,18 @@ MAX_REGISTERS = 128      # per thread, for warp tiles of <= 16 mma tiles (see bu
 #   Q4_K: qs 64 B (4 chunks) + header 16 B (d, dmin, 12 packed 6-bit scales/mins)
 #   Q6_K: ql 64 B (4) + qh 32 B (2) + sc 16 B (1)       (d comes from global, see below)
 #   Q8_0: qs 128 B (8) + d of the super-block's 8 blocks 16 B (1)
-RAW_CHUNKS = {Q4_K: 5, Q6_K: 7, Q8_0: 9, **L.RAW_CHUNKS}   # (+ the 32-weight formats: mmq_legacy.py)
+#   Q5_K: as Q4_K (qs words 0-15, header 16-19) + the super-block's qh 32 B (2): words 20-27
+RAW_CHUNKS = {Q4_K: 5, Q6_K: 7, Q8_0: 9, Q5_K: 7, **L.RAW_CHUNKS, **F.RAW_CHUNKS}
+# (+ the 32-weight formats: mmq_legacy.py; F16/BF16: mmq_float.py)
 # Row strides 80 / 112 / 144 bytes = 20 / 28 / 36 words: the 8 rows g = 0..7 that a warp
 # reads at once start in banks 20g / 28g / 36g mod 32, all different multiples of 4, so
 # the quad's 4 words (t = 0..3) never collide: conflict-free without padding.
 # Scale table: words per row per stage (entries: Q4_K 4 sub-blocks x (scale2, -min2);
 # Q6_K 8 sub-blocks x scale2; Q8_0 4 blocks x scale2), padded to an odd/even stride
 # that spreads the 8 rows of a warp over distinct banks.
-SC_WORDS = {Q4_K: 10, Q6_K: 9, Q8_0: 5, **L.SC_WORDS}
-SC_ENTRIES = {Q4_K: 4, Q6_K: 8, Q8_0: 4, **{f: L.SC_ENTRIES for f in L.LEGACY}}
+SC_WORDS = {Q4_K: 10, Q6_K: 9, Q8_0: 5, Q5_K: 10, **L.SC_WORDS, **F.SC_WORDS}
+SC_ENTRIES = {Q4_K: 4, Q6_K: 8, Q8_0: 4, Q5_K: 4, **{f: L.SC_ENTRIES for f in L.LEGACY},
+              **{f: 4 for f in F.FLOAT}}          # (F16/BF16: no table; 4 keeps the loops' shape)
 X_WORDS = 68             # one token's 128 fp16 per stage = 64 words, + 4 pad: ldmatrix rows
                          # 272 B apart start in different 16-byte bank groups (conflict-free)
 
@@ -162,6 +169,8 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
                    Q4_K: qs u8, hdr u8, (dummy), (dummy)
                    Q6_K: ql u8, qh u8, sc i8, d f16 [rows_w, nb]
                    Q8_0: qs i8, d f16 [rows_w, nb], (dummy), (dummy)
+                   Q5_K: qs u8, hdr u8, qh u8, (dummy)
+                   F16 / BF16 (mmq_float.py): w as u8 [rows_w, 2 cols], (dummies)
                    32-weight formats (mmq_legacy.py): qs u8 (Q8_0: i8), d bits u16
                    [rows_w, nb] or dm u32 [rows_w, nb], qh u32 [rows_w, nb] or (dummy), (dummy)
       x          float16 [N, cols] in MMQ order (prepare_x)
@@ -177,8 +186,13 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
     grid = (ceil(rows_out / BM_out), ceil(N / BN), splits), block = 32 * wm * wn threads,
     dynamic shared memory = smem_bytes(...).
     """
-    assert fmt in (Q4_K, Q6_K, Q8_0) + L.LEGACY and epi in (EPI_STORE, EPI_ADD, EPI_SWIGLU, EPI_GEGLU)
+    assert fmt in (Q4_K, Q6_K, Q8_0, Q5_K) + L.LEGACY + F.FLOAT
+    assert epi in (EPI_STORE, EPI_ADD, EPI_SWIGLU, EPI_GEGLU)
     LG = fmt in L.LEGACY                   # a 32-weight format (mmq_legacy.py): K % 128 may be != 0
+    FL = fmt in F.FLOAT                    # F16 / BF16 (mmq_float.py): K % 128 may be != 0 too
+    PARTIAL = LG or FL                     # the last stage may be partial (zero-filled)
+    KQ = fmt in KQ45                       # Q4_K's header and nibbles (Q5_K: + a fifth bit)
+    Q5 = fmt == Q5_K
     assert red in (RED_LAST, RED_KERNEL)
     swiglu = epi in GATED                  # (SwiGLU or GeGLU: the same row layout)
     assert not swiglu or mt % 2 == 0, "SwiGLU needs an even number of m16 tiles per warp"
@@ -253,9 +267,13 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
         sb = st >> U(1)                                  # super-block (k-quants) index
         if LG:              # qs of the stage's 4 blocks (d, m, qh: lg_prefetch)
             lg_load_qs(smem, p0, rb, st, m0, rows_out, tid)
-        elif fmt == Q4_K:     # qs: 64 B of the stage; header: 16 B of the super-block
+        elif FL:            # 256 B of the row (the plane as bytes), zero-filled past its end
+            fl_load(smem, p0, rb, st, m0, rows_out, tid)
+        elif KQ:            # qs: 64 B of the stage; header: 16 B of the super-block
             load_plane(smem, p0, rb, U(0), U(2), st * U(64), U(16), m0, rows_out, tid)
             load_plane(smem, p1, rb, U(16), U(0), sb * U(16), U(16), m0, rows_out, tid)
+            if Q5:          # + qh: the super-block's 32 B (both halves read all of it)
+                load_plane(smem, p2, rb, U(20), U(1), sb * U(32), U(16), m0, rows_out, tid)
         elif fmt == Q6_K:   # ql 64 B, qh 32 B of the stage; 16 int8 scales of the super-block
             load_plane(smem, p0, rb, U(0), U(2), st * U(64), U(16), m0, rows_out, tid)
             load_plane(smem, p1, rb, U(16), U(1), st * U(32), U(16), m0, rows_out, tid)
@@ -271,7 +289,7 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
             tok = n0 + tk
             nbytes = U(16)
             xc = st * U(128) + part * U(8)
-            if LG:
+            if PARTIAL:
                 if xc >= uint32(x.shape[1]):             # past the row: the last stage is partial
                     xc = U(0)
                     nbytes = U(0)
@@ -292,7 +310,7 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
             lr = e // uSCE
             ent = e - lr * uSCE
             row = rb + lr * uRW
-            if fmt == Q4_K:
+            if KQ:
                 # header words: [d | dmin << 16], then the 12 scale bytes S[0..11]
                 w0 = smem[row + U(16)]
                 d = f16_bits_to_f32(w0 & U(0xFFFF))
@@ -369,16 +387,30 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
     # values: after inlining every shift is a constant, so the dequantization is pure
     # 32-bit logic (a shift by a loop variable would be typed uint64 and stay 64-bit).
     @_inline
-    def q4k_frags(afr, wq, scl, sh):
+    def q4k_frags(afr, wq, wh, scl, sh):
         # wq (mt, 2) words of rows g / g+8; scl (mt, 4) = s2 g, -m2 g, s2 g+8, -m2 g+8.
-        # nibble -> fp16 1024 + q (OR into the exponent) -> q exactly -> q * s - m
+        # nibble -> fp16 1024 + q (OR into the exponent) -> q exactly -> q * s - m.
+        # Q5_K: wh (mt, 2) the rows' qh words, shifted so that bit 0 of each byte is the
+        # fifth bit of the low-nibble sub-block and bit 1 that of the high-nibble one; it
+        # goes to bit 4 of each half (bytes 0, 2 -> a0/a1; bytes 1, 3 -> a2/a3): q < 32.
         for i in range(mt):
             wg = wq[i, 0] >> sh
             w8 = wq[i, 1] >> sh
-            afr[i, 0] = hfma2(hfma2((wg & U(0x000F000F)) | MAGIC, ONE2, NEG1024), scl[i, 0], scl[i, 1])
-            afr[i, 2] = hfma2(hfma2(((wg >> U(8)) & U(0x000F000F)) | MAGIC, ONE2, NEG1024), scl[i, 0], scl[i, 1])
-            afr[i, 1] = hfma2(hfma2((w8 & U(0x000F000F)) | MAGIC, ONE2, NEG1024), scl[i, 2], scl[i, 3])
-            afr[i, 3] = hfma2(hfma2(((w8 >> U(8)) & U(0x000F000F)) | MAGIC, ONE2, NEG1024), scl[i, 2], scl[i, 3])
+            g0 = wg & U(0x000F000F)
+            g2 = (wg >> U(8)) & U(0x000F000F)
+            e0 = w8 & U(0x000F000F)
+            e2 = (w8 >> U(8)) & U(0x000F000F)
+            if Q5:
+                hg = wh[i, 0] >> (sh >> U(2))
+                h8 = wh[i, 1] >> (sh >> U(2))
+                g0 |= (hg << U(4)) & U(0x00100010)
+                g2 |= (hg >> U(4)) & U(0x00100010)
+                e0 |= (h8 << U(4)) & U(0x00100010)
+                e2 |= (h8 >> U(4)) & U(0x00100010)
+            afr[i, 0] = hfma2(hfma2(g0 | MAGIC, ONE2, NEG1024), scl[i, 0], scl[i, 1])
+            afr[i, 2] = hfma2(hfma2(g2 | MAGIC, ONE2, NEG1024), scl[i, 0], scl[i, 1])
+            afr[i, 1] = hfma2(hfma2(e0 | MAGIC, ONE2, NEG1024), scl[i, 2], scl[i, 3])
+            afr[i, 3] = hfma2(hfma2(e2 | MAGIC, ONE2, NEG1024), scl[i, 2], scl[i, 3])
 
     @_inline
     def q6k_frags(afr, wl, wh, scl, par, shl, shh):
@@ -393,22 +425,35 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
             afr[i, 3] = hfma2(hfma2(((u8 >> U(8)) & U(0x00FF00FF)) | MAGIC, ONE2, NEG1056), scl[i, 1], ZERO2)
 
     @_inline
-    def q4k_words(smem, acc, afr, wq, sc0, sc1, r0, xrow, grp):
+    def q4k_words(smem, acc, afr, wq, wh, sc0, sc1, r0, rh, half, csh, xrow, grp):
         # words of rows g, g+8 at r0 (+16 rows per m-tile): groups grp (low nibbles) and
-        # grp + 2 (high nibbles)
+        # grp + 2 (high nibbles); Q5_K: their qh words at rh, shifted right by 4 in the odd
+        # stage of a super-block (a select of constant shifts: a shift by a variable would
+        # be 64-bit) and by the literal csh
         for i in range(mt):
             wq[i, 0] = smem[r0 + U(16 * i) * uRW]
             wq[i, 1] = smem[r0 + U(16 * i + 8) * uRW]
-        q4k_frags(afr, wq, sc0, U(0))
+            if Q5:
+                h0 = smem[rh + U(16 * i) * uRW]
+                h1 = smem[rh + U(16 * i + 8) * uRW]
+                if half != U(0):
+                    h0 = h0 >> U(4)
+                    h1 = h1 >> U(4)
+                wh[i, 0] = h0 >> csh
+                wh[i, 1] = h1 >> csh
+        q4k_frags(afr, wq, wh, sc0, U(0))
         mma_group(smem, acc, afr, xrow, grp)
-        q4k_frags(afr, wq, sc1, U(4))
+        q4k_frags(afr, wq, wh, sc1, U(4))
         mma_group(smem, acc, afr, xrow, grp + U(2))
 
     @_inline
-    def q4k_chunk(smem, acc, afr, wq, sc0, sc1, rb, scb, xrow, cc):
+    def q4k_chunk(smem, acc, afr, wq, wh, sc0, sc1, rb, scb, xrow, cc, half):
         # 32-byte chunk cc of the stage: word w holds weights 4w..4w+3 of sub-block 2cc
         # (low nibbles) and of 2cc+1 (high nibbles). Lane t takes words t (weights 0-15 of
         # each sub-block: k16 groups 4cc, 4cc+2) and t+4 (16-31: groups 4cc+1, 4cc+3).
+        # Q5_K: byte l of a chunk takes its fifth bits from qh byte l (the same words t,
+        # t + 4 at raw word 20), bit 2 j / 2 j + 1 for the sub-blocks 2 j, 2 j + 1 of the
+        # super-block: j = 2 (stage parity: half) + cc, so the words shift by 4 half + 2 cc.
         for i in range(mt):
             s0 = scb + U(16 * i) * uSCW + U(4) * cc
             sc0[i, 0] = smem[s0]
@@ -419,8 +464,10 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
             sc1[i, 1] = smem[s0 + U(3)]
             sc1[i, 2] = smem[s0 + U(8) * uSCW + U(2)]
             sc1[i, 3] = smem[s0 + U(8) * uSCW + U(3)]
-        q4k_words(smem, acc, afr, wq, sc0, sc1, rb + U(8) * cc, xrow, U(4) * cc)
-        q4k_words(smem, acc, afr, wq, sc0, sc1, rb + U(8) * cc + U(4), xrow, U(4) * cc + U(1))
+        q4k_words(smem, acc, afr, wq, wh, sc0, sc1, rb + U(8) * cc, rb + U(20), half, U(2) * cc, xrow,
+                  U(4) * cc)
+        q4k_words(smem, acc, afr, wq, wh, sc0, sc1, rb + U(8) * cc + U(4), rb + U(24), half, U(2) * cc,
+                  xrow, U(4) * cc + U(1))
 
     @_inline
     def q6k_half(smem, acc, afr, wl, wh, scl, rb, scb, xrow, s):
@@ -467,8 +514,14 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
     lg_load_qs, lg_prefetch, lg_decode, lg_compute = L.make(
         fmt if LG else L.Q4_0, mt, NTH, PER_T, uRW, uSCW, uRAW_STAGE, uSC_OFF, uSC_BUF, weight_row, mma_group)
 
+    # F16 / BF16: the stage loader (the 32-weight formats' one, on the plane as bytes) and
+    # compute (for the other formats, F16's are built as stand-ins and pruned)
+    fl_load = L.make_row_loader(F.LOG2_CHUNKS, NTH, BM, uRW, weight_row)
+    fl_compute = F.make(fmt if FL else F.F16, mt, uRW if FL else U(72), uRAW_STAGE if FL else U(0),
+                        mma_group)
+
     @_inline
-    def compute_stage(smem, acc, buf, scbuf, wrow0, g, t, xrow):
+    def compute_stage(smem, acc, buf, scbuf, wrow0, g, t, xrow, half):
         # Every helper is called with literal chunk numbers, so after inlining all shared
         # memory offsets are immediates and the whole stage is straight-line code.
         rb = buf * uRAW_STAGE + (wrow0 + g) * uRW + t    # this lane's word in row g, m-tile 0
@@ -476,13 +529,17 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
         if LG:
             lg_compute(smem, acc, buf, scbuf, wrow0, g, t, xrow)
             return
+        if FL:
+            fl_compute(smem, acc, buf, wrow0, g, t, xrow)
+            return
         afr = cuda.local.array((mt, 4), uint32)
-        if fmt == Q4_K:
+        if KQ:
             wq = cuda.local.array((mt, 2), uint32)       # [m-tile][row g / g+8]
+            wh = cuda.local.array((mt, 2), uint32)       # Q5_K: qh words of rows g / g+8
             sc0 = cuda.local.array((mt, 4), uint32)      # sub-block 2cc:   s2, -m2 of g, g+8
             sc1 = cuda.local.array((mt, 4), uint32)      # sub-block 2cc+1
-            q4k_chunk(smem, acc, afr, wq, sc0, sc1, rb, scb, xrow, U(0))
-            q4k_chunk(smem, acc, afr, wq, sc0, sc1, rb, scb, xrow, U(1))
+            q4k_chunk(smem, acc, afr, wq, wh, sc0, sc1, rb, scb, xrow, U(0), half)
+            q4k_chunk(smem, acc, afr, wq, wh, sc0, sc1, rb, scb, xrow, U(1), half)
         elif fmt == Q6_K:
             wl = cuda.local.array((mt, 2, 2), uint32)    # ql words [m-tile][quarter parity][row]
             wh = cuda.local.array((mt, 2), uint32)       # qh words [m-tile][row]
@@ -593,7 +650,7 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
                 for k in range(PER_T):
                     pf[k, 0] = pfn[k, 0]
                     pf[k, 1] = pfn[k, 1]
-            else:
+            elif not FL:                                 # (F16/BF16: no scale table)
                 decode_scales(smem, st, buf, scbuf, tid, dq6)
             if fmt == Q6_K:
                 if (st & U(1)) == U(1):
@@ -601,7 +658,8 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
                         dq6[k] = dq6n[k]
             cuda.syncthreads()                           # scale table ready
             if nt_w > U(0):
-                compute_stage(smem, acc, buf, scbuf, wrow0, g, t, uX_OFF + buf * uBN * uXW + xrow_lane)
+                compute_stage(smem, acc, buf, scbuf, wrow0, g, t, uX_OFF + buf * uBN * uXW + xrow_lane,
+                              st & U(1))
             buf += U(1)
             if buf == uSTAGES:
                 buf = U(0)

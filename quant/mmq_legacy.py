@@ -63,22 +63,18 @@ NEG_OFF = {Q4_0: _f16x2(-1032.0), Q4_1: _f16x2(-1024.0), Q5_0: _f16x2(-1040.0),
 _inline = cuda.jit(device=True) if SIMULATOR else cuda.jit(device=True, forceinline=True)
 
 
-def make(fmt, mt, NTH, PER_T, uRW, uSCW, uRAW_STAGE, uSC_OFF, uSC_BUF, weight_row, mma_group):
-    """Device functions of format `fmt` for a kernel of these constants (see build_mmq_kernel):
-    (load_qs, prefetch, decode, compute)."""
-    assert fmt in LEGACY
-    LOG2 = U(QS_LOG2_CHUNKS[fmt])
-    EW = U(ENTRY_WORDS[fmt])
-    uNTH, uBM = U(NTH), U(NTH * PER_T // SC_ENTRIES)
-    has_min, has_qh, q8 = fmt in HAS_MIN, fmt in HAS_QH, fmt == Q8_0L
-    NEG = NEG_OFF[fmt]
+def make_row_loader(log2_chunks, NTH, BM, uRW, weight_row):
+    """load(smem, p0, rb, st, m0, rows_out, tid): stage st's 2^log2_chunks 16-byte chunks of
+    every staged row of the uint8 plane p0 (row bytes: p0.shape[1]) to smem words rb + lr * uRW
+    (cp.async); chunks past the row end and rows past the matrix are zero-filled. Shared by the
+    32-weight formats' qs and the float formats' weights (mmq_float.py)."""
+    LOG2 = U(log2_chunks)
+    uNTH, uBM = U(NTH), U(BM)
 
     @_inline
     def load_qs(smem, p0, rb, st, m0, rows_out, tid):
-        """This stage's qs chunks of every staged row (cp.async); chunks past the row end and
-        rows past the matrix are zero-filled."""
         row_bytes = uint32(p0.shape[1])
-        col0 = st << (LOG2 + U(4))                       # byte of the stage in the qs row
+        col0 = st << (LOG2 + U(4))                       # byte of the stage in the plane row
         c = tid
         while c < (uBM << LOG2):
             lr = c >> LOG2
@@ -92,6 +88,20 @@ def make(fmt, mt, NTH, PER_T, uRW, uSCW, uRAW_STAGE, uSC_OFF, uSC_BUF, weight_ro
                 nbytes = U(0)
             cp_async16_zfill(smem, rb + lr * uRW + part * U(4), p0, (row, col), nbytes)
             c += uNTH
+
+    return load_qs
+
+
+def make(fmt, mt, NTH, PER_T, uRW, uSCW, uRAW_STAGE, uSC_OFF, uSC_BUF, weight_row, mma_group):
+    """Device functions of format `fmt` for a kernel of these constants (see build_mmq_kernel):
+    (load_qs, prefetch, decode, compute)."""
+    assert fmt in LEGACY
+    EW = U(ENTRY_WORDS[fmt])
+    uNTH = U(NTH)
+    has_min, has_qh, q8 = fmt in HAS_MIN, fmt in HAS_QH, fmt == Q8_0L
+    NEG = NEG_OFF[fmt]
+
+    load_qs = make_row_loader(QS_LOG2_CHUNKS[fmt], NTH, NTH * PER_T // SC_ENTRIES, uRW, weight_row)
 
     @_inline
     def prefetch(p1, p2, pf, st, m0, rows_out, tid):

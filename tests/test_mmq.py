@@ -262,7 +262,7 @@ def test_format_routing_and_k_multiples():
 def test_launcher_refuses_what_it_cannot_do():
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="not supported"):
-        mmq.plan("Q5_K", 256, 256, 8)
+        mmq.plan("F32", 256, 256, 8)
     with pytest.raises(ValueError, match="multiple of 256"):
         mmq.plan("Q4_K", 256, 320, 8)
     with pytest.raises(ValueError, match="mode"):
