@@ -38,6 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from serve_proc import FIXTURE, ServerProcess, write_report  # noqa: E402
 
 SLOPE_LIMIT_KB = 10.0
+# Worker pools keep a few threads once a phase of many clients has needed them (anyio's worker
+# threads are pruned only when the next call comes). Two 5,000-request CPU soaks (2026-12-03)
+# ended 1 thread above the start, after the same idle wait; a leak (a thread per request, per
+# disconnect) would end hundreds above it.
+THREAD_POOL_SLACK = 4
 USERS = ["Turn on the kitchen light", "What is the weather like tomorrow?", "Set a timer for ten minutes",
          "Tell me a joke about cats", "Écris une phrase en français, s'il te plaît ✨", "Dim the lights to 30%"]
 SYSTEM = "You are a helpful home assistant. Answer briefly."
@@ -288,7 +293,7 @@ def run_soak(model: Path, n_requests: int, levels: list[int], disconnect: float,
         "no_failed_requests": sum(soak.failures.values()) == 0,
         "memory_slope_below_10kb_per_request": slope is not None and slope < SLOPE_LIMIT_KB,
         "no_descriptor_growth": fd_growth <= 0,
-        "no_thread_growth": thread_growth <= 0,
+        "no_thread_leak": thread_growth <= THREAD_POOL_SLACK,
         "greedy_same_before_and_after": greedy_before == greedy_after,
         "log_clean": not problems,
         "sigterm_exit_0": rc == 0,
