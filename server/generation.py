@@ -11,6 +11,11 @@ response ends - done, client gone, shutdown - the job is cancelled if it is stil
 
 /completion with several prompts (an array of prompts) runs them one after another and answers
 an array of results (not streamed), as llama-server answers a batch.
+
+`n` (or llama-server's `n_cmpl`) > 1: one job whose engine run prefills the prompt once and
+writes the choices one after another (engine/engine.py); every event carries its choice's
+index. Streamed, each choice's chunks end with its own finish chunk before the next choice
+starts; usage and timings at the end cover them all (the prompt counted once).
 """
 from __future__ import annotations
 
@@ -56,15 +61,17 @@ def _sse_error(exc: BaseException) -> bytes:
     return sse({"error": api_error(exc).error_object()})
 
 
-async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done, done_marker: bool = True):
+async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done, done_marker: bool = True,
+               n: int = 1):
     """SSE bytes for one job: the prelude chunks, `on_text(delta)` chunks per Delta, then
-    `on_done(result)` chunks and [DONE] (unless done_marker is False: llama-server's native
-    /completion sends none) - or an error chunk, or nothing once the client left."""
+    `on_done(done_event)` chunks at the end of each of its n choices and [DONE] (unless
+    done_marker is False: llama-server's native /completion sends none) - or an error chunk,
+    or nothing once the client left."""
     try:
         for chunk in prelude:
             yield sse(chunk)
-        async for ev in jobs.events(stream, event):
-            chunks = on_done(ev.result) if hasattr(ev, "result") else on_text(ev)
+        async for ev in jobs.events(stream, event, n):
+            chunks = on_done(ev) if hasattr(ev, "result") else on_text(ev)
             for chunk in chunks:
                 yield sse(chunk)
         if done_marker:
@@ -79,24 +86,45 @@ async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done, 
         stream.close()
 
 
+def _chat_stream(chat: jobs.ChatJob, fmt: ChatFormatter, st: ServerState) -> SSEResponse:
+    """chat.completion.chunk events: per choice (its `index`) a role chunk, its deltas and its
+    finish chunk, one choice after another; then usage (when asked) covering every choice."""
+    n, include_usage = chat.req.gen.n, chat.req.gen.include_usage
+    started, results = {0}, []
+
+    def opening(index: int) -> list[dict]:
+        if index in started:
+            return []
+        started.add(index)
+        return [fmt.first_chunk(index)]
+
+    def text(ev) -> list[dict]:
+        return opening(ev.index) + fmt.text_chunks(ev.text, ev.probs, ev.index)
+
+    def done(ev) -> list[dict]:
+        chunks, has_calls = fmt.finish_chunks(ev.result, ev.index)
+        jobs._count_tool_calls(st, ev.result, has_calls)
+        results.append(ev.result)
+        chunks = opening(ev.index) + chunks
+        return fmt.end_chunks(chunks, results, include_usage) if len(results) == n else chunks
+    return SSEResponse(_sse(chat.stream, chat.event, [fmt.first_chunk()], text, done, n=n))
+
+
 @endpoint
 async def chat_completions(request: Request, st: ServerState) -> Response:
     chat = await jobs.start_chat(request, st)
     fmt = ChatFormatter(st.model_name, FINGERPRINT, chat.output, st.engine.tokenizer)
-    include_usage = chat.req.gen.include_usage
     if chat.req.gen.stream:
-        def done(result) -> list[dict]:
-            chunks, has_calls = fmt.final_chunks(result, include_usage)
-            jobs._count_tool_calls(st, result, has_calls)
-            return chunks
-        return SSEResponse(_sse(chat.stream, chat.event, [fmt.first_chunk()],
-                                lambda ev: fmt.text_chunks(ev.text, ev.probs), done))
-    generated, _, result = await jobs.collect(chat.stream, chat.event)
-    chat.output.text = chat.forced + generated
-    response, has_calls = fmt.response(result)
-    jobs._count_tool_calls(st, result, has_calls)
+        return _chat_stream(chat, fmt, st)
+    choices = await jobs.collect_choices(chat.stream, chat.event, chat.req.gen.n)
+    for index, (generated, _, _) in enumerate(choices):
+        fmt.output_of(index).text = chat.forced + generated
+    results = [result for _, _, result in choices]
+    response, calls = fmt.response(results)
+    for result, has_calls in zip(results, calls):
+        jobs._count_tool_calls(st, result, has_calls)
     if st.settings.verbose or chat.req.verbose:   # llama-server's --verbose / "verbose": what the model got
-        response["__verbose"] = {"prompt": chat.prompt_text, "content": generated}
+        response["__verbose"] = {"prompt": chat.prompt_text, "content": choices[0][0]}
     return JSONResp(response)
 
 
@@ -143,6 +171,7 @@ async def _completion(request: Request, st: ServerState, native: bool) -> Respon
     del body
     if req.batch is not None:
         return await _completion_batch(request, st, req, native)
+    n = req.gen.n
     prompt = await _prompt_ids(st, req.prompt)
     stream = jobs.start_job(request, st, req.gen, prompt)
     event = await jobs.first_event(stream)
@@ -150,23 +179,33 @@ async def _completion(request: Request, st: ServerState, native: bool) -> Respon
         nfmt = NativeCompletionFormatter(st, req, prompt)
         if req.gen.stream:
             return SSEResponse(_sse(stream, event, [], lambda ev: [nfmt.text_chunk(ev)] if ev.text or ev.tokens else [],
-                                    lambda result: [nfmt.response("", [], result)], done_marker=False))
-        text, tokens, result = await jobs.collect(stream, event)
-        return JSONResp(select_fields(nfmt.response(text, tokens, result), req.response_fields))
+                                    lambda ev: [nfmt.response("", [], ev.result, ev.index)], done_marker=False,
+                                    n=n))
+        choices = await jobs.collect_choices(stream, event, n)
+        objs = [select_fields(nfmt.response(text, tokens, result, index), req.response_fields)
+                for index, (text, tokens, result) in enumerate(choices)]
+        return JSONResp(objs[0] if n == 1 else objs)    # llama-server: an array for n_cmpl > 1
     fmt = CompletionFormatter(st.model_name, FINGERPRINT, st.engine.tokenizer)
     if req.gen.stream:
-        return SSEResponse(_sse(stream, event, [], lambda ev: [fmt.text_chunk(ev.text, ev.probs)]
-                                if ev.text or ev.probs else [],
-                                lambda result: fmt.final_chunks(result, req.gen.include_usage)))
-    text, _, result = await jobs.collect(stream, event)
-    return JSONResp(fmt.response(text, result))
+        results = []
+
+        def done(ev) -> list[dict]:
+            results.append(ev.result)
+            chunks = [fmt.finish_chunk(ev.result, ev.index)]
+            return fmt.end_chunks(chunks, results, req.gen.include_usage) if len(results) == n else chunks
+        return SSEResponse(_sse(stream, event, [], lambda ev: [fmt.text_chunk(ev.text, ev.probs, ev.index)]
+                                if ev.text or ev.probs else [], done, n=n))
+    choices = await jobs.collect_choices(stream, event, n)
+    return JSONResp(fmt.response([(text, result) for text, _, result in choices]))
 
 
 async def _completion_batch(request: Request, st: ServerState, req, native: bool) -> Response:
-    """Several prompts: run one after another, answer the list (llama-server's batch answer)."""
+    """Several prompts: run one after another, answer the list (llama-server's batch answer);
+    with n choices each, prompt k's choice j has index k * n + j, as llama-server numbers them."""
     if req.gen.stream:
         raise ApiError(400, "'prompt' with several prompts cannot be streamed here; send one prompt per "
                             "request to stream")
+    n = req.gen.n
     results = []
     fmt = CompletionFormatter(st.model_name, FINGERPRINT, st.engine.tokenizer)
     choices = []
@@ -174,13 +213,15 @@ async def _completion_batch(request: Request, st: ServerState, req, native: bool
         prompt = await _prompt_ids(st, one)
         stream = jobs.start_job(request, st, req.gen, prompt)
         event = await jobs.first_event(stream)
-        text, tokens, result = await jobs.collect(stream, event)
+        outs = await jobs.collect_choices(stream, event, n)
         if native:
             single = schemas.CompletionRequest(gen=req.gen, prompt=one, return_tokens=req.return_tokens)
-            results.append({**NativeCompletionFormatter(st, single, prompt).response(text, tokens, result), "index": k})
+            nfmt = NativeCompletionFormatter(st, single, prompt)
+            results += [{**nfmt.response(text, tokens, result), "index": k * n + j}
+                        for j, (text, tokens, result) in enumerate(outs)]
         else:
-            obj = fmt.response(text, result)
-            choices.append({**obj["choices"][0], "index": k})
+            obj = fmt.response([(text, result) for text, _, result in outs])
+            choices += [{**choice, "index": k * n + j} for j, choice in enumerate(obj["choices"])]
             results.append(obj)
     if native:
         return JSONResp(results)

@@ -94,7 +94,7 @@ def start_job(request: Request, st: ServerState, gen: schemas.GenerationFields, 
                                 ignore_eos=gen.ignore_eos, conversation_id=gen.conversation_id,
                                 constraint=constraint if constraint is not None else gen.constraint,
                                 n_probs=gen.n_probs, logprobs=gen.logprobs,
-                                post_sampling_probs=gen.post_sampling_probs),
+                                post_sampling_probs=gen.post_sampling_probs, n=gen.n),
               asyncio.get_running_loop())
     try:
         st.worker.submit(job)
@@ -123,8 +123,10 @@ async def first_event(stream: JobStream):
     return event
 
 
-async def events(stream: JobStream, event) -> AsyncIterator:
-    """Delta events, then the Done; ApiError for a failure, a cancelled run or a disconnect."""
+async def events(stream: JobStream, event, n: int = 1) -> AsyncIterator:
+    """Delta events, then the Done - of each of the job's n choices in turn (each event's
+    `index`); ApiError for a failure, a cancelled run or a disconnect."""
+    done = 0
     try:
         while True:
             if isinstance(event, Delta):
@@ -133,7 +135,9 @@ async def events(stream: JobStream, event) -> AsyncIterator:
                 if event.result.finish_reason == "cancelled":  # server shutdown
                     raise ApiError(503, "the generation was cancelled: the server is shutting down")
                 yield event
-                return
+                done += 1
+                if done == n:
+                    return
             elif event is DISCONNECTED:
                 raise ApiError(499, "client disconnected")
             elif isinstance(event, BaseException):
@@ -145,15 +149,23 @@ async def events(stream: JobStream, event) -> AsyncIterator:
 
 async def collect(stream: JobStream, event) -> tuple[str, list[int], Any]:
     """All text and token ids of a non-streamed job, and its result."""
-    pieces: list[str] = []
-    tokens: list[int] = []
-    async for ev in events(stream, event):
+    return (await collect_choices(stream, event, 1))[0]
+
+
+async def collect_choices(stream: JobStream, event, n: int) -> list[tuple[str, list[int], Any]]:
+    """(text, token ids, result) of each of a non-streamed job's n choices."""
+    pieces: list[list[str]] = [[] for _ in range(n)]
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    out = []
+    async for ev in events(stream, event, n):
         if isinstance(ev, Delta):
-            pieces.append(ev.text)
-            tokens += ev.tokens
+            pieces[ev.index].append(ev.text)
+            tokens[ev.index] += ev.tokens
         else:
-            return "".join(pieces), tokens, ev.result
-    raise ApiError(500, "the generation ended without a result")
+            out.append(("".join(pieces[ev.index]), tokens[ev.index], ev.result))
+    if len(out) != n:
+        raise ApiError(500, "the generation ended without a result")
+    return out
 
 
 # --- chat ------------------------------------------------------------------------------------------
@@ -247,7 +259,7 @@ async def start_chat(request: Request, st: ServerState, body: dict | None = None
     check_prompt(prompt, engine.n_ctx)
     output = ChatOutput(parse_reasoning=req.parse_reasoning, think_open=prompt_opens_thinking(text),
                         parse_tools=req.tools is not None)
-    output.text = forced        # the reply is parsed with its forced start (held back until parsed)
+    output.start = output.text = forced  # the reply is parsed with its forced start (held back until parsed)
     gen = req.gen
     if engine.template.stop_strings:   # the plain fallback's next "User:" line ends the reply
         gen = replace(gen, stop=list(gen.stop) + [s for s in engine.template.stop_strings

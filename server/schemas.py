@@ -21,7 +21,7 @@ What it deliberately does not do
   content types, tool calls with JSON arguments) so those messages are bounded; tools are
   checked by engine/chat.py's `validate_tools`, whatever `tool_choice` says.
 - Output constraints and logprobs: server/constraints.py reads them into GenerationFields.
-- Honour fields that need machinery this engine lacks (n > 1, echo, suffix): they are refused
+- Honour fields that need machinery this engine lacks (echo, suffix, best_of > 1): they are refused
   with a 400 saying so, rather than silently ignored. Unknown fields are ignored, as llama-server ignores them.
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ MAX_INT32 = (1 << 31) - 1
 MAX_STOP_STRINGS = 64          # per request, after dropping empty strings
 MAX_STOP_CHARS = 512           # per stop string
 MAX_LOGIT_BIAS_ABS = 1e9       # |bias|; `false` means "ban" (-inf)
+MAX_CHOICES = 16              # n / n_cmpl: replies are generated one after another
 MAX_LOGIT_BIAS = 4096          # entries (after text keys are tokenized); the sampler loops over them
 RANDOM_SEED = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: "pick one at random"
 REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
@@ -209,10 +210,12 @@ def parse_conversation_id(body: dict) -> str | None:
     return cid
 
 
-def _refuse_unsupported(body: dict) -> None:
-    n = get_int(body, "n", 1, 1, MAX_INT32)
-    if n != 1:
-        raise bad_request("'n' must be 1: this server generates one choice per request")
+def parse_n(body: dict) -> int:
+    """Choices per prompt: OpenAI's `n`, llama-server's `n_cmpl` (which wins), 1 .. MAX_CHOICES.
+    The engine writes them one after another from one prefill, so each costs a whole reply's
+    time on a device that decodes one sequence: hence the bound, far below OpenAI's 128."""
+    n = get_int(body, "n", 1, 1, MAX_CHOICES)
+    return get_int(body, "n_cmpl", n, 1, MAX_CHOICES)
 
 
 # --- requests -------------------------------------------------------------------------------------
@@ -231,6 +234,7 @@ class GenerationFields:
     logprobs: bool = False
     n_probs: int = 0
     post_sampling_probs: bool = False
+    n: int = 1                             # choices (replies to the one prompt)
 
 
 @dataclass
@@ -269,7 +273,6 @@ def parse_generation(body: dict, vocab_size: int, tokenize: Callable[[str], list
     the server was started with (--temp, --seed, -n, ...). The constrained-decoding fields
     (response_format, grammar, json_schema) and logprobs are read by server/constraints.py."""
     from .constraints import parse_output, parse_probs
-    _refuse_unsupported(body)
     d, d_top_k, server_n_predict = _default_params(defaults)
     get_str(body, "model", None)  # any model name is accepted (one model per server), but it is a string
     max_tokens = get_int(body, "max_tokens", -1, -1, MAX_INT32)
@@ -309,7 +312,7 @@ def parse_generation(body: dict, vocab_size: int, tokenize: Callable[[str], list
                             stream=stream, include_usage=include_usage,
                             conversation_id=parse_conversation_id(body), constraint=constraint,
                             response_schema=schema, logprobs=logprobs, n_probs=n_probs,
-                            post_sampling_probs=post)
+                            post_sampling_probs=post, n=parse_n(body))
 
 
 def parse_tool_choice(body: dict, tools: list | None) -> bool | str | None:
