@@ -188,10 +188,6 @@ class ChatFormatter:
         self.tokenizer = tokenizer        # for logprobs (token texts)
         self._pending_probs: dict[int, list] = {}   # per choice: probabilities of held-back text
 
-    @property
-    def output(self) -> ChatOutput:
-        return self.outputs[0]
-
     def output_of(self, index: int) -> ChatOutput:
         while len(self.outputs) <= index:
             self.outputs.append(self.outputs[0].fresh())
@@ -241,15 +237,9 @@ class ChatFormatter:
         chunks[-1]["timings"] = timings(total)
         return chunks
 
-    def final_chunks(self, result, include_usage: bool) -> tuple[list[dict], bool]:
-        """One choice's end: remaining deltas, the finish chunk, the usage chunk, timings."""
-        chunks, has_calls = self.finish_chunks(result)
-        return self.end_chunks(chunks, [result], include_usage), has_calls
-
-    def response(self, results) -> tuple[dict, list[bool]]:
-        """The chat.completion of choices whose outputs hold their whole text; whether each
-        calls tools. `results`: one result per choice (a single result: one choice)."""
-        results = results if isinstance(results, list) else [results]
+    def response(self, results: list) -> tuple[dict, list[bool]]:
+        """The chat.completion of the choices (one result each, in index order) whose outputs
+        hold their whole text; whether each calls tools."""
         choices, calls = [], []
         for index, result in enumerate(results):
             msg, has_calls = self.output_of(index).message()
@@ -307,12 +297,8 @@ class CompletionFormatter:
         chunks[-1]["timings"] = timings(total)
         return chunks
 
-    def final_chunks(self, result, include_usage: bool) -> list[dict]:
-        return self.end_chunks([self.finish_chunk(result)], [result], include_usage)
-
-    def response(self, text, result=None) -> dict:
-        """The text_completion of one choice (text, result) or of several ([(text, result)...])."""
-        pairs = [(text, result)] if result is not None else text
+    def response(self, pairs: list) -> dict:
+        """The text_completion of the choices [(text, result), ...] (index: their order)."""
         self._offsets = {}
         choices = [self._choice(t, finish_reason(r, False), r.probs, i) for i, (t, r) in enumerate(pairs)]
         total = merge_results([r for _, r in pairs])
