@@ -5,12 +5,16 @@ first token from the logits it left; choice i uses seed + i, so it is the reply 
 request with seed + i gets from the same (cold) cache; at temperature 0 all choices are the
 same; constraints hold in every choice; chunks carry their choice's index and each choice
 ends with its own finish chunk; usage counts the prompt once and the generated tokens of
-all; a disconnect cancels the choices not written yet.
+all; a disconnect cancels the choices not written yet. The engine's sliding-window ring
+restore (the CUDA back-end's Gemma 3 layers) is checked here on a CPU back-end that emulates
+a ring; tests/test_cuda_archs.py checks it on the device (marker gpu).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
+from types import SimpleNamespace
 
 import httpx
 import openai
@@ -117,6 +121,54 @@ def test_the_prompt_is_prefilled_once_and_choice_i_is_seed_plus_i(engine):
     singles = [run(engine, prompt, 1, seed=40 + i)[0][0] for i in range(3)]
     assert texts == singles and len(set(texts)) > 1
     assert run(engine, prompt, 2, seed=40)[0] == texts[:2]     # n does not change a choice
+
+
+class RingBackend(CountingBackend):
+    """The CPU back-end as if layer 0 were a sliding-window ring of R slots (as the CUDA back-end
+    keeps Gemma 3's windowed layers): writing position p overwrites p - R, here with values large
+    enough to change every later reply that reads them. The engine must put the prompt's
+    positions back (export_window / import_window, as it does on the device) between choices."""
+
+    def __init__(self, backend, ring: int):
+        super().__init__(backend)
+        self.ring = ring
+        pool = backend.kv
+        slots = tuple(ring if i == 0 else pool.shape.n_ctx for i in range(pool.shape.n_layers))
+        self.kv = SimpleNamespace(shape=dataclasses.replace(pool.shape, slots=slots),
+                                  export_window=pool.export_window, import_window=pool.import_window)
+        self.imported: list[tuple[int, int]] = []
+
+    def ring_first(self, end):
+        return max(0, end - self.ring)
+
+    def kv_imported(self, first, end):
+        self.imported.append((first, end))
+
+    def decode_tokens(self, token, pos, sampler, history):
+        while True:
+            if pos >= self.ring:
+                self._backend.kv.k[0, pos - self.ring] = 30.0
+                self._backend.kv.v[0, pos - self.ring] = 30.0
+            token = self._backend.decode_sample(token, pos, sampler, history)
+            pos += 1
+            yield token
+
+
+def test_sliding_window_rings_are_put_back_between_choices(engine, monkeypatch, request):
+    # the pool ends up holding scribbles: nothing in it may be reused after this test
+    request.addfinalizer(lambda: setattr(engine, "kv_tokens", []))
+    prompt = engine.chat_prompt(ASK)
+    ring = RingBackend(engine.backend, 8)
+    monkeypatch.setattr(engine, "backend", ring)
+    texts, _ = run(engine, prompt, 3, seed=60, max_tokens=16)
+    assert ring.prefills == [(0, len(prompt))]
+    assert ring.imported == [(len(prompt) - 8, len(prompt))] * 2
+    singles = [run(engine, prompt, 1, seed=60 + i, max_tokens=16)[0][0] for i in range(3)]
+    assert texts == singles
+    # the check above can fail: without the rings put back, the later choices read the scribbles
+    monkeypatch.setattr(engine, "_ring_restore", lambda snapshot, end: None)
+    broken, _ = run(engine, prompt, 3, seed=60, max_tokens=16)
+    assert broken[0] == singles[0] and broken[1:] != singles[1:]
 
 
 def test_a_cancel_between_choices_ends_with_a_cancelled_done(engine):
