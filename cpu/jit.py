@@ -37,6 +37,7 @@ results).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -170,4 +171,42 @@ def cache_dir() -> str | None:
     return None if loc is None else loc.get_cache_path()
 
 
-__all__ = ["kernel", "sources_hash", "cache_dir", "PACKAGE_DIR"]
+def cache_is_empty() -> bool:
+    """True when no kernel of this package is in the disk cache yet (a first use: every
+    kernel a model runs compiles, minutes on a small machine), or there is no cache."""
+    folder = cache_dir()
+    return not folder or not any(Path(folder).glob("*.nbi"))
+
+
+@contextlib.contextmanager
+def watch_compiles(on_compiled=None):
+    """Within the block, call on_compiled(name) as each function finishes compiling, and
+    yield the list of their names. Counts numba's "numba:compile" events at the outermost
+    level (a kernel's helpers compile inside it); a load from the disk cache is no compile.
+    Without numba's event API (numba.core.event, numba >= 0.53) it reports nothing."""
+    names: list[str] = []
+    try:
+        from numba.core import event
+    except ImportError:
+        yield names
+        return
+    depth = [0]
+
+    class Listener(event.Listener):
+        def on_start(self, ev):
+            depth[0] += 1
+
+        def on_end(self, ev):
+            depth[0] -= 1
+            if depth[0] == 0:
+                disp = (ev.data or {}).get("dispatcher")
+                name = getattr(getattr(disp, "py_func", None), "__name__", "?")
+                names.append(name)
+                if on_compiled is not None:
+                    on_compiled(name)
+
+    with event.install_listener("numba:compile", Listener()):
+        yield names
+
+
+__all__ = ["kernel", "sources_hash", "cache_dir", "cache_is_empty", "watch_compiles", "PACKAGE_DIR"]

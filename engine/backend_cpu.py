@@ -29,8 +29,10 @@ from .models import architecture
 from .models.ops import attn_layers, scratch_widths
 from .models.reference import ReferenceOps
 from .models.weights import bind_weights, check_tensors
+from .progress import NO_PROGRESS, Progress
 from .sampling import Sampler
 
+PAGE_BYTES = 4096
 DEFAULT_RESERVE = 512 << 20
 INTERPRETER_OVERHEAD = 256 << 20
 
@@ -62,22 +64,46 @@ def cpu_budget(g: GGUFFile, cfg: ModelConfig, kv_dtype: str, prefill_chunk: int,
     )
 
 
-def reference_weights(g: GGUFFile, cfg: ModelConfig, dtype=np.float32):
+def _read_weights(g: GGUFFile, cfg: ModelConfig, bind, progress: Progress):
+    """bind_weights as the step "reading weights": bytes of the file, tensor by tensor."""
+    tensors = check_tensors(g, cfg)
+    progress.start("reading weights", sum(t.nbytes for t in tensors.values()), "B")
+
+    def each(t):
+        value = bind(t)
+        progress.advance(t.nbytes)
+        return value
+    weights = bind_weights(g, cfg, each, tensors=tensors)
+    progress.done()
+    return weights
+
+
+def reference_weights(g: GGUFFile, cfg: ModelConfig, dtype=np.float32, progress: Progress = NO_PROGRESS):
     """Every tensor dequantized to `dtype` (the tied output is the embedding array itself)."""
     def bind(t):
         return dequantize(t.data, t.qtype, t.shape).astype(dtype, copy=False)
-    return bind_weights(g, cfg, bind)
+    return _read_weights(g, cfg, bind, progress)
 
 
-def fast_weights(g: GGUFFile, cfg: ModelConfig):
-    """Matrices as CPUWeight views of the mapped file; 1-D tensors as float32 arrays."""
+def _touch_pages(data: np.ndarray) -> None:
+    """Read one byte of every page of a mapped tensor: the file is read now, at load, not
+    during the first prompt (the kernels would fault in the same pages)."""
+    if data.size:
+        data[::PAGE_BYTES].max()
+
+
+def fast_weights(g: GGUFFile, cfg: ModelConfig, progress: Progress = NO_PROGRESS):
+    """Matrices as CPUWeight views of the mapped file (its pages read once, here); 1-D
+    tensors as float32 arrays."""
     from genie_rt.cpu.weights import CPUWeight
 
     def bind(t):
         if len(t.shape) == 2:
-            return CPUWeight.from_tensor(t)
+            w = CPUWeight.from_tensor(t)
+            _touch_pages(w.data)
+            return w
         return np.ascontiguousarray(dequantize(t.data, t.qtype, t.shape), np.float32)
-    return bind_weights(g, cfg, bind)
+    return _read_weights(g, cfg, bind, progress)
 
 
 def forward(w, cfg: ModelConfig, tokens, start: int, kv, all_logits=False,
@@ -107,21 +133,48 @@ class CPUBackend:
 
     def __init__(self, g: GGUFFile, cfg: ModelConfig, n_ctx: int, kv_dtype: str = "f32",
                  prefill_chunk: int = 512, dtype=np.float32, exact: bool = False,
-                 threads: int | None = None):
+                 threads: int | None = None, progress: Progress = NO_PROGRESS):
         self.cfg = cfg
         self.n_ctx = n_ctx
         self.prefill_chunk = prefill_chunk
         self.dtype = dtype
         self.exact = exact
         if exact:
-            self.weights, self._ops = reference_weights(g, cfg, dtype), None
+            self.weights, self._ops = reference_weights(g, cfg, dtype, progress), None
         else:
             from genie_rt.cpu.threads import set_threads
 
             from .cpu_ops import CPUOps
             self.threads = set_threads(threads)
-            self.weights, self._ops, self.dtype = fast_weights(g, cfg), CPUOps, np.float32
+            self.weights, self._ops, self.dtype = fast_weights(g, cfg, progress), CPUOps, np.float32
         self.kv = HostKVPool(KVShape(cfg.n_layers, n_ctx, cfg.n_head_kv, cfg.head_dim, kv_dtype))
+
+    def warm_up(self, progress: Progress = NO_PROGRESS) -> None:
+        """Compile every Numba kernel this model runs (or load it from the disk cache,
+        cpu/jit.py) now, by a 2-token prefill and one decode step, so that the first prompt
+        does not wait for the compiler; the KV positions written are zeroed again. One
+        progress step, advanced per kernel compiled. Nothing to do for the reference ops."""
+        if self.exact:
+            return
+        from genie_rt.cpu.jit import cache_dir, cache_is_empty, watch_compiles
+        first_use = cache_is_empty()
+        progress.start("compiling CPU kernels", None, "compiled",
+                       detail="first use: minutes on a small machine, once" if first_use else "")
+        n = min(2, self.n_ctx)
+        with watch_compiles(lambda name: progress.advance(1, name)) as compiled:
+            self.prefill(np.zeros(n, np.int32), 0)
+            if n < self.n_ctx:
+                self.decode(0, n)
+        for a in (self.kv.k, self.kv.v, getattr(self.kv, "k_scale", None), getattr(self.kv, "v_scale", None)):
+            if a is not None:
+                a[:, :n + 1] = 0
+        folder = cache_dir()
+        if not compiled:
+            detail = "every kernel loaded from the disk cache"
+        else:
+            detail = (f"cached in {folder}: later starts load them" if folder else
+                      "no writable cache folder: every run compiles")
+        progress.done(detail)
 
     def device_info(self) -> dict:
         if self.exact:

@@ -35,13 +35,14 @@ from . import cuda_layout
 from .arena import Arena
 from .config import EngineConfig, ModelConfig
 from .cuda_constrained import ConstrainedSteps
-from .cuda_layout import BUCKETS, MAX_BIAS, cuda_budget, is_integrated, plan_layout, rope_keys  # noqa: F401
+from .cuda_layout import BUCKETS, MAX_BIAS, is_integrated, plan_layout, rope_keys
 from .device_state import N_SLOTS, S_LAST, S_POS, S_TOKEN
 from .gguf_file import GGUFFile
 from .h2d import pinned_like, upload
 from .memory import MemoryPlan
 from .models import architecture
 from .models.ops import AttnLayer, attn_layers, scratch_widths
+from .progress import NO_PROGRESS, Progress
 
 log = logging.getLogger("genie_rt.cuda")
 
@@ -61,7 +62,7 @@ class CUDABackend(ConstrainedSteps):
     name = "cuda"
 
     def __init__(self, g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, plan: MemoryPlan,
-                 use_graphs: bool | None = None, warm: bool = True):
+                 use_graphs: bool | None = None, warm: bool = True, progress: Progress = NO_PROGRESS):
         from numba import cuda
 
         from genie_rt.engine import gpu_sampling
@@ -83,7 +84,7 @@ class CUDABackend(ConstrainedSteps):
         self.arena = A = Arena(lay.layout, mapped=self.mapped)
         self.integrated = is_integrated(cuda_layout.device())
         # weights in host memory (integrated GPU, or mapped): the file's pages are dropped behind them
-        cuda_weights.upload(A, lay, g, self.stream, self.integrated or self.mapped)
+        cuda_weights.upload(A, lay, g, self.stream, self.integrated or self.mapped, progress)
         self.weights, self.stacks = cuda_weights.bind(A, lay, g, cfg, ecfg.gemv_mode)
         self.attn = attn_layers(cfg, self.weights.layers, self.weights.rope_freqs)
         self._upload_rope_tables()
@@ -114,11 +115,12 @@ class CUDABackend(ConstrainedSteps):
         self._prefill_scratch = {}
         self._req = _Request()
         self._graphs: dict = {}
+        self.capture_stats: dict[str, list] = {}   # graph kind -> [count, first-run s, capture s, nodes]
         self.stream.synchronize()
         self.load_seconds = time.perf_counter() - t0
         self.compile_seconds = 0.0
         if warm and not self.simulator:
-            self.warm_up()
+            self.warm_up(progress)
 
     # -- load helpers --------------------------------------------------------------------
     def _matrices(self):
@@ -165,10 +167,10 @@ class CUDABackend(ConstrainedSteps):
 
     def _record_sample(self, sample: str | None, masked: bool = False, advance: bool = False) -> None:
         """Sampling of the logits (after the grammar mask in sws.mask when `masked`)."""
-        from genie_rt.engine import gpu_sampling
+        from genie_rt.engine import gpu_mask, gpu_sampling
         logits = self.arena["logits"].reshape(self.cfg.vocab_size)
         if masked:
-            gpu_sampling.apply_mask(self.sws, logits, stream=self.stream)
+            gpu_mask.apply_mask(self.sws, logits, stream=self.stream)
         self._record_draw(logits, sample)
         if advance:
             gpu_sampling.advance_state(self.state, stream=self.stream)
@@ -211,35 +213,94 @@ class CUDABackend(ConstrainedSteps):
         graph = self._graphs.get(key)
         if graph is None:
             from .cuda_graph import CUDAGraph
+            t0 = time.perf_counter()
             record()                      # this step's work (and any compilation) ...
             self.stream.synchronize()
+            t1 = time.perf_counter()
             graph = CUDAGraph(self.stream)
             with graph.capture():         # ... then recorded, not executed again
                 record()
             self._graphs[key] = graph
+            st = self.capture_stats.setdefault(key[0], [0, 0.0, 0.0, 0])
+            st[0] += 1
+            st[1] += t1 - t0
+            st[2] += time.perf_counter() - t1
+            st[3] += graph.n_nodes
             return
         graph.replay()
 
-    def warm_up(self) -> None:
-        """Compile every kernel and capture the decode graphs and prefill buckets now."""
+    def _capture_only(self, key, record) -> bool:
+        """Capture `record` without running it first (warm-up only: nothing needs the work
+        done). Only safe when every kernel it launches is compiled and its buffers exist: a
+        compile or a cache load during the capture (the kernel cache's lookup counter moves)
+        or any error discards the graph, and the caller takes the ordinary path."""
+        from .cuda_graph import CUDAGraph
+        from .kernel_store import STATS
+        before, t0 = STATS.lookups, time.perf_counter()
+        graph = CUDAGraph(self.stream)
+        try:
+            with graph.capture():
+                record()
+        except Exception as exc:          # noqa: BLE001 - any failure: the ordinary path
+            log.debug("capture of %s without a first run failed (%s): running it first", key, exc)
+            graph.close()
+            self.stream.synchronize()
+            return False
+        if STATS.lookups != before:
+            graph.close()
+            return False
+        self._graphs[key] = graph
+        st = self.capture_stats.setdefault(key[0], [0, 0.0, 0.0, 0])
+        st[0] += 1
+        st[2] += time.perf_counter() - t0
+        st[3] += graph.n_nodes
+        return True
+
+    def warm_up(self, progress: Progress = NO_PROGRESS) -> None:
+        """Compile every kernel and capture the decode graphs and prefill buckets now: one
+        progress step, advanced per sequence (its kernels compiled or loaded from the kernel
+        cache, then its graph captured).
+
+        A bucket's first key runs once uncaptured (compiling its kernels, making its scratch)
+        and is then captured; its other keys (more attention splits: the same kernels, other
+        grids) are captured directly. With every kernel in the kernel cache, a warm start of
+        the 4B on the H200 (2026-12-03, tools/bench_start.py, 38 prefill graphs of 22,828
+        nodes) spent 9.7 of its 15.4 s here: the first runs of the 8 buckets 1.9 s, the 38
+        captures 6.7 s - the graphs' count and size, not compiling, set a warm start now."""
         t0 = time.perf_counter()
-        for n, splits, start in self.prefill_keys():
+        keys = self.prefill_keys()
+        modes = (None, "greedy", "full")
+        progress.start("compiling kernels" + (", capturing graphs" if self.use_graphs else ""),
+                       len(keys) + 2 * len(modes), "graphs" if self.use_graphs else "sequences")
+        ran: set[int] = set()
+        for n, splits, start in keys:
             self._set_state(pos=start, last=0)       # a position that gives this split count
-            self._run(("prefill", n, splits), lambda n=n, splits=splits: self._record_prefill(n, splits))
+            rec = (lambda n=n, splits=splits: self._record_prefill(n, splits))
+            if not (self.use_graphs and n in ran and self._capture_only(("prefill", n, splits), rec)):
+                self._run(("prefill", n, splits), rec)
+                ran.add(n)
+            progress.advance(1, f"prefill {n}")
         self._set_state(pos=0, last=0)
-        for mode in (None, "greedy", "full"):
+        for mode in modes:
             self._run(("head", mode), lambda mode=mode: self._record_head(self.arena["x_last"], mode))
-        for mode in (None, "greedy", "full"):
+            progress.advance(1, f"head {mode or 'logits'}")
+        for mode in modes:
             self._set_state(pos=0)
             self._run(("decode", mode), lambda mode=mode: self._record_decode(mode))
+            progress.advance(1, f"decode {mode or 'logits'}")
         self.stream.synchronize()
         self.kv.zero(self.stream)
         self.stream.synchronize()
         self._wrote(0, 0, reset=True)
         self.compile_seconds = time.perf_counter() - t0
         from .kernel_cache import run_summary
+        summary = run_summary()
+        progress.done(summary)
         log.info("CUDA kernels compiled and %d graphs captured in %.1f s; %s", len(self._graphs),
-                 self.compile_seconds, run_summary())
+                 self.compile_seconds, summary)
+        log.info("graphs by kind: %s", "; ".join(
+            f"{kind} {n} (first runs {a:.2f} s, captures {b:.2f} s, {nodes} nodes)"
+            for kind, (n, a, b, nodes) in self.capture_stats.items()))
 
     def prefill_keys(self) -> list[tuple[int, tuple, int]]:
         """Every (bucket, attention splits per plan) a prefill chunk can run as, with the first

@@ -107,7 +107,8 @@ def run_bench(args, ecfg) -> int:
     need = max(depths) + max(prompts + gens + [0]) + 1
     if ecfg.n_ctx is None:
         ecfg.n_ctx = max(need, 512)
-    engine = Engine.load(args.model, ecfg)
+    from .cli import load_progress
+    engine = Engine.load(args.model, ecfg, progress=load_progress(args))
     backend, cfg = engine.backend, engine.cfg
     if need > backend.n_ctx:
         raise ValueError(f"the tests need {need} positions but the context is {backend.n_ctx}; pass a larger --ctx")

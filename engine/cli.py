@@ -45,6 +45,8 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("-t", "--threads", type=int, default=None,
                    help="CPU back-end threads (default: the physical cores)")
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress while loading (reading weights, compiling kernels, capturing graphs)")
     p.add_argument("--min-headroom-mb", type=int, default=None,
                    help="end a reply when the system's available memory drops below this, MiB "
                         "(default 256 on an integrated GPU such as a Jetson, off elsewhere; 0 = off)")
@@ -102,19 +104,26 @@ def resolve_model_arg(args) -> None:
     """args.model: None (the built-in default, assembled on first use) -> its path. Called after
     the flags are checked, so a bad flag is refused before the model is looked for."""
     from .default_model import resolve_model
-    args.model = str(resolve_model(args.model))
+    args.model = str(resolve_model(args.model, load_progress(args)))
+
+
+def load_progress(args):
+    """What the loaders report to: a bar on stderr when it is a terminal, plain lines when
+    it is not (a log), nothing with -q (engine/progress.py)."""
+    from .progress import for_stream
+    return for_stream(sys.stderr, quiet=getattr(args, "quiet", False))
 
 
 def _load(args):
     from .engine import Engine
     ecfg = _engine_config(args)
     resolve_model_arg(args)
-    return Engine.load(args.model, ecfg)
+    return Engine.load(args.model, ecfg, progress=load_progress(args))
 
 
 def load_for_command(args):
-    """run/chat: check the flags, load, print the one-screen summary (stderr)."""
-    from .load_report import first_use_note, ready_summary
+    """run/chat: check the flags, load (progress on stderr), print the one-screen summary (stderr)."""
+    from .load_report import ready_summary
     if args.max_tokens < -1:
         raise ValueError(f"-n/--max-tokens must be >= 0, or -1 for no limit; got {args.max_tokens}")
     from .sampling import SamplingParams    # the sampling flags too, before minutes of loading
@@ -128,9 +137,6 @@ def load_for_command(args):
             args.kv_cache_dir = str(kv_dir())
     engine = _load(args)
     print(ready_summary(engine), file=sys.stderr)
-    note = first_use_note(engine)
-    if note:
-        print(note, file=sys.stderr)
     return engine
 
 
@@ -257,7 +263,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from genie_rt.server.cli_args import dash_long_options     # --ctx_size reads as --ctx-size (llama-server)
+    parser = build_parser()
+    args = parser.parse_args(dash_long_options(sys.argv[1:] if argv is None else list(argv), parser))
     logging.basicConfig(level=logging.DEBUG if getattr(args, "verbose", False) else logging.INFO,
                         format="%(levelname)s %(name)s: %(message)s")
     from .gguf_file import GGUFError

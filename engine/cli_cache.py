@@ -9,9 +9,11 @@ command line (engine/kernel_cache.py is the cache itself).
 `warmup` is for image builds (JetPack) and a systemd `ExecStartPre=`: it loads the model
 with the same engine options `serve` will get, which compiles and caches every kernel
 and captures the graphs, then exits; the next `serve` loads cubins instead. On a machine
-without a GPU (`--backend auto` choosing the CPU) there is nothing to compile and it
-exits 0 saying so. `--kernel-cache DIR` / `--no-kernel-cache` (added to every command
-that loads a model) move or disable the cache for that run.
+without a GPU (`--backend auto` choosing the CPU) it compiles the Numba CPU kernels into
+their own disk cache (cpu/jit.py; `--kernel-cache` is for CUDA kernels) and exits 0.
+`--kernel-cache DIR` / `--no-kernel-cache` (added to every command that loads a model)
+move or disable the cache for that run. The long steps show their progress on stderr
+(engine/progress.py; `-q` hides it).
 
 It does not build the cache without loading a model: which kernels exist depends on the
 model's shapes and types and on the engine options.
@@ -177,8 +179,11 @@ def cmd_warmup(args) -> int:
     seconds = time.perf_counter() - t0
     backend = engine.backend
     if backend.name != "cuda":
-        print(f"warmup: the {backend.name} back-end compiles no kernels; nothing to cache "
-              f"(loaded {args.model} in {seconds:.1f} s)")
+        from genie_rt.cpu.jit import cache_dir
+        folder = cache_dir()
+        print(f"warmup: {args.model} loaded on the {backend.name} back-end in {seconds:.1f} s; its Numba kernels "
+              + (f"are in {folder}" if folder else "have no writable cache folder (every run compiles)")
+              + " (the CUDA kernel cache is not used)")
         return 0
     dev = backend.device_info()
     print(f"warmup: {args.model} loaded on {dev.get('device', 'cuda')} with a {engine.n_ctx}-token context "

@@ -28,7 +28,7 @@ What it does
   (`<tool_call>`), then the text after the trigger is fed to the matcher and it constrains the
   rest: in between the model may answer in plain text.
 
-Not here: applying the mask (engine/sampling.py on the host, engine/gpu_sampling.py on a GPU),
+Not here: applying the mask (engine/sampling.py on the host, engine/gpu_mask.py on a GPU),
 the request fields (server/constraints.py).
 """
 from __future__ import annotations

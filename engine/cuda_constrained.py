@@ -4,7 +4,7 @@ workspace).
 
 - A grammar (sampler.constraint, engine/constrain.py): the mask of each draw is computed on the
   host into the sampler workspace's pinned mirror, uploaded (async, 4 bytes per 32 tokens) and
-  applied by the sampling graph ("sample", mode, masked, advance): gpu_sampling.apply_mask, the
+  applied by the sampling graph ("sample", mode, masked, advance): gpu_mask.apply_mask, the
   draw, S_POS += 1. The forward graph ("decode", None) of step t+1 is queued before the host
   reads token t, so the host's accept of token t and mask of step t+1 overlap the device's
   forward; every step stays two graph replays.
@@ -17,11 +17,11 @@ from __future__ import annotations
 class ConstrainedSteps:
     def _mask_step(self, sampler) -> bool:
         """The constraint's mask for the next draw into sws.mask; False when none applies."""
-        from genie_rt.engine import gpu_sampling
+        from genie_rt.engine import gpu_mask
         c = sampler.constraint
-        if c is None or c.fill(out=gpu_sampling.mask_words(self.sws)) is None:
+        if c is None or c.fill(out=gpu_mask.mask_words(self.sws)) is None:
             return False
-        gpu_sampling.upload_mask(self.sws, self.stream)
+        gpu_mask.upload_mask(self.sws, self.stream)
         return True
 
     def _draw_graph(self, masked: bool, advance: bool) -> None:

@@ -44,8 +44,17 @@ MiB = 1 << 20
 # bucket costs compile and capture time at load (~25 s on the H200 for a new tile width),
 # which is why 24 (pp18: +3.5 %) is not one.
 BUCKETS = (16, 32, 40, 48, 64, 128, 256, 512)
-OVERHEAD_DISCRETE = 384 * MiB     # modules, graphs, numba and driver allocations
+# Runtime overhead: what a process holds on the device beside the arena - the CUDA context,
+# modules, graphs, numba's and the driver's allocations. The context reserves local memory
+# (the per-thread stack, 1 KiB by default) for every thread the GPU can hold at once, so that
+# term scales with the chip: SMs x threads per SM x 1 KiB (H200: 132 x 2048 -> 264 MiB; Orin
+# Nano: 8 x 1536 -> 12 MiB). The base is the rest. Measured with tools/check_plan.py on the
+# H200 (2026-12-03, synthetic Qwen3-0.6B / 4B Q4_K_M, 4096 context): 595 / 607 MiB outside
+# the arena; base + stack term = 352 + 264 = 616 MiB. The old flat 384 MiB put the plan 19 %
+# under the process's real use there.
+OVERHEAD_DISCRETE = 352 * MiB     # base: context, modules, graphs, numba and driver allocations
 OVERHEAD_INTEGRATED = 512 * MiB   # the same plus the interpreter's share of the one pool
+STACK_BYTES = 1024                # cudaLimitStackSize's default (numba does not change it)
 RESERVE_DISCRETE = 512 * MiB
 RESERVE_INTEGRATED = 1536 * MiB   # OS, speech-to-text, text-to-speech, Home Assistant
 MAX_BIAS = 256
@@ -247,6 +256,16 @@ def is_integrated(dev) -> bool:
     return bool(getattr(dev, "INTEGRATED", 0))
 
 
+def runtime_overhead(dev, integrated: bool) -> int:
+    """The runtime overhead term for device `dev` (see OVERHEAD_DISCRETE): base plus the
+    context's local-memory reservation. A device without the attributes (the simulator's)
+    gets the base alone."""
+    sms = int(getattr(dev, "MULTIPROCESSOR_COUNT", 0) or 0)
+    threads = int(getattr(dev, "MAX_THREADS_PER_MULTIPROCESSOR", 0) or 0)
+    base = OVERHEAD_INTEGRATED if integrated else OVERHEAD_DISCRETE
+    return base + sms * threads * STACK_BYTES
+
+
 def cuda_budget(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig) -> MemoryBudget:
     """Weights and scratch from the real layout; KV (+ RoPE tables, sampler ring) per token.
 
@@ -270,15 +289,15 @@ def cuda_budget(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig) -> MemoryBudg
     if integrated:
         avail = mem_available_bytes() or 0
         where = "shared memory (MemAvailable; integrated GPU)"
-        overhead, reserve = OVERHEAD_INTEGRATED, RESERVE_INTEGRATED
+        overhead, reserve = runtime_overhead(dev, True), RESERVE_INTEGRATED
     elif ecfg.mapped_memory:              # the arena is mapped host memory: host memory pays for it
         avail = mem_available_bytes() or 0
         where = "host memory (MemAvailable; --mapped-memory)"
-        overhead, reserve = OVERHEAD_DISCRETE, RESERVE_DISCRETE
+        overhead, reserve = runtime_overhead(dev, False), RESERVE_DISCRETE
     else:
         free, _total = cuda.current_context().get_memory_info()
         avail, where = int(free), f"GPU memory ({dev.name.decode() if isinstance(dev.name, bytes) else dev.name}, free)"
-        overhead, reserve = OVERHEAD_DISCRETE, RESERVE_DISCRETE
+        overhead, reserve = runtime_overhead(dev, False), RESERVE_DISCRETE
     if ecfg.reserve_bytes is not None:
         reserve = ecfg.reserve_bytes
     return MemoryBudget(weights=small.weight_bytes, kv_bytes_per_token=per_token,

@@ -23,6 +23,7 @@ from genie_rt.quant.layout import PLANES, PackedWeight, pack
 from .cuda_layout import CudaLayout, WeightGroup
 from .gguf_file import GGUFFile
 from .models.weights import bind_weights
+from .progress import NO_PROGRESS, Progress
 
 log = logging.getLogger("genie_rt.cuda")
 
@@ -54,8 +55,11 @@ def _drop_file_pages(fd: int, offset: int, nbytes: int, path) -> bool:
         return False
 
 
-def upload(arena, lay: CudaLayout, g: GGUFFile, stream, integrated: bool, progress=None) -> None:
-    """Pack each tensor from the mapped file into its arena rows (and norms as float32)."""
+def upload(arena, lay: CudaLayout, g: GGUFFile, stream, integrated: bool, progress: Progress = NO_PROGRESS) -> None:
+    """Pack each tensor from the mapped file into its arena rows (and norms as float32),
+    reported as the step "reading weights" (bytes of the file, tensor by tensor)."""
+    matrices = [name for gs in lay.groups.values() for grp in gs for name, _ in grp.members]
+    progress.start("reading weights", sum(g.tensors[n].nbytes for n in matrices + list(lay.norms)), "B")
     fd = os.open(g.path, os.O_RDONLY) if integrated and hasattr(os, "posix_fadvise") else None
     try:
         for gs in lay.groups.values():
@@ -68,14 +72,16 @@ def upload(arena, lay: CudaLayout, g: GGUFFile, stream, integrated: bool, progre
                         arena[f"{grp.name}.{plane}"][r0:r0 + rows].copy_to_device(arr, stream=stream)
                     stream.synchronize()          # host planes are temporaries
                     r0 += rows
-                    if progress is not None:
-                        progress(t.nbytes)
+                    progress.advance(t.nbytes)
                     if fd is not None and not _drop_file_pages(fd, t.offset, t.nbytes, g.path):
                         os.close(fd)
                         fd = None
         for n in lay.norms:
             t = g.tensors[n]
             arena[n].copy_to_device(dequantize(t.data, t.qtype, t.shape).astype(np.float32), stream=stream)
+            progress.advance(t.nbytes)
+        stream.synchronize()
+        progress.done()
     finally:
         if fd is not None:
             os.close(fd)

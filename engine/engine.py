@@ -3,6 +3,7 @@
     engine = Engine.load("model.gguf", EngineConfig(backend="auto"))
     for event in engine.generate(GenerationRequest(prompt=ids, max_tokens=64)):
         ...  # Delta(text, tokens) as text completes, then Done(result)
+             # (with progress_batch: Progress events while the prompt is processed, first)
 
 Loading checks everything before allocating: the file's structure, the config, every
 tensor's presence, shape and type, then the memory budget - so a model that cannot
@@ -35,11 +36,12 @@ from genie_rt.kvcache.persist import validate_conversation_id
 
 from .chat import ChatTemplate
 from .config import DEFAULT_KV, EngineConfig, ModelConfig
-from .generate import (ContextOverflowError, Delta, Done, GenerationRequest, GenerationResult, StopMatcher,
-                       choice_params)
+from .generate import (ContextOverflowError, Delta, Done, GenerationRequest, GenerationResult, Progress, Stats,
+                       StopMatcher, choice_params)
 from .gguf_file import GGUFError, GGUFFile, open_gguf
 from .load_plan import budget_for, choose_backend, cuda_available  # noqa: F401 (tests patch it here)
 from .memory import MemoryPlan, fmt_bytes
+from .progress import NO_PROGRESS, Progress as LoadProgress
 from .sampling import Sampler
 from .tokenizer import Tokenizer
 
@@ -96,7 +98,11 @@ class Engine:
         return self.gfile.path.name
 
     @classmethod
-    def load(cls, path: str | Path, ecfg: EngineConfig | None = None) -> "Engine":
+    def load(cls, path: str | Path, ecfg: EngineConfig | None = None,
+             progress: LoadProgress = NO_PROGRESS) -> "Engine":
+        """Check, budget, read the weights, compile the kernels (the CPU's by a short warm-up
+        forward, the GPU's with their graphs). `progress` (engine/progress.py) is told each
+        long step; by default nothing is printed."""
         ecfg = ecfg or EngineConfig()
         t0 = time.perf_counter()
         g = open_gguf(path)
@@ -122,10 +128,12 @@ class Engine:
                      "for %d)", plan.n_ctx, budget.where, fmt_bytes(budget.available), cfg.n_ctx_train)
         if backend_name == "cpu":
             from .backend_cpu import CPUBackend
-            backend = CPUBackend(g, cfg, plan.n_ctx, ecfg.kv_dtype, ecfg.prefill_chunk, threads=ecfg.threads)
+            backend = CPUBackend(g, cfg, plan.n_ctx, ecfg.kv_dtype, ecfg.prefill_chunk, threads=ecfg.threads,
+                                 progress=progress)
+            backend.warm_up(progress)
         else:
             from .backend_cuda import CUDABackend
-            backend = CUDABackend(g, cfg, ecfg, plan)
+            backend = CUDABackend(g, cfg, ecfg, plan, progress=progress)
         engine = cls(g, cfg, ecfg, backend, plan, tokenizer, template, time.perf_counter() - t0)
         engine.guard = make_guard(ecfg, bool(getattr(backend, "integrated", False)))
         if ecfg.kv_cache_dir:
@@ -158,11 +166,37 @@ class Engine:
         # a sliding-window layer's ring may have lost the window the first new token needs
         return self.backend.reusable_prefix(min(n_reuse, len(prompt) - 1))
 
-    def generate(self, req: GenerationRequest) -> Iterator[Delta | Done]:
-        """Delta(text, tokens, index=i)... Done(result, index=i) for each choice i = 0 .. req.n-1,
-        one after another. The prompt is prefilled once: every choice draws its first token
-        from the logits the prompt left (with its own sampler: choice_params) and decodes
-        from the position after it, so a choice never re-runs a prompt token."""
+    def _prefill(self, req: GenerationRequest, prompt: list[int], n_reuse: int, sampler, t0: float):
+        """Run the prompt after the reused prefix; yields Progress events when the request asks
+        for them (then in pieces of progress_batch tokens, as llama-server's n_batch), and
+        returns (the first generated token, the prompt's last logits) - the logits only with
+        n > 1 choices (the other choices draw their first token from them); (None, None) when
+        cancelled. The prompt is processed once whatever n is, so its progress comes once,
+        before choice 0's first Delta."""
+        step, total, pos = req.progress_batch, len(prompt), n_reuse
+        if step > 0:
+            yield Progress(total, n_reuse, n_reuse, 0.0)
+            while total - pos > step:            # the last piece is sampled from, below
+                if self.backend.prefill(prompt[pos:pos + step], pos, req.cancel) is None:
+                    return None, None
+                pos += step
+                yield Progress(total, n_reuse, pos, (time.perf_counter() - t0) * 1000)
+        logits = None
+        if req.n == 1:
+            token = self.backend.prefill_sample(prompt[pos:], pos, sampler, prompt, req.cancel)
+        else:   # the logits stay for the other choices' first draws
+            logits = self.backend.prefill(prompt[pos:], pos, req.cancel)
+            token = None if logits is None else self.backend.sample_logits(logits, sampler, prompt)
+        if token is not None and step > 0:
+            yield Progress(total, n_reuse, total, (time.perf_counter() - t0) * 1000)
+        return token, logits
+
+    def generate(self, req: GenerationRequest) -> Iterator[Progress | Delta | Done]:
+        """(Progress events, with progress_batch), then Delta(text, tokens, index=i)...
+        Done(result, index=i) for each choice i = 0 .. req.n-1, one after another. The prompt is
+        prefilled once: every choice draws its first token from the logits the prompt left (with
+        its own sampler: choice_params) and decodes from the position after it, so a choice
+        never re-runs a prompt token."""
         prompt = list(req.prompt)
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -182,13 +216,8 @@ class Engine:
         t0 = time.perf_counter()
         n_reuse = self._restore(req)
         self.kv_tokens = self.kv_tokens[:n_reuse]
-        logits = rings = None
-        if req.n == 1:
-            token = self.backend.prefill_sample(prompt[n_reuse:], n_reuse, sampler, prompt, cancel)
-        else:   # the logits stay for the other choices' first draws
-            logits = self.backend.prefill(prompt[n_reuse:], n_reuse, cancel)
-            token = None if logits is None else self.backend.sample_logits(logits, sampler, prompt)
-            rings = self._ring_snapshot(len(prompt)) if logits is not None else None
+        token, logits = yield from self._prefill(req, prompt, n_reuse, sampler, t0)
+        rings = self._ring_snapshot(len(prompt)) if logits is not None else None
         t1 = time.perf_counter()
         if token is None:  # cancelled between prefill chunks: the pool holds a partial prompt
             yield Done(self._finish(req, [], "cancelled", None, n_reuse, t0, t1, t1, "", None))
@@ -262,6 +291,12 @@ class Engine:
         # least one token and the tokens of all Deltas are the generated ones (streamed pieces
         # never outnumber completion_tokens, also when a held-back stop prefix is flushed).
         finish, pending, stopped, buf = "length", [], False, ""
+
+        def delta(text: str, tokens: list[int]) -> Delta:   # with this choice's counts and times so far
+            return Delta(text, tokens, probs[len(probs) - len(tokens):] if probs is not None else None,
+                         Stats(len(prompt), n_reuse, (t1 - t0) * 1000, len(generated),
+                               (time.perf_counter() - t1) * 1000), index)
+
         # the back-end yields the token after each one fed to it (the CUDA back-end runs a
         # step ahead); a token is appended to history before the next is asked for
         steps = self.backend.decode_tokens(token, len(prompt), sampler, history)
@@ -281,8 +316,7 @@ class Engine:
                 text, stopped = stops.feed(decoder.feed(token))
                 buf += text
                 if stopped or (buf and not stops.holding and not decoder.holding):
-                    yield Delta(buf, pending, probs[len(probs) - len(pending):] if probs is not None else None,
-                                index)
+                    yield delta(buf, pending)
                     pending, buf = [], ""
                 if stopped:
                     finish = "stop"
@@ -305,8 +339,7 @@ class Engine:
             else:
                 text += stops.flush()
             if buf + text or pending:
-                yield Delta(buf + text, pending, probs[len(probs) - len(pending):] if probs is not None else None,
-                            index)
+                yield delta(buf + text, pending)
         t2 = time.perf_counter()
         result = self._finish(req, generated, finish, stops.stop_word, n_reuse, t0, t1, t2, stops.text, probs,
                               first_choice=index == 0)

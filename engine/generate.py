@@ -36,6 +36,8 @@ class GenerationRequest:
     logprobs: bool = False                     # report each token's probability (Delta.probs)
     post_sampling_probs: bool = False          # ... after the whole sampler chain (llama-server)
     n: int = 1                                 # choices: replies to the one prompt, one after another
+    progress_batch: int = 0                    # > 0: prefill in pieces of this many tokens, a
+                                               # Progress event before the first and after each
 
 
 def choice_params(params: SamplingParams, index: int) -> SamplingParams:
@@ -49,12 +51,39 @@ def choice_params(params: SamplingParams, index: int) -> SamplingParams:
 
 
 @dataclass
+class Stats:
+    """A generation's counts and times so far (a GenerationResult's names for them, so the
+    server's `timings` reads either one)."""
+    n_prompt: int
+    n_cached: int
+    prompt_ms: float
+    n_generated: int = 0
+    gen_ms: float = 0.0
+
+
+@dataclass
+class Progress:
+    """How far the prompt is processed (GenerationRequest.progress_batch > 0): llama-server's
+    prompt_progress. `processed` counts the cached tokens too: the first event, sent before
+    any prompt token is run, has processed == cache, the last one processed == total."""
+    total: int
+    cache: int
+    processed: int
+    prompt_ms: float
+
+    @property
+    def stats(self) -> Stats:
+        return Stats(n_prompt=self.processed, n_cached=self.cache, prompt_ms=self.prompt_ms)
+
+
+@dataclass
 class Delta:
     """Newly completed text and the token ids that produced it (with their probabilities when
-    the request asked for logprobs: one TokenProbs per token)."""
+    the request asked for logprobs: one TokenProbs per token), and the counts and times so far."""
     text: str
     tokens: list[int]
     probs: list[TokenProbs] | None = None
+    stats: Stats | None = None
     index: int = 0                  # the choice it belongs to (GenerationRequest.n)
 
 

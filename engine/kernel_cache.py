@@ -241,6 +241,7 @@ class KernelDiskCache:
         return entry_hash(self._disp.py_func, self._disp.targetoptions, argtypes)
 
     def load_overload(self, sig, target_context=None):
+        STATS.lookups += 1              # numba asks before every compile, whether the cache is on or not
         t0 = time.perf_counter()
         try:
             store = self._store() if self._enabled else None

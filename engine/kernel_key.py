@@ -3,9 +3,9 @@ hash of one kernel's specialisation (engine/kernel_cache.py uses both).
 
 Folder key (`make_key(key_components())`): the bytes of every .py file of the genie_rt
 packages as imported (an edit anywhere - a device function in another module, a constant,
-a PTX string in quant/ptx.py - gives a new key), the Python, numpy, numba, numba-cuda,
-llvmlite and cuda-bindings versions, every NUMBA_* environment variable, the NVVM, NVRTC,
-nvJitLink and driver versions and the compute capability of the current device.
+a PTX string in quant/ptx_device.py - gives a new key), the Python, numpy, numba,
+numba-cuda, llvmlite and cuda-bindings versions, every NUMBA_* environment variable, the
+NVVM, NVRTC, nvJitLink and driver versions and the compute capability of the current device.
 
 Entry hash (`entry_hash(py_func, targetoptions, argtypes)`): the kernel function's
 bytecode, constants, first line, closure cells, default arguments and the globals it

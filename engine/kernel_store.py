@@ -45,6 +45,7 @@ _OURS = re.compile(r"(key\.json|last-run\.json|[A-Za-z0-9_.-]+\.[0-9a-f]{24}\.kc
 
 @dataclass
 class CacheStats:
+    lookups: int = 0             # every new specialisation numba asked for (cache on or off)
     hits: int = 0
     misses: int = 0              # compiled (the cache was consulted and had nothing usable)
     rejected: int = 0            # corrupt, truncated or unloadable entries deleted

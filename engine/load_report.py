@@ -18,8 +18,6 @@ Only reads what the engine already holds (its MemoryPlan, config and device_info
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 from .memory import fmt_bytes
 
 # general.file_type -> llama.cpp's name (the common ones; others print as the number)
@@ -69,21 +67,3 @@ def ready_summary(engine) -> str:
         f"runtime {fmt_bytes(plan.overhead)}, reserve {fmt_bytes(plan.reserve)}",
     ]
     return "\n".join(lines)
-
-
-def first_use_note(engine) -> str | None:
-    """A line for the silent part after "ready": on the CPU back-end, the Numba kernels compile
-    on their first call unless their disk cache (cpu/jit.py) already holds them - minutes of
-    a first prompt on a small machine, once. None when there is nothing to say."""
-    if getattr(engine.backend, "name", "") != "cpu" or getattr(engine.backend, "exact", False):
-        return None
-    try:
-        from genie_rt.cpu.jit import cache_dir
-        folder = cache_dir()
-    except Exception:
-        return None
-    if folder and any(Path(folder).glob("*.nbi")):
-        return None
-    where = f" (cached in {folder})" if folder else " (no writable cache folder: every run compiles)"
-    return ("first use: the CPU kernels compile as the first prompt runs - minutes on a small machine, "
-            "once" + where)

@@ -20,7 +20,7 @@ a 200 starts over), the whole file is hashed, and only a file whose hash is the 
 renamed into place - a mismatch deletes the part and says so. A file already in place
 with the hub's size is kept (pull again with --force to re-download).
 
-Progress: a bar on a terminal, a line every 10 % otherwise (logs).
+Progress (engine/progress.py): a bar on a terminal, a line every 10 % otherwise (logs).
 """
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ import json
 import os
 import re
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -38,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .paths import models_dir
+from .progress import StreamProgress
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -138,32 +138,6 @@ def _listing(files: list[RemoteFile]) -> str:
     return (": " + ", ".join(names) + (", ..." if len(files) > 20 else "")) if names else ""
 
 
-class Progress:
-    """A bar on a terminal, otherwise a line each 10 %."""
-
-    def __init__(self, label: str, total: int, start: int, out=None):
-        self.label, self.total, self.out = label, total, out or sys.stderr
-        self.tty = hasattr(self.out, "isatty") and self.out.isatty()
-        self.t0, self.start, self.shown = time.monotonic(), start, -1
-
-    def update(self, done: int) -> None:
-        if self.total <= 0:
-            return
-        pct = min(100, done * 100 // self.total)
-        rate = (done - self.start) / max(time.monotonic() - self.t0, 1e-6) / 1e6
-        if self.tty:
-            bar = "#" * (pct * 30 // 100)
-            self.out.write(f"\r{self.label} [{bar:<30}] {pct:3d}% {done / 1e6:,.0f}/{self.total / 1e6:,.0f} MB "
-                           f"{rate:.1f} MB/s")
-            if done >= self.total:
-                self.out.write("\n")
-            self.out.flush()
-        elif pct // 10 > self.shown // 10 or (pct == 100 and self.shown < 100):
-            print(f"{self.label}: {pct}% ({done / 1e6:,.0f} of {self.total / 1e6:,.0f} MB, {rate:.1f} MB/s)",
-                  file=self.out, flush=True)
-        self.shown = pct
-
-
 def _digest(f: RemoteFile):
     if f.sha256:
         return hashlib.sha256(), f.sha256
@@ -188,7 +162,8 @@ def download(endpoint: str, f: RemoteFile, revision: str, target: Path, timeout:
             if have and resp.status != 206:      # the server ignored the range: start over
                 have = 0
             total = f.size if f.size >= 0 else have + int(resp.headers.get("Content-Length") or 0)
-            progress = Progress(f.path, total, have, out)
+            progress = StreamProgress(out, every=10)
+            progress.start(f.path, total, "B", done=have)
             with part.open("r+b" if have else "wb") as dst:
                 dst.seek(have)
                 dst.truncate()
@@ -197,10 +172,11 @@ def download(endpoint: str, f: RemoteFile, revision: str, target: Path, timeout:
                     while block := resp.read(CHUNK):
                         dst.write(block)
                         done += len(block)
-                        progress.update(done)
+                        progress.advance(len(block))
                 except (http.client.HTTPException, OSError) as exc:   # IncompleteRead, a reset, a timeout
                     raise PullError(f"{f.path}: the download broke off after {done} bytes "
                                     f"({type(exc).__name__}); pull again to resume") from None
+                progress.done()
     size = part.stat().st_size
     if f.size >= 0 and size != f.size:
         raise PullError(f"{f.path}: got {size} bytes, the hub lists {f.size}; pull again to resume")

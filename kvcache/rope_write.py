@@ -150,11 +150,17 @@ def _warp_max(x):
     return x
 
 
-@functools.lru_cache(maxsize=None)
 def rope_write_kernel(kv_dtype: str, neox: bool = True, qk_norm: bool = True,
                       ring: bool = False):
     """The kernel specialised on its compile-time constants (cache dtype "int8" | "f16",
-    NeoX or normal pairs, QK-norm or none, ring slots or not)."""
+    NeoX or normal pairs, QK-norm or none, ring slots or not). One dispatcher per variant,
+    however the arguments are spelled (an lru_cache keys `f("int8", ring=True)` and
+    `f("int8", True, True, True)` apart, which built and compiled the variant twice)."""
+    return _rope_write_kernel(kv_dtype, bool(neox), bool(qk_norm), bool(ring))
+
+
+@functools.lru_cache(maxsize=None)
+def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool):
     if kv_dtype not in ("int8", "f16"):
         raise ValueError(f"rope_write supports KV dtypes int8 and f16, not '{kv_dtype}'")
     int8_cache = kv_dtype == "int8"

@@ -16,6 +16,12 @@ by neighbouring threads come through the same cache lines). Traffic per token: o
 table row (cols * bits / 8 bytes) read, 4 * cols bytes written. The table uses the
 planar device layout of quant/layout.py (fp16 planes are read as uint16 bits).
 
+One table, `_FORMATS`, says per format: its kernel's name, the device function that
+computes one weight from the planes (`_w_q6_k`, ...) and the planes in order. Every
+format's kernel is the same body (`_embed_kernel`: which weight this thread owns, is the
+id inside the table, weight * scale), specialised on that function; the launcher passes
+the planes as one tuple (`device_planes`).
+
 `scale` multiplies every weight in float32 after dequantization (Gemma scales its
 embeddings by sqrt(hidden)); with the default 1 the result is the dequantized row.
 
@@ -85,16 +91,15 @@ def _where(ids, rows, out):
     return tok, i
 
 
-@cuda.jit
-def _embed_q6_k(ids, ql, qh, sc, d, out, scale):
-    """ql uint8[rows, nb*128], qh uint8[rows, nb*64], sc int8[rows, nb*16],
-    d uint16[rows, nb] (fp16 bits), out float32[n, nb*256]. Weight i of super-block s:
+# ---- the weight of each format: (planes, row, column) -> float32, unscaled -------------
+@cuda.jit(device=True)
+def _w_q6_k(p, tok, i):
+    """p = (ql uint8[rows, nb*128], qh uint8[rows, nb*64], sc int8[rows, nb*16],
+    d uint16[rows, nb] (fp16 bits)). Weight i of super-block s:
     half h = i>>7, quarter k = (i>>5)&3, lane l = i&31;
     q = ((ql[64h + 32(k&1) + l] >> 4(k>>1)) & 15 | ((qh[32h + l] >> 2k) & 3) << 4) - 32;
     w = (d * sc[i>>4]) * q."""
-    tok, i = _where(ids, ql.shape[0], out)
-    if tok < 0:
-        return
+    ql, qh, sc, d = p
     s = i >> 8
     j = i & 255
     h = j >> 7
@@ -104,7 +109,7 @@ def _embed_q6_k(ids, ql, qh, sc, d, out, scale):
     hi = (int32(qh[tok, s * 64 + 32 * h + lane]) >> (2 * k)) & 3
     q = (lo | (hi << 4)) - 32
     f = _f16(d, tok, s) * float32(sc[tok, s * 16 + (j >> 4)])
-    out[cuda.blockIdx.x, i] = _mul_rn(f * float32(q), scale)
+    return f * float32(q)
 
 
 @cuda.jit(device=True)
@@ -128,154 +133,146 @@ def _k_dmin(hdr, tok, s):
     return d, dmin
 
 
-@cuda.jit
-def _embed_q4_k(ids, hdr, qs, out, scale):
-    """hdr uint8[rows, nb*16] (d, dmin fp16; 12 bytes of packed 6-bit scales/mins),
-    qs uint8[rows, nb*128]. Weight i of super-block s: sub-block j = i>>5, lane l = i&31;
-    q = (qs[32(j>>1) + l] >> 4(j&1)) & 15; w = (d*sc[j]) * q - dmin*m[j]."""
-    tok, i = _where(ids, qs.shape[0], out)
-    if tok < 0:
-        return
+@cuda.jit(device=True)
+def _k_weight(hdr, qs, hi, tok, i):
+    """Q4_K / Q5_K: hdr uint8[rows, nb*16] (d, dmin fp16; 12 bytes of packed 6-bit
+    scales/mins), qs uint8[rows, nb*128], hi = the 5th bit of q (0 for Q4_K). Weight i of
+    super-block s: sub-block j = i>>5, lane l = i&31; q = (qs[32(j>>1) + l] >> 4(j&1)) & 15
+    | hi; w = (d*sc[j]) * q - dmin*m[j], both products rounded (never an FMA)."""
     s = i >> 8
     j = (i & 255) >> 5
     lane = i & 31
     q = (int32(qs[tok, s * 128 + 32 * (j >> 1) + lane]) >> (4 * (j & 1))) & 15
+    q |= hi
     sc, m = _k_scale_min(hdr, tok, s, j)
     d, dmin = _k_dmin(hdr, tok, s)
-    out[cuda.blockIdx.x, i] = _mul_rn(_mul_rn(d * float32(sc), float32(q)) - _mul_rn(dmin, float32(m)), scale)
+    return _mul_rn(d * float32(sc), float32(q)) - _mul_rn(dmin, float32(m))
 
 
-@cuda.jit
-def _embed_q5_k(ids, hdr, qh, qs, out, scale):
-    """As Q4_K plus qh uint8[rows, nb*32]: bit j of qh[l] is the 5th bit of sub-block j."""
-    tok, i = _where(ids, qs.shape[0], out)
-    if tok < 0:
-        return
-    s = i >> 8
-    j = (i & 255) >> 5
-    lane = i & 31
-    q = (int32(qs[tok, s * 128 + 32 * (j >> 1) + lane]) >> (4 * (j & 1))) & 15
-    q |= ((int32(qh[tok, s * 32 + lane]) >> j) & 1) << 4
-    sc, m = _k_scale_min(hdr, tok, s, j)
-    d, dmin = _k_dmin(hdr, tok, s)
-    out[cuda.blockIdx.x, i] = _mul_rn(_mul_rn(d * float32(sc), float32(q)) - _mul_rn(dmin, float32(m)), scale)
+@cuda.jit(device=True)
+def _w_q4_k(p, tok, i):
+    """p = (hdr, qs): see _k_weight."""
+    hdr, qs = p
+    return _k_weight(hdr, qs, 0, tok, i)
 
 
-@cuda.jit
-def _embed_q8_0(ids, qs, d, out, scale):
-    """qs int8[rows, nb*32], d uint16[rows, nb]: w = q * d."""
-    tok, i = _where(ids, qs.shape[0], out)
-    if tok < 0:
-        return
-    out[cuda.blockIdx.x, i] = _mul_rn(float32(qs[tok, i]) * _f16(d, tok, i >> 5), scale)
+@cuda.jit(device=True)
+def _w_q5_k(p, tok, i):
+    """p = (hdr, qh uint8[rows, nb*32], qs): bit j of qh[l] is the 5th bit of sub-block j."""
+    hdr, qh, qs = p
+    hi = ((int32(qh[tok, (i >> 8) * 32 + (i & 31)]) >> ((i & 255) >> 5)) & 1) << 4
+    return _k_weight(hdr, qs, hi, tok, i)
 
 
-@cuda.jit
-def _embed_q4_0(ids, qs, d, out, scale):
-    """qs uint8[rows, nb*16], d uint16[rows, nb]: weight j < 16 of a block is the low
-    nibble of qs[j], weight j + 16 the high nibble; w = (q - 8) * d."""
-    tok, i = _where(ids, qs.shape[0], out)
-    if tok < 0:
-        return
-    b = i >> 5
+@cuda.jit(device=True)
+def _q4_32(qs, tok, i):
+    """The low 4 bits of weight i of a 32-weight block format (Q4_0, Q4_1, Q5_0, Q5_1):
+    qs uint8[rows, nb*16]; weight j < 16 of a block is the low nibble of qs[j], weight
+    j + 16 the high nibble."""
     j = i & 31
-    q = ((int32(qs[tok, b * 16 + (j & 15)]) >> (4 * (j >> 4))) & 15) - 8
-    out[cuda.blockIdx.x, i] = _mul_rn(float32(q) * _f16(d, tok, b), scale)
+    return (int32(qs[tok, (i >> 5) * 16 + (j & 15)]) >> (4 * (j >> 4))) & 15
 
 
-@cuda.jit
-def _embed_q5_0(ids, qs, qh, d, out, scale):
-    """qs uint8[rows, nb*16], qh uint8[rows, nb*4] (little-endian uint32: bit j = 5th bit
-    of weight j), d uint16[rows, nb]: w = (q - 16) * d."""
-    tok, i = _where(ids, qs.shape[0], out)
-    if tok < 0:
-        return
-    b = i >> 5
+@cuda.jit(device=True)
+def _q5_32(qs, qh, tok, i):
+    """The 5-bit quant of weight i of Q5_0 / Q5_1: _q4_32 | bit j of the block's qh
+    (uint8[rows, nb*4], a little-endian uint32) << 4."""
     j = i & 31
-    q = (int32(qs[tok, b * 16 + (j & 15)]) >> (4 * (j >> 4))) & 15
-    q |= ((int32(qh[tok, b * 4 + (j >> 3)]) >> (j & 7)) & 1) << 4
-    out[cuda.blockIdx.x, i] = _mul_rn(float32(q - 16) * _f16(d, tok, b), scale)
+    return _q4_32(qs, tok, i) | (((int32(qh[tok, (i >> 5) * 4 + (j >> 3)]) >> (j & 7)) & 1) << 4)
 
 
-@cuda.jit
-def _embed_q4_1(ids, qs, dm, out, scale):
-    """qs as Q4_0, dm uint32[rows, nb] (fp16 d | fp16 m << 16): w = d * q + m, q unsigned
+@cuda.jit(device=True)
+def _w_q8_0(p, tok, i):
+    """p = (qs int8[rows, nb*32], d uint16[rows, nb]): w = q * d."""
+    qs, d = p
+    return float32(qs[tok, i]) * _f16(d, tok, i >> 5)
+
+
+@cuda.jit(device=True)
+def _w_q4_0(p, tok, i):
+    """p = (qs, d uint16[rows, nb]): w = (q - 8) * d."""
+    qs, d = p
+    return float32(_q4_32(qs, tok, i) - 8) * _f16(d, tok, i >> 5)
+
+
+@cuda.jit(device=True)
+def _w_q5_0(p, tok, i):
+    """p = (qs, qh, d uint16[rows, nb]): w = (q - 16) * d."""
+    qs, qh, d = p
+    return float32(_q5_32(qs, qh, tok, i) - 16) * _f16(d, tok, i >> 5)
+
+
+@cuda.jit(device=True)
+def _w_q4_1(p, tok, i):
+    """p = (qs, dm uint32[rows, nb] (fp16 d | fp16 m << 16)): w = d * q + m, q unsigned
     0..15 (the product rounded on its own, as the reference: never an FMA)."""
-    tok, i = _where(ids, qs.shape[0], out)
-    if tok < 0:
-        return
-    b = i >> 5
-    j = i & 31
-    q = (int32(qs[tok, b * 16 + (j & 15)]) >> (4 * (j >> 4))) & 15
-    d, m = ptx.unpack_half2(dm[tok, b])
-    out[cuda.blockIdx.x, i] = _mul_rn(_mul_rn(d, float32(q)) + m, scale)
+    qs, dm = p
+    d, m = ptx.unpack_half2(dm[tok, i >> 5])
+    return _mul_rn(d, float32(_q4_32(qs, tok, i))) + m
 
 
-@cuda.jit
-def _embed_q5_1(ids, qs, qh, dm, out, scale):
-    """As Q5_0 with an unsigned q (0..31) and a min: w = d * q + m."""
-    tok, i = _where(ids, qs.shape[0], out)
-    if tok < 0:
-        return
-    b = i >> 5
-    j = i & 31
-    q = (int32(qs[tok, b * 16 + (j & 15)]) >> (4 * (j >> 4))) & 15
-    q |= ((int32(qh[tok, b * 4 + (j >> 3)]) >> (j & 7)) & 1) << 4
-    d, m = ptx.unpack_half2(dm[tok, b])
-    out[cuda.blockIdx.x, i] = _mul_rn(_mul_rn(d, float32(q)) + m, scale)
+@cuda.jit(device=True)
+def _w_q5_1(p, tok, i):
+    """p = (qs, qh, dm): as Q4_1 with a 5-bit unsigned q (0..31)."""
+    qs, qh, dm = p
+    d, m = ptx.unpack_half2(dm[tok, i >> 5])
+    return _mul_rn(d, float32(_q5_32(qs, qh, tok, i))) + m
 
 
-@cuda.jit
-def _embed_bf16(ids, w, out, scale):
-    """w uint16[rows, cols] (bf16 bits): the float32 with those 16 high bits."""
-    tok, i = _where(ids, w.shape[0], out)
-    if tok < 0:
-        return
-    out[cuda.blockIdx.x, i] = _mul_rn(ptx.bits_to_f32(uint32(w[tok, i]) << 16), scale)
+@cuda.jit(device=True)
+def _w_bf16(p, tok, i):
+    """p = (w uint16[rows, cols] (bf16 bits),): the float32 with those 16 high bits."""
+    return ptx.bits_to_f32(uint32(p[0][tok, i]) << 16)
 
 
-@cuda.jit
-def _embed_f16(ids, w, out, scale):
-    """w uint16[rows, cols] (fp16 bits)."""
-    tok, i = _where(ids, w.shape[0], out)
-    if tok < 0:
-        return
-    out[cuda.blockIdx.x, i] = _mul_rn(_f16(w, tok, i), scale)
+@cuda.jit(device=True)
+def _w_f16(p, tok, i):
+    """p = (w uint16[rows, cols] (fp16 bits),)."""
+    return _f16(p[0], tok, i)
 
 
-@cuda.jit
-def _embed_f32(ids, w, out, scale):
-    """w float32[rows, cols]."""
-    tok, i = _where(ids, w.shape[0], out)
-    if tok < 0:
-        return
-    out[cuda.blockIdx.x, i] = _mul_rn(w[tok, i], scale)
+@cuda.jit(device=True)
+def _w_f32(p, tok, i):
+    """p = (w float32[rows, cols],)."""
+    return p[0][tok, i]
 
 
-kernel_cache.attach_module(globals())   # compiled kernels persist on disk (engine/kernel_cache.py)
+# ---- the kernel: one per format, the same body --------------------------------------
+def _embed_kernel(name: str, weight):
+    """The kernel of one format: thread (t, i) writes out[t, i] = weight(planes, ids[t], i)
+    times scale (a zero for an id outside the table). ids int32[n], planes the format's
+    planes as a tuple (device_planes), out float32[n, cols], scale float32."""
+    def kernel(ids, planes, out, scale):
+        tok, i = _where(ids, planes[0].shape[0], out)
+        if tok < 0:
+            return
+        out[cuda.blockIdx.x, i] = _mul_rn(weight(planes, tok, i), scale)
+    kernel.__name__ = kernel.__qualname__ = name          # the name profilers show
+    return kernel_cache.attach(cuda.jit(kernel))   # compiled kernels persist on disk (engine/kernel_cache.py)
 
 
 # =====================================================================================
 # Launcher
 # =====================================================================================
 _U8, _I8, _U16, _U32, _F32 = "uint8[:, ::1]", "int8[:, ::1]", "uint16[:, ::1]", "uint32[:, ::1]", "float32[:, ::1]"
-# qtype -> (kernel name, [(plane name, plane signature, pass as)], ...)
-_KERNELS = {
-    QType.Q6_K: ("_embed_q6_k", [("ql", _U8), ("qh", _U8), ("sc", _I8), ("d", _U16)]),
-    QType.Q4_K: ("_embed_q4_k", [("hdr", _U8), ("qs", _U8)]),
-    QType.Q5_K: ("_embed_q5_k", [("hdr", _U8), ("qh", _U8), ("qs", _U8)]),
-    QType.Q8_0: ("_embed_q8_0", [("qs", _I8), ("d", _U16)]),
-    QType.Q4_0: ("_embed_q4_0", [("qs", _U8), ("d", _U16)]),
-    QType.Q5_0: ("_embed_q5_0", [("qs", _U8), ("qh", _U8), ("d", _U16)]),
-    QType.Q4_1: ("_embed_q4_1", [("qs", _U8), ("dm", _U32)]),
-    QType.Q5_1: ("_embed_q5_1", [("qs", _U8), ("qh", _U8), ("dm", _U32)]),
-    QType.F16: ("_embed_f16", [("w", _U16)]),
-    QType.BF16: ("_embed_bf16", [("w", _U16)]),
-    QType.F32: ("_embed_f32", [("w", _F32)]),
+# qtype -> (kernel name, weight of one element, [(plane name, plane signature)] in kernel order)
+_FORMATS = {
+    QType.Q6_K: ("_embed_q6_k", _w_q6_k, [("ql", _U8), ("qh", _U8), ("sc", _I8), ("d", _U16)]),
+    QType.Q4_K: ("_embed_q4_k", _w_q4_k, [("hdr", _U8), ("qs", _U8)]),
+    QType.Q5_K: ("_embed_q5_k", _w_q5_k, [("hdr", _U8), ("qh", _U8), ("qs", _U8)]),
+    QType.Q8_0: ("_embed_q8_0", _w_q8_0, [("qs", _I8), ("d", _U16)]),
+    QType.Q4_0: ("_embed_q4_0", _w_q4_0, [("qs", _U8), ("d", _U16)]),
+    QType.Q5_0: ("_embed_q5_0", _w_q5_0, [("qs", _U8), ("qh", _U8), ("d", _U16)]),
+    QType.Q4_1: ("_embed_q4_1", _w_q4_1, [("qs", _U8), ("dm", _U32)]),
+    QType.Q5_1: ("_embed_q5_1", _w_q5_1, [("qs", _U8), ("qh", _U8), ("dm", _U32)]),
+    QType.F16: ("_embed_f16", _w_f16, [("w", _U16)]),
+    QType.BF16: ("_embed_bf16", _w_bf16, [("w", _U16)]),
+    QType.F32: ("_embed_f32", _w_f32, [("w", _F32)]),
 }
-SUPPORTED = frozenset(_KERNELS)
-KERNEL_SIGNATURES = {name: f"void(int32[::1], {', '.join(s for _, s in planes)}, float32[:, ::1], float32)"
-                     for name, planes in _KERNELS.values()}
+_KERNELS = {qt: _embed_kernel(name, w) for qt, (name, w, _) in _FORMATS.items()}
+SUPPORTED = frozenset(_FORMATS)
+KERNEL_SIGNATURES = {name: f"void(int32[::1], Tuple(({', '.join(s for _, s in planes)},)), float32[:, ::1], "
+                           f"float32)" for name, _, planes in _FORMATS.values()}
 _DTYPES = {_U8: np.uint8, _I8: np.int8, _U16: np.uint16, _U32: np.uint32, _F32: np.float32}
 _compiled = False
 
@@ -286,25 +283,25 @@ def compile_kernels(qtypes=None) -> None:
     global _compiled
     if _compiled or SIMULATOR:
         return
-    for qt in (qtypes or _KERNELS):
-        name, _ = _KERNELS[QType(qt)]
-        globals()[name].compile(KERNEL_SIGNATURES[name])
+    for qt in (qtypes or _FORMATS):
+        qt = QType(qt)
+        _KERNELS[qt].compile(KERNEL_SIGNATURES[_FORMATS[qt][0]])
     _compiled = qtypes is None
 
 
 _is_device_array = ptx.is_device_array
 
 
-def device_planes(table: PackedWeight) -> list:
+def device_planes(table: PackedWeight) -> tuple:
     """The table's planes as the kernel takes them, in order (fp16 planes as uint16
-    bits), checked. Call once at load and keep the list; `embed` calls it too (views only)."""
-    if table.qtype not in _KERNELS:
+    bits), checked. Call once at load and keep the tuple; `embed` calls it too (views only)."""
+    if table.qtype not in _FORMATS:
         raise ValueError(f"no embedding kernel for {table.qtype.name} tables (supported: "
                          f"{', '.join(sorted(q.name for q in SUPPORTED))})")
     block = BLOCK_SIZES[table.qtype][0]
     if table.cols % block:
         raise ValueError(f"{table.qtype.name} table with {table.cols} columns: not whole blocks")
-    _, spec = _KERNELS[table.qtype]
+    _, _, spec = _FORMATS[table.qtype]
     planes = []
     for name, sig in spec:
         p = table.planes[name]
@@ -318,7 +315,7 @@ def device_planes(table: PackedWeight) -> list:
             raise ValueError(f"table plane '{name}' must be {np.dtype(want).name}[{table.rows}, ...], "
                              f"got {p.dtype} {p.shape}")
         planes.append(p)
-    return planes
+    return tuple(planes)
 
 
 def embed(table: PackedWeight, ids, out, stream=0, planes=None, scale: float = 1.0) -> None:
@@ -339,9 +336,8 @@ def embed(table: PackedWeight, ids, out, stream=0, planes=None, scale: float = 1
                          f"{getattr(out, 'dtype', type(out).__name__)} {getattr(out, 'shape', '')}")
     if n == 0:
         return
-    name, _ = _KERNELS[table.qtype]
     grid = (n, -(-table.cols // ROW_TILE))
-    globals()[name][grid, ROW_TILE, stream](ids, *planes, out, np.float32(scale))
+    _KERNELS[table.qtype][grid, ROW_TILE, stream](ids, tuple(planes), out, np.float32(scale))
 
 
 def to_device(table: PackedWeight, stream=0) -> PackedWeight:

@@ -291,7 +291,7 @@ async def _stream(chat: jobs.ChatJob, msg_id: str, model: str):
                                                          "delta": {"type": "input_json_delta",
                                                                    "partial_json": fn["arguments"]}})
                     yield _event("content_block_stop", {"type": "content_block_stop", "index": index})
-            else:
+            elif kind == "done":
                 result, has_calls = rest
                 if index < 0:     # an empty reply still has one (empty) text block
                     index, open_kind = 0, "text"

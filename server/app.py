@@ -10,7 +10,8 @@ Routes (docs/server.md has every field):
   /props, /metrics, /slots; POST /slots/{id}?action=save|restore|erase (slots.py)
 - Anthropic: POST /v1/messages, /v1/messages/count_tokens (anthropic.py)
 - Ollama: /api/chat, /api/generate, /api/tags, /api/show, /api/version, /api/ps (ollama.py)
-- GET /: the chat page (webui.py; --no-webui: 404)
+- GET /: the chat page (webui.py; --no-webui: 404), with /manifest.webmanifest, /_app/version.json,
+  and /sw.js (a service worker that removes the one llama-server's web UI left in a browser)
 While the model loads, every route but the page answers 503 "Loading model"; the port is
 bound first so a supervisor can watch that. A path with a trailing slash is not another
 spelling of a route: 404, as llama-server (no redirect).
@@ -101,8 +102,7 @@ def routes(settings: ServerSettings) -> list[Route]:
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
     ]
     out += ollama.routes()
-    if settings.webui:
-        out += webui.routes()
+    out += webui.routes(settings.webui)     # /sw.js also without the page
     return out
 
 
@@ -251,15 +251,14 @@ def serve(args, engine_config, settings: ServerSettings | None = None) -> int:
 
     def load():
         from genie_rt.engine.engine import Engine
-        engine = Engine.load(model_path, engine_config)
+        from genie_rt.engine.cli import load_progress
+        engine = Engine.load(model_path, engine_config, progress=load_progress(args))
         template = chat_template_override(args, engine)
         if template is not None:
             engine.template = template
-        from genie_rt.engine.load_report import first_use_note, ready_summary
-        note = first_use_note(engine)
-        log.info("model %s on %s, context %d; warming up%s\n%s", engine.model_name,
-                 getattr(engine.backend, "name", "?"), engine.n_ctx, f" ({note})" if note else "",
-                 ready_summary(engine))
+        from genie_rt.engine.load_report import ready_summary
+        log.info("model %s on %s, context %d; warming up\n%s", engine.model_name,
+                 getattr(engine.backend, "name", "?"), engine.n_ctx, ready_summary(engine))
         warm_up(engine)
         return engine
 

@@ -10,14 +10,18 @@ What each llama-server flag means here (docs/server.md has the table):
   names), --tags, --api-key (comma separated: several keys), --api-key-file (one key a line),
   --chat-template NAME|JINJA, --chat-template-file, --reasoning on|off|auto, --reasoning-budget
   -1|0, --reasoning-format, --slots/--no-slots, --slot-save-path, --no-webui/--no-ui, --metrics,
-  --cors-origins, -ctk/-ctv (f32, f16, q8_0 -> our int8), -ub/--ubatch-size (prefill chunk);
+  --cors-origins, -ctk/-ctv (f32, f16, q8_0 -> our int8), -ub/--ubatch-size (prefill chunk),
+  -b/--batch-size (the logical batch: a streamed request with return_progress gets one
+  prompt_progress chunk per batch);
 - accepted with a different meaning: -np/--parallel N (N slots are reported and each gets
   ctx/N positions as in llama-server - the whole context with --kv-unified - but one engine
   worker serves them one after another);
   --jinja/--no-jinja (templates are always Jinja);
-- accepted and ignored (llama.cpp's own tuning; a log line says so): -t, -tb, -ngl, -b, -fa,
+- accepted and ignored (llama.cpp's own tuning; a log line says so): -t, -tb, -ngl, -fa,
   -cb/-nocb, --swa-full, --mlock, --no-mmap, --cache-ram, --no-cache-idle-slots,
-  --no-warmup, --log-*;
+  --no-warmup, --log-*, -bs/--backend-sampling (the CUDA back-end samples on the device anyway);
+- as llama-server, a long option may be spelled with underscores (--backend_sampling,
+  --ctx_size): `dash_long_options` rewrites the ones that name an option;
 - refused with a sentence saying why (the feature does not exist here): --embedding,
   --reranking, --lora, --mmproj, --model-draft, --context-shift, ... Any other unknown flag is
   argparse's error ("unrecognized arguments"), exit status 2.
@@ -37,13 +41,15 @@ log = logging.getLogger("genie_rt.server")
 CACHE_TYPES = {"f32": "f32", "f16": "f16", "q8_0": "int8", "int8": "int8"}
 
 IGNORED_WITH_VALUE = ["-tb", "--threads-batch", "-ngl", "--gpu-layers", "--n-gpu-layers",
-                      "-b", "--batch-size", "--cache-ram", "-cram", "--log-file", "--log-verbosity", "-lv",
+                      "--cache-ram", "-cram", "--log-file", "--log-verbosity", "-lv",
                       "-sm", "--split-mode", "-ts", "--tensor-split", "-mg", "--main-gpu", "--numa",
                       "--timeout", "--threads-http", "--keep", "--n-keep"]
 IGNORED_FLAGS = ["-cb", "--cont-batching", "-nocb", "--no-cont-batching", "--no-kv-unified",
                  "--swa-full", "--mlock", "--no-mmap", "--mmap", "--no-cache-idle-slots", "--no-warmup",
                  "--log-disable", "--log-colors", "--log-prefix", "--log-timestamps", "--no-perf",
-                 "--no-context-shift", "--cache-reuse-disable", "--offline"]
+                 "--no-context-shift", "--cache-reuse-disable", "--offline",
+                 # sampling on the device: what the CUDA back-end does anyway (engine/gpu_sampling.py)
+                 "-bs", "--backend-sampling"]
 UNSUPPORTED = {
     "--embedding": "embeddings are not supported (a generation-only engine)",
     "--embeddings": "embeddings are not supported (a generation-only engine)",
@@ -76,6 +82,27 @@ UNSUPPORTED = {
     "-hf": "models are not downloaded: give a local GGUF file with -m",
     "--model-url": "models are not downloaded: give a local GGUF file with -m",
 }
+
+
+def dash_long_options(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """argv with `--foo_bar` (and `--foo_bar=value`) read as `--foo-bar` where that names an option
+    of the parser or of one of its subcommands, as llama-server's argument parser (common/arg.cpp)
+    reads every long option. Anything else, values included, is left as it is."""
+    known: set[str] = set()
+    parsers = [parser]
+    while parsers:
+        p = parsers.pop()
+        for action in p._actions:
+            known.update(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                parsers += list(action.choices.values())
+    out = []
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        if name.startswith("--") and "_" in name and name not in known and name.replace("_", "-") in known:
+            arg = name.replace("_", "-") + eq + value
+        out.append(arg)
+    return out
 
 
 class _Refuse(argparse.Action):
@@ -146,6 +173,9 @@ def _add_llama_server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-ctv", "--cache-type-v", default=None, choices=sorted(CACHE_TYPES))
     p.add_argument("-ub", "--ubatch-size", type=_positive_int("--ubatch-size"), default=None,
                    help="same as --prefill-chunk")
+    p.add_argument("-b", "--batch-size", type=_positive_int("--batch-size"), default=None,
+                   help="prompt tokens per prompt_progress report of a request with return_progress "
+                        "(default 2048, as llama-server's logical batch)")
     # HTTP
     p.add_argument("--api-key-file", default=None, metavar="PATH", help="file of API keys, one per line")
     p.add_argument("--no-webui", "--no-ui", dest="webui", action="store_false", default=True,

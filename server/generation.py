@@ -16,6 +16,10 @@ an array of results (not streamed), as llama-server answers a batch.
 writes the choices one after another (engine/engine.py); every event carries its choice's
 index. Streamed, each choice's chunks end with its own finish chunk before the next choice
 starts; usage and timings at the end cover them all (the prompt counted once).
+
+A streamed request with `return_progress` gets llama-server's prompt_progress chunks while the
+prompt is processed (once, before choice 0's text: the choices share the prefill);
+`timings_per_token` puts the timings of the chunk's choice so far on every streamed chunk.
 """
 from __future__ import annotations
 
@@ -25,9 +29,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
+from genie_rt.engine.generate import Progress
+
 from . import jobs, schemas
 from .errors import ApiError, JSONResp, api_error, endpoint
-from .openai_format import SSE_DONE, ChatFormatter, CompletionFormatter, NativeCompletionFormatter, sse
+from .openai_format import SSE_DONE, ChatFormatter, CompletionFormatter, NativeCompletionFormatter, sse, with_telemetry
 from .state import FINGERPRINT, ServerState
 from .streaming import JobStream, SSEResponse, read_json
 from .worker import DISCONNECTED
@@ -63,10 +69,10 @@ def _sse_error(exc: BaseException) -> bytes:
 
 async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done, done_marker: bool = True,
                n: int = 1):
-    """SSE bytes for one job: the prelude chunks, `on_text(delta)` chunks per Delta, then
-    `on_done(done_event)` chunks at the end of each of its n choices and [DONE] (unless
-    done_marker is False: llama-server's native /completion sends none) - or an error chunk,
-    or nothing once the client left."""
+    """SSE bytes for one job: the prelude chunks, `on_text(event)` chunks per Delta (and per
+    Progress event, with return_progress), then `on_done(done_event)` chunks at the end of each
+    of its n choices and [DONE] (unless done_marker is False: llama-server's native /completion
+    sends none) - or an error chunk, or nothing once the client left."""
     try:
         for chunk in prelude:
             yield sse(chunk)
@@ -89,7 +95,7 @@ async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done, 
 def _chat_stream(chat: jobs.ChatJob, fmt: ChatFormatter, st: ServerState) -> SSEResponse:
     """chat.completion.chunk events: per choice (its `index`) a role chunk, its deltas and its
     finish chunk, one choice after another; then usage (when asked) covering every choice."""
-    n, include_usage = chat.req.gen.n, chat.req.gen.include_usage
+    n, include_usage, per_token = chat.req.gen.n, chat.req.gen.include_usage, chat.req.gen.timings_per_token
     started, results = {0}, []
 
     def opening(index: int) -> list[dict]:
@@ -99,7 +105,12 @@ def _chat_stream(chat: jobs.ChatJob, fmt: ChatFormatter, st: ServerState) -> SSE
         return [fmt.first_chunk(index)]
 
     def text(ev) -> list[dict]:
-        return opening(ev.index) + fmt.text_chunks(ev.text, ev.probs, ev.index)
+        if isinstance(ev, Progress):   # as llama-server: choice 0's role delta again, with the progress
+            return [with_telemetry(fmt.first_chunk(), ev, per_token)]
+        chunks = opening(ev.index) + fmt.text_chunks(ev.text, ev.probs, ev.index)
+        if chunks and per_token:
+            with_telemetry(chunks[-1], ev, True)
+        return chunks
 
     def done(ev) -> list[dict]:
         chunks, has_calls = fmt.finish_chunks(ev.result, ev.index)
@@ -178,7 +189,8 @@ async def _completion(request: Request, st: ServerState, native: bool) -> Respon
     if native:
         nfmt = NativeCompletionFormatter(st, req, prompt)
         if req.gen.stream:
-            return SSEResponse(_sse(stream, event, [], lambda ev: [nfmt.text_chunk(ev)] if ev.text or ev.tokens else [],
+            return SSEResponse(_sse(stream, event, [], lambda ev: [nfmt.text_chunk(ev)]
+                                    if isinstance(ev, Progress) or ev.text or ev.tokens else [],
                                     lambda ev: [nfmt.response("", [], ev.result, ev.index)], done_marker=False,
                                     n=n))
         choices = await jobs.collect_choices(stream, event, n)
@@ -187,14 +199,20 @@ async def _completion(request: Request, st: ServerState, native: bool) -> Respon
         return JSONResp(objs[0] if n == 1 else objs)    # llama-server: an array for n_cmpl > 1
     fmt = CompletionFormatter(st.model_name, FINGERPRINT, st.engine.tokenizer)
     if req.gen.stream:
-        results = []
+        per_token, results = req.gen.timings_per_token, []
+
+        def text(ev) -> list[dict]:
+            if isinstance(ev, Progress):
+                return [with_telemetry(fmt.text_chunk(""), ev, per_token)]
+            if ev.text or ev.probs:
+                return [with_telemetry(fmt.text_chunk(ev.text, ev.probs, ev.index), ev, per_token)]
+            return []
 
         def done(ev) -> list[dict]:
             results.append(ev.result)
             chunks = [fmt.finish_chunk(ev.result, ev.index)]
             return fmt.end_chunks(chunks, results, req.gen.include_usage) if len(results) == n else chunks
-        return SSEResponse(_sse(stream, event, [], lambda ev: [fmt.text_chunk(ev.text, ev.probs, ev.index)]
-                                if ev.text or ev.probs else [], done, n=n))
+        return SSEResponse(_sse(stream, event, [], text, done, n=n))
     choices = await jobs.collect_choices(stream, event, n)
     return JSONResp(fmt.response([(text, result) for text, _, result in choices]))
 

@@ -3,11 +3,12 @@
     prompt = await prompt_ids(st, text, add_special=True, parse_special=True)   # bounded, checked
     stream = start_job(request, st, gen, prompt)          # queued (503 when full / shutting down)
     event = await first_event(stream)                     # the prompt is processed by then
-    async for ev in events(stream, event): ...            # Delta..., Done; ApiError on failure
+    async for ev in events(stream, event): ...            # (Progress...) Delta..., Done; ApiError on failure
 
     chat = await start_chat(request, st, body)            # an OpenAI chat body: parse, render, start
     msg, has_calls, result = await chat_message(chat)     # non-streamed
-    async for kind, *rest in chat_stream(chat): ...       # ("delta", {...}) ..., ("done", result, has_calls)
+    async for kind, *rest in chat_stream(chat): ...       # ("progress", Progress) ... with return_progress,
+                                                          # ("delta", {...}) ..., ("done", result, has_calls)
 
 The OpenAI routes (generation.py), Anthropic's /v1/messages (anthropic.py), the Responses API
 (responses.py) and Ollama's /api/chat (ollama.py) all turn their request into an OpenAI chat
@@ -30,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from genie_rt.engine.chat import TOOL_CALL_START
-from genie_rt.engine.generate import Delta, Done, GenerationRequest
+from genie_rt.engine.generate import Delta, Done, GenerationRequest, Progress
 
 from . import schemas
 from .constraints import tool_constraint
@@ -89,12 +90,15 @@ def check_prompt(prompt: list[int], n_ctx: int) -> None:
 # --- jobs -----------------------------------------------------------------------------------------
 def start_job(request: Request, st: ServerState, gen: schemas.GenerationFields, prompt: list[int],
               constraint=None) -> JobStream:
-    """Queue a generation; `constraint` (a chat's tool-call grammar) replaces gen.constraint."""
+    """Queue a generation; `constraint` (a chat's tool-call grammar) replaces gen.constraint. A
+    streamed request with return_progress gets Progress events, one per -b/--batch-size tokens
+    of the prompt (llama-server sends prompt_progress only while streaming)."""
     job = Job(GenerationRequest(prompt=prompt, params=gen.params, max_tokens=gen.max_tokens, stop=gen.stop,
                                 ignore_eos=gen.ignore_eos, conversation_id=gen.conversation_id,
                                 constraint=constraint if constraint is not None else gen.constraint,
                                 n_probs=gen.n_probs, logprobs=gen.logprobs,
-                                post_sampling_probs=gen.post_sampling_probs, n=gen.n),
+                                post_sampling_probs=gen.post_sampling_probs, n=gen.n,
+                                progress_batch=st.settings.n_batch if gen.stream and gen.return_progress else 0),
               asyncio.get_running_loop())
     try:
         st.worker.submit(job)
@@ -124,12 +128,13 @@ async def first_event(stream: JobStream):
 
 
 async def events(stream: JobStream, event, n: int = 1) -> AsyncIterator:
-    """Delta events, then the Done - of each of the job's n choices in turn (each event's
-    `index`); ApiError for a failure, a cancelled run or a disconnect."""
+    """(Progress events, with return_progress: the prompt's, before choice 0,) then Delta events
+    and the Done - of each of the job's n choices in turn (each event's `index`); ApiError for a
+    failure, a cancelled run or a disconnect."""
     done = 0
     try:
         while True:
-            if isinstance(event, Delta):
+            if isinstance(event, (Delta, Progress)):
                 yield event
             elif isinstance(event, Done):
                 if event.result.finish_reason == "cancelled":  # server shutdown
@@ -161,7 +166,7 @@ async def collect_choices(stream: JobStream, event, n: int) -> list[tuple[str, l
         if isinstance(ev, Delta):
             pieces[ev.index].append(ev.text)
             tokens[ev.index] += ev.tokens
-        else:
+        elif isinstance(ev, Done):
             out.append(("".join(pieces[ev.index]), tokens[ev.index], ev.result))
     if len(out) != n:
         raise ApiError(500, "the generation ended without a result")
@@ -221,6 +226,7 @@ class ChatJob:
     event: Any
     st: ServerState
     prompt_text: str = ""
+    stats: Any = None           # the counts and times of the last Delta (timings_per_token)
 
 
 def tool_grammar(st: ServerState, req: schemas.ChatRequest, forced: str, prefilled: bool):
@@ -284,10 +290,14 @@ async def chat_message(chat: ChatJob) -> tuple[dict, bool, Any]:
 
 
 async def chat_stream(chat: ChatJob) -> AsyncIterator[tuple]:
-    """("delta", OpenAI delta) as the reply grows, then ("done", result, has_calls). Raises ApiError
+    """("progress", Progress) while the prompt is processed (only with return_progress),
+    ("delta", OpenAI delta) as the reply grows, then ("done", result, has_calls). Raises ApiError
     on a failure after the first event."""
     async for ev in events(chat.stream, chat.event):
-        if isinstance(ev, Delta):
+        if isinstance(ev, Progress):
+            yield ("progress", ev)
+        elif isinstance(ev, Delta):
+            chat.stats = ev.stats
             for d in chat.output.feed(ev.text):
                 yield ("delta", d)
         else:

@@ -233,7 +233,7 @@ async def _chat_lines(st: ServerState, chat: jobs.ChatJob, t0: float, generate: 
                         msg["tool_calls"] = _ollama_calls([dict(c) for c in delta["tool_calls"]])
                     piece = {"message": msg}
                 yield _ndjson({"model": model, "created_at": _now(), **piece, "done": False})
-            else:
+            elif kind == "done":
                 result, _ = rest
                 extra = {"response": "", "context": chat.prompt + list(result.tokens)} if generate else \
                     {"message": {"role": "assistant", "content": ""}}

@@ -16,7 +16,8 @@ What it does
   content until the end of every reply).
 - Builders for chat.completion, chat.completion.chunk, text_completion, usage (with
   prompt_tokens_details.cached_tokens) and llama-server's `timings`.
-- SSE framing: `data: {json}\\n\\n`, `data: [DONE]\\n\\n`.
+- SSE framing: `data: {json}\\n\\n`, `data: [DONE]\\n\\n`; llama-server's streamed telemetry
+  (prompt_progress with return_progress, timings with timings_per_token).
 
 What it deliberately does not do: HTTP, validation, or tool-call formats other than the
 Qwen/Hermes `<tool_call>` JSON that engine/chat.py reads.
@@ -92,6 +93,23 @@ def timings(result) -> dict:
             "predicted_n": result.n_generated, "predicted_ms": result.gen_ms,
             "predicted_per_token_ms": _per_token_ms(steps, result.gen_ms),
             "predicted_per_second": _per_second(steps, result.gen_ms)}
+
+
+def prompt_progress(progress) -> dict:
+    """llama-server's prompt_progress of an engine Progress event (processed counts the cached
+    tokens; time_ms since the prompt's processing began)."""
+    return {"total": progress.total, "cache": progress.cache, "processed": progress.processed,
+            "time_ms": int(progress.prompt_ms)}
+
+
+def with_telemetry(chunk: dict, event, per_token: bool) -> dict:
+    """A streamed chunk with llama-server's telemetry: prompt_progress on a Progress event's
+    chunk, and (timings_per_token) the timings so far on every chunk."""
+    if hasattr(event, "processed"):
+        chunk["prompt_progress"] = prompt_progress(event)
+    if per_token and getattr(event, "stats", None) is not None:
+        chunk["timings"] = timings(event.stats)
+    return chunk
 
 
 # --- chat --------------------------------------------------------------------------------------------
@@ -310,7 +328,7 @@ SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]
 
 
 def sampling_settings(p, max_tokens: int | None, ignore_eos: bool, stream: bool, n_probs: int = 0,
-                      post_sampling_probs: bool = False) -> dict:
+                      post_sampling_probs: bool = False, timings_per_token: bool = False) -> dict:
     """llama-server's names for a request's sampling settings (its generation_settings, and
     /props' defaults); seed 0xFFFFFFFF (RANDOM_SEED) means a random one. The samplers this
     engine lacks are reported with the values that switch them off, so a client reading the
@@ -331,7 +349,8 @@ def sampling_settings(p, max_tokens: int | None, ignore_eos: bool, stream: bool,
             "grammar": "", "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
             "chat_format": "Content-only", "reasoning_format": "auto", "reasoning_in_content": False,
             "generation_prompt": "", "samplers": list(SAMPLERS), "speculative.types": "none",
-            "timings_per_token": False, "post_sampling_probs": post_sampling_probs, "backend_sampling": False, "lora": []}
+            "timings_per_token": timings_per_token, "post_sampling_probs": post_sampling_probs,
+            "backend_sampling": False, "lora": []}
 
 
 def logit_bias_list(logit_bias: dict, extra_banned=()) -> list[dict]:
@@ -372,17 +391,21 @@ class NativeCompletionFormatter:
         self.n_generated: dict[int, int] = {}     # per choice, so far (streamed chunks)
 
     def text_chunk(self, delta) -> dict:
+        """A Delta's chunk (of its choice), or a Progress event's (no content, prompt_progress;
+        index 0: the prompt is processed before choice 0)."""
         index = getattr(delta, "index", 0)
-        self.n_generated[index] = self.n_generated.get(index, 0) + len(delta.tokens)
-        out = {"index": index, "content": delta.text, "tokens": list(delta.tokens), "stop": False, "id_slot": 0,
+        tokens = list(getattr(delta, "tokens", ()))
+        self.n_generated[index] = self.n_generated.get(index, 0) + len(tokens)
+        out = {"index": index, "content": getattr(delta, "text", ""), "tokens": tokens, "stop": False, "id_slot": 0,
                "tokens_predicted": self.n_generated[index], "tokens_evaluated": self.n_prompt}
         if getattr(delta, "probs", None) is not None:
             out["completion_probabilities"] = lp.native_probs(self.tokenizer, delta.probs)
-        return out
+        return with_telemetry(out, delta, self.gen.timings_per_token)
 
     def generation_settings(self) -> dict:
         g = self.gen
-        return {**sampling_settings(g.params, g.max_tokens, g.ignore_eos, g.stream, g.n_probs, g.post_sampling_probs),
+        return {**sampling_settings(g.params, g.max_tokens, g.ignore_eos, g.stream, g.n_probs, g.post_sampling_probs,
+                                    g.timings_per_token),
                 "stop": list(g.stop),
                 "logit_bias": logit_bias_list(g.params.logit_bias, self.eog if g.ignore_eos else ())}
 

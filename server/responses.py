@@ -18,11 +18,13 @@ Response: {"id": "resp_...", "object": "response", "status": completed | incompl
 response.created, response.in_progress, then per item output_item.added, content_part.added /
 output_text.delta / output_text.done / content_part.done (or reasoning_text.delta / .done, or
 function_call_arguments.delta / .done), output_item.done, and response.completed (also when the
-token limit cut the reply: its status says "incomplete"); a failure after the start is a
-response.failed event. Every event has
-its sequence_number, as the client's stream accumulator expects.
+token limit cut the reply: its status says "incomplete", and llama-server's `timings` ride on
+it); a failure after the start is a response.failed event. Every event has its
+sequence_number, as the client's stream accumulator expects. llama-server's telemetry:
+`return_progress` adds a response.in_progress event with `prompt_progress` per batch of the
+prompt, `timings_per_token` puts the timings so far on each text delta event.
 
-Deliberately not here: storage of responses, built-in tools, structured outputs.
+Deliberately not here: storage of responses, built-in tools.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from starlette.responses import Response
 
 from . import jobs, schemas
 from .errors import ApiError, JSONResp, bad_request, endpoint, json_bytes
-from .openai_format import random_id
+from .openai_format import random_id, timings, with_telemetry
 from .state import ServerState
 from .streaming import SSEResponse, read_json
 
@@ -133,7 +135,8 @@ def to_chat_body(body: dict) -> dict:
                           f"{schemas._show(fmt.get('type'))}")
     if body.get("max_output_tokens") is not None:
         out["max_tokens"] = body["max_output_tokens"]
-    for key in ("temperature", "top_p", "stream", "seed", "top_k", "min_p", "stop"):
+    for key in ("temperature", "top_p", "stream", "seed", "top_k", "min_p", "stop",
+                "timings_per_token", "return_progress"):     # the last two: llama-server's telemetry
         if body.get(key) is not None:
             out[key] = body[key]
     tools = body.get("tools")
@@ -271,8 +274,13 @@ async def _stream(chat: jobs.ChatJob, rb: ResponseBuilder):
     try:
         yield rb.event("response.created", response=rb.envelope("in_progress", []))
         yield rb.event("response.in_progress", response=rb.envelope("in_progress", []))
+        per_token = chat.req.gen.timings_per_token
         async for kind, *rest in jobs.chat_stream(chat):
-            if kind == "delta":
+            if kind == "progress":      # llama-server: a response.in_progress event with prompt_progress
+                (progress,) = rest
+                yield rb.event("response.in_progress", response=rb.envelope("in_progress", []),
+                               **with_telemetry({}, progress, per_token))
+            elif kind == "delta":
                 (delta,) = rest
                 for key, item_kind, event_name in (("reasoning_content", "reasoning", "response.reasoning_text.delta"),
                                                    ("content", "message", "response.output_text.delta")):
@@ -284,6 +292,8 @@ async def _stream(chat: jobs.ChatJob, rb: ResponseBuilder):
                             yield e
                     text += piece
                     extra = {"logprobs": []} if item_kind == "message" else {}
+                    if per_token and chat.stats is not None:
+                        extra["timings"] = timings(chat.stats)
                     yield rb.event(event_name, item_id=current["id"], output_index=len(output) - 1,
                                    content_index=0, delta=piece, **extra)
                 for call in delta.get("tool_calls") or []:
@@ -309,7 +319,7 @@ async def _stream(chat: jobs.ChatJob, rb: ResponseBuilder):
                 final = rb.envelope("completed", output, result)
                 # response.completed even when the token limit cut the reply (status "incomplete"):
                 # the openai client's stream only finishes on that event, and llama-server sends it
-                yield rb.event("response.completed", response=final)
+                yield rb.event("response.completed", response=final, timings=timings(result))
     except ApiError as exc:
         if exc.status != 499:
             failed = rb.envelope("failed", output)

@@ -234,7 +234,9 @@ class GenerationFields:
     logprobs: bool = False
     n_probs: int = 0
     post_sampling_probs: bool = False
-    n: int = 1                             # choices (replies to the one prompt)
+    n: int = 1                             # choices: replies to the one prompt, from one prefill (n / n_cmpl)
+    return_progress: bool = False          # llama-server: prompt_progress chunks while streaming
+    timings_per_token: bool = False        # llama-server: timings on every streamed chunk
 
 
 @dataclass
@@ -312,7 +314,9 @@ def parse_generation(body: dict, vocab_size: int, tokenize: Callable[[str], list
                             stream=stream, include_usage=include_usage,
                             conversation_id=parse_conversation_id(body), constraint=constraint,
                             response_schema=schema, logprobs=logprobs, n_probs=n_probs,
-                            post_sampling_probs=post, n=parse_n(body))
+                            post_sampling_probs=post, n=parse_n(body),
+                            return_progress=get_bool(body, "return_progress", False),
+                            timings_per_token=get_bool(body, "timings_per_token", False))
 
 
 def parse_tool_choice(body: dict, tools: list | None) -> bool | str | None:

@@ -51,6 +51,7 @@ class ServerSettings:
     retry_after_s: int = 1               # Retry-After on 503 queue full
     verbose: bool = False
     n_parallel: int = 1                  # slots reported (-np); one worker serves them in turn
+    n_batch: int = 2048                  # -b: prompt tokens per prompt_progress step (return_progress)
     slots_endpoint: bool = True          # GET /slots (501 with --no-slots)
     slot_save_path: str | None = None    # POST /slots/N?action=save|restore (KV files, kvcache/persist.py)
     webui: bool = True                   # the chat page at /
@@ -88,6 +89,7 @@ class ServerSettings:
                    model_path=arg("model", None), shutdown_timeout=float(arg("shutdown_timeout", cls.shutdown_timeout)),
                    max_body_bytes=int(float(arg("max_body_mb", 8)) * (1 << 20)),
                    verbose=bool(arg("verbose", False)), n_parallel=int(arg("parallel", 1)),
+                   n_batch=int(arg("batch_size", cls.n_batch)),
                    slots_endpoint=bool(arg("slots", True)), slot_save_path=arg("slot_save_path", None),
                    webui=bool(arg("webui", True)), metrics_endpoint=bool(arg("metrics", True)),
                    cors_origins=None if cors is None else [o.strip() for o in cors.split(",") if o.strip()],

@@ -53,6 +53,33 @@ def greedy_continuation(be, tokens, n):
     return seq
 
 
+TIE = 0.05     # a near-tie: top-2 margin below this fraction of the logits' standard deviation
+
+
+def assert_greedy_agrees(gpu, cpu, tokens, n, what=""):
+    """Both back-ends' greedy continuations of `tokens` (n tokens, through their samplers) are
+    the same, or part only at a near-tie. Random-weight files have many: the micro fixture's
+    top-2 margins are often < 0.01, and a float32 rounding difference between two correct
+    back-ends then picks the other token. At the first difference both back-ends recompute the
+    logits of that position: the CPU's margin between the two picks must be below TIE x its
+    logits' spread, each pick must be its own back-end's argmax there, and the logits must
+    agree (cosine >= 0.999) - a wrong kernel fails one of these, a rounding tie none."""
+    out = [greedy_continuation(be, tokens, n) for be in (gpu, cpu)]
+    if out[0] == out[1]:
+        return
+    k = next(i for i, (a, b) in enumerate(zip(*out)) if a != b)
+    ctx = np.concatenate([np.asarray(tokens, np.int32), np.asarray(out[1][:k], np.int32)])
+    lg = np.atleast_2d(gpu.prefill(ctx, 0))[-1].astype(np.float64)
+    lc = np.atleast_2d(cpu.prefill(ctx, 0))[-1].astype(np.float64)
+    g, c = out[0][k], out[1][k]
+    margin, spread = lc[c] - lc[g], lc.std()
+    info = (f"{what} step {k}: gpu {g} cpu {c}, cpu margin {margin:.4g} (spread {spread:.4g}), "
+            f"gpu margin {lg[g] - lg[c]:.4g}, cosine {cosine_rows(lg, lc)[0]:.6f}")
+    assert cosine_rows(lg, lc)[0] >= 0.999, info
+    assert lc[c] >= lc.max() - 1e-6 * spread and lg[g] >= lg.max() - 1e-6 * spread, info
+    assert margin <= TIE * spread, info
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not SIM, reason="simulator test (on a GPU the gpu tests cover this)")
 def test_simulated_forward_matches_cpu(tmp_path):
@@ -113,14 +140,13 @@ def test_every_position_matches_cpu(fixture_gguf, prompts, kv, min_cos):
 
 
 @pytest.mark.gpu
-def test_greedy_continuations_identical(fixture_gguf, prompts):
+def test_greedy_continuations_agree(fixture_gguf, prompts):
     """The fixture's random weights leave many near-tied logits (top-2 margins < 0.01), so
     this runs the decode GEMVs on float32 activations, the arithmetic closest to the CPU
     reference; the default q8 activations match it in cosine (above), like llama.cpp's."""
     gpu, cpu, _ = make_backends(fixture_gguf, "f16", gemv_mode="f32")
-    for tokens in prompts:
-        out = [greedy_continuation(be, tokens, 64) for be in (gpu, cpu)]
-        assert out[0] == out[1], f"first difference at {next(i for i, (a, b) in enumerate(zip(*out)) if a != b)}"
+    for i, tokens in enumerate(prompts):
+        assert_greedy_agrees(gpu, cpu, tokens, 64, f"prompt {i}")
 
 
 @pytest.mark.gpu

@@ -1,6 +1,6 @@
 """Constrained decoding below the server: engine/constrain.py, the host sampler's mask and
-probability records, gpu_sampling.apply_mask (simulator here, the device with -m gpu) and the
-CUDA back-end's constrained steps (gpu).
+probability records, gpu_mask.apply_mask (simulator here, PTX for sm_87 / sm_90, the device with
+-m gpu) and the CUDA back-end's constrained steps (gpu).
 
 GPU command (the lead): pytest -q -m gpu tests/test_constrained.py
 """
@@ -13,11 +13,13 @@ import numpy as np
 import pytest
 
 from genie_rt.engine import constrain
+from genie_rt.engine import gpu_mask as gm
 from genie_rt.engine import gpu_sampling as gs
 from genie_rt.engine.config import EngineConfig
 from genie_rt.engine.engine import Engine
 from genie_rt.engine.generate import Done, GenerationRequest
 from genie_rt.engine.sampling import Sampler, SamplingParams
+from ptx_helpers import assert_no_f64, compile_in_subprocess
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["on", "level"],
           "properties": {"on": {"type": "boolean"}, "level": {"type": "integer", "minimum": 0, "maximum": 9}}}
@@ -121,11 +123,19 @@ def test_apply_mask_kernel_matches_numpy(vocab):
     bits = np.unpackbits(words.view(np.uint8), bitorder="little")[:vocab].astype(bool)
     want = np.where(bits, logits, -np.inf).astype(np.float32)
     ws = gs.make_workspace(vocab, chunk=max(1, vocab // 2 + 1))
-    gs.mask_words(ws)[:] = words
-    gs.upload_mask(ws)
+    gm.mask_words(ws)[:] = words
+    gm.upload_mask(ws)
     d = cuda.to_device(logits)
-    gs.apply_mask(ws, d)
+    gm.apply_mask(ws, d)
     np.testing.assert_array_equal(d.copy_to_host(), want)
+
+
+@pytest.mark.slow                       # compiles in a child process (about 10 s)
+def test_mask_kernel_compiles_for_orin_and_hopper_without_f64():
+    ptx = compile_in_subprocess("genie_rt.engine.gpu_mask", gm.KERNEL_SIGNATURES)
+    assert set(ptx["_mask_kernel"]) == {(8, 7), (9, 0)}
+    for cc, text in ptx["_mask_kernel"].items():
+        assert_no_f64(text, where=f"_mask_kernel sm_{cc[0]}{cc[1]}")
 
 
 # --- GPU -----------------------------------------------------------------------------------------

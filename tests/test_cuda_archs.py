@@ -29,7 +29,7 @@ from genie_rt.engine.memory import MemoryPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 import synth_arch  # noqa: E402
-from test_backend_cuda import cosine_rows, greedy_continuation  # noqa: E402
+from test_backend_cuda import cosine_rows, assert_greedy_agrees  # noqa: E402
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" and os.environ.get("GENIE_RT_SIM_ARCHS") == "1"
 
@@ -82,11 +82,10 @@ def test_every_position_and_decode_match_cpu(synth_file, kv, min_cos):
 
 
 @pytest.mark.gpu
-def test_greedy_continuations_identical(synth_file):
+def test_greedy_continuations_agree(synth_file):
     gpu, cpu, cfg = backends(synth_file, "f16", gemv_mode="f32")
     tokens = prompt(cfg, 23, seed=5)
-    out = [greedy_continuation(be, tokens, 32) for be in (gpu, cpu)]
-    assert out[0] == out[1], (synth_file.name, next(i for i, (a, b) in enumerate(zip(*out)) if a != b))
+    assert_greedy_agrees(gpu, cpu, tokens, 32, synth_file.name)
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ README's first command on the real package (`genie-rt run` without -m), against 
 from __future__ import annotations
 
 import hashlib
+import io
 import sys
 import types
 
@@ -11,6 +12,7 @@ import pytest
 
 from genie_rt.engine import default_model as dm
 from genie_rt.engine.cli import main
+from genie_rt.engine.progress import StreamProgress
 
 
 @pytest.fixture
@@ -41,11 +43,17 @@ def no_package(monkeypatch):
 def test_assembled_once_verified_and_reused(models, monkeypatch, tmp_path):
     parts = [b"GGUF" + bytes(range(256)) * 40, b"\x01" * 9000, b"tail"]
     fake_package(monkeypatch, tmp_path, parts)
-    path = dm.resolve_model(None)
+    out = io.StringIO()
+    path = dm.resolve_model(None, StreamProgress(out))
     assert path == models / dm.DEFAULT_FILE and path.read_bytes() == b"".join(parts)
     assert [p.name for p in models.iterdir()] == [dm.DEFAULT_FILE]        # no temporary left
+    lines = out.getvalue().splitlines()                                   # the assembly is a progress step
+    assert lines[0].startswith("assembling the default model: started") and "100%" in lines[-2]
+    assert lines[-1].startswith("assembling the default model: done")
     stamp = path.stat().st_mtime_ns
-    assert dm.resolve_model(None) == path and path.stat().st_mtime_ns == stamp   # not rebuilt
+    out = io.StringIO()
+    assert dm.resolve_model(None, StreamProgress(out)) == path and path.stat().st_mtime_ns == stamp   # not rebuilt
+    assert out.getvalue() == ""
 
 
 def test_a_truncated_cache_file_is_rebuilt(models, monkeypatch, tmp_path):

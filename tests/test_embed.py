@@ -95,8 +95,9 @@ def test_refusals():
 
 
 # ---- PTX --------------------------------------------------------------------------
-PTX_SOURCE = f"""
-from genie_rt.quant.embed import {', '.join(embed.KERNEL_SIGNATURES)}
+PTX_SOURCE = """
+from genie_rt.quant.embed import _KERNELS
+globals().update({k.py_func.__name__: k for k in _KERNELS.values()})   # module-level names
 """
 
 

@@ -12,18 +12,18 @@ Four layers:
 - PTX: every kernel compiles for sm_87 and sm_90 without float64;
 - GPU (`-m gpu`): the same at vocab 151936, plus a chi-square over real draws.
 """
-import sys
-import threading
-
 import numpy as np
 import pytest
 from numba import cuda
 
 from genie_rt.engine import gpu_sampling as gs
+from genie_rt.engine import gpu_sampling_device as gsd
+from genie_rt.engine import gpu_sampling_select as gss
+from genie_rt.engine.device_state import S_DRAWS, S_HIST, S_POS, S_TOKEN
 from genie_rt.engine.sampling import Sampler, SamplingParams
 from ptx_helpers import assert_no_f64, compile_in_subprocess
 
-SIM = gs.SIMULATOR
+SIM = gsd.SIMULATOR
 gpu = pytest.mark.gpu
 
 
@@ -107,15 +107,15 @@ def _boundary_margin(z, p):
 # =====================================================================================
 def test_splitmix64_known_values():
     # splitmix64 from state 0: 0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, ...
-    assert gs.splitmix64(0) == 0xE220A8397B1DCDAF
-    assert gs.splitmix64(gs.GOLDEN) == 0x6E789E6AA1B965F4
-    assert gs.reference_uniform32(0, 0) == 0xE220A839
-    assert gs.reference_uniform32(0, 1) == 0x6E789E6A
+    assert gsd.splitmix64(0) == 0xE220A8397B1DCDAF
+    assert gsd.splitmix64(gsd.GOLDEN) == 0x6E789E6AA1B965F4
+    assert gsd.reference_uniform32(0, 0) == 0xE220A839
+    assert gsd.reference_uniform32(0, 1) == 0x6E789E6A
 
 
 def test_float_key_orders_like_floats():
     z = np.array([-np.inf, -3.5, -1e-30, -0.0, 0.0, 1e-30, 2.0, np.inf], np.float32)
-    k = gs.float_key(z)
+    k = gsd.float_key(z)
     assert np.all(np.diff(k.astype(np.int64)) >= 0)
     assert k[3] == k[4]                                  # -0.0 == +0.0
 
@@ -128,7 +128,7 @@ def test_reference_kept_is_the_host_candidate_set(kind):
         z = random_logits(rng, V, kind)
         p = random_params(rng, V)
         ids, _ = host_candidates(z, p)
-        keep = gs.reference_kept(z, p.top_k, p.top_p, p.min_p)
+        keep = gss.reference_kept(z, p.top_k, p.top_p, p.min_p)
         # the host breaks ties at the top_k cut with np.argpartition (arbitrary ids):
         # compare the kept values; with top_k off it is stable by index, like ours
         assert np.array_equal(np.sort(z[ids]), np.sort(z[keep])), (it, kind, p)
@@ -138,15 +138,15 @@ def test_reference_kept_is_the_host_candidate_set(kind):
 
 def test_reference_kept_edge_cases():
     z = np.array([1, 3, 3, 2, 3, -np.inf], np.float32)
-    assert list(np.nonzero(gs.reference_kept(z, 1, 1.0, 0.0))[0]) == [1]       # tie: lowest index
-    assert list(np.nonzero(gs.reference_kept(z, 2, 1.0, 0.0))[0]) == [1, 2]
-    assert list(np.nonzero(gs.reference_kept(z, 0, 0.0, 0.0))[0]) == [1]       # top_p 0: one
-    assert list(np.nonzero(gs.reference_kept(z, 0, 1.0, 1.0))[0]) == [1, 2, 4]  # min_p 1: the ties
-    assert gs.reference_kept(z, 0, 1.0, 0.0).sum() == 5                         # -inf never
+    assert list(np.nonzero(gss.reference_kept(z, 1, 1.0, 0.0))[0]) == [1]       # tie: lowest index
+    assert list(np.nonzero(gss.reference_kept(z, 2, 1.0, 0.0))[0]) == [1, 2]
+    assert list(np.nonzero(gss.reference_kept(z, 0, 0.0, 0.0))[0]) == [1]       # top_p 0: one
+    assert list(np.nonzero(gss.reference_kept(z, 0, 1.0, 1.0))[0]) == [1, 2, 4]  # min_p 1: the ties
+    assert gss.reference_kept(z, 0, 1.0, 0.0).sum() == 5                         # -inf never
     allban = np.full(4, -np.inf, np.float32)
-    assert list(np.nonzero(gs.reference_kept(allban, 0, 1.0, 0.0))[0]) == [0]
+    assert list(np.nonzero(gss.reference_kept(allban, 0, 1.0, 0.0))[0]) == [0]
     inf = np.array([0, np.inf, 1, np.inf], np.float32)
-    assert list(np.nonzero(gs.reference_kept(inf, 0, 0.9, 0.1))[0]) == [1]
+    assert list(np.nonzero(gss.reference_kept(inf, 0, 0.9, 0.1))[0]) == [1]
 
 
 def _chi_square_critical(dof, z=4.0):
@@ -174,12 +174,12 @@ def test_reference_draw_matches_host_probabilities(temperature, top_k, top_p, mi
     z = (rng.standard_normal(V) * 2).astype(np.float32)
     p = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=3)
     ids, probs = host_candidates(z, p)
-    keep = gs.reference_kept(z, top_k, top_p, min_p)
-    w = gs.reference_weights(z, keep, temperature)
+    keep = gss.reference_kept(z, top_k, top_p, min_p)
+    w = gss.reference_weights(z, keep, temperature)
     # the fixed-point weights are the host's probabilities to ~1e-7
     np.testing.assert_allclose(w[ids] / w.sum(), probs, rtol=1e-5, atol=1e-9)
     n = 100_000
-    draws = np.array([gs.reference_draw(w, gs.reference_uniform32(12345, s)) for s in range(n)])
+    draws = np.array([gss.reference_draw(w, gsd.reference_uniform32(12345, s)) for s in range(n)])
     counts = np.bincount(draws, minlength=V)[ids].astype(np.float64)
     assert counts.sum() == n                              # never outside the kept set
     stat, dof = _chi_square(counts, probs)
@@ -191,7 +191,7 @@ def test_reference_draw_is_inverse_cdf_in_index_order():
     total = 10
     for u, tok in [(0, 1), ((5 << 32) // total - 1, 1), ((5 << 32) // total + 1, 3),
                    ((8 << 32) // total + 1, 4), ((1 << 32) - 1, 4)]:
-        assert gs.reference_draw(w, u) == tok
+        assert gss.reference_draw(w, u) == tok
 
 
 # =====================================================================================
@@ -218,7 +218,7 @@ class Rig:
         lg = cuda.to_device(np.asarray(z, np.float32))
         (gs.sample_greedy if greedy_only else gs.sample)(self.ws, lg, self.state, self.out)
         st = self.state.copy_to_host()
-        return int(st[gs.S_TOKEN]), self.ws.kept.copy_to_host().astype(bool), lg.copy_to_host()
+        return int(st[S_TOKEN]), self.ws.kept.copy_to_host().astype(bool), lg.copy_to_host()
 
 
 @pytest.fixture(scope="module")
@@ -262,13 +262,13 @@ def test_kernel_kept_set_and_token_match_reference(rig, case):
             continue
         seed = rig.request(p)
         tok, kept, _ = rig.sample(z)
-        ref = gs.reference_kept(z, p.top_k, p.top_p, p.min_p)
+        ref = gss.reference_kept(z, p.top_k, p.top_p, p.min_p)
         if np.isfinite(z.max()) and not np.array_equal(kept, ref):
             # the simulator's exp is the reference's; a GPU's expf (2 ulp) may flip a
             # decision that sits within ~1e-6 of its threshold, nothing else
             assert not SIM and _boundary_margin(z, p) < 1e-5, (case, it, kind, p, kept.sum(), ref.sum())
         if SIM:
-            assert tok == gs.reference_sample(z, p, 0, seed), (case, it, kind, p)
+            assert tok == gss.reference_sample(z, p, 0, seed), (case, it, kind, p)
         assert ref[tok] or kept[tok]
 
 
@@ -282,7 +282,7 @@ def test_filters_at_their_limits(rig):
         tok, kept, _ = rig.sample(z)
         ids, _ = host_candidates(z, p)
         assert set(np.nonzero(kept)[0].tolist()) == set(ids.tolist()), kw
-        assert tok == gs.reference_sample(z, p, 0, seed)
+        assert tok == gss.reference_sample(z, p, 0, seed)
 
 
 def test_same_seed_same_tokens_and_state_bookkeeping():
@@ -296,17 +296,17 @@ def test_same_seed_same_tokens_and_state_bookkeeping():
         toks = [r.sample(z)[0] for _ in range(n)]
         return toks, seed
     a, seed = run(p)
-    assert a == [gs.reference_sample(z, p, s, seed) for s in range(3)]
+    assert a == [gss.reference_sample(z, p, s, seed) for s in range(3)]
     assert run(p)[0] == a
     assert run(SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=43))[0] != a
     st = r.state.copy_to_host()
-    assert st[gs.S_COUNTER] == 3 and st[gs.S_HIST] == 6
+    assert st[S_DRAWS] == 3 and st[S_HIST] == 6
     outs = r.out.copy_to_host()                         # slots 0, 1, 2 in order
     ring = r.ws.ring.copy_to_host()
     assert list(ring[3:6]) == list(outs) and list(ring[:3]) == [1, 2, 3]
     gs.advance_state(r.state)
     gs.advance_state(r.state)
-    assert r.state.copy_to_host()[gs.S_POS] == 2
+    assert r.state.copy_to_host()[S_POS] == 2
 
 
 @pytest.mark.parametrize("rp,pres,freq,lastn,hist_len", [
@@ -427,13 +427,13 @@ def test_gpu_kept_sets_and_tokens(real_rig):
         p = SamplingParams(seed=int(rng.integers(1 << 62)), **configs[it % len(configs)])
         seed = real_rig.request(p)
         tok, kept, _ = real_rig.sample(z)
-        ref = gs.reference_kept(z, p.top_k, p.top_p, p.min_p)
+        ref = gss.reference_kept(z, p.top_k, p.top_p, p.min_p)
         if not np.array_equal(kept, ref):
             # only acceptable at a razor edge the device's expf can flip
             assert _boundary_margin(z, p) < 1e-5, (it, kind, p, kept.sum(), ref.sum())
         assert kept[tok], (it, kind, p)
         # the draw agrees unless u lands within ~1e-6 of a CDF step (expf ulps)
-        draw_mismatch += tok != gs.reference_sample(z, p, 0, seed)
+        draw_mismatch += tok != gss.reference_sample(z, p, 0, seed)
     assert draw_mismatch <= 2, draw_mismatch
 
 
@@ -454,7 +454,7 @@ def test_gpu_draws_follow_the_host_distribution(real_rig):
         for _ in range(m):
             work.copy_to_device(lg)             # the sampler modifies logits in place
             gs.sample(real_rig.ws, work, real_rig.state, real_rig.out)
-        h = int(real_rig.state.copy_to_host()[gs.S_HIST])
+        h = int(real_rig.state.copy_to_host()[S_HIST])
         ring = real_rig.ws.ring.copy_to_host()
         toks.extend(ring[np.arange(h - m, h) % cap].tolist())
     toks = np.array(toks)

@@ -49,7 +49,7 @@ def test_budget_on_an_integrated_gpu_counts_the_shared_pool(tiny, monkeypatch):
     monkeypatch.setattr(lay, "mem_available_bytes", lambda: 5 * GiB)
     budget = lay.cuda_budget(g, cfg, ecfg)
     assert budget.available == 5 * GiB and "integrated" in budget.where
-    assert (budget.overhead, budget.reserve) == (lay.OVERHEAD_INTEGRATED, lay.RESERVE_INTEGRATED)
+    assert (budget.overhead, budget.reserve) == (lay.runtime_overhead(ORIN, True), lay.RESERVE_INTEGRATED)
     assert budget.weights > 0 and budget.kv_bytes_per_token > 0
     # --reserve-mb replaces the default reserve for the voice stack
     g, cfg, ecfg = _load(tiny, kv_dtype="int8", reserve_bytes=3 * GiB)
@@ -77,7 +77,7 @@ def test_budget_on_a_discrete_gpu_counts_its_free_memory(tiny, monkeypatch):
                         lambda: SimpleNamespace(get_memory_info=lambda: (7 * GiB, 8 * GiB)))
     budget = lay.cuda_budget(g, cfg, ecfg)
     assert budget.available == 7 * GiB and "GPU memory" in budget.where and "H200" in budget.where
-    assert (budget.overhead, budget.reserve) == (lay.OVERHEAD_DISCRETE, lay.RESERVE_DISCRETE)
+    assert (budget.overhead, budget.reserve) == (lay.runtime_overhead(DISCRETE, False), lay.RESERVE_DISCRETE)
 
 
 def _backend(path, device, monkeypatch, fadvise):

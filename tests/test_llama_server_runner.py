@@ -24,6 +24,8 @@ import run  # noqa: E402
     ("unit/test_chat_completion.py::test_completion_with_response_format[response_format1-10-[ -3000 ]]",
      "model-text"),
     ("unit/test_completion.py::test_completion[I believe-8]", "model-text"),
+    ("unit/test_chat_completion.py::test_return_progress[64-4-False]", "model-text"),   # the batch count only
+    ("unit/test_chat_completion.py::test_return_progress[64-2-True]", "real"),
     ("unit/test_security.py::test_local_media_file[a-b-True]", "excluded"),
     ("unit/test_metrics.py::test_metrics_embedding_prompt_is_counted", "excluded"),
     ("unit/test_metrics.py::test_metrics_disabled", "real"),

@@ -23,6 +23,7 @@ from fake_l4t import make_tree  # noqa: E402
 from synth_gguf import write_synthetic_qwen3  # noqa: E402
 
 ORIN = SimpleNamespace(INTEGRATED=1, name=b"Orin (simulated)", compute_capability=(8, 7), MULTIPROCESSOR_COUNT=8,
+                       MAX_THREADS_PER_MULTIPROCESSOR=1536,
                        CAN_MAP_HOST_MEMORY=1, MANAGED_MEMORY=1, CONCURRENT_MANAGED_ACCESS=0)
 
 
@@ -94,13 +95,23 @@ def test_integrated_gpu_plan_counts_the_shared_pool(tiny, tmp_path, monkeypatch)
     b = p.budget
     assert p.fits and p.kv_dtype == "int8" and p.device["integrated"] and p.device["sm_count"] == 8
     assert b.available == 3 * GiB and "integrated" in b.where
-    assert (b.overhead, b.reserve) == (lay.OVERHEAD_INTEGRATED, lay.RESERVE_INTEGRATED)
+    assert (b.overhead, b.reserve) == (lay.runtime_overhead(ORIN, True), lay.RESERVE_INTEGRATED)
     assert p.graphs == [16, 32, 40, 48, 64]
     text = p.text()
     for term in ("integrated: CPU and GPU share one memory pool", "weights (device layout)", "KV cache, int8",
                  "CUDA context, modules, graphs", "speech-to-text", "shared memory (MemAvailable; integrated GPU)"):
         assert term in text
     # the pool shrinks below the integrated overhead + reserve: refused before anything loads
-    _jetson(tmp_path, monkeypatch, (lay.OVERHEAD_INTEGRATED + lay.RESERVE_INTEGRATED) // MiB)
+    _jetson(tmp_path, monkeypatch, (lay.runtime_overhead(ORIN, True) + lay.RESERVE_INTEGRATED) // MiB)
     p = make_plan(tiny, EngineConfig(backend="cuda", prefill_chunk=64))
     assert not p.fits and p.max_ctx == 0 and "does not fit" in p.error
+
+
+def test_runtime_overhead_scales_with_the_chip():
+    """The context's local-memory reservation (SMs x threads per SM x 1 KiB stack) on top of a
+    base: the H200 (132 x 2048) pays 264 MiB more than the base, an Orin Nano (8 x 1536) 12 MiB;
+    a device without the attributes (the simulator's) the base alone."""
+    h200 = SimpleNamespace(INTEGRATED=0, MULTIPROCESSOR_COUNT=132, MAX_THREADS_PER_MULTIPROCESSOR=2048)
+    assert lay.runtime_overhead(h200, False) == lay.OVERHEAD_DISCRETE + 264 * MiB
+    assert lay.runtime_overhead(ORIN, True) == lay.OVERHEAD_INTEGRATED + 12 * MiB
+    assert lay.runtime_overhead(SimpleNamespace(), False) == lay.OVERHEAD_DISCRETE

@@ -1,4 +1,5 @@
-"""Tests for genie_rt.quant.ptx: every intrinsic against numpy, three ways.
+"""Tests for genie_rt.quant.ptx (and its parts ptx_reference, ptx_device, ptx_sim,
+ptx_fallbacks): every intrinsic against numpy, three ways.
 
 - simulator tests (default on a machine without a GPU; on a GPU machine the same tests
   run on the device): tiny kernels calling each intrinsic, compared with numpy;
@@ -606,7 +607,7 @@ def test_sim_ldmatrix_rejects_global_memory():
 
 @sim_only
 def test_sim_disjoint_masks_run_concurrently_and_overlap_is_reported(monkeypatch):
-    import genie_rt.quant.ptx as mod
+    import genie_rt.quant.ptx_sim as mod
     monkeypatch.setattr(mod, "_SIM_STALL_CHECK_S", 0.3)
     x = np.arange(64, dtype=np.int32)
     out = np.zeros(64, np.int32)
@@ -631,7 +632,7 @@ def test_sim_cp_async_rejects_unaligned_shared_array():
 
 @sim_only
 def test_sim_lane_exiting_before_shuffle_is_reported(monkeypatch):
-    import genie_rt.quant.ptx as mod
+    import genie_rt.quant.ptx_sim as mod
     monkeypatch.setattr(mod, "_SIM_STALL_CHECK_S", 0.3)
     with pytest.raises(RuntimeError, match="lane 3 .* exited"):
         k_lane_exits_before_shfl[1, 32](np.arange(32, dtype=np.int32))
@@ -646,7 +647,7 @@ def k_half_warp_in_syncthreads(x):
 
 @sim_only
 def test_sim_lane_in_syncthreads_during_shuffle_is_reported(monkeypatch):
-    import genie_rt.quant.ptx as mod
+    import genie_rt.quant.ptx_sim as mod
     monkeypatch.setattr(mod, "_SIM_STALL_CHECK_S", 0.3)
     with pytest.raises(RuntimeError, match="waits in syncthreads"):
         k_half_warp_in_syncthreads[1, 32](np.arange(32, dtype=np.int32))
@@ -669,7 +670,7 @@ def test_sim_stall_check_tells_a_lane_being_released_from_a_deadlock(late_lane_p
     # that same barrier, waited 5 s for it in a shuffle: reported as a deadlock. A lane at
     # a barrier the waiter has passed is being released; one at a barrier the waiter has not
     # reached is deadlocked.
-    import genie_rt.quant.ptx as mod
+    import genie_rt.quant.ptx_sim as mod
     stop, manager = threading.Event(), object()
     waiter = _FakeLane(manager, 0, False, 1, stop)
     late = _FakeLane(manager, 1, True, late_lane_passed, stop)
@@ -694,7 +695,7 @@ def test_sim_stall_check_tells_a_lane_not_started_yet_from_one_that_exited(exite
     # block was "exited without reaching" a shuffle - it had not been started yet (the
     # simulator starts a block's threads one by one). Only a lane that ran to its end is
     # reported; a lane with no live thread that never finished is still to come.
-    import genie_rt.quant.ptx as mod
+    import genie_rt.quant.ptx_sim as mod
     stop, manager = threading.Event(), SimpleNamespace()
     waiter = _FakeLane(manager, 0, False, 0, stop)
     waiter.start()

@@ -95,7 +95,8 @@ def test_pull_downloads_verifies_and_m_finds_it(hub, tmp_path, capsys):
     assert path.read_bytes() == BLOB and not path.with_name(path.name + ".part").exists()
     assert "genie-rt run -m acme/tiny-GGUF:tiny-Q4_K_M.gguf" in out
     lines = [ln for ln in err.splitlines() if ln.startswith("tiny-Q4_K_M.gguf: ")]   # plain lines, not a tty
-    assert len(lines) >= 3 and lines[-1].startswith("tiny-Q4_K_M.gguf: 100% (3 of 3 MB") and "\r" not in err
+    assert len(lines) >= 3 and lines[-2].startswith("tiny-Q4_K_M.gguf: 100% (3 of 3 MB") and "\r" not in err
+    assert lines[-1].startswith("tiny-Q4_K_M.gguf: done, 3 MB in ")
     assert resolve_model("acme/tiny-GGUF:tiny-Q4_K_M.gguf") == path
     # pulled again: kept, nothing downloaded
     n = len(hub.ranges)

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 pytest.importorskip("hypothesis")
 import fuzz_server  # noqa: E402
+import serve_proc  # noqa: E402
 import soak  # noqa: E402
 
 SEEDED = SamplingParams(temperature=0.7, seed=1234, top_k=0, top_p=1.0, min_p=0.0)
@@ -135,6 +136,18 @@ def test_check_reply_flags_what_it_must():
 def test_soak_slope_is_per_request_over_the_second_half():
     samples = [{"done": i * 10, "mem_kb": 1000 + (0 if i < 5 else 3 * i * 10)} for i in range(10)]
     assert soak.slope_per_request(samples, "mem_kb") == pytest.approx(3.0)
+
+
+def test_write_report_puts_run_info_first_and_makes_the_folder(tmp_path):
+    """The one writer of soak.py's, faults.py's and fuzz_server.py's --json reports."""
+    import json
+    path = tmp_path / "new" / "r.json"
+    full = serve_proc.write_report(path, {"tool": "t", "passed": True}, ["--json", str(path)])
+    assert json.loads(path.read_text()) == full and path.read_text().endswith("}\n")
+    assert list(full) == ["command", "date", "device", "commit", "tool", "passed"]
+    assert full["command"].endswith(f"--json {path}")
+    assert serve_proc.write_report(None, {"passed": False}, [])["passed"] is False
+    assert list(tmp_path.iterdir()) == [tmp_path / "new"]
 
 
 @pytest.mark.slow

@@ -34,7 +34,7 @@ def settings(*flags: str) -> ServerSettings:
 def test_a_llama_server_script_line_parses():
     args = parse("--jinja", "-c", "4096", "-np", "2", "--temp", "0.7", "--top-k", "20", "--top-p", "0.8",
                  "--min-p", "0", "-n", "256", "--seed", "42", "--alias", "qwen,assistant", "-ngl", "99",
-                 "-t", "4", "-fa", "on", "--cont-batching", "-b", "2048", "-ub", "256", "--no-webui",
+                 "-t", "4", "-fa", "on", "--cont-batching", "-b", "1024", "-ub", "256", "--no-webui",
                  "--metrics", "-ctk", "q8_0", "-ctv", "q8_0", "--reasoning", "off", "--repeat-penalty", "1.1")
     cli_args.check_serve_args(args)
     args.api_keys = cli_args._read_api_keys(args)
@@ -46,7 +46,19 @@ def test_a_llama_server_script_line_parses():
     assert (d.params.temperature, d.top_k, d.params.top_p, d.params.min_p, d.params.seed, d.n_predict) == \
         (0.7, 20, 0.8, 0.0, 42, 256)
     assert d.reasoning == "off" and d.params.repeat_penalty == 1.1
-    assert set(args.ignored_flags) == {"-ngl", "-fa", "--cont-batching", "-b"}   # -t sets the CPU threads
+    assert set(args.ignored_flags) == {"-ngl", "-fa", "--cont-batching"}   # -t sets the CPU threads
+    assert s.n_batch == 1024 and settings().n_batch == 2048       # -b: the prompt_progress step
+
+
+def test_long_options_may_be_spelled_with_underscores():
+    """As llama-server reads them (its own tests start it with --backend_sampling)."""
+    parser = build_parser()
+    argv = ["serve", "-m", MODEL, "--backend_sampling", "--ctx_size=64", "--alias", "my_model", "--n_predict", "5"]
+    args = parser.parse_args(cli_args.dash_long_options(argv, parser))
+    assert args.ctx == 64 and args.n_predict == 5 and "--backend-sampling" in args.ignored_flags
+    assert args.alias == "my_model"                         # values are left as they are
+    with pytest.raises(SystemExit):
+        parser.parse_args(cli_args.dash_long_options(["serve", "-m", MODEL, "--no_such_flag"], parser))
 
 
 def test_kv_unified_keeps_the_whole_context_per_slot():

@@ -1,8 +1,8 @@
 """The llama-server behaviours added for a true drop-in (issue 16), on the fixture model (real
 engine, CPU) in a real uvicorn: /completion's stream tokens and counts, return_tokens,
-generation_settings, truncated, several prompts; /apply-template's add_generation_prompt and
+generation_settings, truncated, several prompts, n choices; /apply-template's add_generation_prompt and
 continue_final_message; /slots save / restore / erase on persistent KV files with path
-containment; CORS as llama-server and --cors-origins; a trailing slash is a 404; a tool without a
+containment; CORS as llama-server and --cors-origins; the web UI files a browser asks for; a trailing slash is a 404; a tool without a
 type is a 400; -np slots and request defaults from launch flags."""
 from __future__ import annotations
 
@@ -89,6 +89,35 @@ def test_several_prompts_answer_a_list(client):
     assert [c["index"] for c in r["choices"]] == [0, 1] and r["usage"]["completion_tokens"] == 6
 
 
+def test_n_choices_are_not_bounded_by_the_slots(client):
+    """n (n_cmpl): llama.cpp's test_chat_completions_multiple_choices, and more choices than the
+    server has slots (-np 2 here): the choices come one after another from one prefill, so -np
+    does not bound them (1 .. 16); streamed too."""
+    msgs = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
+    for _ in range(2):                    # the second time from the cached prefix
+        r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4, "n": 2, "ignore_eos": True,
+                                                      "id_slot": 0})
+        assert r.status_code == 200, r.text
+        choices = r.json()["choices"]
+        assert [c["index"] for c in choices] == [0, 1]
+        assert all(c["message"]["role"] == "assistant" and c["finish_reason"] == "length" for c in choices)
+    one = client.post("/completion", json={"prompt": PROMPT, "n_predict": 3, "n_cmpl": 2, "temperature": 0}).json()
+    assert [o["index"] for o in one] == [0, 1] and one[0]["content"] == one[1]["content"]
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "n": 2}).json()
+    assert [c["index"] for c in r["choices"]] == [0, 1]
+    for body in ({"n": 3}, {"n_cmpl": 3}):
+        r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, **body})
+        assert [c["index"] for c in r.json()["choices"]] == [0, 1, 2], body
+    with client.stream("POST", "/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, "n": 3,
+                                                             "stream": True}) as r:
+        finishes = [c["choices"][0]["index"] for c in sse_events(r)
+                    if isinstance(c, dict) and c["choices"] and c["choices"][0]["finish_reason"]]
+    assert finishes == [0, 1, 2]
+    for body in ({"n": 17}, {"n_cmpl": 0}):
+        r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, **body})
+        assert r.status_code == 400 and "'n" in r.json()["error"]["message"], body
+
+
 def test_apply_template_generation_prompt_flags(client):
     msgs = [{"role": "user", "content": "Hi"}]
     on = client.post("/apply-template", json={"messages": msgs}).json()["prompt"]
@@ -162,6 +191,30 @@ def test_cors_origins(engine, origins, origin, allowed):
         got = httpx.get(base + "/health", headers={"Origin": origin}).headers.get("access-control-allow-origin")
     assert (got == origin) if allowed else (got is None)
     assert (pre.headers.get("access-control-allow-origin") == origin) == allowed
+
+
+@pytest.mark.parametrize("webui", [True, False])
+def test_web_ui_files_a_browser_asks_for_are_public(engine, webui):
+    """What a browser that used llama-server's web UI still asks for, without the API key:
+    a service worker that removes the old one (also with --no-webui), the manifest and the
+    version file (with the page)."""
+    app = create_app(engine, ServerSettings(api_key="k", webui=webui))
+    with running_server(app) as (base, _, _):
+        sw = httpx.get(base + "/sw.js")
+        manifest = httpx.get(base + "/manifest.webmanifest")
+        version = httpx.get(base + "/_app/version.json")
+        page = httpx.get(base + "/")
+        assert httpx.get(base + "/v1/models").status_code == 401
+    assert sw.status_code == 200 and sw.headers["content-type"].startswith("application/javascript")
+    assert "registration.unregister()" in sw.text and "caches.delete" in sw.text
+    assert sw.headers["cache-control"] == "no-cache"
+    if webui:
+        assert manifest.status_code == 200 and manifest.json()["start_url"] == "/"
+        assert manifest.headers["content-type"].startswith("application/manifest+json")
+        assert version.status_code == 200 and version.json()["version"].startswith("genie-rt-")
+        assert '<link rel="manifest" href="/manifest.webmanifest">' in page.text
+    else:
+        assert manifest.status_code == version.status_code == page.status_code == 404
 
 
 def test_slots_endpoint_off_is_501(engine):

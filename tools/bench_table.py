@@ -1,27 +1,51 @@
 #!/usr/bin/env python3
-"""Markdown table from `genie-rt bench --json` files (docs numbers are regenerated, not typed):
+"""Markdown table from benchmark JSON files (docs numbers are regenerated, not typed):
 
-    python tools/bench_table.py docs/bench/h200-2026-12-02-*.json
+    python tools/bench_table.py docs/bench/h200-2026-12-03-*.json docs/bench/llama-bench-h200-2026-12-03-*.json
+
+Takes `genie-rt bench --json` files and llama-bench `-o json` files (a list of results) alike;
+one row per file, named by the model file and the engine. When both engines ran the same
+model file, a third row gives genie-rt's speed as a multiple of llama.cpp's.
 """
 import json
 import sys
 from pathlib import Path
 
 
+def read(path: str) -> tuple[str, str, str, str, str, dict]:
+    """(model, engine, device, KV type, date, {test: tokens/s}) of one JSON file."""
+    d = json.loads(Path(path).read_text())
+    if isinstance(d, list):                              # llama-bench -o json
+        if not d:
+            raise SystemExit(f"{path}: no llama-bench results")
+        res = {(f"pp{r['n_prompt']}" if r["n_gen"] == 0 else f"tg{r['n_gen']}")
+               + (f"@d{r['n_depth']}" if r.get("n_depth") else ""): r["avg_ts"] for r in d}
+        r0 = d[0]
+        return (Path(r0["model_filename"]).stem, "llama.cpp", r0["gpu_info"] or r0["cpu_info"],
+                r0["type_k"], r0["test_time"][:10], res)
+    info = d["info"]
+    return (Path(info["model"]).stem, "genie-rt", info["device"], info["kv_dtype"], info["date"][:10],
+            {r["test"]: r["avg_ts"] for r in d["results"]})
+
+
 def main(paths: list[str]) -> int:
+    rows = [read(p) for p in paths]
     tests: list[str] = []
-    rows = []
-    for p in paths:
-        d = json.loads(Path(p).read_text())
-        info = d["info"]
-        res = {r["test"]: r["avg_ts"] for r in d["results"]}
-        tests += [t for t in res if t not in tests]
-        rows.append((Path(info["model"]).stem, info["device"], info["kv_dtype"], info["date"][:10], res))
-    print("| file | device | KV | date | " + " | ".join(tests) + " |")
-    print("|---" * (4 + len(tests)) + "|")
-    for name, dev, kv, date, res in rows:
+    for row in rows:
+        tests += [t for t in row[5] if t not in tests]
+    rows.sort(key=lambda r: (r[0], r[1] != "genie-rt"))
+    print("| file | engine | device | KV | date | " + " | ".join(tests) + " |")
+    print("|---" * (5 + len(tests)) + "|")
+    by_model: dict[str, dict[str, dict]] = {}
+    for model, engine, dev, kv, date, res in rows:
+        by_model.setdefault(model, {})[engine] = res
         cells = [f"{res[t]:,.0f}" if t in res else "" for t in tests]
-        print(f"| {name} | {dev} | {kv} | {date} | " + " | ".join(cells) + " |")
+        print(f"| {model} | {engine} | {dev} | {kv} | {date} | " + " | ".join(cells) + " |")
+        both = by_model[model]
+        if engine == "llama.cpp" and "genie-rt" in both:
+            g = both["genie-rt"]
+            cells = [f"**{g[t] / res[t]:.2f}x**" if t in g and t in res else "" for t in tests]
+            print(f"| {model} | genie-rt / llama.cpp | | | | " + " | ".join(cells) + " |")
     return 0
 
 

@@ -9,7 +9,8 @@ One process, on a GPU no one else is using:
 4. the device's used memory again. Its growth is the whole process: CUDA context, modules,
    graphs, the arena. It is compared with the plan's weights + KV + scratch + overhead
    (the reserve is what the plan leaves free, not what it uses), and the arena the back-end
-   allocated with the plan's weights + KV + scratch (these two are the same layout: exact).
+   allocated with the plan's weights + KV + scratch (the same layout: equal, or the plan up to
+   0.1 % above from the per-token rounding; never below).
 Exit status 1 when the process's memory is more than 5 % from the plan.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import subprocess
 import sys
 
 TOLERANCE = 0.05
+ARENA_SLACK = 0.001     # the plan's arena may exceed the real one by 0.1 % (padding), never fall short
 MiB = 1 << 20
 
 
@@ -59,7 +61,10 @@ def main(argv=None) -> int:
            "arena": arena, "planned_process": planned_process, "overhead_planned": p.overhead,
            "device_used_before": before, "device_used_after": after, "device": engine.backend.device_info()}
     print(f"\narena: planned {planned_arena / MiB:.1f} MiB, allocated {arena / MiB:.1f} MiB")
-    ok = arena == planned_arena
+    # The plan prices the context linearly (two layouts 256 tokens apart give the per-token
+    # bytes, rounded up), so alignment padding can put it a little above the real layout; it
+    # must never be below it (H200, 2026-12-03: 0.26 / 0.51 MiB above, for the 0.6B / 4B).
+    ok = arena <= planned_arena <= arena * (1 + ARENA_SLACK)
     if before is not None and after is not None:
         grown = after - before
         err = (grown - planned_process) / planned_process

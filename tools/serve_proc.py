@@ -8,11 +8,13 @@
 The server's stdout and stderr go through a pipe read by a thread (never a file: faults.py
 limits the process's file size with prlimit, which must not hit the log). `log_problems()`
 lists the lines a healthy run never prints (tracebacks, ERROR lines, ASGI exceptions).
-Also: `run_info()` - the command, device, date and commit every JSON report carries.
+Also: `run_info()` - the command, device, date and commit every JSON report carries - and
+`write_report()`, which puts them in front of a harness's report and writes it as JSON.
 """
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import platform
 import signal
@@ -75,6 +77,17 @@ def run_info(argv: list[str] | None = None) -> dict:
             "device": {"cpu": _cpu_name(), "cores": os.cpu_count(), "machine": platform.machine(),
                        "gpu": _gpu_name(), "python": platform.python_version()},
             "commit": _git_commit()}
+
+
+def write_report(path: Path | None, report: dict, main_argv: list[str] | None = None) -> dict:
+    """`report` after run_info() (main_argv: what the tool's main() was given, None for
+    sys.argv), written as indented JSON to `path` (its folder made) when a path is given.
+    Returns the full report."""
+    full = {**run_info(sys.argv if main_argv is None else [sys.argv[0]] + main_argv), **report}
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(full, indent=1) + "\n")
+    return full
 
 
 def dir_bytes(path: Path | None) -> int:

@@ -64,6 +64,10 @@ RULES: list[tuple[str, str, str]] = [
     ("test_chat_completion.py::test_chat_template", MODEL_TEXT,
      "expects the prompt detokenized by stories260K's SentencePiece tokenizer ('<s> ...')"),
     ("test_chat_completion.py::test_apply_chat_template", REAL, ""),
+    ("*test_return_progress[[]64-4-False]", MODEL_TEXT,
+     "expects stories260K's tokenizer to make the chat prompt 129-192 tokens (3 batches of 64: 4 "
+     "reports); ours makes 54, one batch: 2 reports. Every other check of the test passes, and the "
+     "[64-2-True] case (one batch after the cached prefix) counts"),
     ("test_completion.py::test_completion", MODEL_TEXT, "expects stories260K's text and its tokenizer's prompt_n"),
     ("test_completion.py::test_completion_stream", MODEL_TEXT, "expects stories260K's text and token counts"),
     ("test_completion.py::test_completion_with_openai_library", MODEL_TEXT, "expects stories260K's text"),

@@ -1,0 +1,322 @@
+"""Inline PTX through numba intrinsics: the device implementations of quant/ptx.py's
+intrinsics (tensor-core mma, ldmatrix, cp.async, 128-bit read-only loads, dp4a, f16x2 FMA,
+f16 packing). Callable only from `@cuda.jit` code; imported by ptx.py when the simulator
+is off (under the simulator ptx_fallbacks.py stands in, with the same names).
+
+Each intrinsic checks its argument types while numba types the call (a clear TypingError
+instead of bad PTX) and emits one `llvmlite.ir.InlineAsm`. Fragment layouts and
+constraints: docs/ptx-intrinsics.md.
+"""
+from llvmlite import ir
+from numba import types
+from numba.core.errors import TypingError
+from numba.cuda import cgutils
+from numba.cuda.extending import intrinsic
+
+_i32 = ir.IntType(32)
+_i64 = ir.IntType(64)
+_f32 = ir.FloatType()
+
+
+def _asm(builder, retty, argtys, text, constraints, args, side_effect=False):
+    fnty = ir.FunctionType(retty, argtys)
+    asm = ir.InlineAsm(fnty, text, constraints, side_effect=side_effect)
+    return builder.call(asm, args)
+
+
+def _struct_to_tuple(context, builder, restype, st, n):
+    vals = [builder.extract_value(st, k) for k in range(n)]
+    return context.make_tuple(builder, restype, vals)
+
+
+def _check_ints(name, **tys):
+    for argname, ty in tys.items():
+        if not isinstance(ty, types.Integer):
+            raise TypingError(f"{name}: {argname} must be an integer, got {ty}")
+
+
+def _check_index(name, arrty, idxty):
+    if not isinstance(arrty, types.Array):
+        raise TypingError(f"{name}: expected an array, got {arrty}")
+    if isinstance(idxty, types.BaseTuple):
+        if len(idxty) != arrty.ndim or not all(isinstance(t, types.Integer) for t in idxty):
+            raise TypingError(f"{name}: index {idxty} does not match a {arrty.ndim}-d array")
+    elif not (isinstance(idxty, types.Integer) and arrty.ndim == 1):
+        raise TypingError(f"{name}: index must be an integer for a 1-d array or a tuple "
+                          f"of {arrty.ndim} integers, got {idxty}")
+
+
+def _elem_ptr(context, builder, arrty, arr, idxty, idx):
+    """Generic pointer to arr[idx] (no bounds check, no negative wrap-around)."""
+    ary = context.make_array(arrty)(context, builder, value=arr)
+    if isinstance(idxty, types.BaseTuple):
+        vals = cgutils.unpack_tuple(builder, idx, len(idxty))
+        tys = list(idxty)
+    else:
+        vals, tys = [idx], [idxty]
+    vals = [context.cast(builder, v, t, types.intp) for v, t in zip(vals, tys)]
+    return cgutils.get_item_pointer(context, builder, arrty, ary, vals, wraparound=False)
+
+
+def _shared_addr32(builder, ptr):
+    """Generic pointer -> 32-bit .shared address (CUDA's __cvta_generic_to_shared)."""
+    sp = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, addrspace=3))
+    return builder.ptrtoint(sp, _i32)
+
+
+def _global_addr64(builder, ptr):
+    """Generic pointer -> 64-bit .global address (cvta.to.global)."""
+    gp = builder.addrspacecast(ptr, ir.PointerType(ptr.type.pointee, addrspace=1))
+    return builder.ptrtoint(gp, _i64)
+
+
+# ---- tensor-core mma -----------------------------------------------------------
+_MMA_OPERANDS = "{$0,$1,$2,$3}, {$4,$5,$6,$7}, {$8,$9}, {$10,$11,$12,$13};"
+
+
+@intrinsic
+def mma_f16_f32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """D = A(16x16 f16, row) * B(16x8 f16, col) + C(16x8 f32), one warp; see frag_a_f16."""
+    _check_ints("mma_f16_f32", a0=a0, a1=a1, a2=a2, a3=a3, b0=b0, b1=b1)
+    for ty in (c0, c1, c2, c3):
+        if not isinstance(ty, (types.Float, types.Integer)):
+            raise TypingError(f"mma_f16_f32: accumulators must be float32, got {ty}")
+    sig = types.UniTuple(types.float32, 4)(*([types.uint32] * 6 + [types.float32] * 4))
+
+    def codegen(context, builder, sig, args):
+        st = _asm(builder, ir.LiteralStructType([_f32] * 4), [_i32] * 6 + [_f32] * 4,
+                  "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 " + _MMA_OPERANDS,
+                  "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f", list(args))
+        return _struct_to_tuple(context, builder, sig.return_type, st, 4)
+    return sig, codegen
+
+
+@intrinsic
+def mma_s8_s32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
+    """D = A(16x32 s8, row) * B(32x8 s8, col) + C(16x8 s32), one warp; see frag_a_s8."""
+    _check_ints("mma_s8_s32", a0=a0, a1=a1, a2=a2, a3=a3, b0=b0, b1=b1,
+                c0=c0, c1=c1, c2=c2, c3=c3)
+    sig = types.UniTuple(types.int32, 4)(*([types.uint32] * 6 + [types.int32] * 4))
+
+    def codegen(context, builder, sig, args):
+        st = _asm(builder, ir.LiteralStructType([_i32] * 4), [_i32] * 10,
+                  "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 " + _MMA_OPERANDS,
+                  "=r,=r,=r,=r,r,r,r,r,r,r,r,r,r,r", list(args))
+        return _struct_to_tuple(context, builder, sig.return_type, st, 4)
+    return sig, codegen
+
+
+# ---- ldmatrix ------------------------------------------------------------------
+def _make_ldmatrix(num, trans):
+    name = f"ldmatrix_x{num}" + ("_trans" if trans else "")
+    outs = ",".join(f"${k}" for k in range(num))
+    text = (f"ldmatrix.sync.aligned.m8n8.x{num}{'.trans' if trans else ''}.shared.b16 "
+            f"{{{outs}}}, [${num}];")
+    cons = ",".join(["=r"] * num + ["r", "~{memory}"])
+
+    def typer(typingctx, smem, idx):
+        _check_index(name, smem, idx)
+        rt = types.uint32 if num == 1 else types.UniTuple(types.uint32, num)
+
+        def codegen(context, builder, sig, args):
+            p = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            addr = _shared_addr32(builder, p)
+            if num == 1:
+                return _asm(builder, _i32, [_i32], text, cons, [addr], side_effect=True)
+            st = _asm(builder, ir.LiteralStructType([_i32] * num), [_i32], text, cons,
+                      [addr], side_effect=True)
+            return _struct_to_tuple(context, builder, sig.return_type, st, num)
+        return rt(smem, idx), codegen
+    typer.__name__ = name
+    typer.__doc__ = (f"{name}(smem, idx): warp-wide {text.split()[0]}; this lane supplies "
+                     f"the address of smem[idx] (16-byte aligned row of 8 b16).")
+    return intrinsic(typer)
+
+
+ldmatrix_x1 = _make_ldmatrix(1, False)
+ldmatrix_x2 = _make_ldmatrix(2, False)
+ldmatrix_x4 = _make_ldmatrix(4, False)
+ldmatrix_x1_trans = _make_ldmatrix(1, True)
+ldmatrix_x2_trans = _make_ldmatrix(2, True)
+ldmatrix_x4_trans = _make_ldmatrix(4, True)
+
+
+# ---- cp.async ------------------------------------------------------------------
+@intrinsic
+def cp_async16(typingctx, dst_smem, di, src_glob, si):
+    """Asynchronous 16-byte copy global src_glob[si] -> shared dst_smem[di] (cp.async.cg)."""
+    _check_index("cp_async16", dst_smem, di)
+    _check_index("cp_async16", src_glob, si)
+
+    def codegen(context, builder, sig, args):
+        d = _shared_addr32(builder, _elem_ptr(context, builder, sig.args[0], args[0],
+                                              sig.args[1], args[1]))
+        s = _global_addr64(builder, _elem_ptr(context, builder, sig.args[2], args[2],
+                                              sig.args[3], args[3]))
+        _asm(builder, ir.VoidType(), [_i32, _i64],
+             "cp.async.cg.shared.global [$0], [$1], 16;", "r,l,~{memory}", [d, s],
+             side_effect=True)
+        return context.get_dummy_value()
+    return types.void(dst_smem, di, src_glob, si), codegen
+
+
+@intrinsic
+def cp_async16_zfill(typingctx, dst_smem, di, src_glob, si, src_bytes):
+    """cp_async16 reading only src_bytes (0..16) bytes; the rest of the 16 is zero-filled."""
+    _check_index("cp_async16_zfill", dst_smem, di)
+    _check_index("cp_async16_zfill", src_glob, si)
+    _check_ints("cp_async16_zfill", src_bytes=src_bytes)
+    sig = types.void(dst_smem, di, src_glob, si, types.uint32)
+
+    def codegen(context, builder, sig, args):
+        d = _shared_addr32(builder, _elem_ptr(context, builder, sig.args[0], args[0],
+                                              sig.args[1], args[1]))
+        s = _global_addr64(builder, _elem_ptr(context, builder, sig.args[2], args[2],
+                                              sig.args[3], args[3]))
+        _asm(builder, ir.VoidType(), [_i32, _i64, _i32],
+             "cp.async.cg.shared.global [$0], [$1], 16, $2;", "r,l,r,~{memory}",
+             [d, s, args[4]], side_effect=True)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+def _make_void_asm(name, text, doc):
+    def typer(typingctx):
+        def codegen(context, builder, sig, args):
+            _asm(builder, ir.VoidType(), [], text, "~{memory}", [], side_effect=True)
+            return context.get_dummy_value()
+        return types.void(), codegen
+    typer.__name__ = name
+    typer.__doc__ = doc
+    return intrinsic(typer)
+
+
+cp_async_commit = _make_void_asm(
+    "cp_async_commit", "cp.async.commit_group;",
+    "Close the current group of cp.async copies issued by this thread.")
+cp_async_wait_all = _make_void_asm(
+    "cp_async_wait_all", "cp.async.wait_all;",
+    "Wait until all of this thread's cp.async copies have landed (no syncthreads implied).")
+cp_async_wait_group_0 = _make_void_asm(
+    "cp_async_wait_group_0", "cp.async.wait_group 0;", "cp.async.wait_group 0")
+cp_async_wait_group_1 = _make_void_asm(
+    "cp_async_wait_group_1", "cp.async.wait_group 1;", "cp.async.wait_group 1")
+cp_async_wait_group_2 = _make_void_asm(
+    "cp_async_wait_group_2", "cp.async.wait_group 2;", "cp.async.wait_group 2")
+
+
+@intrinsic
+def cp_async_wait_group(typingctx, n):
+    """Wait until at most n of this thread's committed cp.async groups are pending.
+
+    n must be a compile-time integer literal (an immediate in PTX)."""
+    if not isinstance(n, types.IntegerLiteral):
+        # numba also tries the literal type when the argument is a constant
+        raise TypingError("cp_async_wait_group(n): n must be an integer literal written "
+                          "at the call (it is a PTX immediate), e.g. "
+                          "cp_async_wait_group(1); or use cp_async_wait_group_0/_1/_2")
+    count = int(n.literal_value)
+    if not 0 <= count <= 7:
+        raise TypingError(f"cp_async_wait_group: n must be 0..7, got {count}")
+
+    def codegen(context, builder, sig, args):
+        _asm(builder, ir.VoidType(), [], f"cp.async.wait_group {count};", "~{memory}", [],
+             side_effect=True)
+        return context.get_dummy_value()
+    return types.void(n), codegen
+
+
+# ---- 128-bit read-only global load ---------------------------------------------
+_LDG_TYPES = {types.uint32: ("u32", "r"), types.int32: ("s32", "r"),
+              types.float32: ("f32", "f")}
+
+
+@intrinsic
+def ldg_v4(typingctx, arr, idx):
+    """(arr[idx], arr[idx+1], arr[idx+2], arr[idx+3]) by one ld.global.nc.v4 (16-byte aligned)."""
+    _check_index("ldg_v4", arr, idx)
+    if arr.dtype not in _LDG_TYPES:
+        raise TypingError(f"ldg_v4: array dtype must be uint32, int32 or float32, got "
+                          f"{arr.dtype}; view the buffer as uint32 on the host")
+    ptx_ty, letter = _LDG_TYPES[arr.dtype]
+    text = f"ld.global.nc.v4.{ptx_ty} {{$0,$1,$2,$3}}, [$4];"
+    cons = f"={letter},={letter},={letter},={letter},l"
+
+    def codegen(context, builder, sig, args):
+        p = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        lty = context.get_value_type(sig.args[0].dtype)
+        st = _asm(builder, ir.LiteralStructType([lty] * 4), [_i64], text, cons,
+                  [_global_addr64(builder, p)])
+        return _struct_to_tuple(context, builder, sig.return_type, st, 4)
+    return types.UniTuple(arr.dtype, 4)(arr, idx), codegen
+
+
+# ---- integer dot product -------------------------------------------------------
+@intrinsic
+def dp4a(typingctx, a, b, c):
+    """c + sum of the 4 signed-byte products of a and b (dp4a.s32.s32), as int32."""
+    _check_ints("dp4a", a=a, b=b, c=c)
+
+    def codegen(context, builder, sig, args):
+        return _asm(builder, _i32, [_i32] * 3, "dp4a.s32.s32 $0, $1, $2, $3;",
+                    "=r,r,r,r", list(args))
+    return types.int32(types.int32, types.int32, types.int32), codegen
+
+
+@intrinsic
+def hfma2(typingctx, a, b, c):
+    """fma.rn.f16x2 on packed half2 words: (a.lo*b.lo + c.lo, a.hi*b.hi + c.hi)."""
+    _check_ints("hfma2", a=a, b=b, c=c)
+
+    def codegen(context, builder, sig, args):
+        return _asm(builder, _i32, [_i32] * 3, "fma.rn.f16x2 $0, $1, $2, $3;",
+                    "=r,r,r,r", list(args))
+    return types.uint32(types.uint32, types.uint32, types.uint32), codegen
+
+
+# ---- f16 packing ---------------------------------------------------------------
+@intrinsic
+def pack_half2(typingctx, lo, hi):
+    """uint32 holding f16(lo) in bits 0..15 and f16(hi) in bits 16..31 (round to nearest even)."""
+    def codegen(context, builder, sig, args):
+        # cvt.rn.f16x2.f32 d, a, b puts a in the UPPER half: pass hi first.
+        return _asm(builder, _i32, [_f32, _f32], "cvt.rn.f16x2.f32 $0, $2, $1;",
+                    "=r,f,f", list(args))
+    return types.uint32(types.float32, types.float32), codegen
+
+
+@intrinsic
+def unpack_half2(typingctx, h2):
+    """(f32 of bits 0..15, f32 of bits 16..31) of a packed half2 word."""
+    _check_ints("unpack_half2", h2=h2)
+
+    def codegen(context, builder, sig, args):
+        st = _asm(builder, ir.LiteralStructType([_f32, _f32]), [_i32],
+                  "{ .reg .b16 lo, hi;\n\tmov.b32 {lo, hi}, $2;\n\t"
+                  "cvt.f32.f16 $0, lo;\n\tcvt.f32.f16 $1, hi; }",
+                  "=f,=f,r", list(args))
+        return _struct_to_tuple(context, builder, sig.return_type, st, 2)
+    return types.UniTuple(types.float32, 2)(types.uint32), codegen
+
+
+@intrinsic
+def f16_bits_to_f32(typingctx, bits):
+    """float32 value of the IEEE half whose bits are the low 16 bits of `bits` (cvt.f32.f16)."""
+    _check_ints("f16_bits_to_f32", bits=bits)
+
+    def codegen(context, builder, sig, args):
+        return _asm(builder, _f32, [_i32],
+                    "{ .reg .b16 h;\n\tcvt.u16.u32 h, $1;\n\tcvt.f32.f16 $0, h; }",
+                    "=f,r", list(args))
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def bits_to_f32(typingctx, bits):
+    """The float32 whose bits are the uint32 `bits` (mov.b32: a reinterpretation;
+    bf16 weights are the high 16 bits of a float32)."""
+    _check_ints("bits_to_f32", bits=bits)
+
+    def codegen(context, builder, sig, args):
+        return _asm(builder, _f32, [_i32], "mov.b32 $0, $1;", "=f,r", list(args))
+    return types.float32(types.uint32), codegen

@@ -1,0 +1,98 @@
+"""kvcache/attention.py: decode attention under the simulator (or on the device).
+
+Tiny shapes (4 q heads, 2 kv heads, head_dim 32/64, n_ctx <= 64), int8 and f16 caches,
+one split and many (tiny tiles so a 64-position pool has several), group 4, the same
+workspace replayed at growing positions as a captured graph does, the refusals, the
+plan's defaults at Qwen3-4B's shape; the int8 -> float trick the device uses is exact.
+Sliding windows and rings are in test_attention_window.py, model shapes on a GPU in
+test_attention_gpu.py.
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from attention_helpers import assert_close, make_pool, run_decode
+from genie_rt.kvcache.attention import DecodeWorkspace, decode_attention, decode_reference, plan_decode
+
+
+def _byte_perm(x, y, s):
+    """numpy __nv_byte_perm: result byte n = byte (s >> 4n) & 7 of the 8 bytes {y:x}."""
+    y = np.full_like(x, y)
+    src = [(v >> np.uint32(8 * i)) & np.uint32(0xFF) for v in (x, y) for i in range(4)]
+    out = np.zeros_like(x)
+    for n in range(4):
+        out |= src[(s >> 4 * n) & 7] << np.uint32(8 * n)
+    return out
+
+
+def test_int8_to_float_magic_is_exact():
+    # what the device _byte computes (the simulator runs the plain version)
+    from genie_rt.kvcache.attention import MAGIC_I8
+    words = np.random.default_rng(0).integers(0, 2 ** 32, 4096, dtype=np.uint64).astype(np.uint32)
+    words[:256] = np.arange(256, dtype=np.uint32) * np.uint32(0x01010101)   # every byte value
+    signed = words.view(np.int8).reshape(-1, 4).astype(np.float32)
+    for b in range(4):
+        bits = _byte_perm(words ^ np.uint32(0x80808080), np.uint32(0x4B000000), 0x7440 | b)
+        got = bits.view(np.float32) - MAGIC_I8
+        assert np.array_equal(got, signed[:, b]), b
+
+
+# ---- decode: simulator ------------------------------------------------------------------
+@pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
+@pytest.mark.parametrize("pos", [0, 40])
+def test_decode_one_split(kv_dtype, pos):
+    pool, kd, vd = make_pool(2, 64, 64, kv_dtype, 48)
+    plan = run_decode(pool, kd, vd, 4, pos, n_splits=1)
+    assert plan.n_splits == 1
+
+
+@pytest.mark.parametrize("kv_dtype,pos,n_splits", [
+    ("int8", 5, 3), ("int8", 30, 3), ("int8", 63, 64), ("f16", 30, 3), ("f16", 63, 4)])
+def test_decode_splits_merge(kv_dtype, pos, n_splits):
+    # tiny tiles (1 warp, 1 row per thread: 8 rows int8, 4 rows f16) so a 64-position
+    # pool has many tiles; splits beyond the run-time context exit at once
+    pool, kd, vd = make_pool(2, 64, 64, kv_dtype, 64, seed=pos)
+    plan = run_decode(pool, kd, vd, 4, pos, n_splits=n_splits, warps=1, rows_per_thread=1)
+    assert plan.n_splits == min(n_splits, 64 // plan.tile)
+
+
+def test_decode_head_dim_32_and_group_4():
+    pool, kd, vd = make_pool(1, 32, 32, "int8", 32)
+    run_decode(pool, kd, vd, 4, 31, n_splits=2, warps=1, rows_per_thread=2)
+
+
+def test_decode_graph_style_replay_reuses_workspace():
+    # the same workspace and launch at growing positions (what a replayed graph does)
+    pool, kd, vd = make_pool(2, 64, 64, "int8", 64, seed=5)
+    plan = plan_decode(4, 2, 64, "int8", 64, n_splits=3, warps=1, rows_per_thread=1)
+    ws = DecodeWorkspace(plan)
+    q = np.random.default_rng(2).standard_normal((4, 64)).astype(np.float32)
+    qd = cuda.to_device(q)
+    out = cuda.device_array(4 * 64, np.float32)
+    state = cuda.to_device(np.zeros(1, np.int32))
+    for pos in (3, 21, 63):
+        state.copy_to_device(np.array([pos], np.int32))
+        decode_attention(qd, pool.layer(0), state, out, ws)
+        ref = decode_reference(q, kd[0], vd[0], pos)
+        assert_close(out.copy_to_host(), ref, 2e-5 * np.abs(vd[0]).max(), 1e-5, f"pos {pos}")
+
+
+def test_decode_rejects_mismatched_cache():
+    pool, _, _ = make_pool(2, 64, 16, "f16", 4)
+    plan = plan_decode(4, 2, 64, "int8", 16)
+    with pytest.raises(ValueError, match="cache dtype"):
+        decode_attention(cuda.device_array(256, np.float32), pool.layer(0),
+                         cuda.to_device(np.zeros(1, np.int32)), cuda.device_array(256, np.float32),
+                         DecodeWorkspace(plan))
+    with pytest.raises(ValueError, match="not a multiple"):
+        plan_decode(6, 4, 64, "int8", 16)
+
+
+def test_plan_decode_defaults():
+    p = plan_decode(32, 8, 128, "int8", 4096, sm_count=132)
+    assert (p.tile, p.n_sub, p.heads_per_block) == (64, 1, 4)
+    assert p.n_splits == 33 and p.workspace_bytes >= 33 * 32 * 130 * 4
+    p = plan_decode(64, 8, 128, "int8", 40960, sm_count=132)       # group 8: two subgroups
+    assert (p.n_sub, p.heads_per_block) == (2, 4)
+    p = plan_decode(64, 8, 128, "f16", 100, sm_count=132)
+    assert (p.n_sub, p.heads_per_block, p.tile) == (1, 8, 32) and p.n_splits == 4

@@ -1,0 +1,78 @@
+"""Decode and prefill attention kernels compiled to PTX for sm_87 and sm_90 (in a
+subprocess without the simulator): no float64 instructions, no local memory; decode uses
+128-bit loads and the atomic merge, prefill the tensor cores (mma.sync + ldmatrix).
+Qwen3's kernels and one of each newer kind (window, head_dim 256, one KV head, group 3)
+in the quick suite, the rest `slow`.
+"""
+import pytest
+
+from ptx_helpers import assert_no_f64, assert_ptx_contains, compile_in_subprocess
+
+
+# ---- PTX --------------------------------------------------------------------------------
+_PTX_SOURCE = """
+from genie_rt.kvcache.attention import decode_kernel
+from genie_rt.kvcache.attention_prefill_kernels import prefill_kernel, prefill_merge
+decode_int8 = decode_kernel(128, 4, "int8")
+decode_f16 = decode_kernel(128, 8, "f16")
+prefill_int8 = prefill_kernel(128, 4, "int8")
+prefill_f16 = prefill_kernel(128, 4, "f16")
+# Gemma 3 270M (4 / 1 heads, head_dim 256, window 512) and SmolLM2 (9 / 3 heads, hd 64)
+decode_gemma_int8 = decode_kernel(256, 4, "int8", 4, 4, 512)
+decode_gemma_f16 = decode_kernel(256, 4, "f16", 4, 4, 512)
+decode_smol_int8 = decode_kernel(64, 3, "int8")
+prefill_gemma_int8 = prefill_kernel(256, 4, "int8", 0, 512)
+prefill_gemma_f16 = prefill_kernel(256, 4, "f16", 0, 512)
+prefill_smol_int8 = prefill_kernel(64, 3, "int8")
+"""
+# the quick suite compiles Qwen3's kernels and one of each new kind (window + hd 256 +
+# one KV head, group 3); the f16 twins and SmolLM2's decode (~10 s more) are `slow`
+_QUICK = ("decode_int8", "decode_f16", "decode_gemma_int8", "prefill_int8", "prefill_f16",
+          "prefill_gemma_int8", "prefill_smol_int8")
+_MORE = ("decode_gemma_f16", "decode_smol_int8", "prefill_gemma_f16")
+
+
+def _compile_ptx(names, merge):
+    from genie_rt.kvcache.attention import DECODE_SIGNATURE
+    from genie_rt.kvcache.attention_prefill_kernels import MERGE_SIGNATURE, PREFILL_SIGNATURE
+    kernels = {name: DECODE_SIGNATURE if name.startswith("decode") else PREFILL_SIGNATURE
+               for name in names}
+    if merge:
+        kernels["prefill_merge"] = MERGE_SIGNATURE
+    return compile_in_subprocess(_PTX_SOURCE, kernels)
+
+
+@pytest.fixture(scope="module")
+def ptx_text():
+    return _compile_ptx(_QUICK, merge=True)
+
+
+def _check_ptx(ptx_text):
+    from ptx_helpers import local_memory_bytes
+    for name, per_cc in ptx_text.items():
+        assert set(per_cc) == {(8, 7), (9, 0)}
+        for cc, text in per_cc.items():
+            where = f"{name} sm_{cc[0]}{cc[1]}"
+            assert_no_f64(text, where=where)
+            # the per-thread arrays (q slices, accumulators, fragments) must be registers
+            assert local_memory_bytes(text) == 0, f"{where}: local memory used"
+            if name.startswith("decode"):
+                assert_ptx_contains(text, "ld.global.nc.v4.u32", "atom.global.add", "membar.gl",
+                                    where=where)
+            elif name.startswith("prefill_") and name != "prefill_merge":
+                assert_ptx_contains(text, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+                                    "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+                                    "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
+                                    "ld.global.nc.v4.u32", where=where)
+
+
+def test_ptx_all_kernels_compile_without_f64_or_local_memory(ptx_text):
+    """No f64, no local memory; decode uses 128-bit loads and the atomic merge, prefill
+    the tensor cores (mma.sync, ldmatrix)."""
+    assert set(ptx_text) == set(_QUICK) | {"prefill_merge"}
+    _check_ptx(ptx_text)
+
+
+@pytest.mark.slow
+def test_ptx_more_variants_compile():
+    _check_ptx(_compile_ptx(_MORE, merge=False))
