@@ -33,6 +33,10 @@ class Backend(Protocol):
     def prefill_sample(self, tokens, start: int, sampler, history: list[int], cancel=None) -> int | None:
         """prefill, then the first generated token drawn by `sampler` (None when cancelled)."""
 
+    def sample_logits(self, logits: np.ndarray, sampler, history: list[int]) -> int:
+        """The first token of a reply drawn by `sampler` from `logits` a prefill returned (left
+        unchanged): the engine's further choices of one prompt. Drawn as prefill_sample draws."""
+
     def decode_tokens(self, token: int, pos: int, sampler, history: list[int]) -> Iterator[int]:
         """The tokens after `token` (at `pos`), one decode step per next(); the caller
         appends each to `history` before asking for the next. May run ahead (CUDA: one step)."""

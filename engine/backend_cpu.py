@@ -225,6 +225,9 @@ class CPUBackend:
         logits = self.prefill(tokens, start, cancel)
         return None if logits is None else sampler.sample(logits, history)
 
+    def sample_logits(self, logits: np.ndarray, sampler: Sampler, history: list[int]) -> int:
+        return sampler.sample(logits.copy(), history)      # the sampler edits its input in place
+
     def decode_sample(self, token: int, pos: int, sampler: Sampler, history: list[int]) -> int:
         return sampler.sample(self.decode(token, pos), history)
 

@@ -479,6 +479,24 @@ class CUDABackend(ConstrainedSteps):
         self.stream.synchronize()
         return self._read_token()
 
+    def sample_logits(self, logits: np.ndarray, sampler, history) -> int:
+        """prefill_sample's draw from host logits: uploaded to the head's output, then the
+        sampling graph of a prefill's head (same RNG step, penalty ring and grammar mask), so
+        the request's device state is what prefill_sample leaves."""
+        self._enter()
+        if sampler.want_probs:
+            return sampler.sample(logits.copy(), history)
+        self._begin_request(sampler, history)
+        self.stream.synchronize()
+        out = self.arena["logits"]
+        out.copy_to_device(np.ascontiguousarray(logits, np.float32).reshape(out.shape), stream=self.stream)
+        self._draw_graph(self._mask_step(sampler), advance=False)
+        self.stream.synchronize()
+        token = self._read_token()
+        if sampler.constraint is not None:
+            sampler.constraint.accept(token)
+        return token
+
     def decode_sample(self, token: int, pos: int, sampler, history) -> int:
         self._enter()
         if sampler.want_probs or sampler.constraint is not None:

@@ -14,6 +14,13 @@ common prefix with them and prefills only the rest (at least one token, for the
 logits): a stable system prompt is prefilled once. Correct because a shared prefix
 sits at the same positions and causal attention never reads past a position.
 
+A request with n > 1 choices (GenerationRequest.n) gets its replies one after another from
+one prefill: the prompt's last logits are kept, each choice draws its first token from them
+with its own sampler (seed + i: generate.choice_params) and decodes from the position after
+the prompt, overwriting the previous reply. Full-context layers never lose a prompt position
+that way; sliding-window rings do, so what they hold of the prompt is copied out once and
+put back before each further choice.
+
 One thread at a time may call `generate` (the server's worker owns the engine).
 """
 from __future__ import annotations
@@ -30,7 +37,7 @@ from genie_rt.kvcache.persist import validate_conversation_id
 from .chat import ChatTemplate
 from .config import DEFAULT_KV, EngineConfig, ModelConfig
 from .generate import (ContextOverflowError, Delta, Done, GenerationRequest, GenerationResult, Progress, Stats,
-                       StopMatcher)
+                       StopMatcher, choice_params)
 from .gguf_file import GGUFError, GGUFFile, open_gguf
 from .load_plan import budget_for, choose_backend, cuda_available  # noqa: F401 (tests patch it here)
 from .memory import MemoryPlan, fmt_bytes
@@ -162,24 +169,34 @@ class Engine:
     def _prefill(self, req: GenerationRequest, prompt: list[int], n_reuse: int, sampler, t0: float):
         """Run the prompt after the reused prefix; yields Progress events when the request asks
         for them (then in pieces of progress_batch tokens, as llama-server's n_batch), and
-        returns the first generated token (None when cancelled)."""
-        step = req.progress_batch
-        if step <= 0:
-            return self.backend.prefill_sample(prompt[n_reuse:], n_reuse, sampler, prompt, req.cancel)
-        total = len(prompt)
-        yield Progress(total, n_reuse, n_reuse, 0.0)
-        pos = n_reuse
-        while total - pos > step:            # the last piece is sampled from: prefill_sample
-            if self.backend.prefill(prompt[pos:pos + step], pos, req.cancel) is None:
-                return None
-            pos += step
-            yield Progress(total, n_reuse, pos, (time.perf_counter() - t0) * 1000)
-        token = self.backend.prefill_sample(prompt[pos:], pos, sampler, prompt, req.cancel)
-        if token is not None:
+        returns (the first generated token, the prompt's last logits) - the logits only with
+        n > 1 choices (the other choices draw their first token from them); (None, None) when
+        cancelled. The prompt is processed once whatever n is, so its progress comes once,
+        before choice 0's first Delta."""
+        step, total, pos = req.progress_batch, len(prompt), n_reuse
+        if step > 0:
+            yield Progress(total, n_reuse, n_reuse, 0.0)
+            while total - pos > step:            # the last piece is sampled from, below
+                if self.backend.prefill(prompt[pos:pos + step], pos, req.cancel) is None:
+                    return None, None
+                pos += step
+                yield Progress(total, n_reuse, pos, (time.perf_counter() - t0) * 1000)
+        logits = None
+        if req.n == 1:
+            token = self.backend.prefill_sample(prompt[pos:], pos, sampler, prompt, req.cancel)
+        else:   # the logits stay for the other choices' first draws
+            logits = self.backend.prefill(prompt[pos:], pos, req.cancel)
+            token = None if logits is None else self.backend.sample_logits(logits, sampler, prompt)
+        if token is not None and step > 0:
             yield Progress(total, n_reuse, total, (time.perf_counter() - t0) * 1000)
-        return token
+        return token, logits
 
     def generate(self, req: GenerationRequest) -> Iterator[Progress | Delta | Done]:
+        """(Progress events, with progress_batch), then Delta(text, tokens, index=i)...
+        Done(result, index=i) for each choice i = 0 .. req.n-1, one after another. The prompt is
+        prefilled once: every choice draws its first token from the logits the prompt left (with
+        its own sampler: choice_params) and decodes from the position after it, so a choice
+        never re-runs a prompt token."""
         prompt = list(req.prompt)
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -188,28 +205,79 @@ class Engine:
         bad = [t for t in prompt if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.cfg.vocab_size - 1})")
+        if isinstance(req.n, bool) or not isinstance(req.n, int) or req.n < 1:
+            raise ValueError(f"'n' (choices) must be an integer >= 1, got {req.n!r}")
         req.params.validate(self.cfg.vocab_size)
         if req.conversation_id is not None:
             validate_conversation_id(req.conversation_id)   # InvalidConversationId before any work
-        constraint = None
-        if req.constraint is not None:       # ConstraintError (a ValueError) before any work
-            from .constrain import Constraint
-            constraint = Constraint.start(self.tokenizer, req.constraint, self.cfg.vocab_size)
-        sampler = Sampler(req.params, constraint, n_probs=req.n_probs,
-                          want_probs=req.logprobs or req.n_probs > 0, post_sampling=req.post_sampling_probs)
-        probs = [] if sampler.want_probs else None
+        sampler = self._sampler(req, 0)      # ConstraintError (a ValueError) before any work
         cancel = req.cancel
 
         t0 = time.perf_counter()
         n_reuse = self._restore(req)
         self.kv_tokens = self.kv_tokens[:n_reuse]
-        token = yield from self._prefill(req, prompt, n_reuse, sampler, t0)
+        token, logits = yield from self._prefill(req, prompt, n_reuse, sampler, t0)
+        rings = self._ring_snapshot(len(prompt)) if logits is not None else None
         t1 = time.perf_counter()
         if token is None:  # cancelled between prefill chunks: the pool holds a partial prompt
             yield Done(self._finish(req, [], "cancelled", None, n_reuse, t0, t1, t1, "", None))
             return
         self.kv_tokens = prompt[:]
+        for index in range(req.n):
+            if index:
+                t0 = time.perf_counter()
+                if cancel is not None and cancel.is_set():   # the caller waits for a Done to end on
+                    yield Done(self._finish(req, [], "cancelled", None, len(prompt), t0, t0, t0, "", None,
+                                            first_choice=False), index)
+                    return
+                self._ring_restore(rings, len(prompt))
+                self.kv_tokens = prompt[:]
+                sampler = self._sampler(req, index)
+                token = self.backend.sample_logits(logits, sampler, prompt)
+                t1 = time.perf_counter()
+            result = yield from self._reply(req, prompt, token, sampler, index, len(prompt) if index else n_reuse,
+                                            t0, t1)
+            if result.finish_reason == "cancelled":
+                return
+        # After the last Done, so the client has its answer before the (possibly large) file is
+        # written; every consumer (server worker, CLI) drives the generator to its end.
+        if self.kv_store is not None and req.conversation_id is not None:
+            self.kv_store.save(self, req.conversation_id)
 
+    def _sampler(self, req: GenerationRequest, index: int) -> Sampler:
+        """Choice `index`'s sampler: its seed (choice_params) and a fresh grammar state."""
+        constraint = None
+        if req.constraint is not None:
+            from .constrain import Constraint
+            constraint = Constraint.start(self.tokenizer, req.constraint, self.cfg.vocab_size)
+        return Sampler(choice_params(req.params, index), constraint, n_probs=req.n_probs,
+                       want_probs=req.logprobs or req.n_probs > 0, post_sampling=req.post_sampling_probs)
+
+    def _ring_snapshot(self, end: int):
+        """(first, arrays, layers) of what the sliding-window rings hold of the prompt (positions
+        first .. end-1), or None without rings. A reply overwrites a ring's oldest slots, so the
+        next choice puts these back (_ring_restore) instead of prefilling the prompt again;
+        the other layers keep every prompt position, whatever a reply writes after them."""
+        kv = self.backend.kv
+        rings = kv.shape.ring_layers if kv.shape.slots is not None else ()
+        if not rings:
+            return None
+        first = self.backend.ring_first(end)
+        return first, kv.export_window(end, layers=rings, first=first)[1], rings
+
+    def _ring_restore(self, snapshot, end: int) -> None:
+        if snapshot is None:
+            return
+        first, arrays, rings = snapshot
+        self.backend.kv.import_window(arrays, first, end, layers=rings)
+        self.backend.kv_imported(first, end)
+
+    def _reply(self, req: GenerationRequest, prompt: list[int], token: int, sampler: Sampler, index: int,
+               n_reuse: int, t0: float, t1: float):
+        """One choice, from its first token (drawn from the prompt's logits) on: its Deltas and
+        its Done; returns the result."""
+        probs = [] if sampler.want_probs else None
+        cancel = req.cancel
         max_new = self.n_ctx - len(prompt)
         if req.max_tokens is not None:
             max_new = min(max_new, req.max_tokens)
@@ -223,6 +291,12 @@ class Engine:
         # least one token and the tokens of all Deltas are the generated ones (streamed pieces
         # never outnumber completion_tokens, also when a held-back stop prefix is flushed).
         finish, pending, stopped, buf = "length", [], False, ""
+
+        def delta(text: str, tokens: list[int]) -> Delta:   # with this choice's counts and times so far
+            return Delta(text, tokens, probs[len(probs) - len(tokens):] if probs is not None else None,
+                         Stats(len(prompt), n_reuse, (t1 - t0) * 1000, len(generated),
+                               (time.perf_counter() - t1) * 1000), index)
+
         # the back-end yields the token after each one fed to it (the CUDA back-end runs a
         # step ahead); a token is appended to history before the next is asked for
         steps = self.backend.decode_tokens(token, len(prompt), sampler, history)
@@ -242,9 +316,7 @@ class Engine:
                 text, stopped = stops.feed(decoder.feed(token))
                 buf += text
                 if stopped or (buf and not stops.holding and not decoder.holding):
-                    yield Delta(buf, pending, probs[len(probs) - len(pending):] if probs is not None else None,
-                                Stats(len(prompt), n_reuse, (t1 - t0) * 1000, len(generated),
-                                      (time.perf_counter() - t1) * 1000))
+                    yield delta(buf, pending)
                     pending, buf = [], ""
                 if stopped:
                     finish = "stop"
@@ -267,25 +339,25 @@ class Engine:
             else:
                 text += stops.flush()
             if buf + text or pending:
-                yield Delta(buf + text, pending, probs[len(probs) - len(pending):] if probs is not None else None,
-                            Stats(len(prompt), n_reuse, (t1 - t0) * 1000, len(generated),
-                                  (time.perf_counter() - t1) * 1000))
+                yield delta(buf + text, pending)
         t2 = time.perf_counter()
-        result = self._finish(req, generated, finish, stops.stop_word, n_reuse, t0, t1, t2, stops.text, probs)
-        yield Done(result)
-        # After Done, so the client has its answer before the (possibly large) file is written;
-        # every consumer (server worker, CLI) drives the generator to its end.
-        if self.kv_store is not None and req.conversation_id is not None:
-            self.kv_store.save(self, req.conversation_id)
+        result = self._finish(req, generated, finish, stops.stop_word, n_reuse, t0, t1, t2, stops.text, probs,
+                              first_choice=index == 0)
+        yield Done(result, index)
+        return result
 
-    def _finish(self, req, generated, finish, stop_word, n_reuse, t0, t1, t2, text, probs) -> GenerationResult:
+    def _finish(self, req, generated, finish, stop_word, n_reuse, t0, t1, t2, text, probs,
+                first_choice: bool = True) -> GenerationResult:
+        """The result of one choice. The engine's stats count a request's prompt once (with
+        its first choice); every choice's tokens and times."""
         s = self.stats
-        s.requests += 1
-        s.prompt_tokens += len(req.prompt)
-        s.prompt_tokens_cached += n_reuse
-        s.prefix_hits += n_reuse > 0
+        if first_choice:
+            s.requests += 1
+            s.prompt_tokens += len(req.prompt)
+            s.prompt_tokens_cached += n_reuse
+            s.prefix_hits += n_reuse > 0
+            s.prompt_ms += (t1 - t0) * 1000
         s.generated_tokens += len(generated)
-        s.prompt_ms += (t1 - t0) * 1000
         s.gen_ms += (t2 - t1) * 1000
         return GenerationResult(text=text, tokens=generated, finish_reason=finish, stop_word=stop_word,
                                 n_prompt=len(req.prompt), n_cached=n_reuse, prompt_ms=(t1 - t0) * 1000,

@@ -7,7 +7,7 @@ any tail that could still become a stop string, so a client never sees half of
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .sampling import SamplingParams, TokenProbs
 
@@ -35,8 +35,19 @@ class GenerationRequest:
     n_probs: int = 0                           # the most likely tokens to report per token
     logprobs: bool = False                     # report each token's probability (Delta.probs)
     post_sampling_probs: bool = False          # ... after the whole sampler chain (llama-server)
+    n: int = 1                                 # choices: replies to the one prompt, one after another
     progress_batch: int = 0                    # > 0: prefill in pieces of this many tokens, a
                                                # Progress event before the first and after each
+
+
+def choice_params(params: SamplingParams, index: int) -> SamplingParams:
+    """The sampling parameters of choice `index` of a request with n choices: the request's own
+    for choice 0; for choice i, seed + i (modulo 2^64; as llama-server seeds its n_cmpl children),
+    so each choice is reproducible on its own and a choice's reply does not depend on how long the
+    ones before it were. Without a seed every choice draws a random one."""
+    if index == 0 or params.seed is None or params.seed < 0:
+        return params
+    return replace(params, seed=(params.seed + index) % (1 << 64))
 
 
 @dataclass
@@ -73,6 +84,7 @@ class Delta:
     tokens: list[int]
     probs: list[TokenProbs] | None = None
     stats: Stats | None = None
+    index: int = 0                  # the choice it belongs to (GenerationRequest.n)
 
 
 @dataclass
@@ -100,7 +112,9 @@ class GenerationResult:
 
 @dataclass
 class Done:
+    """The end of one choice: a request with n choices yields n, in index order."""
     result: GenerationResult
+    index: int = 0
 
 
 class StopMatcher:

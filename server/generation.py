@@ -11,6 +11,15 @@ response ends - done, client gone, shutdown - the job is cancelled if it is stil
 
 /completion with several prompts (an array of prompts) runs them one after another and answers
 an array of results (not streamed), as llama-server answers a batch.
+
+`n` (or llama-server's `n_cmpl`) > 1: one job whose engine run prefills the prompt once and
+writes the choices one after another (engine/engine.py); every event carries its choice's
+index. Streamed, each choice's chunks end with its own finish chunk before the next choice
+starts; usage and timings at the end cover them all (the prompt counted once).
+
+A streamed request with `return_progress` gets llama-server's prompt_progress chunks while the
+prompt is processed (once, before choice 0's text: the choices share the prefill);
+`timings_per_token` puts the timings of the chunk's choice so far on every streamed chunk.
 """
 from __future__ import annotations
 
@@ -20,10 +29,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import jobs, schemas
-from .errors import ApiError, JSONResp, api_error, endpoint
 from genie_rt.engine.generate import Progress
 
+from . import jobs, schemas
+from .errors import ApiError, JSONResp, api_error, endpoint
 from .openai_format import SSE_DONE, ChatFormatter, CompletionFormatter, NativeCompletionFormatter, sse, with_telemetry
 from .state import FINGERPRINT, ServerState
 from .streaming import JobStream, SSEResponse, read_json
@@ -58,16 +67,17 @@ def _sse_error(exc: BaseException) -> bytes:
     return sse({"error": api_error(exc).error_object()})
 
 
-async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done, done_marker: bool = True):
+async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done, done_marker: bool = True,
+               n: int = 1):
     """SSE bytes for one job: the prelude chunks, `on_text(event)` chunks per Delta (and per
-    Progress event, with return_progress), then
-    `on_done(result)` chunks and [DONE] (unless done_marker is False: llama-server's native
-    /completion sends none) - or an error chunk, or nothing once the client left."""
+    Progress event, with return_progress), then `on_done(done_event)` chunks at the end of each
+    of its n choices and [DONE] (unless done_marker is False: llama-server's native /completion
+    sends none) - or an error chunk, or nothing once the client left."""
     try:
         for chunk in prelude:
             yield sse(chunk)
-        async for ev in jobs.events(stream, event):
-            chunks = on_done(ev.result) if hasattr(ev, "result") else on_text(ev)
+        async for ev in jobs.events(stream, event, n):
+            chunks = on_done(ev) if hasattr(ev, "result") else on_text(ev)
             for chunk in chunks:
                 yield sse(chunk)
         if done_marker:
@@ -82,41 +92,50 @@ async def _sse(stream: JobStream, event, prelude: list[dict], on_text, on_done, 
         stream.close()
 
 
+def _chat_stream(chat: jobs.ChatJob, fmt: ChatFormatter, st: ServerState) -> SSEResponse:
+    """chat.completion.chunk events: per choice (its `index`) a role chunk, its deltas and its
+    finish chunk, one choice after another; then usage (when asked) covering every choice."""
+    n, include_usage, per_token = chat.req.gen.n, chat.req.gen.include_usage, chat.req.gen.timings_per_token
+    started, results = {0}, []
+
+    def opening(index: int) -> list[dict]:
+        if index in started:
+            return []
+        started.add(index)
+        return [fmt.first_chunk(index)]
+
+    def text(ev) -> list[dict]:
+        if isinstance(ev, Progress):   # as llama-server: choice 0's role delta again, with the progress
+            return [with_telemetry(fmt.first_chunk(), ev, per_token)]
+        chunks = opening(ev.index) + fmt.text_chunks(ev.text, ev.probs, ev.index)
+        if chunks and per_token:
+            with_telemetry(chunks[-1], ev, True)
+        return chunks
+
+    def done(ev) -> list[dict]:
+        chunks, has_calls = fmt.finish_chunks(ev.result, ev.index)
+        jobs._count_tool_calls(st, ev.result, has_calls)
+        results.append(ev.result)
+        chunks = opening(ev.index) + chunks
+        return fmt.end_chunks(chunks, results, include_usage) if len(results) == n else chunks
+    return SSEResponse(_sse(chat.stream, chat.event, [fmt.first_chunk()], text, done, n=n))
+
+
 @endpoint
 async def chat_completions(request: Request, st: ServerState) -> Response:
     chat = await jobs.start_chat(request, st)
     fmt = ChatFormatter(st.model_name, FINGERPRINT, chat.output, st.engine.tokenizer)
-    include_usage = chat.req.gen.include_usage
     if chat.req.gen.stream:
-        per_token = chat.req.gen.timings_per_token
-
-        def on_event(ev) -> list[dict]:
-            if isinstance(ev, Progress):   # as llama-server: the role delta again, with the progress
-                return [with_telemetry(fmt.first_chunk(), ev, per_token)]
-            chunks = fmt.text_chunks(ev.text, ev.probs)
-            if chunks and per_token:
-                with_telemetry(chunks[-1], ev, True)
-            return chunks
-
-        def done(result) -> list[dict]:
-            chunks, has_calls = fmt.final_chunks(result, include_usage)
-            jobs._count_tool_calls(st, result, has_calls)
-            return chunks
-        return SSEResponse(_sse(chat.stream, chat.event, [fmt.first_chunk()], on_event, done))
-    response: dict = {}
-    for k in range(chat.req.gen.n):    # n > 1: one job per choice; the first one's usage, as llama-server
-        job = chat if k == 0 else await jobs.next_choice(request, chat)
-        generated, _, result = await jobs.collect(job.stream, job.event)
-        job.output.text = job.forced + generated
-        fmt.output = job.output
-        one, has_calls = fmt.response(result)
+        return _chat_stream(chat, fmt, st)
+    choices = await jobs.collect_choices(chat.stream, chat.event, chat.req.gen.n)
+    for index, (generated, _, _) in enumerate(choices):
+        fmt.output_of(index).text = chat.forced + generated
+    results = [result for _, _, result in choices]
+    response, calls = fmt.response(results)
+    for result, has_calls in zip(results, calls):
         jobs._count_tool_calls(st, result, has_calls)
-        if k == 0:
-            response = one
-            if st.settings.verbose or chat.req.verbose:   # llama-server's --verbose / "verbose": what the model got
-                response["__verbose"] = {"prompt": chat.prompt_text, "content": generated}
-        else:
-            response["choices"].append({**one["choices"][0], "index": k})
+    if st.settings.verbose or chat.req.verbose:   # llama-server's --verbose / "verbose": what the model got
+        response["__verbose"] = {"prompt": chat.prompt_text, "content": choices[0][0]}
     return JSONResp(response)
 
 
@@ -161,9 +180,9 @@ async def _completion(request: Request, st: ServerState, native: bool) -> Respon
     req = await run_in_threadpool(schemas.parse_completion, body, st.vocab_size, st.tokenize_text,
                                   st.settings.defaults, True)
     del body
-    jobs.check_choices(st, req.gen)
-    if req.batch is not None or req.gen.n > 1:
+    if req.batch is not None:
         return await _completion_batch(request, st, req, native)
+    n = req.gen.n
     prompt = await _prompt_ids(st, req.prompt)
     stream = jobs.start_job(request, st, req.gen, prompt)
     event = await jobs.first_event(stream)
@@ -172,44 +191,55 @@ async def _completion(request: Request, st: ServerState, native: bool) -> Respon
         if req.gen.stream:
             return SSEResponse(_sse(stream, event, [], lambda ev: [nfmt.text_chunk(ev)]
                                     if isinstance(ev, Progress) or ev.text or ev.tokens else [],
-                                    lambda result: [nfmt.response("", [], result)], done_marker=False))
-        text, tokens, result = await jobs.collect(stream, event)
-        return JSONResp(select_fields(nfmt.response(text, tokens, result), req.response_fields))
+                                    lambda ev: [nfmt.response("", [], ev.result, ev.index)], done_marker=False,
+                                    n=n))
+        choices = await jobs.collect_choices(stream, event, n)
+        objs = [select_fields(nfmt.response(text, tokens, result, index), req.response_fields)
+                for index, (text, tokens, result) in enumerate(choices)]
+        return JSONResp(objs[0] if n == 1 else objs)    # llama-server: an array for n_cmpl > 1
     fmt = CompletionFormatter(st.model_name, FINGERPRINT, st.engine.tokenizer)
     if req.gen.stream:
-        def on_event(ev) -> list[dict]:
+        per_token, results = req.gen.timings_per_token, []
+
+        def text(ev) -> list[dict]:
             if isinstance(ev, Progress):
-                return [with_telemetry(fmt.text_chunk(""), ev, req.gen.timings_per_token)]
+                return [with_telemetry(fmt.text_chunk(""), ev, per_token)]
             if ev.text or ev.probs:
-                return [with_telemetry(fmt.text_chunk(ev.text, ev.probs), ev, req.gen.timings_per_token)]
+                return [with_telemetry(fmt.text_chunk(ev.text, ev.probs, ev.index), ev, per_token)]
             return []
-        return SSEResponse(_sse(stream, event, [], on_event,
-                                lambda result: fmt.final_chunks(result, req.gen.include_usage)))
-    text, _, result = await jobs.collect(stream, event)
-    return JSONResp(fmt.response(text, result))
+
+        def done(ev) -> list[dict]:
+            results.append(ev.result)
+            chunks = [fmt.finish_chunk(ev.result, ev.index)]
+            return fmt.end_chunks(chunks, results, req.gen.include_usage) if len(results) == n else chunks
+        return SSEResponse(_sse(stream, event, [], text, done, n=n))
+    choices = await jobs.collect_choices(stream, event, n)
+    return JSONResp(fmt.response([(text, result) for text, _, result in choices]))
 
 
 async def _completion_batch(request: Request, st: ServerState, req, native: bool) -> Response:
-    """Several prompts, or n > 1 choices of each: run one after another, answer the list
-    (llama-server's batch answer: n_cmpl results per prompt)."""
+    """Several prompts: run one after another, answer the list (llama-server's batch answer);
+    with n choices each, prompt k's choice j has index k * n + j, as llama-server numbers them."""
     if req.gen.stream:
         raise ApiError(400, "'prompt' with several prompts cannot be streamed here; send one prompt per "
                             "request to stream")
+    n = req.gen.n
     results = []
     fmt = CompletionFormatter(st.model_name, FINGERPRINT, st.engine.tokenizer)
     choices = []
-    prompts = [one for one in (req.batch or [req.prompt]) for _ in range(req.gen.n)]
-    for k, one in enumerate(prompts):
+    for k, one in enumerate(req.batch):
         prompt = await _prompt_ids(st, one)
         stream = jobs.start_job(request, st, req.gen, prompt)
         event = await jobs.first_event(stream)
-        text, tokens, result = await jobs.collect(stream, event)
+        outs = await jobs.collect_choices(stream, event, n)
         if native:
             single = schemas.CompletionRequest(gen=req.gen, prompt=one, return_tokens=req.return_tokens)
-            results.append({**NativeCompletionFormatter(st, single, prompt).response(text, tokens, result), "index": k})
+            nfmt = NativeCompletionFormatter(st, single, prompt)
+            results += [{**nfmt.response(text, tokens, result), "index": k * n + j}
+                        for j, (text, tokens, result) in enumerate(outs)]
         else:
-            obj = fmt.response(text, result)
-            choices.append({**obj["choices"][0], "index": k})
+            obj = fmt.response([(text, result) for text, _, result in outs])
+            choices += [{**choice, "index": k * n + j} for j, choice in enumerate(obj["choices"])]
             results.append(obj)
     if native:
         return JSONResp(results)

@@ -97,7 +97,7 @@ def start_job(request: Request, st: ServerState, gen: schemas.GenerationFields, 
                                 ignore_eos=gen.ignore_eos, conversation_id=gen.conversation_id,
                                 constraint=constraint if constraint is not None else gen.constraint,
                                 n_probs=gen.n_probs, logprobs=gen.logprobs,
-                                post_sampling_probs=gen.post_sampling_probs,
+                                post_sampling_probs=gen.post_sampling_probs, n=gen.n,
                                 progress_batch=st.settings.n_batch if gen.stream and gen.return_progress else 0),
               asyncio.get_running_loop())
     try:
@@ -127,9 +127,11 @@ async def first_event(stream: JobStream):
     return event
 
 
-async def events(stream: JobStream, event) -> AsyncIterator:
-    """(Progress events,) Delta events, then the Done; ApiError for a failure, a cancelled run or a
-    disconnect."""
+async def events(stream: JobStream, event, n: int = 1) -> AsyncIterator:
+    """(Progress events, with return_progress: the prompt's, before choice 0,) then Delta events
+    and the Done - of each of the job's n choices in turn (each event's `index`); ApiError for a
+    failure, a cancelled run or a disconnect."""
+    done = 0
     try:
         while True:
             if isinstance(event, (Delta, Progress)):
@@ -138,7 +140,9 @@ async def events(stream: JobStream, event) -> AsyncIterator:
                 if event.result.finish_reason == "cancelled":  # server shutdown
                     raise ApiError(503, "the generation was cancelled: the server is shutting down")
                 yield event
-                return
+                done += 1
+                if done == n:
+                    return
             elif event is DISCONNECTED:
                 raise ApiError(499, "client disconnected")
             elif isinstance(event, BaseException):
@@ -150,15 +154,23 @@ async def events(stream: JobStream, event) -> AsyncIterator:
 
 async def collect(stream: JobStream, event) -> tuple[str, list[int], Any]:
     """All text and token ids of a non-streamed job, and its result."""
-    pieces: list[str] = []
-    tokens: list[int] = []
-    async for ev in events(stream, event):
+    return (await collect_choices(stream, event, 1))[0]
+
+
+async def collect_choices(stream: JobStream, event, n: int) -> list[tuple[str, list[int], Any]]:
+    """(text, token ids, result) of each of a non-streamed job's n choices."""
+    pieces: list[list[str]] = [[] for _ in range(n)]
+    tokens: list[list[int]] = [[] for _ in range(n)]
+    out = []
+    async for ev in events(stream, event, n):
         if isinstance(ev, Delta):
-            pieces.append(ev.text)
-            tokens += ev.tokens
+            pieces[ev.index].append(ev.text)
+            tokens[ev.index] += ev.tokens
         elif isinstance(ev, Done):
-            return "".join(pieces), tokens, ev.result
-    raise ApiError(500, "the generation ended without a result")
+            out.append(("".join(pieces[ev.index]), tokens[ev.index], ev.result))
+    if len(out) != n:
+        raise ApiError(500, "the generation ended without a result")
+    return out
 
 
 # --- chat ------------------------------------------------------------------------------------------
@@ -215,8 +227,6 @@ class ChatJob:
     st: ServerState
     prompt_text: str = ""
     stats: Any = None           # the counts and times of the last Delta (timings_per_token)
-    gen: Any = None             # the generation fields the job ran with (the template's stops added)
-    constraint: Any = None      # its tool-call grammar, if any
 
 
 def tool_grammar(st: ServerState, req: schemas.ChatRequest, forced: str, prefilled: bool):
@@ -255,35 +265,14 @@ async def start_chat(request: Request, st: ServerState, body: dict | None = None
     check_prompt(prompt, engine.n_ctx)
     output = ChatOutput(parse_reasoning=req.parse_reasoning, think_open=prompt_opens_thinking(text),
                         parse_tools=req.tools is not None)
-    output.text = forced        # the reply is parsed with its forced start (held back until parsed)
+    output.start = output.text = forced  # the reply is parsed with its forced start (held back until parsed)
     gen = req.gen
     if engine.template.stop_strings:   # the plain fallback's next "User:" line ends the reply
         gen = replace(gen, stop=list(gen.stop) + [s for s in engine.template.stop_strings
                                                               if s not in gen.stop])
-    check_choices(st, gen)
     stream = start_job(request, st, gen, prompt, tool_spec)
     event = await first_event(stream)
-    return ChatJob(req, output, forced, prompt, stream, event, st, text + forced, gen=gen, constraint=tool_spec)
-
-
-def check_choices(st: ServerState, gen: schemas.GenerationFields) -> None:
-    """n (n_cmpl) as llama-server bounds it: at most the server's slots (-np)."""
-    if gen.n > st.settings.n_parallel:
-        raise bad_request(f"'n' must be between 1 and {st.settings.n_parallel} (the server's slots, "
-                          f"-np/--parallel), got {gen.n}")
-    if gen.n > 1 and gen.stream:
-        raise bad_request("'n' > 1 is not streamed by this server: send stream false, or one request per choice")
-
-
-async def next_choice(request: Request, chat: ChatJob) -> ChatJob:
-    """Another choice for the same chat (n > 1): the same prompt, a new reply (its KV prefix
-    reused), queued as a job of its own."""
-    o = chat.output
-    output = ChatOutput(parse_reasoning=o.parse_reasoning, think_open=o.think_open, parse_tools=o.parse_tools,
-                        infer_open=o.infer_open)
-    output.text = chat.forced
-    stream = start_job(request, chat.st, chat.gen, chat.prompt, chat.constraint)
-    return replace(chat, output=output, stream=stream, event=await first_event(stream), stats=None)
+    return ChatJob(req, output, forced, prompt, stream, event, st, text + forced)
 
 
 def _count_tool_calls(st: ServerState, result, has_calls: bool) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import secrets
 import string
 import time
+from dataclasses import replace
 
 from genie_rt.engine.chat import THINK_START, parse_tool_calls, split_reasoning
 
@@ -59,6 +60,18 @@ def _per_second(n: int, ms: float) -> float:
 
 def _per_token_ms(n: int, ms: float) -> float:
     return ms / n if n > 0 else 0.0
+
+
+def merge_results(results: list):
+    """One result standing for a request's n choices in usage and timings: the prompt counted
+    once (the first choice's: the others reuse its prefill), the generated tokens of all; each
+    further choice's first draw (its prompt_ms) is generation time."""
+    if len(results) == 1:
+        return results[0]
+    first = results[0]
+    return replace(first, tokens=[], text="", probs=None,
+                   n_generated=sum(r.n_generated for r in results),
+                   gen_ms=sum(r.gen_ms for r in results) + sum(r.prompt_ms for r in results[1:]))
 
 
 def usage(result) -> dict:
@@ -116,6 +129,14 @@ class ChatOutput:
         self._sent_content = ""
         self._call_ids: list[str] = []    # one id per call, stable between the stream and the end
         self._n_calls_sent = 0
+        self.start = ""                   # text the reply starts with (a forced tool-call start)
+
+    def fresh(self) -> "ChatOutput":
+        """A new reply to the same prompt (the next choice): same settings, same start."""
+        out = ChatOutput(parse_reasoning=self.parse_reasoning, think_open=self.think_open,
+                         parse_tools=self.parse_tools, infer_open=self.infer_open)
+        out.start = out.text = self.start
+        return out
 
     def parse(self, final: bool) -> tuple[str, str, list[dict]]:
         """(reasoning, content, calls) of the text so far."""
@@ -173,66 +194,89 @@ def finish_reason(result, has_tool_calls: bool) -> str:
 
 
 class ChatFormatter:
-    """chat.completion / chat.completion.chunk objects for one request."""
+    """chat.completion / chat.completion.chunk objects for one request, of one or several choices
+    (each its own ChatOutput: choice 0's is the one given, the others ChatOutput.fresh())."""
 
     def __init__(self, model: str, fingerprint: str, output: ChatOutput, tokenizer=None):
         self.id = "chatcmpl-" + random_id()
         self.created = int(time.time())
         self.model = model
         self.fingerprint = fingerprint
-        self.output = output
+        self.outputs = [output]
         self.tokenizer = tokenizer        # for logprobs (token texts)
-        self._pending_probs: list = []    # probabilities of tokens whose text is still held back
+        self._pending_probs: dict[int, list] = {}   # per choice: probabilities of held-back text
+
+    def output_of(self, index: int) -> ChatOutput:
+        while len(self.outputs) <= index:
+            self.outputs.append(self.outputs[0].fresh())
+        return self.outputs[index]
 
     def _chunk(self, choices: list, **extra) -> dict:
         return {"choices": choices, "created": self.created, "id": self.id, "model": self.model,
                 "system_fingerprint": self.fingerprint, "object": "chat.completion.chunk", **extra}
 
-    def _delta_chunk(self, delta: dict) -> dict:
-        return self._chunk([{"finish_reason": None, "index": 0, "delta": delta}])
+    def _delta_chunk(self, delta: dict, index: int = 0) -> dict:
+        return self._chunk([{"finish_reason": None, "index": index, "delta": delta}])
 
-    def first_chunk(self) -> dict:
-        return self._delta_chunk({"role": "assistant", "content": None})
+    def first_chunk(self, index: int = 0) -> dict:
+        return self._delta_chunk({"role": "assistant", "content": None}, index)
 
-    def _attach_probs(self, chunks: list[dict], probs) -> None:
+    def _attach_probs(self, chunks: list[dict], probs, index: int = 0) -> None:
         """A delta's token probabilities go on the first chunk that carries its text (held back
         with the text the parser holds back)."""
+        pending = self._pending_probs.setdefault(index, [])
         if probs:
-            self._pending_probs.extend(probs)
-        if chunks and self._pending_probs and self.tokenizer is not None:
-            chunks[0]["choices"][0]["logprobs"] = lp.chat_logprobs(self.tokenizer, self._pending_probs)
-            self._pending_probs = []
+            pending.extend(probs)
+        if chunks and pending and self.tokenizer is not None:
+            chunks[0]["choices"][0]["logprobs"] = lp.chat_logprobs(self.tokenizer, pending)
+            self._pending_probs[index] = []
 
-    def text_chunks(self, piece: str, probs=None) -> list[dict]:
-        chunks = [self._delta_chunk(d) for d in self.output.feed(piece)]
-        self._attach_probs(chunks, probs)
+    def text_chunks(self, piece: str, probs=None, index: int = 0) -> list[dict]:
+        chunks = [self._delta_chunk(d, index) for d in self.output_of(index).feed(piece)]
+        self._attach_probs(chunks, probs, index)
         return chunks
 
-    def final_chunks(self, result, include_usage: bool) -> tuple[list[dict], bool]:
-        """Remaining deltas, the finish chunk, the usage chunk; timings on the last one."""
-        chunks = [self._delta_chunk(d) for d in self.output.feed("", final=True)]
-        _, has_calls = self.output.message()
-        chunks.append(self._chunk([{"finish_reason": finish_reason(result, has_calls), "index": 0, "delta": {}}]))
-        self._attach_probs(chunks, None)
-        if include_usage:  # OpenAI: the usage chunk has an empty choices array
-            chunks.append(self._chunk([], usage=usage(result)))
-        chunks[-1]["timings"] = timings(result)
+    def finish_chunks(self, result, index: int = 0) -> tuple[list[dict], bool]:
+        """The rest of choice `index`'s deltas and its finish chunk; whether it calls tools."""
+        output = self.output_of(index)
+        chunks = [self._delta_chunk(d, index) for d in output.feed("", final=True)]
+        _, has_calls = output.message()
+        chunks.append(self._chunk([{"finish_reason": finish_reason(result, has_calls), "index": index,
+                                    "delta": {}}]))
+        self._attach_probs(chunks, None, index)
         return chunks, has_calls
 
-    def response(self, result) -> tuple[dict, bool]:
-        msg, has_calls = self.output.message()
-        choice = {"finish_reason": finish_reason(result, has_calls), "index": 0, "message": msg}
-        if result.probs is not None and self.tokenizer is not None:
-            choice["logprobs"] = lp.chat_logprobs(self.tokenizer, result.probs)
-        return {"choices": [choice],
+    def end_chunks(self, chunks: list[dict], results: list, include_usage: bool) -> list[dict]:
+        """After the last choice's chunks: the usage chunk (OpenAI: empty choices) when asked;
+        timings (every choice's generation) on the last chunk."""
+        total = merge_results(results)
+        if include_usage:
+            chunks.append(self._chunk([], usage=usage(total)))
+        chunks[-1]["timings"] = timings(total)
+        return chunks
+
+    def response(self, results: list) -> tuple[dict, list[bool]]:
+        """The chat.completion of the choices (one result each, in index order) whose outputs
+        hold their whole text; whether each calls tools."""
+        choices, calls = [], []
+        for index, result in enumerate(results):
+            msg, has_calls = self.output_of(index).message()
+            choice = {"finish_reason": finish_reason(result, has_calls), "index": index, "message": msg}
+            if result.probs is not None and self.tokenizer is not None:
+                choice["logprobs"] = lp.chat_logprobs(self.tokenizer, result.probs)
+            choices.append(choice)
+            calls.append(has_calls)
+        total = merge_results(results)
+        return {"choices": choices,
                 "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
-                "object": "chat.completion", "usage": usage(result), "id": self.id,
-                "timings": timings(result)}, has_calls
+                "object": "chat.completion", "usage": usage(total), "id": self.id,
+                "timings": timings(total)}, calls
 
 
 # --- raw completions ---------------------------------------------------------------------------------
 class CompletionFormatter:
-    """text_completion objects (streamed chunks share the object name, as in llama-server)."""
+    """text_completion objects (streamed chunks share the object name, as in llama-server), of
+    one or several choices."""
 
     def __init__(self, model: str, fingerprint: str, tokenizer=None):
         self.id = "cmpl-" + random_id()
@@ -240,34 +284,43 @@ class CompletionFormatter:
         self.model = model
         self.fingerprint = fingerprint
         self.tokenizer = tokenizer        # for logprobs (token texts)
-        self._offset = 0                  # text_offset of the next streamed token
+        self._offsets: dict[int, int] = {}   # per choice: text_offset of its next streamed token
 
-    def _obj(self, text: str, finish: str | None, probs=None, **extra) -> dict:
+    def _choice(self, text: str, finish: str | None, probs=None, index: int = 0) -> dict:
         logprobs = None
         if probs is not None and self.tokenizer is not None:
-            logprobs, self._offset = lp.completion_logprobs(self.tokenizer, probs, self._offset)
-        return {"choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
-                "created": self.created, "model": self.model, "system_fingerprint": self.fingerprint,
-                "object": "text_completion", "id": self.id, **extra}
+            logprobs, self._offsets[index] = lp.completion_logprobs(self.tokenizer, probs,
+                                                                    self._offsets.get(index, 0))
+        return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
 
-    def text_chunk(self, piece: str, probs=None) -> dict:
-        return self._obj(piece, None, probs)
+    def _obj(self, choices: list, **extra) -> dict:
+        return {"choices": choices, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint, "object": "text_completion", "id": self.id, **extra}
 
-    def final_chunks(self, result, include_usage: bool) -> list[dict]:
-        """The finish chunk; usage on it (llama-server) or, with include_usage, on a last chunk
-        with empty choices (OpenAI) - never on both, so clients that add usage up stay right."""
+    def text_chunk(self, piece: str, probs=None, index: int = 0) -> dict:
+        return self._obj([self._choice(piece, None, probs, index)])
+
+    def finish_chunk(self, result, index: int = 0, **extra) -> dict:
+        return self._obj([self._choice("", finish_reason(result, False), index=index)], **extra)
+
+    def end_chunks(self, chunks: list[dict], results: list, include_usage: bool) -> list[dict]:
+        """Usage on the last finish chunk (llama-server) or, with include_usage, on a last chunk
+        with empty choices (OpenAI) - never on both, so clients that add usage up stay right;
+        timings on the last chunk."""
+        total = merge_results(results)
         if include_usage:
-            chunks = [self._obj("", finish_reason(result, False)),
-                      {**self._obj("", None, usage=usage(result)), "choices": []}]
+            chunks.append(self._obj([], usage=usage(total)))
         else:
-            chunks = [self._obj("", finish_reason(result, False), usage=usage(result))]
-        chunks[-1]["timings"] = timings(result)
+            chunks[-1]["usage"] = usage(total)
+        chunks[-1]["timings"] = timings(total)
         return chunks
 
-    def response(self, text: str, result) -> dict:
-        self._offset = 0
-        return self._obj(text, finish_reason(result, False), result.probs, usage=usage(result),
-                         timings=timings(result))
+    def response(self, pairs: list) -> dict:
+        """The text_completion of the choices [(text, result), ...] (index: their order)."""
+        self._offsets = {}
+        choices = [self._choice(t, finish_reason(r, False), r.probs, i) for i, (t, r) in enumerate(pairs)]
+        total = merge_results([r for _, r in pairs])
+        return self._obj(choices, usage=usage(total), timings=timings(total))
 
 
 # --- llama-server's native /completion --------------------------------------------------------------
@@ -335,14 +388,16 @@ class NativeCompletionFormatter:
         self.n_ctx = st.engine.n_ctx
         self.eog = sorted(getattr(st.engine.tokenizer, "eot_ids", ()) or ())
         self.tokenizer = st.engine.tokenizer
-        self.n_generated = 0
+        self.n_generated: dict[int, int] = {}     # per choice, so far (streamed chunks)
 
     def text_chunk(self, delta) -> dict:
-        """A Delta's chunk, or a Progress event's (no content, prompt_progress)."""
+        """A Delta's chunk (of its choice), or a Progress event's (no content, prompt_progress;
+        index 0: the prompt is processed before choice 0)."""
+        index = getattr(delta, "index", 0)
         tokens = list(getattr(delta, "tokens", ()))
-        self.n_generated += len(tokens)
-        out = {"index": 0, "content": getattr(delta, "text", ""), "tokens": tokens, "stop": False, "id_slot": 0,
-               "tokens_predicted": self.n_generated, "tokens_evaluated": self.n_prompt}
+        self.n_generated[index] = self.n_generated.get(index, 0) + len(tokens)
+        out = {"index": index, "content": getattr(delta, "text", ""), "tokens": tokens, "stop": False, "id_slot": 0,
+               "tokens_predicted": self.n_generated[index], "tokens_evaluated": self.n_prompt}
         if getattr(delta, "probs", None) is not None:
             out["completion_probabilities"] = lp.native_probs(self.tokenizer, delta.probs)
         return with_telemetry(out, delta, self.gen.timings_per_token)
@@ -354,8 +409,8 @@ class NativeCompletionFormatter:
                 "stop": list(g.stop),
                 "logit_bias": logit_bias_list(g.params.logit_bias, self.eog if g.ignore_eos else ())}
 
-    def response(self, text: str, tokens: list[int], result) -> dict:
-        return {"index": 0, "content": text, "tokens": list(tokens) if self.return_tokens else [], "id_slot": 0,
+    def response(self, text: str, tokens: list[int], result, index: int = 0) -> dict:
+        return {"index": index, "content": text, "tokens": list(tokens) if self.return_tokens else [], "id_slot": 0,
                 "stop": True, "model": self.model, "tokens_predicted": result.n_generated,
                 "tokens_evaluated": result.n_prompt, "generation_settings": self.generation_settings(),
                 "prompt": self.prompt_text, "has_new_line": "\n" in (text or result.text),

@@ -21,7 +21,7 @@ What it deliberately does not do
   content types, tool calls with JSON arguments) so those messages are bounded; tools are
   checked by engine/chat.py's `validate_tools`, whatever `tool_choice` says.
 - Output constraints and logprobs: server/constraints.py reads them into GenerationFields.
-- Honour fields that need machinery this engine lacks (echo, suffix): they are refused
+- Honour fields that need machinery this engine lacks (echo, suffix, best_of > 1): they are refused
   with a 400 saying so, rather than silently ignored. Unknown fields are ignored, as llama-server ignores them.
 """
 from __future__ import annotations
@@ -43,6 +43,7 @@ MAX_INT32 = (1 << 31) - 1
 MAX_STOP_STRINGS = 64          # per request, after dropping empty strings
 MAX_STOP_CHARS = 512           # per stop string
 MAX_LOGIT_BIAS_ABS = 1e9       # |bias|; `false` means "ban" (-inf)
+MAX_CHOICES = 16               # n / n_cmpl: replies are generated one after another
 MAX_LOGIT_BIAS = 4096          # entries (after text keys are tokenized); the sampler loops over them
 RANDOM_SEED = 0xFFFFFFFF       # llama.cpp's LLAMA_DEFAULT_SEED: "pick one at random"
 REASONING_FORMATS = ("auto", "deepseek", "deepseek-legacy", "none")
@@ -210,9 +211,11 @@ def parse_conversation_id(body: dict) -> str | None:
 
 
 def parse_n(body: dict) -> int:
-    """How many choices: llama-server's n_cmpl, or OpenAI's n (at most the server's slots: the
-    route checks that, it knows -np)."""
-    return get_int(body, "n_cmpl", None, 1, MAX_INT32) or get_int(body, "n", 1, 1, MAX_INT32)
+    """Choices per prompt: OpenAI's `n`, llama-server's `n_cmpl` (which wins), 1 .. MAX_CHOICES.
+    The engine writes them one after another from one prefill, so each costs a whole reply's
+    time on a device that decodes one sequence: hence the bound, far below OpenAI's 128."""
+    n = get_int(body, "n", 1, 1, MAX_CHOICES)
+    return get_int(body, "n_cmpl", n, 1, MAX_CHOICES)
 
 
 # --- requests -------------------------------------------------------------------------------------
@@ -231,7 +234,7 @@ class GenerationFields:
     logprobs: bool = False
     n_probs: int = 0
     post_sampling_probs: bool = False
-    n: int = 1                             # choices, generated one after another (n / n_cmpl)
+    n: int = 1                             # choices: replies to the one prompt, from one prefill (n / n_cmpl)
     return_progress: bool = False          # llama-server: prompt_progress chunks while streaming
     timings_per_token: bool = False        # llama-server: timings on every streamed chunk
 
@@ -311,7 +314,8 @@ def parse_generation(body: dict, vocab_size: int, tokenize: Callable[[str], list
                             stream=stream, include_usage=include_usage,
                             conversation_id=parse_conversation_id(body), constraint=constraint,
                             response_schema=schema, logprobs=logprobs, n_probs=n_probs,
-                            post_sampling_probs=post, n=parse_n(body), return_progress=get_bool(body, "return_progress", False),
+                            post_sampling_probs=post, n=parse_n(body),
+                            return_progress=get_bool(body, "return_progress", False),
                             timings_per_token=get_bool(body, "timings_per_token", False))
 
 

@@ -94,6 +94,29 @@ def test_simulated_forward_matches_cpu(tmp_path):
     assert cosine_rows(got, ref)[0] >= 0.999
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU the engine's choices tests cover this)")
+def test_simulated_sample_logits(tmp_path):
+    """CUDABackend.sample_logits, the first draw of an engine's further choices: the sampling
+    graph of a prefill's head run on logits given from the host (left unchanged): greedy is
+    their argmax, a seed reproduces its draw, different seeds differ."""
+    import dataclasses
+
+    from genie_rt.engine.sampling import Sampler, SamplingParams
+    path = tmp_path / "tiny.gguf"
+    write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
+                                     vocab=300, text_tokens=274), seed=0, exact=True)
+    gpu, _, _ = make_backends(path, "f16", n_ctx=64, chunk=16, warm=False)
+    logits = (np.random.default_rng(0).standard_normal(300) * 2).astype(np.float32)
+    keep = logits.copy()
+    assert gpu.sample_logits(logits, Sampler(SamplingParams(temperature=0)), [1, 2, 3]) == int(logits.argmax())
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5)
+    again = [gpu.sample_logits(logits, Sampler(params), [1, 2, 3]) for _ in range(2)]
+    assert again[0] == again[1]
+    draws = {gpu.sample_logits(logits, Sampler(dataclasses.replace(params, seed=s)), [1]) for s in range(8)}
+    assert len(draws) > 1 and np.array_equal(logits, keep)
+
+
 # ------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------

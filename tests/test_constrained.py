@@ -160,6 +160,32 @@ def test_cuda_constrained_matches_host_path(fixture_gguf):
     assert run(cpu, None, 0.0, max_tokens=16).tokens == free.tokens
 
 
+
+def choices(engine, spec, n, seed, **kw):
+    """The results of a request's n choices, from a cold in-memory prefix."""
+    engine.kv_tokens = []
+    prompt = engine.chat_prompt([{"role": "user", "content": "Lamp state?"}])
+    req = GenerationRequest(prompt, SamplingParams(temperature=1.0, seed=seed), max_tokens=40, constraint=spec,
+                            n=n, **kw)
+    return [e.result for e in engine.generate(req) if isinstance(e, Done)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("logprobs", [False, True])
+def test_cuda_constrained_choices(fixture_gguf, logprobs):
+    """n choices under a grammar on the device (its masked draw from the prompt's logits, or the
+    host's with logprobs): every choice validates, choice i is the one-choice reply with seed + i."""
+    eng = Engine.load(fixture_gguf, EngineConfig(backend="cuda", n_ctx=512))
+    spec = constrain.json_schema_constraint(SCHEMA)
+    many = choices(eng, spec, 3, 21, logprobs=logprobs)
+    for r in many:
+        obj = json.loads(r.text)
+        assert set(obj) == {"on", "level"} and 0 <= obj["level"] <= 9
+        assert (r.probs is not None) == logprobs
+    assert [r.tokens for r in many] == [choices(eng, spec, 1, 21 + i, logprobs=logprobs)[0].tokens
+                                        for i in range(3)]
+
+
 def test_required_call_without_a_template_tag(cpu_engine):
     """tool_choice "required" where the template does not open the block: the reply must."""
     tools = [{"type": "function", "function": {"name": "f", "parameters": {

@@ -141,3 +141,35 @@ def test_bf16_layer_weight_beyond_fp16_is_refused_by_name(tmp_path):
         f.write(np.array([0x4800], np.uint16).tobytes())
     with pytest.raises(GGUFError, match=r"blk\.0\.attn_k\.weight.*131072.*float16 range"):
         backends(path, "f16", n_ctx=64, chunk=16)
+
+
+@pytest.mark.gpu
+def test_choices_share_one_prefill_through_the_rings(synth_file):
+    """n choices on the CUDA engine: the prompt is prefilled once, each further choice draws its
+    first token from the prompt's logits (the head's sampling graph, as prefill_sample) with the
+    sliding-window rings put back - with a 16-token window and 16-token chunks a ring has 31
+    slots, and each 40-token reply overwrites the prompt's window in it - so choice i is the
+    cold one-choice reply with seed + i, greedy and sampled."""
+    from genie_rt.engine.engine import Engine
+    from genie_rt.engine.generate import Done, GenerationRequest
+    from genie_rt.engine.sampling import SamplingParams
+    eng = Engine.load(synth_file, EngineConfig(backend="cuda", n_ctx=256, kv_dtype="f16", prefill_chunk=16))
+    tokens = [int(t) for t in prompt(eng.cfg, 23, seed=5)]
+    calls = []
+    prefill = eng.backend.prefill
+    eng.backend.prefill = lambda toks, start, *a, **k: calls.append((start, len(toks))) or prefill(toks, start, *a, **k)
+
+    def run(n, seed, temperature):
+        eng.kv_tokens = []
+        params = SamplingParams(temperature=temperature, top_k=0, top_p=1.0, min_p=0.0, seed=seed)
+        req = GenerationRequest(tokens, params, max_tokens=40, ignore_eos=True, n=n)
+        return [e.result for e in eng.generate(req) if isinstance(e, Done)]
+
+    for temperature in (0.0, 1.0):
+        calls.clear()
+        many = run(3, 11, temperature)
+        assert calls == [(0, 23)] and [r.n_cached for r in many] == [0, 23, 23]
+        singles = [run(1, 11 + i, temperature)[0] for i in range(3)]
+        assert [r.tokens for r in many] == [r.tokens for r in singles], (synth_file.name, temperature)
+        if temperature:
+            assert len({tuple(r.tokens) for r in many}) == 3

@@ -89,8 +89,10 @@ def test_several_prompts_answer_a_list(client):
     assert [c["index"] for c in r["choices"]] == [0, 1] and r["usage"]["completion_tokens"] == 6
 
 
-def test_n_choices_up_to_the_slots(client):
-    """n (n_cmpl): one job per choice, as many as the server has slots (-np 2 here)."""
+def test_n_choices_are_not_bounded_by_the_slots(client):
+    """n (n_cmpl): llama.cpp's test_chat_completions_multiple_choices, and more choices than the
+    server has slots (-np 2 here): the choices come one after another from one prefill, so -np
+    does not bound them (1 .. 16); streamed too."""
     msgs = [{"role": "system", "content": "Book"}, {"role": "user", "content": "What is the best book"}]
     for _ in range(2):                    # the second time from the cached prefix
         r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 4, "n": 2, "ignore_eos": True,
@@ -103,9 +105,17 @@ def test_n_choices_up_to_the_slots(client):
     assert [o["index"] for o in one] == [0, 1] and one[0]["content"] == one[1]["content"]
     r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "n": 2}).json()
     assert [c["index"] for c in r["choices"]] == [0, 1]
-    for body in ({"n": 3}, {"n_cmpl": 3}, {"n": 2, "stream": True}):
+    for body in ({"n": 3}, {"n_cmpl": 3}):
         r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, **body})
-        assert r.status_code == 400 and "'n'" in r.json()["error"]["message"], body
+        assert [c["index"] for c in r.json()["choices"]] == [0, 1, 2], body
+    with client.stream("POST", "/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, "n": 3,
+                                                             "stream": True}) as r:
+        finishes = [c["choices"][0]["index"] for c in sse_events(r)
+                    if isinstance(c, dict) and c["choices"] and c["choices"][0]["finish_reason"]]
+    assert finishes == [0, 1, 2]
+    for body in ({"n": 17}, {"n_cmpl": 0}):
+        r = client.post("/v1/chat/completions", json={"messages": msgs, "max_tokens": 2, **body})
+        assert r.status_code == 400 and "'n" in r.json()["error"]["message"], body
 
 
 def test_apply_template_generation_prompt_flags(client):

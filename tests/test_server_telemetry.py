@@ -127,3 +127,36 @@ def test_v1_completions_and_responses_stream_telemetry(client):
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
     assert deltas and all("predicted_per_second" in e["timings"] for e in deltas)
     assert "timings" in events[-1] and events[-1]["type"] == "response.completed"
+
+
+def test_n_choices_share_one_prompt_progress(engine, client):
+    """n > 1: the prompt is processed once, so its Progress events come once, before choice 0;
+    every choice's Deltas carry their own counts (a later choice has the whole prompt cached)."""
+    prompt = engine.raw_prompt(PROMPT)
+    engine.kv_tokens = []
+    events = list(engine.generate(GenerationRequest(prompt=prompt, params=SamplingParams(temperature=0),
+                                                    max_tokens=3, ignore_eos=True, progress_batch=8, n=2)))
+    progress = [i for i, e in enumerate(events) if isinstance(e, Progress)]
+    assert progress == list(range(len(progress))) and len(progress) == 1 + math.ceil(len(prompt) / 8)
+    assert events[progress[-1]].processed == len(prompt)
+    assert [e.index for e in events if isinstance(e, Done)] == [0, 1]
+    deltas = [e for e in events if isinstance(e, Delta)]
+    assert {e.index for e in deltas} == {0, 1}
+    assert all(e.stats.n_cached == (0 if e.index == 0 else len(prompt)) for e in deltas)
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 3, "stream": True, "n": 2,
+            "ignore_eos": True, "return_progress": True, "timings_per_token": True, "cache_prompt": False}
+    engine.kv_tokens = []
+    with client.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        chunks = [c for c in sse_events(r) if isinstance(c, dict)]
+    kinds = ["p" if "prompt_progress" in c else "t" for c in chunks
+             if "prompt_progress" in c or (c["choices"] and (c["choices"][0]["delta"].get("content")
+                                                             or c["choices"][0]["finish_reason"]))]
+    n_progress = kinds.count("p")
+    assert n_progress >= 2 and kinds[:n_progress] == ["p"] * n_progress    # progress once, before any text
+    assert all(c["choices"][0]["index"] == 0 for c in chunks if "prompt_progress" in c)
+    last_progress = [c for c in chunks if "prompt_progress" in c][-1]["prompt_progress"]
+    assert last_progress["processed"] == last_progress["total"]
+    finishes = [c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert finishes == [0, 1]
+    assert all("timings" in c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content"))
