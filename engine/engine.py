@@ -207,6 +207,9 @@ class Engine:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.cfg.vocab_size - 1})")
         if isinstance(req.n, bool) or not isinstance(req.n, int) or req.n < 1:
             raise ValueError(f"'n' (choices) must be an integer >= 1, got {req.n!r}")
+        if isinstance(req.progress_batch, bool) or not isinstance(req.progress_batch, int) or req.progress_batch < 0:
+            raise ValueError(f"'progress_batch' must be an integer >= 0 (0: no progress events), "
+                             f"got {req.progress_batch!r}")
         req.params.validate(self.cfg.vocab_size)
         if req.conversation_id is not None:
             validate_conversation_id(req.conversation_id)   # InvalidConversationId before any work
@@ -229,7 +232,7 @@ class Engine:
                 if cancel is not None and cancel.is_set():   # the caller waits for a Done to end on
                     yield Done(self._finish(req, [], "cancelled", None, len(prompt), t0, t0, t0, "", None,
                                             first_choice=False), index)
-                    return
+                    break
                 self._ring_restore(rings, len(prompt))
                 self.kv_tokens = prompt[:]
                 sampler = self._sampler(req, index)
@@ -238,9 +241,11 @@ class Engine:
             result = yield from self._reply(req, prompt, token, sampler, index, len(prompt) if index else n_reuse,
                                             t0, t1)
             if result.finish_reason == "cancelled":
-                return
+                break
         # After the last Done, so the client has its answer before the (possibly large) file is
-        # written; every consumer (server worker, CLI) drives the generator to its end.
+        # written; every consumer (server worker, CLI) drives the generator to its end. A turn
+        # cancelled after its prompt was processed is saved too (what the pool holds: the
+        # prompt and the reply so far).
         if self.kv_store is not None and req.conversation_id is not None:
             self.kv_store.save(self, req.conversation_id)
 

@@ -35,15 +35,21 @@ class Metrics:
         self.request_seconds = 0.0         # queue wait + prefill + generation, summed
 
     # -- updates ---------------------------------------------------------------------------------
-    def on_result(self, result, seconds: float) -> None:
+    def on_result(self, result, seconds: float, index: int = 0) -> None:
+        """One choice's result. A request's prompt, cache use, finish and duration count once,
+        with its first choice (index 0); every choice's generated tokens and time count (a
+        further choice's first draw, its prompt_ms, is generation time, as in its usage)."""
         with self._lock:
+            self.tokens_predicted += result.n_generated
+            self.n_tokens_max = max(self.n_tokens_max, result.n_prompt + result.n_generated)
+            if index:
+                self.predicted_seconds += (result.gen_ms + result.prompt_ms) / 1000
+                return
+            self.predicted_seconds += result.gen_ms / 1000
             self.prompt_tokens += result.n_prompt - result.n_cached
             self.prompt_seconds += result.prompt_ms / 1000
             self.prompt_tokens_cached += result.n_cached
             self.prefix_hits += result.n_cached > 0
-            self.tokens_predicted += result.n_generated
-            self.predicted_seconds += result.gen_ms / 1000
-            self.n_tokens_max = max(self.n_tokens_max, result.n_prompt + result.n_generated)
             reason = result.finish_reason if result.finish_reason in self.requests_finished else "stop"
             self.requests_finished[reason] += 1
             self.request_seconds += seconds

@@ -221,7 +221,7 @@ class EngineWorker:
                 if isinstance(event, Done):
                     done = True
                     if self.metrics is not None:
-                        self.metrics.on_result(event.result, time.monotonic() - job.enqueued_at)
+                        self.metrics.on_result(event.result, time.monotonic() - job.enqueued_at, event.index)
                 job.post(event)
             if not done:
                 raise RuntimeError("the engine ended a generation without a result")

@@ -16,6 +16,7 @@ import hashlib
 import numpy as np
 import pytest
 
+from genie_rt.engine.generate import Delta, Done, GenerationRequest
 from genie_rt.kvcache import kvfile
 from genie_rt.kvcache.persist import KVStore
 from genie_rt.kvcache.pool import quantize_rows_int8
@@ -195,3 +196,23 @@ def test_ring_layers_round_trip_through_a_file_into_both_kinds_of_pool(tmp_path)
             else:                              # a host pool from a ring file: layer 2 whole,
                 np.testing.assert_array_equal(g[2], w[2], err_msg=name)       # the windowed
                 np.testing.assert_array_equal(g[:2, -R:], w[:2, -R:], err_msg=name)   # ones' tail
+
+
+@pytest.mark.parametrize("n,at", [(1, Delta), (3, Delta), (3, Done)])
+def test_a_turn_cancelled_after_its_prompt_is_saved(n, at, tmp_path):
+    """docs/server.md: the conversation's cache is saved also when the turn is cancelled after its
+    prompt was processed - mid-reply, or (n > 1) between two choices."""
+    import threading
+    from kv_persist_helpers import GREEDY
+    eng = load("int8", kv_dir=tmp_path)
+    cancel = threading.Event()
+    req = GenerationRequest(prompt=prompt_of(40, 7), params=GREEDY, max_tokens=8, conversation_id="c1",
+                            cancel=cancel, n=n, ignore_eos=True)
+    done = []
+    for ev in eng.generate(req):
+        if isinstance(ev, at):
+            cancel.set()
+        if isinstance(ev, Done):
+            done.append(ev.result.finish_reason)
+    assert done[-1] == "cancelled" and len(done) <= n
+    assert "c1.kv" in folder_files(tmp_path)

@@ -40,6 +40,12 @@ def _events(engine, prompt, progress_batch):
                                                   max_tokens=4, progress_batch=progress_batch)))
 
 
+@pytest.mark.parametrize("bad", ["8", None, 2.5, True, -3])
+def test_engine_refuses_a_progress_batch_that_is_not_a_count(engine, bad):
+    with pytest.raises(ValueError, match="progress_batch"):
+        _events(engine, engine.raw_prompt(PROMPT), bad)
+
+
 def test_engine_reports_progress_per_batch_with_the_same_tokens(engine):
     prompt = engine.raw_prompt(PROMPT)
     assert len(prompt) > 2 * 8

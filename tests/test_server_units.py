@@ -245,6 +245,17 @@ def test_metrics_text_counts():
     assert "llamacpp:requests_deferred 2\n" in text and "llamacpp:kv_cache_tokens 13\n" in text
 
 
+def test_metrics_count_a_request_once_whatever_its_choices():
+    """n choices: the prompt, cache use and finish count with choice 0; every choice's tokens."""
+    m = Metrics()
+    for i in range(4):
+        m.on_result(_result(n_cached=0 if i == 0 else 10, prompt_ms=5.0 if i == 0 else 0.5), 0.1, index=i)
+    text = m.render(processing=0, queued=0, kv_tokens=0, n_ctx=0)
+    assert "llamacpp:prompt_tokens_total 10\n" in text and "genie_rt_prefix_cache_hits_total 0\n" in text
+    assert "llamacpp:tokens_predicted_total 12\n" in text
+    assert 'genie_rt_requests_finished_total{reason="stop"} 1' in text
+
+
 # --- worker --------------------------------------------------------------------------------------------------
 class FlakyEngine:
     """Fails every other request; records the KV reset after a failure."""
