@@ -20,7 +20,7 @@ from genie_rt.quant.formats import QType
 from genie_rt.quant.layout import pack
 from genie_rt.quant.quantize import quantize_bf16
 from ptx_helpers import assert_no_f64, assert_ptx_contains, compile_in_subprocess, local_memory_bytes
-from test_mmq import check_close, run_mmq
+from test_mmq import check_close, check_gpu_shape, run_mmq
 
 T = mmq.TileConfig
 CASES = [
@@ -178,13 +178,4 @@ GPU_SHAPES = [
 @pytest.mark.parametrize("n", [18, 33, 128, 512])
 @pytest.mark.parametrize("name,rows,cols,qtype,mode", GPU_SHAPES, ids=[s[0] for s in GPU_SHAPES])
 def test_gpu_shapes(name, rows, cols, qtype, mode, n):
-    rng = np.random.default_rng(rows + n)
-    w = mmq.random_weight(qtype, rows, cols, rng)
-    x = rng.standard_normal((n, cols)).astype(np.float32)
-    rows_out = rows // 2 if mode in mmq.GATED else rows
-    y0 = rng.standard_normal((n, rows_out)).astype(np.float32) if mode == "add" else None
-    out, counters, p = run_mmq(w, x, mode, y0=y0, use_prepare=True)
-    sel = np.sort(rng.choice(rows_out, min(rows_out, 256), replace=False))
-    ratio, rms = check_close(out[:, sel], w, x, mode, y0, sel, where=f"{name} N={n} {p.config.name} split {p.splits}")
-    assert (counters == 0).all()
-    print(f"{name} N={n}: {p.config.name} split {p.splits}, err/bound {ratio:.3f}, rel rms {rms:.1e}")
+    check_gpu_shape(name, rows, cols, qtype, mode, n)
