@@ -18,7 +18,7 @@ content_block_stop, then message_delta (stop_reason, usage) and message_stop; a 
 the start is an `error` event. Errors are Anthropic's {"type": "error", "error": {"type",
 "message"}} with the HTTP status llama-server would give.
 
-Deliberately not here: validation, templating or parsing of the reply (jobs.py, schemas.py,
+Deliberately not here: validation, templating or parsing of the reply (jobs.py, chat_request.py,
 openai_format.py), prompt caching, citations, server tools, images.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 
-from . import jobs, schemas
+from . import chat_request, jobs, schemas
 from .errors import ApiError, JSONResp, api_error, bad_request, endpoint, json_bytes
 from .openai_format import random_id
 from .state import ServerState
@@ -333,7 +333,7 @@ async def count_tokens(request: Request, st: ServerState) -> Response:
     engine = st.ready_engine()
     body = await read_json(request, st.settings.max_body_bytes)
     chat_body = to_chat_body(body, need_max_tokens=False)
-    req = await run_in_threadpool(schemas.parse_chat, chat_body, st.vocab_size, st.tokenize_text, st.settings.defaults)
+    req = await run_in_threadpool(chat_request.parse_chat, chat_body, st.vocab_size, st.tokenize_text, st.settings.defaults)
 
     def count() -> int:
         text, _ = jobs.render_chat(engine.template, req.messages, req.tools, req.template_kwargs)

@@ -20,8 +20,9 @@ Modules: jobs.py (prompt -> job -> events, shared by every API), generation.py (
 llama-server generation routes), info.py (the others), state.py (settings, engine, worker),
 worker.py (the engine thread and its bounded queue), streaming.py (body limit, disconnects,
 SSE), openai_format.py (response objects and the tool-call/reasoning stream parser),
-schemas.py (validation), prompt_limits.py (bounded tokenization), http_middleware.py (CORS,
-API key), cli_args.py (the command line), metrics.py, errors.py. This file puts them together.
+schemas.py, chat_request.py, completion_request.py (validation), prompt_limits.py (bounded
+tokenization), http_middleware.py (CORS, API key), cli_args.py (the command line), metrics.py,
+errors.py. This file puts them together.
 
 SIGTERM / SIGINT: stop accepting, let running and queued requests finish for up to
 `shutdown_timeout` seconds, then cancel what is left - a running stream ends with its API's

@@ -7,7 +7,7 @@ that does not fit adds `n_prompt_tokens` and `n_ctx` to the error object, as it 
 `api_error` maps every exception a request can meet to one of these; the `endpoint`
 decorator applies it to each route, so no exception reaches uvicorn.
 
-Messages are short: validation (schemas.py) quotes offending values cut to ~64 characters,
+Messages are short: validation (schemas.py and its kin) quotes offending values cut to ~64 characters,
 and as a last guard any message longer than MAX_MESSAGE_CHARS (one a template or the engine
 built from request data, say) is cut there.
 """

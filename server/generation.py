@@ -1,7 +1,7 @@
 """POST /v1/chat/completions, /v1/completions and llama-server's /completion: from a request
 body to a job's events (jobs.py) to an OpenAI (or llama-server) response, streamed or not.
 
-    read (size-limited) -> validate (schemas.py) -> render + tokenize in a thread -> fits? ->
+    read (size-limited) -> validate (chat_request.py, completion_request.py) -> render + tokenize in a thread -> fits? ->
     queue a job (worker.py) -> wait for its first event -> SSE chunks or one JSON object
 
 Streaming waits for the first event before it sends headers, so an error the engine finds
@@ -31,7 +31,7 @@ from starlette.responses import Response
 
 from genie_rt.engine.generate import Progress
 
-from . import jobs, schemas
+from . import chat_request, completion_request, jobs
 from .errors import ApiError, JSONResp, api_error, endpoint
 from .openai_format import SSE_DONE, ChatFormatter, CompletionFormatter, NativeCompletionFormatter, sse, with_telemetry
 from .state import FINGERPRINT, ServerState
@@ -144,7 +144,7 @@ async def chat_input_tokens(request: Request, st: ServerState) -> Response:
     """POST /v1/chat/completions/input_tokens: the prompt tokens a chat request would have."""
     engine = st.ready_engine()
     body = await read_json(request, st.settings.max_body_bytes)
-    req = await run_in_threadpool(schemas.parse_chat, body, st.vocab_size, st.tokenize_text, st.settings.defaults)
+    req = await run_in_threadpool(chat_request.parse_chat, body, st.vocab_size, st.tokenize_text, st.settings.defaults)
 
     def count() -> int:
         text, _ = jobs.render_chat(engine.template, req.messages, req.tools, req.template_kwargs,
@@ -177,7 +177,7 @@ async def _prompt_ids(st: ServerState, prompt) -> list[int]:
 async def _completion(request: Request, st: ServerState, native: bool) -> Response:
     st.ready_engine()
     body = await read_json(request, st.settings.max_body_bytes)
-    req = await run_in_threadpool(schemas.parse_completion, body, st.vocab_size, st.tokenize_text,
+    req = await run_in_threadpool(completion_request.parse_completion, body, st.vocab_size, st.tokenize_text,
                                   st.settings.defaults, True)
     del body
     if req.batch is not None:
@@ -233,7 +233,7 @@ async def _completion_batch(request: Request, st: ServerState, req, native: bool
         event = await jobs.first_event(stream)
         outs = await jobs.collect_choices(stream, event, n)
         if native:
-            single = schemas.CompletionRequest(gen=req.gen, prompt=one, return_tokens=req.return_tokens)
+            single = completion_request.CompletionRequest(gen=req.gen, prompt=one, return_tokens=req.return_tokens)
             nfmt = NativeCompletionFormatter(st, single, prompt)
             results += [{**nfmt.response(text, tokens, result), "index": k * n + j}
                         for j, (text, tokens, result) in enumerate(outs)]

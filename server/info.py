@@ -10,7 +10,7 @@ from starlette.responses import PlainTextResponse, Response
 
 from starlette.responses import StreamingResponse
 
-from . import jobs, platform_metrics, schemas
+from . import chat_request, completion_request, jobs, platform_metrics, schemas
 from .errors import ApiError, JSONResp, endpoint, json_bytes
 from .openai_format import SAMPLERS, sampling_settings
 from .prompt_limits import iter_encode, release_memory
@@ -201,7 +201,7 @@ async def detokenize(request: Request, st: ServerState) -> Response:
     tokens = body.get("tokens")
     if tokens is None:
         return JSONResp({"content": ""})
-    ids = schemas.validate_token_ids(tokens, "tokens", st.vocab_size)
+    ids = completion_request.validate_token_ids(tokens, "tokens", st.vocab_size)
     return JSONResp({"content": engine.tokenizer.decode(ids)})
 
 
@@ -212,10 +212,10 @@ async def apply_template(request: Request, st: ServerState) -> Response:
     final assistant message is continued (a prefill) either way."""
     engine = st.ready_engine()
     body = await read_json(request, st.settings.max_body_bytes)
-    messages = schemas.chat_messages(body)            # exactly what chat completions renders
-    kwargs = schemas.template_kwargs(body, st.settings.defaults.reasoning)
-    tools = schemas.parse_tools(body)
-    add_gen = schemas.generation_prompt_flag(body, messages)
+    messages = chat_request.chat_messages(body)            # exactly what chat completions renders
+    kwargs = chat_request.template_kwargs(body, st.settings.defaults.reasoning)
+    tools = chat_request.parse_tools(body)
+    add_gen = chat_request.generation_prompt_flag(body, messages)
     text, prefilled = await run_in_threadpool(jobs.render_chat, engine.template, messages, tools, kwargs, add_gen)
     if add_gen and not prefilled:
         text = jobs.close_forced_think(text, kwargs.get("enable_thinking") is False)

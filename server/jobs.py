@@ -33,7 +33,7 @@ from starlette.requests import Request
 from genie_rt.engine.chat import TOOL_CALL_START
 from genie_rt.engine.generate import Delta, Done, GenerationRequest, Progress
 
-from . import schemas
+from . import chat_request, completion_request, schemas
 from .constraints import tool_constraint
 from .errors import ApiError, api_error, bad_request, exceed_context
 from .openai_format import ChatOutput, prompt_opens_thinking
@@ -73,7 +73,7 @@ def tokenize_content(st: ServerState, content, add_special: bool, parse_special:
                 left = None if limit is None else max(0, limit - len(ids))
                 ids += encode_prompt(st, part, add_special and k == 0, parse_special, left)
             else:
-                ids.append(schemas.validate_token_id(part, f"content[{k}]", st.vocab_size))
+                ids.append(completion_request.validate_token_id(part, f"content[{k}]", st.vocab_size))
             if limit is not None and len(ids) > limit:
                 raise exceed_context(len(ids), st.engine.n_ctx)
         return ids
@@ -218,7 +218,7 @@ def forced_tool_start(template, prompt_text: str, forced_tool) -> str:
 
 @dataclass
 class ChatJob:
-    req: schemas.ChatRequest
+    req: chat_request.ChatRequest
     output: ChatOutput
     forced: str
     prompt: list[int]
@@ -229,7 +229,7 @@ class ChatJob:
     stats: Any = None           # the counts and times of the last Delta (timings_per_token)
 
 
-def tool_grammar(st: ServerState, req: schemas.ChatRequest, forced: str, prefilled: bool):
+def tool_grammar(st: ServerState, req: chat_request.ChatRequest, forced: str, prefilled: bool):
     """The tool-call constraint of a chat with tools (None without tools, with a `grammar`,
     or when the reply continues a prefilled assistant message)."""
     if not req.tools or prefilled or (req.gen.constraint is not None and req.gen.response_schema is None):
@@ -242,7 +242,7 @@ def tool_grammar(st: ServerState, req: schemas.ChatRequest, forced: str, prefill
     return tool_constraint(req.tools, mode, getattr(st.engine, "tokenizer", None), schema)
 
 
-def _render(st: ServerState, req: schemas.ChatRequest) -> tuple[str, str, list[int], object]:
+def _render(st: ServerState, req: chat_request.ChatRequest) -> tuple[str, str, list[int], object]:
     engine = st.engine
     text, prefilled = render_chat(engine.template, req.messages, req.tools, req.template_kwargs,
                                   req.add_generation_prompt)
@@ -260,7 +260,7 @@ async def start_chat(request: Request, st: ServerState, body: dict | None = None
     if body is None:
         body = await read_json(request, st.settings.max_body_bytes)
     # in the pool: logit_bias may carry text keys to tokenize (megabytes at worst)
-    req = await run_in_threadpool(schemas.parse_chat, body, st.vocab_size, st.tokenize_text, st.settings.defaults)
+    req = await run_in_threadpool(chat_request.parse_chat, body, st.vocab_size, st.tokenize_text, st.settings.defaults)
     text, forced, prompt, tool_spec = await run_in_threadpool(_render, st, req)
     check_prompt(prompt, engine.n_ctx)
     output = ChatOutput(parse_reasoning=req.parse_reasoning, think_open=prompt_opens_thinking(text),

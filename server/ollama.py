@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from . import jobs, schemas
+from . import completion_request, jobs, schemas
 from .errors import ApiError, JSONResp, api_error, bad_request, endpoint, json_bytes
 from .openai_format import random_id
 from .state import VERSION, ServerState
@@ -293,7 +293,7 @@ async def generate(request: Request, st: ServerState) -> Response:
 
 
 async def _generate_raw(request: Request, st: ServerState, converted: dict, t0: float) -> Response:
-    req = await run_in_threadpool(schemas.parse_completion, converted, st.vocab_size, st.tokenize_text,
+    req = await run_in_threadpool(completion_request.parse_completion, converted, st.vocab_size, st.tokenize_text,
                                   st.settings.defaults, False)
     prompt = await run_in_threadpool(jobs.tokenize_content, st, req.prompt, True, True, st.engine.n_ctx - 1)
     jobs.check_prompt(prompt, st.engine.n_ctx)

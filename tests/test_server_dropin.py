@@ -229,7 +229,7 @@ def test_firefunction_template_gets_its_functions_and_datetime():
     `datetime`; here every template gets both, as extra variables a request's chat_template_kwargs
     can override."""
     import datetime
-    from genie_rt.server.schemas import template_kwargs
+    from genie_rt.server.chat_request import template_kwargs
     tools = [{"type": "function", "function": {"name": "light_set", "parameters": {"type": "object"}}}]
     kw = template_kwargs({"tools": tools})
     assert '"name": "light_set"' in kw["functions"] and kw["functions"].startswith("[\n  {")

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from genie_rt.engine.generate import Delta, Done, GenerationRequest, GenerationResult
-from genie_rt.server import schemas
+from genie_rt.server import chat_request, completion_request, schemas
 from genie_rt.server.errors import ApiError, json_bytes
 from genie_rt.server.metrics import Metrics
 from genie_rt.server.openai_format import ChatOutput
@@ -347,14 +347,14 @@ SET_LIGHT = {"type": "function", "function": {"name": "set_light", "description"
 @pytest.mark.parametrize("choice", [None, "auto", "none"])
 def test_malformed_tools_are_400_whatever_tool_choice(tools, needle, choice):
     body = {"tools": tools, **({"tool_choice": choice} if choice else {})}
-    assert needle in _api_error(schemas.parse_tools, body)
+    assert needle in _api_error(chat_request.parse_tools, body)
 
 
 def test_well_formed_tools_pass_unchanged():
     tools = [SET_LIGHT, {"type": "function", "function": {"name": "f"}},
              {"type": "function", "function": {"name": "g", "parameters": None}}]
-    assert schemas.parse_tools({"tools": tools}) is tools
-    assert schemas.parse_tools({"tools": tools, "tool_choice": "none"}) is None
+    assert chat_request.parse_tools({"tools": tools}) is tools
+    assert chat_request.parse_tools({"tools": tools, "tool_choice": "none"}) is None
 
 
 @pytest.mark.parametrize("arguments, needle", [
@@ -366,15 +366,15 @@ def test_tool_call_arguments_must_be_a_json_object(arguments, needle):
     msgs = [{"role": "user", "content": "hi"},
             {"role": "assistant", "content": None,
              "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": arguments}}]}]
-    assert needle in _api_error(schemas.chat_messages, {"messages": msgs})
+    assert needle in _api_error(chat_request.chat_messages, {"messages": msgs})
     msgs[1]["tool_calls"][0]["function"]["arguments"] = '{"room": "hall"}'
-    assert schemas.chat_messages({"messages": msgs})[1] == msgs[1]          # good ones pass as sent
+    assert chat_request.chat_messages({"messages": msgs})[1] == msgs[1]          # good ones pass as sent
 
 
 def test_token_id_errors_name_the_element():
-    assert "'prompt[3]' = 99999" in _api_error(schemas.parse_prompt, ["turn on", 5, 6, 99999], VOCAB)
-    assert "'prompt[2]'" in _api_error(schemas.parse_prompt, [5, 6, 99999], VOCAB)
-    assert "'tokens[1]' = 99999" in _api_error(schemas.validate_token_ids, [5, 99999], "tokens", VOCAB)
+    assert "'prompt[3]' = 99999" in _api_error(completion_request.parse_prompt, ["turn on", 5, 6, 99999], VOCAB)
+    assert "'prompt[2]'" in _api_error(completion_request.parse_prompt, [5, 6, 99999], VOCAB)
+    assert "'tokens[1]' = 99999" in _api_error(completion_request.validate_token_ids, [5, 99999], "tokens", VOCAB)
     # /tokenize's mixed content: strings and ids, the bad id named by its own index
     from types import SimpleNamespace
 
@@ -415,7 +415,7 @@ BIG = "x" * 2_000_000
 ])
 def test_error_messages_are_short_json_worded_and_name_the_field(fields, needle):
     body = {"messages": [{"role": "user", "content": "hi"}], **fields}
-    message = _api_error(schemas.parse_chat, body, VOCAB, tokenize)
+    message = _api_error(chat_request.parse_chat, body, VOCAB, tokenize)
     assert needle in message and len(message) < 300, message[:400]
     for python_word in ("NoneType", "got dict", "got int", "got str", "got list", "sys.set_int_max_str_digits"):
         assert python_word not in message, message
@@ -476,7 +476,7 @@ def test_native_completion_stop_type_and_stopping_word():
     from types import SimpleNamespace
     gen = schemas.parse_generation({"stop": ["\n\n"]}, VOCAB, lambda t: [])
     st = SimpleNamespace(model_name="m", engine=SimpleNamespace(n_ctx=64, tokenizer=SimpleNamespace(eot_ids={7})))
-    req = schemas.CompletionRequest(gen=gen, prompt="hi")
+    req = completion_request.CompletionRequest(gen=gen, prompt="hi")
     j = NativeCompletionFormatter(st, req, [1] * 5).response("x", [9], result("stop", "\n\n"))
     assert (j["stop_type"], j["stopping_word"], j["tokens_cached"], j["tokens_evaluated"]) == ("word", "\n\n", 6, 5)
     assert j["generation_settings"]["n_predict"] == -1 and j["timings"]["cache_n"] == 2
@@ -486,7 +486,7 @@ def test_native_completion_stop_type_and_stopping_word():
             "top_n_sigma", "xtc_probability", "typical_p", "reasoning_format", "lora"} <= set(j["generation_settings"])
     # ignore_eos: the end-of-generation tokens are reported banned (bias null = -inf), as llama-server
     gen = schemas.parse_generation({"ignore_eos": True}, VOCAB, lambda t: [])
-    j = NativeCompletionFormatter(st, schemas.CompletionRequest(gen=gen, prompt="hi", return_tokens=True),
+    j = NativeCompletionFormatter(st, completion_request.CompletionRequest(gen=gen, prompt="hi", return_tokens=True),
                                   [1] * 5).response("x", [9], result("length", None))
     assert j["generation_settings"]["logit_bias"] == [{"bias": None, "token": 7}] and j["tokens"] == [9]
     # the context filled (5 + 59 = 64) before any n_predict: truncated
