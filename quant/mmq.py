@@ -57,6 +57,7 @@ from . import mmq_float as F
 from . import mmq_kernels as K
 from . import mmq_legacy as L
 from . import mmq_prep as P
+from . import mmq_reduce as R
 
 SUPPORTED = {QType.Q4_K: K.Q4_K, QType.Q5_K: K.Q5_K, QType.Q6_K: K.Q6_K, QType.Q8_0: K.Q8_0,
              QType.Q4_0: L.Q4_0, QType.Q4_1: L.Q4_1, QType.Q5_0: L.Q5_0, QType.Q5_1: L.Q5_1,
@@ -473,7 +474,7 @@ def _kernel(fmt, cfg: TileConfig, epi, red=K.RED_LAST):
 def _reduce_kernel(epi):
     key = ("reduce", epi)
     if key not in _KERNELS:
-        _KERNELS[key] = K.build_reduce_kernel(epi)
+        _KERNELS[key] = R.build_reduce_kernel(epi)
     return _KERNELS[key]
 
 
@@ -674,8 +675,8 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
         slots[0], slots[1], slots[2], slots[3], x16, xscale, y, ws, cnt,
         n, rows_out, p.n_stages, p.stages_per_split, p.splits)
     if p.red == K.RED_KERNEL and p.splits > 1:
-        grid = (-(-rows_out // K.REDUCE_THREADS), n)
-        _reduce_kernel(p.epi)[grid, K.REDUCE_THREADS, stream](ws, xscale, y, n, rows_out, p.splits)
+        grid = (-(-rows_out // R.REDUCE_THREADS), n)
+        _reduce_kernel(p.epi)[grid, R.REDUCE_THREADS, stream](ws, xscale, y, n, rows_out, p.splits)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """MMQ kernels: prefill GEMM Y = X W^T on tensor cores, straight from the planar quantized layout.
 
 This file holds the GEMM kernel factory of the MMQ family; prepare_x and the peak probe
-are in `mmq_prep.py`, the fp16x2 FMA intrinsic in `ptx.py`, the numpy reference, the
-launchers and the plans in `mmq.py` (read its docstring first), the lesson in
-docs/kernels/mmq.md.
+are in `mmq_prep.py`, the split-K reduction kernel (RED_KERNEL) in `mmq_reduce.py`, the
+fp16x2 FMA intrinsic in `ptx.py`, the numpy reference, the launchers and the plans in
+`mmq.py` (read its docstring first), the lesson in docs/kernels/mmq.md.
 
 What the kernels compute (all shapes row-major):
     W  [rows, cols]  Q4_K / Q5_K / Q6_K / Q8_0 PackedWeight planes (quant/layout.py); the
@@ -67,7 +67,7 @@ _GELU_S = float32(0.79788456080286535587989211986876)     # ggml's SQRT_2_OVER_P
 #   RED_LAST    every block publishes its partial tile; the last block of a tile to finish
 #               (an atomic counter) sums the partials in split order and runs the epilogue
 #   RED_KERNEL  every block stores its raw partial sums at P[split, token, weight row] and
-#               exits; `build_reduce_kernel` (the next launch) sums them over the splits for
+#               exits; mmq_reduce.py's kernel (the next launch) sums them over the splits for
 #               every output in parallel and runs the epilogue. No counters, no fences, and
 #               the reduction is spread over the whole GPU instead of one block per tile.
 RED_LAST, RED_KERNEL = 0, 1
@@ -723,63 +723,3 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
     kernel.mmq_meta = dict(fmt=fmt, wm=wm, wn=wn, mt=mt, nt=nt, stages=stages, epi=epi, red=red,
                            threads=NTH, bm=BM, bm_out=BM // 2 if swiglu else BM, bn=8 * nt * wn)
     return kernel_cache.attach(kernel)
-
-
-# =====================================================================================
-# The split-K reduction of RED_KERNEL: one thread per output, all of the GPU at once.
-# =====================================================================================
-REDUCE_THREADS = 256
-
-
-def build_reduce_kernel(epi):
-    """Return the `@cuda.jit` kernel reduce(ws, xscale, y, n_tok, rows_out, splits):
-
-      ws      float32 [splits, N, rows_w]   raw partial sums from the GEMM (RED_KERNEL)
-      xscale  float32 [N]                   prepare_x's per-token scale
-      y       float32 [N, rows_out]         EPI_STORE: y = s * xscale; EPI_ADD: y += ...;
-                                            EPI_SWIGLU: y = silu(g) * u, g from weight row
-                                            r, u from row rows_out + r (rows_w = 2 rows_out)
-    grid = (ceil(rows_out / REDUCE_THREADS), N), block = REDUCE_THREADS.
-    Sums run in split order, so the result is the same on every run; the loads of four
-    splits are issued before they are added (they are independent, the adds are not).
-    """
-    swiglu = epi in GATED
-    gate_act = _gate_act(epi)
-
-    @_inline
-    def split_sum(ws, i, stride, splits):
-        s = float32(0.0)
-        sp = U(0)
-        while sp + U(4) <= splits:
-            a0 = ws[i + sp * stride]
-            a1 = ws[i + (sp + U(1)) * stride]
-            a2 = ws[i + (sp + U(2)) * stride]
-            a3 = ws[i + (sp + U(3)) * stride]
-            s = (((s + a0) + a1) + a2) + a3
-            sp += U(4)
-        while sp < splits:
-            s += ws[i + sp * stride]
-            sp += U(1)
-        return s
-
-    @cuda.jit
-    def reduce(ws, xscale, y, n_tok_, rows_out_, splits_):
-        r = uint32(cuda.blockIdx.x) * U(REDUCE_THREADS) + (uint32(cuda.threadIdx.x) & U(REDUCE_THREADS - 1))
-        tok = uint32(cuda.blockIdx.y)
-        rows_out = uint32(rows_out_)
-        if r >= rows_out:
-            return
-        splits = uint32(splits_)
-        rows_w = rows_out * U(2) if swiglu else rows_out
-        stride = uint32(n_tok_) * rows_w
-        i = tok * rows_w + r
-        xs = xscale[tok]
-        v = split_sum(ws, i, stride, splits) * xs
-        if epi == EPI_STORE:
-            y[tok, r] = v
-        elif epi == EPI_ADD:
-            y[tok, r] += v
-        else:
-            u = split_sum(ws, i + rows_out, stride, splits) * xs
-            y[tok, r] = gate_act(v) * u
-    return kernel_cache.attach(reduce)
