@@ -55,7 +55,7 @@ from numba import cuda, float32, uint32
 from genie_rt.engine import kernel_cache
 from genie_rt.quant import ptx
 
-from .attention import LOG2E, NEG_INF, _byte
+from .attention_decode_kernels import LOG2E, NEG_INF, _byte
 
 FULL = 0xFFFFFFFF
 BM = 64                  # packed query rows per block

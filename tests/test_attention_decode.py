@@ -27,7 +27,7 @@ def _byte_perm(x, y, s):
 
 def test_int8_to_float_magic_is_exact():
     # what the device _byte computes (the simulator runs the plain version)
-    from genie_rt.kvcache.attention import MAGIC_I8
+    from genie_rt.kvcache.attention_decode_kernels import MAGIC_I8
     words = np.random.default_rng(0).integers(0, 2 ** 32, 4096, dtype=np.uint64).astype(np.uint32)
     words[:256] = np.arange(256, dtype=np.uint32) * np.uint32(0x01010101)   # every byte value
     signed = words.view(np.int8).reshape(-1, 4).astype(np.float32)

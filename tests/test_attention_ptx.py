@@ -11,7 +11,7 @@ from ptx_helpers import assert_no_f64, assert_ptx_contains, compile_in_subproces
 
 # ---- PTX --------------------------------------------------------------------------------
 _PTX_SOURCE = """
-from genie_rt.kvcache.attention import decode_kernel
+from genie_rt.kvcache.attention_decode_kernels import decode_kernel
 from genie_rt.kvcache.attention_prefill_kernels import prefill_kernel, prefill_merge
 decode_int8 = decode_kernel(128, 4, "int8")
 decode_f16 = decode_kernel(128, 8, "f16")
@@ -33,7 +33,7 @@ _MORE = ("decode_gemma_f16", "decode_smol_int8", "prefill_gemma_f16")
 
 
 def _compile_ptx(names, merge):
-    from genie_rt.kvcache.attention import DECODE_SIGNATURE
+    from genie_rt.kvcache.attention_decode_kernels import DECODE_SIGNATURE
     from genie_rt.kvcache.attention_prefill_kernels import MERGE_SIGNATURE, PREFILL_SIGNATURE
     kernels = {name: DECODE_SIGNATURE if name.startswith("decode") else PREFILL_SIGNATURE
                for name in names}

@@ -189,7 +189,7 @@ import genie_rt.engine, genie_rt.quant, genie_rt.kvcache
 from genie_rt.engine import norm, kernel_cache
 from genie_rt.quant import embed, mmq_prep, mmq_reduce, gemv_kernels as G, mmq_kernels as M
 from genie_rt.quant.formats import QType
-from genie_rt.kvcache import attention, attention_prefill_kernels
+from genie_rt.kvcache import attention_decode_kernels, attention_prefill_kernels
 ks = []
 for pkg in (genie_rt.engine, genie_rt.quant, genie_rt.kvcache):       # every module-level kernel
     for info in pkgutil.iter_modules(pkg.__path__):
@@ -201,7 +201,7 @@ for pkg in (genie_rt.engine, genie_rt.quant, genie_rt.kvcache):       # every mo
 ks += list(embed._KERNELS.values())                                  # made from one table
 ks += [G.gemv_kernel(QType.Q4_K, "dp4a", 1, 1, False), G.gemv_kernel(QType.Q4_K, "dp4a", 1, 2, False),
        G.qkv_kernel(((QType.Q4_K, "dp4a"),) * 3, 1, 1), G.swiglu_kernel((QType.Q4_K, "dp4a"), (QType.Q4_K, "dp4a"), 1, 1),
-       mmq_reduce.build_reduce_kernel(M.EPI_STORE), attention.decode_kernel(128, 2, "int8"),
+       mmq_reduce.build_reduce_kernel(M.EPI_STORE), attention_decode_kernels.decode_kernel(128, 2, "int8"),
        attention_prefill_kernels.prefill_kernel(128, 4, "int8"), norm._rmsnorm_q8_for(True, 5024, 1024),
        mmq_prep.prepare_x_kernel_for(2560)]
 unattached = [k.py_func.__qualname__ for k in ks if not isinstance(k._cache, kernel_cache.KernelDiskCache)]

@@ -1,0 +1,354 @@
+"""Decode attention's kernel: flash-decoding over the KV pool, one query token, INT8 or FP16 cache.
+
+What it computes, the plan that fixes its split count and the launcher that checks its
+arguments are in kvcache/attention.py (read its docstring first); the lesson is in
+docs/kernels/attention.md. `_byte` (int8 -> f32 in two instructions) and LOG2E / NEG_INF
+are shared with the prefill kernels (attention_prefill_kernels.py).
+
+Flash-decoding. Grid (n_splits, n_kv, n_sub), 32 * warps threads. Block (s, j, z) owns
+query heads j*group + z*gh .. +gh-1 (gh = group / n_sub, at most 4 for int8, 8 for f16:
+their q slices and accumulators live in registers) and split s of the context. The
+context is cut into tiles of `tile` rows; split s takes `ceil(tiles / n_splits)`
+consecutive tiles of the *run-time* ctx, so short contexts use few splits and the rest
+exit at once. n_splits is fixed when the graph is captured (`plan_decode`).
+
+Inside a block, each K/V row (hd * 1 or 2 bytes) is read by `lanes_per_row` lanes with one
+128-bit read-only load each (16 int8 or 8 f16 values per lane), so a warp reads 32 / lpr
+rows per load instruction, once for all gh heads of the group (GQA: each row is read from
+memory once per block). Per tile:
+  1. every lane loads its rows' K and V words (all loads in flight together);
+  2. scores: dot(q_slice, k_slice) per head, summed over the row's lanes by shuffles,
+     times the K row scale -> shared s_p[h][row] (log2 domain: q is pre-scaled by
+     log2(e) / sqrt(hd), so softmax uses exp2);
+  3. one warp per head: tile max, running max m, p = exp2(s - m), running sum l,
+     rescale factor alpha;
+  4. acc[h][slice] = alpha * acc + sum_rows p * v_scale * v_slice.
+At the end the row slots are summed (shuffles, then shared memory across warps). With
+one active split the block writes out = acc / l. Otherwise it writes (acc, m, l) to the
+workspace; the last block of its (kv head, subgroup) to finish (an atomic ticket after a
+threadfence) merges the splits: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s,
+and resets its ticket to zero for the next launch.
+
+Traffic: ctx * n_kv * hd * 2 * (1 + 4/hd) bytes for int8 (K, V, scales), twice the
+payload for f16; partials n_splits * n_head * (hd + 2) * 4 bytes written and read once.
+Qwen3-4B at ctx 4096, int8: 8.4 MB per layer -> 1.9 us at 4.37 TB/s.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32, int32, uint32
+
+from genie_rt.engine import kernel_cache
+from genie_rt.quant import ptx
+from genie_rt.quant.ptx import SIMULATOR
+
+FULL = 0xFFFFFFFF
+LOG2E = 1.4426950408889634
+NEG_INF = float32(-np.inf)
+MAX_SPLITS = 64                  # shared-memory weights table of the merge
+
+
+# =====================================================================================
+# kernel
+# =====================================================================================
+# int8 -> f32 without the quarter-rate I2F conversion: flip the sign bit of each byte
+# (u = b + 128, unsigned), put u in the mantissa of 2^23 (bits 0x4B0000uu = 2^23 + u),
+# subtract 2^23 + 128. One PRMT (byte_perm) + one FADD per value, exact.
+MAGIC_I8 = float32(8388736.0)        # 2^23 + 128
+
+if SIMULATOR:
+    @cuda.jit(device=True)
+    def _byte(word, b):
+        """Signed byte b (0..3, constant) of a uint32 word, as float32."""
+        x = int32((word >> uint32(8 * b)) & uint32(0xFF))
+        return float32((x ^ 0x80) - 0x80)
+else:
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True, inline=True)
+    def _byte(word, b):
+        """Signed byte b (0..3, constant) of a uint32 word, as float32."""
+        bits = libdevice.byte_perm(int32(word ^ uint32(0x80808080)), int32(0x4B000000),
+                                   int32(0x7440 | b))
+        return libdevice.int_as_float(bits) - MAGIC_I8
+
+
+@functools.lru_cache(maxsize=None)
+def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int = 4,
+                  rows_per_thread: int = 4, window: int = 0, scale: float | None = None):
+    """The decode kernel specialised on its compile-time constants (one per model shape
+    and layer kind). window 0: keys 0 .. pos, slot = position; window W > 0: keys
+    max(0, pos - W + 1) .. pos, slot = position % R (R = the layer's slots; a ring when
+    R < n_ctx). scale: the attention scale (None: 1 / sqrt(head_dim))."""
+    HD, GH, NW, RPT = head_dim, heads_per_block, warps, rows_per_thread
+    WIN = int(window)
+    I8 = kv_dtype == "int8"
+    VEC = 16 if I8 else 8            # values per 16-byte load
+    EPW = 4 if I8 else 2             # values per 32-bit word
+    LPR = HD // VEC                  # lanes per row
+    assert HD % VEC == 0 and 32 % LPR == 0, f"head_dim {HD} unsupported for {kv_dtype}"
+    RPW = 32 // LPR                  # rows per warp per load instruction
+    STEP = NW * RPW                  # rows per block per load instruction
+    TILE = STEP * RPT                # rows per tile
+    WPR = HD // EPW                  # 32-bit words per cache row
+    NQ = GH * VEC                    # q values (and accumulators) per thread
+    NRED = GH * HD
+    NT = 32 * NW
+    NKW = RPT * 4                    # K (and V) words held per thread per tile
+    QSCALE = float32(LOG2E / math.sqrt(HD) if scale is None else LOG2E * float(scale))
+
+    @cuda.jit
+    def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets):
+        # q        f32 [n_head * HD]          query of the current token (normed, roped)
+        # k_words  u32 [R * n_kv * WPR]       this layer's K cache (R slots) as 32-bit words
+        # v_words  u32 [R * n_kv * WPR]
+        # k_scale  f32 [R, n_kv]              int8 row scales (unused for f16)
+        # v_scale  f32 [R, n_kv]
+        # state    i32 [>=1]                  state[0] = position of the query token
+        # out      f32 [n_head * HD]          attention output (written)
+        # part_o   f32 [n_splits, n_head*HD]  per-split unnormalised accumulators
+        # part_ml  f32 [n_splits, 2*n_head]   per-split (max, sum) in the log2 domain
+        # tickets  i32 [n_kv * n_sub]         zero between launches
+        split = cuda.blockIdx.x
+        n_splits = cuda.gridDim.x
+        kvh = cuda.blockIdx.y
+        n_kv = cuda.gridDim.y
+        sub = cuda.blockIdx.z
+        n_sub = cuda.gridDim.z
+        head0 = (kvh * n_sub + sub) * GH
+        tid = cuda.threadIdx.x
+        warp = tid >> 5
+        lane = tid & 31
+        slot = lane // LPR               # which row of the warp's RPW rows
+        c = lane % LPR                   # which 16-byte column of the row
+        n_ctx = k_words.size // (n_kv * WPR)                 # slots R
+        if WIN == 0:
+            ctx = min(state[0] + 1, n_ctx)                   # keys 0 .. ctx-1 = slots
+            if ctx < 1:
+                ctx = 1
+            lo = 0
+        else:
+            # keys lo .. pos (llama.cpp masks p0 when pos - p0 >= W); they live in slots
+            # p % R, all distinct because the launcher checks W <= R
+            ctx = max(state[0], 0) + 1
+            lo = max(ctx - WIN, 0)
+            ring0 = lo - lo % n_ctx                          # position of slot 0's lap
+        tiles = (ctx - lo + TILE - 1) // TILE
+        tps = (tiles + n_splits - 1) // n_splits             # tiles per split
+        n_active = (tiles + tps - 1) // tps
+        if split >= n_active:
+            return                                           # whole block: no barrier skipped
+        r_begin = lo + split * tps * TILE
+        r_end = min(r_begin + tps * TILE, ctx)
+
+        s_p = cuda.shared.array((GH, TILE), float32)         # scores, then probabilities
+        s_m = cuda.shared.array(GH, float32)                 # running max (log2 domain)
+        s_l = cuda.shared.array(GH, float32)                 # running sum
+        s_alpha = cuda.shared.array(GH, float32)             # rescale of this tile
+        s_red = cuda.shared.array((NW, NRED), float32)       # per-warp accumulators
+        s_w = cuda.shared.array((GH, MAX_SPLITS), float32)   # merge weights
+        s_flag = cuda.shared.array(1, int32)
+
+        qv = cuda.local.array(NQ, float32)                   # q[h][c*VEC + e], pre-scaled
+        acc = cuda.local.array(NQ, float32)
+        kw = cuda.local.array(NKW, uint32)
+        vw = cuda.local.array(NKW, uint32)
+        ks = cuda.local.array(RPT, float32)
+        vs = cuda.local.array(RPT, float32)
+        sc = cuda.local.array(GH, float32)
+        for h in range(GH):
+            for e in range(VEC):
+                qv[h * VEC + e] = q[(head0 + h) * HD + c * VEC + e] * QSCALE
+                acc[h * VEC + e] = float32(0)
+        if tid < GH:
+            s_m[tid] = NEG_INF
+            s_l[tid] = float32(0)
+        cuda.syncthreads()
+
+        t0 = r_begin
+        while t0 < r_end:
+            # 1. this thread's K and V words for the whole tile: 2 * RPT loads in flight
+            for i in range(RPT):
+                r = t0 + i * STEP + warp * RPW + slot
+                if r < r_end:
+                    if WIN != 0:                             # position -> ring slot
+                        r -= ring0
+                        if r >= n_ctx:
+                            r -= n_ctx
+                    wi = (r * n_kv + kvh) * WPR + c * 4
+                    w4 = ptx.ldg_v4(k_words, wi)
+                    u4 = ptx.ldg_v4(v_words, wi)
+                    for x in range(4):
+                        kw[i * 4 + x] = w4[x]
+                        vw[i * 4 + x] = u4[x]
+                    if I8:
+                        ks[i] = k_scale[r, kvh]
+                        vs[i] = v_scale[r, kvh]
+                else:
+                    for x in range(4):
+                        kw[i * 4 + x] = uint32(0)
+                        vw[i * 4 + x] = uint32(0)
+                    ks[i] = float32(0)
+                    vs[i] = float32(0)
+            # 2. scores of the tile's rows -> s_p
+            for i in range(RPT):
+                for h in range(GH):
+                    sc[h] = float32(0)
+                for x in range(4):
+                    word = kw[i * 4 + x]
+                    if I8:
+                        for b in range(4):
+                            kval = _byte(word, b)
+                            for h in range(GH):
+                                sc[h] += qv[h * VEC + x * 4 + b] * kval
+                    else:
+                        lo, hi = ptx.unpack_half2(word)
+                        for h in range(GH):
+                            sc[h] += qv[h * VEC + x * 2] * lo + qv[h * VEC + x * 2 + 1] * hi
+                for h in range(GH):
+                    s = sc[h]
+                    off = LPR >> 1               # sum over the row's LPR lanes
+                    while off > 0:
+                        s += cuda.shfl_xor_sync(FULL, s, off)
+                        off >>= 1
+                    sc[h] = s
+                rl = i * STEP + warp * RPW + slot
+                if c == 0:
+                    valid = t0 + rl < r_end
+                    for h in range(GH):
+                        if not valid:
+                            s_p[h, rl] = NEG_INF
+                        elif I8:
+                            s_p[h, rl] = sc[h] * ks[i]
+                        else:
+                            s_p[h, rl] = sc[h]
+            cuda.syncthreads()
+            # 3. online softmax, one warp per head
+            for h in range(warp, GH, NW):
+                mx = NEG_INF
+                for x in range(lane, TILE, 32):
+                    mx = max(mx, s_p[h, x])
+                for off in (16, 8, 4, 2, 1):
+                    mx = max(mx, cuda.shfl_xor_sync(FULL, mx, off))
+                m_old = s_m[h]
+                m_new = max(m_old, mx)           # finite: every tile has a valid row
+                psum = float32(0)
+                for x in range(lane, TILE, 32):
+                    p = math.exp2(s_p[h, x] - m_new)
+                    s_p[h, x] = p
+                    psum += p
+                for off in (16, 8, 4, 2, 1):
+                    psum += cuda.shfl_xor_sync(FULL, psum, off)
+                if lane == 0:
+                    alpha = math.exp2(m_old - m_new)
+                    s_alpha[h] = alpha
+                    s_l[h] = s_l[h] * alpha + psum
+                    s_m[h] = m_new
+            cuda.syncthreads()
+            # 4. acc = alpha * acc + P V
+            for h in range(GH):
+                a = s_alpha[h]
+                for e in range(VEC):
+                    acc[h * VEC + e] *= a
+            for i in range(RPT):
+                rl = i * STEP + warp * RPW + slot
+                for h in range(GH):
+                    sc[h] = s_p[h, rl] * vs[i] if I8 else s_p[h, rl]
+                for x in range(4):
+                    word = vw[i * 4 + x]
+                    if I8:
+                        for b in range(4):
+                            vval = _byte(word, b)
+                            for h in range(GH):
+                                acc[h * VEC + x * 4 + b] += sc[h] * vval
+                    else:
+                        lo, hi = ptx.unpack_half2(word)
+                        for h in range(GH):
+                            acc[h * VEC + x * 2] += sc[h] * lo
+                            acc[h * VEC + x * 2 + 1] += sc[h] * hi
+            cuda.syncthreads()                   # s_p is rewritten by the next tile
+            t0 += TILE
+
+        # sum the RPW row slots of each warp, then the warps
+        off = LPR
+        while off < 32:
+            for j in range(NQ):
+                acc[j] += cuda.shfl_xor_sync(FULL, acc[j], off)
+            off <<= 1
+        if slot == 0:
+            for h in range(GH):
+                for e in range(VEC):
+                    s_red[warp, h * HD + c * VEC + e] = acc[h * VEC + e]
+        cuda.syncthreads()
+        for idx in range(tid, NRED, NT):
+            v = float32(0)
+            for w in range(NW):
+                v += s_red[w, idx]
+            h = idx // HD
+            if n_active == 1:
+                out[head0 * HD + idx] = v / s_l[h]
+            else:
+                part_o[split, head0 * HD + idx] = v
+        if n_active == 1:
+            return
+        if tid < GH:
+            part_ml[split, 2 * (head0 + tid)] = s_m[tid]
+            part_ml[split, 2 * (head0 + tid) + 1] = s_l[tid]
+        cuda.threadfence()                       # partials visible before the ticket
+        cuda.syncthreads()
+        if tid == 0:
+            ticket = cuda.atomic.add(tickets, kvh * n_sub + sub, 1)
+            s_flag[0] = 1 if ticket == n_active - 1 else 0
+        cuda.syncthreads()
+        if s_flag[0] == 0:
+            return
+        cuda.threadfence()
+        # last block of this (kv head, subgroup): merge the n_active splits
+        for h in range(warp, GH, NW):
+            hm = 2 * (head0 + h)
+            mx = NEG_INF
+            for s in range(lane, n_active, 32):
+                mx = max(mx, part_ml[s, hm])
+            for off in (16, 8, 4, 2, 1):
+                mx = max(mx, cuda.shfl_xor_sync(FULL, mx, off))
+            den = float32(0)
+            for s in range(lane, n_active, 32):
+                wgt = math.exp2(part_ml[s, hm] - mx)
+                s_w[h, s] = wgt
+                den += wgt * part_ml[s, hm + 1]
+            for off in (16, 8, 4, 2, 1):
+                den += cuda.shfl_xor_sync(FULL, den, off)
+            if lane == 0:
+                s_alpha[h] = den
+        cuda.syncthreads()
+        for idx in range(tid, NRED, NT):
+            h = idx // HD
+            col = head0 * HD + idx
+            a0 = float32(0)
+            a1 = float32(0)
+            a2 = float32(0)
+            a3 = float32(0)
+            s = 0
+            while s + 4 <= n_active:             # four independent loads in flight
+                a0 += s_w[h, s] * part_o[s, col]
+                a1 += s_w[h, s + 1] * part_o[s + 1, col]
+                a2 += s_w[h, s + 2] * part_o[s + 2, col]
+                a3 += s_w[h, s + 3] * part_o[s + 3, col]
+                s += 4
+            while s < n_active:
+                a0 += s_w[h, s] * part_o[s, col]
+                s += 1
+            out[col] = (a0 + a1 + a2 + a3) / s_alpha[h]
+        if tid == 0:
+            tickets[kvh * n_sub + sub] = 0       # ready for the next launch (graph replay)
+
+    kernel.tile = TILE
+    return kernel_cache.attach(kernel)
+
+
+DECODE_SIGNATURE = ("void(float32[::1], uint32[::1], uint32[::1], float32[:, ::1], "
+                    "float32[:, ::1], int32[::1], float32[::1], float32[:, ::1], "
+                    "float32[:, ::1], int32[::1])")
