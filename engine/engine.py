@@ -77,6 +77,12 @@ def make_guard(ecfg: EngineConfig, integrated: bool):
     return StepGuard(gcfg) if gcfg.active else None
 
 
+def _check_count(what: str, value, low: int, note: str = "") -> None:
+    """A request count from a Python caller: an int (not a bool) >= low, else a ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{what} must be an integer >= {low}{note}, got {value!r}")
+
+
 class Engine:
     def __init__(self, gfile: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, backend, plan: MemoryPlan,
                  tokenizer: Tokenizer, template: ChatTemplate, load_seconds: float):
@@ -205,11 +211,8 @@ class Engine:
         bad = [t for t in prompt if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.cfg.vocab_size - 1})")
-        if isinstance(req.n, bool) or not isinstance(req.n, int) or req.n < 1:
-            raise ValueError(f"'n' (choices) must be an integer >= 1, got {req.n!r}")
-        if isinstance(req.progress_batch, bool) or not isinstance(req.progress_batch, int) or req.progress_batch < 0:
-            raise ValueError(f"'progress_batch' must be an integer >= 0 (0: no progress events), "
-                             f"got {req.progress_batch!r}")
+        _check_count("'n' (choices)", req.n, 1)
+        _check_count("'progress_batch'", req.progress_batch, 0, " (0: no progress events)")
         req.params.validate(self.cfg.vocab_size)
         if req.conversation_id is not None:
             validate_conversation_id(req.conversation_id)   # InvalidConversationId before any work
