@@ -15,7 +15,9 @@ captured into a CUDA graph (a first, uncaptured run compiles; the capture record
     ("decode", mode)         body(DecodeOps) on one row, head, sampling (greedy / full /
                              none), S_POS += 1 - one graph per token
     ("prefill", n, splits)   body(PrefillOps) on a chunk of n rows (a bucket: padded rows
-                             are computed and ignored), then x_last <- x[S_LAST]
+                             are computed and ignored), then x_last <- x[S_LAST]; splits:
+                             the most attention splits per plan at any start, the count in
+                             use is read from state[S_SPLIT + i] - one graph per bucket
     ("head", mode)           the head on x_last and the sampling of the first token
 
 Between decode replays the host only reads the sampled token from a host-mapped ring;
@@ -36,7 +38,7 @@ from .arena import Arena
 from .config import EngineConfig, ModelConfig
 from .cuda_constrained import ConstrainedSteps
 from .cuda_layout import BUCKETS, MAX_BIAS, is_integrated, plan_layout, rope_keys
-from .device_state import N_SLOTS, S_LAST, S_POS, S_TOKEN
+from .device_state import MAX_PLANS, N_SLOTS, S_LAST, S_POS, S_SPLIT, S_TOKEN
 from .gguf_file import GGUFFile
 from .h2d import pinned_like, upload
 from .memory import MemoryPlan
@@ -110,7 +112,9 @@ class CUDABackend(ConstrainedSteps):
         self.float_inputs = any(m != "dp4a" for m in modes)   # some GEMV reads float activations
         self._host_state = pinned_like(self.state)
         self._host_ids = pinned_like(A["ids"])
-        self._slot_views = {k: (self.state[k:k + 1], self._host_state[k:k + 1]) for k in (S_POS, S_TOKEN, S_LAST)}
+        self._slot_views = {k: (self.state[k:k + 1], self._host_state[k:k + 1])
+                            for k in (S_POS, S_TOKEN, S_LAST, *range(S_SPLIT, S_SPLIT + MAX_PLANS))}
+        self._max_splits_of: dict[int, tuple] = {}
         self._decode_scratch = self._scratch(1, self.state[S_TOKEN:S_TOKEN + 1])
         self._prefill_scratch = {}
         self._req = _Request()
@@ -197,7 +201,7 @@ class CUDABackend(ConstrainedSteps):
         s = self._prefill_scratch.get(n)
         if s is None:
             s = self._prefill_scratch[n] = self._scratch(n, self.arena["ids"][:n])
-        ops = PrefillOps(self, n, n_splits)
+        ops = PrefillOps(self, n, n_splits, splits_at=S_SPLIT)
         ops.bind_scratch(s)
         self.spec.body(ops, self.weights, self.attn, s, self.cfg)
         gather_row(s.x, self.state, S_LAST, self.arena["x_last"], stream=self.stream)
@@ -261,24 +265,25 @@ class CUDABackend(ConstrainedSteps):
         progress step, advanced per sequence (its kernels compiled or loaded from the kernel
         cache, then its graph captured).
 
-        A bucket's first key runs once uncaptured (compiling its kernels, making its scratch)
-        and is then captured; its other keys (more attention splits: the same kernels, other
-        grids) are captured directly. With every kernel in the kernel cache, a warm start of
-        the 4B on the H200 (2026-12-03, tools/bench_start.py, 38 prefill graphs of 22,828
-        nodes) spent 9.7 of its 15.4 s here: the first runs of the 8 buckets 1.9 s, the 38
-        captures 6.7 s - the graphs' count and size, not compiling, set a warm start now."""
+        Each bucket is one graph (its attention split count is device state). The first
+        bucket runs once uncaptured (compiling or loading its kernels) and is then captured;
+        the later ones are first tried capture-only (no first run) and fall back to run-then-
+        capture when that capture would compile or load a kernel. Before the split count was
+        device state, a warm start of the 4B on the H200 (2026-12-03, tools/bench_start.py,
+        38 prefill graphs of 22,828 nodes) spent 9.7 of its 15.4 s here: the first runs of
+        the 8 buckets 1.9 s, the 38 captures 6.7 s."""
         t0 = time.perf_counter()
         keys = self.prefill_keys()
         modes = (None, "greedy", "full")
         progress.start("compiling kernels" + (", capturing graphs" if self.use_graphs else ""),
                        len(keys) + 2 * len(modes), "graphs" if self.use_graphs else "sequences")
-        ran: set[int] = set()
+        ran = False
         for n, splits, start in keys:
-            self._set_state(pos=start, last=0)       # a position that gives this split count
+            self._set_state(pos=start, last=0, splits=self._splits(n, start))
             rec = (lambda n=n, splits=splits: self._record_prefill(n, splits))
-            if not (self.use_graphs and n in ran and self._capture_only(("prefill", n, splits), rec)):
+            if not (self.use_graphs and ran and self._capture_only(("prefill", n, splits), rec)):
                 self._run(("prefill", n, splits), rec)
-                ran.add(n)
+                ran = True
             progress.advance(1, f"prefill {n}")
         self._set_state(pos=0, last=0)
         for mode in modes:
@@ -303,19 +308,22 @@ class CUDABackend(ConstrainedSteps):
             for kind, (n, a, b, nodes) in self.capture_stats.items()))
 
     def prefill_keys(self) -> list[tuple[int, tuple, int]]:
-        """Every (bucket, attention splits per plan) a prefill chunk can run as, with the first
-        start position that gives it: all are captured at load, so a chunk after a long cached
-        prefix (more splits) does not compile and capture on its first use."""
-        keys = []
-        for n in BUCKETS:
-            if n > self.lay.chunk or n > self.n_ctx:
-                continue
-            first: dict[tuple, int] = {}
+        """(bucket, most attention splits per plan, a start position) of every bucket's one
+        graph: all are captured at load, so no chunk compiles or captures on its first use,
+        whatever its start (the split count in use is device state)."""
+        return [(n, self._max_splits(n), 0) for n in BUCKETS if n <= self.lay.chunk and n <= self.n_ctx]
+
+    def _max_splits(self, n: int) -> tuple:
+        """The most context splits of each plan for a chunk of n rows at any start: the
+        grid of the bucket's one graph (its blocks above the count in use exit at once)."""
+        got = self._max_splits_of.get(n)
+        if got is None:
             step = min(p.block_n for p in self._plans())
-            for start in list(range(0, self.n_ctx - n + 1, step)) + [self.n_ctx - n]:
-                first.setdefault(self._splits(n, start), start)
-            keys += [(n, splits, start) for splits, start in sorted(first.items())]
-        return keys
+            got = (1,) * len(self._plans())
+            for start in list(range(0, self.n_ctx - n + 1, step)) + [max(self.n_ctx - n, 0)]:
+                got = tuple(max(a, b) for a, b in zip(got, self._splits(n, start)))
+            self._max_splits_of[n] = got
+        return got
 
     # -- which positions the rings hold ---------------------------------------------------
     def _wrote(self, start: int, n: int, reset: bool = False) -> None:
@@ -356,11 +364,14 @@ class CUDABackend(ConstrainedSteps):
         return n
 
     # -- host <-> device per step -------------------------------------------------------
-    def _set_state(self, pos: int | None = None, token: int | None = None, last: int | None = None) -> None:
+    def _set_state(self, pos: int | None = None, token: int | None = None, last: int | None = None,
+                   splits: tuple = ()) -> None:
         """Write some state slots (an async copy per slot from its pinned mirror; views made
-        once at load, engine/h2d.py). A slot's mirror is rewritten only after the stream
-        has synchronised since its last copy (every caller follows a sync)."""
-        for slot, value in ((S_POS, pos), (S_TOKEN, token), (S_LAST, last)):
+        once at load, engine/h2d.py); splits: the prefill plans' attention split counts. A
+        slot's mirror is rewritten only after the stream has synchronised since its last copy
+        (every caller follows a sync)."""
+        for slot, value in ((S_POS, pos), (S_TOKEN, token), (S_LAST, last),
+                            *((S_SPLIT + i, k) for i, k in enumerate(splits))):
             if value is not None:
                 dev, host = self._slot_views[slot]
                 host[0] = value
@@ -401,8 +412,11 @@ class CUDABackend(ConstrainedSteps):
         self.stream.synchronize()
 
     def _plans(self) -> list:
-        """The distinct prefill attention plans (one per kind of layer), in layer order."""
-        return list({id(p): p for p in self.lay.prefill_plans}.values())
+        """The distinct prefill attention plans (one per kind of layer), in layer order;
+        plan i's split count lives in state[S_SPLIT + i]."""
+        plans = list({id(p): p for p in self.lay.prefill_plans}.values())
+        assert len(plans) <= MAX_PLANS, f"{len(plans)} prefill attention plans; the state holds {MAX_PLANS}"
+        return plans
 
     def _splits(self, n: int, start: int) -> tuple:
         """The context splits of each plan for a chunk of n rows at `start` (graph key)."""
@@ -427,10 +441,10 @@ class CUDABackend(ConstrainedSteps):
             self._host_ids[:n] = part
             self._host_ids[n:bucket] = 0
             upload(self.arena["ids"], self._host_ids, self.stream, nbytes=4 * bucket)
-            self._set_state(pos=pos, last=n - 1)
+            self._set_state(pos=pos, last=n - 1, splits=self._splits(bucket, pos))
             self._wrote(pos, bucket)              # padded rows write K/V too
-            splits = self._splits(bucket, pos)
-            self._run(("prefill", bucket, splits), lambda: self._record_prefill(bucket, splits))
+            most = self._max_splits(bucket)
+            self._run(("prefill", bucket, most), lambda: self._record_prefill(bucket, most))
         return True
 
     def prefill(self, tokens, start: int, cancel=None, all_logits: bool = False) -> np.ndarray | None:

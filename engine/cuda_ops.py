@@ -163,11 +163,14 @@ class DecodeOps(_Ops):
 class PrefillOps(_Ops):
     """A chunk of n rows: tensor-core GEMMs (MMQ), tensor-core causal attention."""
 
-    def __init__(self, rt, n: int, n_splits: tuple):
+    def __init__(self, rt, n: int, n_splits: tuple, splits_at: int | None = None):
         super().__init__(rt, n)
         self.n = n
-        # context splits of each layer's attention plan (the runtime's key: one per plan)
-        self._splits = {id(p): k for p, k in zip(rt._plans(), n_splits)}
+        # the most context splits of each layer's attention plan (the runtime's key: one per
+        # plan) and the state slot holding the count in use (splits_at + plan index; None:
+        # exactly n_splits)
+        self._splits = {id(p): (k, None if splits_at is None else splits_at + i)
+                        for i, (p, k) in enumerate(zip(rt._plans(), n_splits))}
         self._x16_holds = None      # the buffer whose fp16 copy is in x16 now
 
     def _invalidate(self, name: str) -> None:
@@ -240,8 +243,9 @@ class PrefillOps(_Ops):
         self._reads_float(q)
         q3 = q.reshape(self.n, self.cfg.n_head, self.cfg.head_dim)
         plan = self.rt.lay.prefill_plans[a.index]
+        most, at = self._splits[id(plan)]
         prefill_attention(q3, self.rt.kv_layers[a.index], self.rt.state, out, self.rt.pws,
-                          n_splits=self._splits[id(plan)], stream=self.stream, plan=plan)
+                          n_splits=most, stream=self.stream, plan=plan, splits_at=at)
         self._wrote(out)
 
     def head(self, x, norm_w, w, logits, softcap: float | None = None) -> None:

@@ -17,7 +17,13 @@ name from here.
                 sampler (+1 per draw)                    (tokens in the recent-token ring)
     S_LAST  4   host before a prefill chunk              gather_row: the last real row of a
                                                          padded chunk (its logits are wanted)
-    5..7        free
+    S_SPLIT 5,6 host before a prefill chunk: the         prefill attention and its merge
+                context splits of the chunk's launch     (splits_at): the split count of
+                for prefill plan 0 / 1 (global,          prefill plan i is state[S_SPLIT + i],
+                sliding window)                          so a bucket is one graph
+    7           free
 """
 S_POS, S_TOKEN, S_DRAWS, S_HIST, S_LAST = 0, 1, 2, 3, 4
+S_SPLIT = 5                      # S_SPLIT + i: prefill plan i's attention splits (i < MAX_PLANS)
+MAX_PLANS = 2
 N_SLOTS = 8

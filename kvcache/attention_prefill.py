@@ -172,7 +172,7 @@ def compile_prefill(plan: PrefillPlan) -> None:
 
 
 def prefill_attention(q, layer: KVLayer, state, out, ws: PrefillWorkspace, n_splits: int = 1,
-                      stream=0, plan: PrefillPlan | None = None):
+                      stream=0, plan: PrefillPlan | None = None, splits_at: int | None = None):
     """out[i] = causal attention of query i (position state[0] + i) over cache positions
     0 .. state[0] + i (a windowed plan: state[0] + i - W + 1 .. state[0] + i, read through
     a ring's slots). The K/V of this chunk must already be in the cache (rope_write).
@@ -185,6 +185,9 @@ def prefill_attention(q, layer: KVLayer, state, out, ws: PrefillWorkspace, n_spl
     ws     PrefillWorkspace (of `plan`, or of a plan it fits); n_splits <= plan.max_splits
            (see prefill_splits)
     plan   the layer's plan; None: ws.plan
+    splits_at  None: n_splits splits. A state slot: the count is read at run time from
+           state[splits_at] (clamped to 1 .. n_splits; n_splits is then the most the launch
+           may use), so one captured graph serves every split count (engine/device_state.py)
     No allocation, no synchronization."""
     p = ws.plan if plan is None else plan
     if plan is not None and not plan.fits(ws.plan):
@@ -219,9 +222,13 @@ def prefill_attention(q, layer: KVLayer, state, out, ws: PrefillWorkspace, n_spl
             raise ValueError(f"prefill_attention: a chunk of {n} tokens with window {p.window} "
                              f"reads {p.window + n - 1} keys at once; the ring holds {slots} "
                              f"(make it >= window + chunk - 1, kvcache.pool.ring_slots)")
+    if splits_at is not None and not 0 <= splits_at < state.shape[0]:
+        raise ValueError(f"prefill_attention: splits_at {splits_at} is not a slot of the state "
+                         f"(0 .. {state.shape[0] - 1})")
+    at = np.int32(-1 if splits_at is None else splits_at)
     grid = ((n * p.group + BM - 1) // BM * p.o_splits, p.n_kv, n_splits)
     p.kernel()[grid, THREADS, stream](q, layer.k_words, layer.v_words, layer.k_scale,
-                                      layer.v_scale, state, out, ws.part_o, ws.part_ml)
+                                      layer.v_scale, state, out, ws.part_o, ws.part_ml, at)
     if n_splits > 1:
         prefill_merge[n * p.n_head, 128, stream](ws.part_o, ws.part_ml, np.int32(n_splits),
-                                                 out)
+                                                 state, at, out)

