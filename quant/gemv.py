@@ -307,6 +307,19 @@ def choose_lpr(units: int, ks: int, rows: int) -> int:
     return int(LPR_POLICY)
 
 
+# Programmatic dependent launch (quant/pdl.py): a lab switch, off by default. When True the
+# GEMV kernels are built and launched for PDL (sm_90+ only; the caller checks pdl.available()).
+PDL = False
+
+
+def _launch(kern, grid, stream, *args):
+    if PDL:
+        from . import pdl
+        pdl.launch(kern, grid, K.BLOCK, stream, *args)
+    else:
+        kern[grid, K.BLOCK, stream](*args)
+
+
 def _get(key, make):
     k = _kernels.get(key)
     if k is None:
@@ -315,16 +328,17 @@ def _get(key, make):
 
 
 def _gemv_kernel(spec, n_tok, ks, resid, lpr):
-    return _get(("gemv", spec, n_tok, ks, resid, lpr),
-                lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid, lpr))
+    return _get(("gemv", spec, n_tok, ks, resid, lpr, PDL),
+                lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid, lpr, PDL))
 
 
 def _qkv_kernel(specs, n_tok, ks, lpr):
-    return _get(("qkv", specs, n_tok, ks, lpr), lambda: K.qkv_kernel(specs, n_tok, ks, lpr))
+    return _get(("qkv", specs, n_tok, ks, lpr, PDL), lambda: K.qkv_kernel(specs, n_tok, ks, lpr, PDL=PDL))
 
 
 def _swiglu_kernel(g, u, n_tok, ks, lpr, act="silu"):
-    return _get(("swiglu", g, u, n_tok, ks, lpr, act), lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr, act))
+    return _get(("swiglu", g, u, n_tok, ks, lpr, act, PDL),
+                lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr, act, PDL=PDL))
 
 
 def _blocks(rows: int, ks: int, lpr: int = 32) -> int:
@@ -447,7 +461,7 @@ def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None, lpr
     kern = _gemv_kernel(w.spec, n_tok, ks, residual is not None, lpr)
     yf = _flat(y)
     res = yf if residual is None or residual is y else _flat(residual)
-    kern[_blocks(w.rows, ks, lpr), K.BLOCK, stream](*_w_args(w), w.rows, xf, xqf, xsf, cols, yf, res)
+    _launch(kern, _blocks(w.rows, ks, lpr), stream, *_w_args(w), w.rows, xf, xqf, xsf, cols, yf, res)
 
 
 def compile_gemv(w, n_tok=1, residual=False, ksplit=None, lpr=None):
@@ -475,7 +489,7 @@ def gemv_qkv(wq, wk, wv, x, y, *, xq=None, xs=None, stream=0, ksplit=None, lpr=N
     args = []
     for w in ws:
         args += [*_w_args(w), w.rows]
-    kern[grid, K.BLOCK, stream](*args, b1, b2, xf, xqf, xsf, cols, _flat(y))
+    _launch(kern, grid, stream, *args, b1, b2, xf, xqf, xsf, cols, _flat(y))
 
 
 def compile_qkv(wq, wk, wv, n_tok=1, ksplit=None, lpr=None):
@@ -500,8 +514,8 @@ def gemv_swiglu(wg, wu, x, h, *, xq=None, xs=None, stream=0, ksplit=None, lpr=No
     _check_out(h, "h", n_tok, wg.rows, x)
     ks, lpr = _split_lanes(wg.rows, min(wg.units, wu.units), ksplit, lpr)
     kern = _swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr, act)
-    kern[_blocks(wg.rows, ks, lpr), K.BLOCK, stream](*_w_args(wg), *_w_args(wu), wg.rows,
-                                                     xf, xqf, xsf, cols, _flat(h))
+    _launch(kern, _blocks(wg.rows, ks, lpr), stream, *_w_args(wg), *_w_args(wu), wg.rows,
+            xf, xqf, xsf, cols, _flat(h))
 
 
 def compile_swiglu(wg, wu, n_tok=1, ksplit=None, lpr=None, act="silu"):

@@ -370,6 +370,38 @@ class Bench:
             self.report(dict(name=label, kind="step", quantize=quantize, layers=n_layers, bytes=nbytes,
                              us=t * 1e6, gbs=nbytes / t / 1e9, tokens_per_s_gemv_only=1 / t))
 
+    def pdl_chain_check(self, n: int = 10) -> bool:
+        """Programmatic dependent launch where it can go wrong: a chain of n dependent
+        f32-mode GEMVs (each reads the previous one's output as x) replayed as one CUDA
+        graph. The PDL build (quant/pdl.py) must give the plain build's bits."""
+        G, cuda, s, rng = self.G, self.cuda, self.stream, self.rng
+        mats = [G.prepare_weight(G.to_device(random_weight(QType.Q4_K, HIDDEN, HIDDEN, rng), stream=s), "f32")
+                for _ in range(2)]
+        x0 = (rng.standard_normal((1, HIDDEN)) * 1e-3).astype(np.float32)
+        bufs = [cuda.device_array((1, HIDDEN), np.float32, stream=s) for _ in range(n + 1)]
+        outs = {}
+        saved = G.PDL
+        try:
+            for pdl in (False, True):
+                G.PDL = pdl
+                for m in mats:
+                    G.compile_gemv(m)
+
+                def chain():
+                    for i in range(n):
+                        G.gemv(mats[i % 2], bufs[i], bufs[i + 1], stream=s)
+                bufs[0].copy_to_device(x0, stream=s)
+                time_graph(s, chain, per_graph=1, replays=3)       # captured, replayed
+                outs[pdl] = np.stack([b.copy_to_host(stream=s) for b in bufs])
+                s.synchronize()
+        finally:
+            G.PDL = saved
+        same = bool(np.array_equal(outs[False], outs[True]) and np.isfinite(outs[True]).all())
+        print(f"PDL chain of {n} dependent GEMVs in a graph: {'bit-identical to the plain build' if same else 'DIFFERENT'}"
+              f" (|y_n| max {np.abs(outs[True][-1]).max():.3g})", flush=True)
+        self.report(dict(name=f"pdl chain check, {n} GEMVs", kind="pdl_check", ok=same))
+        return same
+
     # -- the whole run -----------------------------------------------------------------
     def run(self):
         args = self.args

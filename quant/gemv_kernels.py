@@ -409,12 +409,30 @@ MULTIPLIERS = {(QType.Q4_K, "dp4a"): _q4k_dp4a, (QType.Q4_K, "f32"): _q4k_f32,
 _row_dots = {}
 
 
-def _make_row_dot(qtype, mode, NT):
+@_dev
+def _no_op():
+    pass
+
+
+def _pdl_hooks(PDL):
+    """(wait, launch_dependents) device functions: griddepcontrol on a programmatic-
+    dependent-launch build (PDL, sm_90+: quant/pdl.py), no-ops that inline to nothing
+    otherwise - so the sm_80/87 kernels are the same code as before PDL existed."""
+    if PDL:
+        return ptx.griddep_wait, ptx.griddep_launch_dependents
+    return _no_op, _no_op
+
+
+def _make_row_dot(qtype, mode, NT, PDL=False):
     """Device function row_dot(wa, wb, wc, wd, nu, row, u, step, xf, xq, xs, cols, acc, ao):
-    acc[ao + t] += the lane's share (units u, u + step, ...) of row `row` times x[t]."""
-    key = (qtype, mode, NT)
+    acc[ao + t] += the lane's share (units u, u + step, ...) of row `row` times x[t].
+    PDL: each trip's weight loads are issued before `griddepcontrol.wait` - on the first trip
+    that overlaps them with the end of the kernel before (whose output x is), later trips
+    pass the wait at once."""
+    key = (qtype, mode, NT, PDL)
     if key in _row_dots:
         return _row_dots[key]
+    wait = _pdl_hooks(PDL)[0]
     load = LOADERS[qtype]
     mul = MULTIPLIERS[(qtype, mode)](NT)
     SH = UNIT_SHIFT[qtype]
@@ -435,6 +453,7 @@ def _make_row_dot(qtype, mode, NT):
             v0 = load(wa, wb, wc, wd, base + u)
             v1 = load(wa, wb, wc, wd, base + min(u1, last))
             v2 = load(wa, wb, wc, wd, base + min(u2, last))
+            wait()                  # x is the previous kernel's output (PDL builds only)
             mul(v0, blk, p, xf, xq, xs, cols, acc, ao)
             if u1 < nu:
                 mul(v1, blk + bstep, p, xf, xq, xs, cols, acc, ao)
@@ -499,7 +518,7 @@ _LOG2 = {1: 0, 2: 1, 4: 2}
 # =====================================================================================
 # Kernels
 # =====================================================================================
-def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32):
+def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < NT:
     grid = ceil(rows * KSPLIT / (4 * 32 / LPR)) blocks.
 
@@ -509,14 +528,18 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32):
       xf:   float32 [NT * cols]                     xq: uint32 [NT * cols / 4] (int8 q8)
       xs:   float32 [NT * cols / 32] q8 scales      cols: columns of W
       y:    float32 [NT * rows] output              res: float32 [NT * rows] residual (may be y)
+    PDL: built for programmatic dependent launch (sm_90+, quant/pdl.py): the next kernel may
+    launch at once, and the weight loads start before this one waits for the one before.
     """
-    row_dot = _make_row_dot(qtype, mode, NT)
+    row_dot = _make_row_dot(qtype, mode, NT, PDL)
+    launch_dependents = _pdl_hooks(PDL)[1]
     reduce = _make_reduce(NT, KSPLIT, LPR)
     assign = _make_assign(KSPLIT, LPR)
     SUB = LPR - 1
 
     @cuda.jit
     def gemv(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res):
+        launch_dependents()
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
         row, ks, u0, step = assign(cuda.blockIdx.x * WARPS + warp, lane)
@@ -526,7 +549,7 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32):
         if row < rows:
             row_dot(wa, wb, wc, wd, nu, row, u0, step, xf, xq, xs, cols, acc, 0)
         reduce(acc, warp, lane, ks)
-        if (lane & SUB) == 0 and ks == 0 and row < rows:
+        if (lane & SUB) == 0 and ks == 0 and row < rows:       # (these lanes passed the wait)
             for t in range(NT):
                 i = t * rows + row
                 if RESID:
@@ -536,13 +559,14 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32):
     return kernel_cache.attach(gemv)
 
 
-def qkv_kernel(specs, NT, KSPLIT, LPR=32):
+def qkv_kernel(specs, NT, KSPLIT, LPR=32, PDL=False):
     """Three weights in one launch; segment s owns blocks [start_s, start_s+1) and writes
     y[t, off_s + r] with off = (0, rows0, rows0 + rows1), ldy = rows0 + rows1 + rows2.
     specs = ((qtype, mode),) * 3. Arguments: per weight (wa, wb, wc, wd, nu, rows), then
     blk1, blk2 (first block of segments 1 and 2), xf, xq, xs, cols, y [NT * ldy]."""
-    dots = [_make_row_dot(q, m, NT) for q, m in specs]
+    dots = [_make_row_dot(q, m, NT, PDL) for q, m in specs]
     dot0, dot1, dot2 = dots
+    launch_dependents = _pdl_hooks(PDL)[1]
     reduce = _make_reduce(NT, KSPLIT, LPR)
     assign = _make_assign(KSPLIT, LPR)
     SUB = LPR - 1
@@ -550,6 +574,7 @@ def qkv_kernel(specs, NT, KSPLIT, LPR=32):
     @cuda.jit
     def qkv(a0, b0, c0, d0, nu0, rows0, a1, b1, c1, d1, nu1, rows1, a2, b2, c2, d2, nu2, rows2,
             blk1, blk2, xf, xq, xs, cols, y):
+        launch_dependents()
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
         bid = cuda.blockIdx.x
@@ -587,7 +612,7 @@ GELU_S = np.float32(0.79788456080286535587989211986876)   # ggml's SQRT_2_OVER_P
 ACTS = ("silu", "gelu")
 
 
-def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu"):
+def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False):
     """h[t, r] = act(Wg x)[t, r] * (Wu x)[t, r]: each warp streams row r of both weights
     (gate then up; mixed formats just mean two different row loops). act = silu (SwiGLU:
     Qwen, Llama) or gelu, the tanh form (GeGLU: Gemma; engine/norm.py's gelu_reference).
@@ -595,8 +620,9 @@ def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu"):
     xf, xq, xs, cols, h [NT * rows]."""
     assert ACT in ACTS, ACT
     GELU = ACT == "gelu"
-    dot_g = _make_row_dot(gate[0], gate[1], NT)
-    dot_u = _make_row_dot(up[0], up[1], NT)
+    dot_g = _make_row_dot(gate[0], gate[1], NT, PDL)
+    dot_u = _make_row_dot(up[0], up[1], NT, PDL)
+    launch_dependents = _pdl_hooks(PDL)[1]
     NT2 = 2 * NT
     reduce = _make_reduce(NT2, KSPLIT, LPR)
     assign = _make_assign(KSPLIT, LPR)
@@ -604,6 +630,7 @@ def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu"):
 
     @cuda.jit
     def swiglu(ga, gb, gc, gd, gnu, ua, ub, uc, ud, unu, rows, xf, xq, xs, cols, h):
+        launch_dependents()
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
         row, ks, u0, step = assign(cuda.blockIdx.x * WARPS + warp, lane)

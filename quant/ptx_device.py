@@ -204,6 +204,17 @@ cp_async_wait_group_1 = _make_void_asm(
 cp_async_wait_group_2 = _make_void_asm(
     "cp_async_wait_group_2", "cp.async.wait_group 2;", "cp.async.wait_group 2")
 
+# Programmatic dependent launch (PTX 7.8, sm_90+ only: never in a kernel built for sm_80/87;
+# quant/pdl.py says how a kernel is launched so that they matter)
+griddep_wait = _make_void_asm(
+    "griddep_wait", "griddepcontrol.wait;",
+    "Wait until the grids this one depends on have completed and their writes are visible "
+    "(a no-op for a kernel launched without programmatic stream serialization).")
+griddep_launch_dependents = _make_void_asm(
+    "griddep_launch_dependents", "griddepcontrol.launch_dependents;",
+    "Allow the next kernel on the stream (launched with programmatic stream serialization) "
+    "to start once every block of this grid has said so or exited.")
+
 
 @intrinsic
 def cp_async_wait_group(typingctx, n):

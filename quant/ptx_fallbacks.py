@@ -124,6 +124,14 @@ def cp_async_wait_group_2():
     pass
 
 
+def griddep_wait():
+    pass                # the simulator runs one grid at a time: nothing to wait for
+
+
+def griddep_launch_dependents():
+    pass
+
+
 # ---- 128-bit read-only global load ---------------------------------------------
 def ldg_v4(arr, idx):
     """Simulator: four plain loads, after the hardware's 16-byte alignment check."""

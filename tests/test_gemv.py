@@ -299,6 +299,31 @@ def test_launchers_refuse_what_they_cannot_handle():
         G.gemv_swiglu(w, weight(Q4, "dp4a", 3, 256)[1], dx, y, xq=xq, xs=xs)
 
 
+def test_pdl_builds_compute_the_same_bits(monkeypatch):
+    """The programmatic-dependent-launch builds (quant/pdl.py: griddepcontrol waits, no-ops
+    here) of gemv (residual), QKV and gate/up + SiLU give the plain builds' bits. The
+    launch itself needs an sm_90 GPU: here pdl.launch is the plain launch."""
+    from genie_rt.quant import pdl
+    monkeypatch.setattr(pdl, "launch", lambda k, grid, block, stream, *a: k[grid, block, stream](*a))
+    _, wq = weight(Q4, "dp4a", 37, 256, seed=1)
+    _, wk = weight(Q4, "dp4a", 5, 256, seed=2)
+    _, wv = weight(Q6, "dp4a", 9, 256, seed=3)
+    x, dx, xq, xs = activations(1, 256)
+    outs = {}
+    for use in (False, True):
+        monkeypatch.setattr(G, "PDL", use)
+        y = cuda.to_device(np.ones((1, 37), np.float32))
+        G.gemv(wq, dx, y, xq=xq, xs=xs, residual=y)
+        qkv = cuda.device_array((1, 51), np.float32)
+        G.gemv_qkv(wq, wk, wv, dx, qkv, xq=xq, xs=xs)
+        h = cuda.device_array((1, 37), np.float32)
+        G.gemv_swiglu(wq, wq, dx, h, xq=xq, xs=xs)
+        outs[use] = [a.copy_to_host() for a in (y, qkv, h)]
+    for a, b in zip(outs[False], outs[True]):
+        np.testing.assert_array_equal(a, b)
+    assert ("gemv", wq.spec, 1, 1, True, 32, True) in G._kernels     # the PDL build ran
+
+
 def test_choose_ksplit():
     G._sm_count_cache[:] = [132]                       # an H200
     try:
@@ -336,12 +361,16 @@ qkv_mixed_lpr16 = K.qkv_kernel(((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), (Q.Q6_K, "dp
 qkv_gemma = K.qkv_kernel(((Q.Q5_0, "dp4a"), (Q.Q5_0, "dp4a"), (Q.Q8_0, "dp4a")), 1, 2)
 swiglu_q4_1_nt3 = K.swiglu_kernel((Q.Q4_1, "dp4a"), (Q.Q4_1, "dp4a"), 3, 1)
 quantize_q8_kernel = K.quantize_q8_kernel
+gemv_Q4_K_dp4a_resid_pdl = K.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, True)
+qkv_mixed_pdl = K.qkv_kernel(((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), (Q.Q6_K, "dp4a")), 1, 1, 32, True)
+swiglu_dp4a_pdl = K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), 1, 1, 32, "silu", True)
 '''
 PTX_KERNELS = {**{f"gemv_{q.name}_{m}": G.SIG_GEMV for q, m in VARIANTS},
                "gemv_Q4_K_dp4a_nt3_ks2_resid": G.SIG_GEMV, "qkv_mixed": G.SIG_QKV,
                "swiglu_mixed_ks2": G.SIG_SWIGLU, "geglu_q5_0": G.SIG_SWIGLU, "gemv_Q6_K_dp4a_lpr16": G.SIG_GEMV,
                "qkv_mixed_lpr16": G.SIG_QKV, "qkv_gemma": G.SIG_QKV, "swiglu_q4_1_nt3": G.SIG_SWIGLU,
-               "quantize_q8_kernel": G.SIG_QUANTIZE}
+               "quantize_q8_kernel": G.SIG_QUANTIZE, "gemv_Q4_K_dp4a_resid_pdl": G.SIG_GEMV,
+               "qkv_mixed_pdl": G.SIG_QKV, "swiglu_dp4a_pdl": G.SIG_SWIGLU}
 
 
 @pytest.fixture(scope="module")
@@ -356,6 +385,11 @@ def test_ptx(ptx_text, name):
         assert_no_f64(text, where)
         assert local_memory_bytes(text) == 0, f"{where}: local memory (a spilled array or tuple[variable])"
         assert "call.uni" not in text, f"{where}: a device function was not inlined"
+        if name.endswith("_pdl"):       # programmatic dependent launch: sm_90 builds only
+            if cc >= (9, 0):
+                assert_ptx_contains(text, "griddepcontrol.wait", "griddepcontrol.launch_dependents", where=where)
+        else:                           # the plain builds (sm_80/87 too) never contain them
+            assert_ptx_lacks(text, "griddepcontrol", where=where)
         if name == "quantize_q8_kernel":
             assert_ptx_contains(text, "shfl.sync.bfly", where=where)
             continue

@@ -13,7 +13,8 @@ numpy before it is timed):
                          seven matrices one by one). At N = 512 the two reductions.
   GEMV                   16 or 32 lanes per row, k-split 1 or 2, on the output projection,
                          QKV, gate/up and down; then the whole decode step's 145 GEMVs as
-                         one graph, per policy (gemv.LPR_POLICY, gemv.KSPLIT_WARPS_PER_SM).
+                         one graph, without and with programmatic dependent launch
+                         (quant/pdl.py, sm_90+; first checked bit-exact on a dependent chain).
 
     python tools/gpu_lab.py --json lab.json          # on the GPU machine
     ncu --clock-control none --profile-from-start off --section SpeedOfLight ... \\
@@ -287,23 +288,32 @@ def main(argv=None) -> int:
         from genie_rt.quant.gemv_bench import Bench
         b = Bench(argparse.Namespace(seed=1, layers=36))
         b.peak = bw
-        default = (G.LPR_POLICY, G.KSPLIT_WARPS_PER_SM)
-        # (lanes-per-row policy, k-split target warps per SM): before this work, the default
-        for policy, kw in ((32, 32), default, (32, 32), default):
-            G.LPR_POLICY, G.KSPLIT_WARPS_PER_SM = policy, kw
+        from genie_rt.quant import pdl
+        # programmatic dependent launch (sm_90+): checked on a dependent chain, then the step
+        # without and with it, twice each (quant/pdl.py)
+        pdls = [False]
+        if pdl.available():
+            b.results = []
+            ok = b.pdl_chain_check()
+            rec["pdl_check"] = ok
+            pdls = [False, True, False, True] if ok else [False]
+        else:
+            print("  programmatic dependent launch not available here (needs sm_90+ and cuda.core with it)")
+        for use_pdl in pdls:
+            G.PDL = use_pdl
             b.results = []
             b.decode_step(36)
             for r in b.results:
-                r.update(lpr_policy=str(policy), ksplit_warps=kw)
+                r.update(lpr_policy=str(G.LPR_POLICY), ksplit_warps=G.KSPLIT_WARPS_PER_SM, pdl=use_pdl)
                 rec["step"].append(r)
-            print(f"  (policy lpr={policy} ksplit target {kw} warps/SM) [{time.time() - t_start:.0f} s]", flush=True)
-        G.LPR_POLICY, G.KSPLIT_WARPS_PER_SM = default
+            print(f"  (PDL {use_pdl}) [{time.time() - t_start:.0f} s]", flush=True)
+        G.PDL = False
 
     print("\n==== summary", flush=True)
     for r in rec["layer"]:
         print(f"layer N={r['n']} {r['what']} {r['policy']}: {r['us']:.1f} us")
     for r in rec["step"]:
-        print(f"step lpr={r['lpr_policy']} ks-target={r['ksplit_warps']} q8={r.get('quantize')}: {r['us']:.1f} us "
+        print(f"step lpr={r['lpr_policy']} ks-target={r['ksplit_warps']} q8={r.get('quantize')} pdl={r.get('pdl')}: {r['us']:.1f} us "
               f"({r['gbs'] / 1e3 / bw:.1%})")
     bad = [r for r in rec["mmq"] if not r["ok"]]
     print(f"mmq validation: {'all ok' if not bad else f'{len(bad)} BAD'}; total {time.time() - t_start:.0f} s")

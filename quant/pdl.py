@@ -1,0 +1,68 @@
+"""Programmatic dependent launch (PDL, sm_90+): a kernel that starts before the one before it
+has finished.
+
+In a CUDA graph of dependent kernels every boundary costs the next kernel's launch and the
+ramp-up of its first memory reads after the previous kernel's last block is done. With PDL
+the next kernel is launched with the *programmatic stream serialization* attribute: it may
+start as soon as every block of the previous one has executed `griddepcontrol.launch_
+dependents` (our PDL kernels do that first thing), and it runs until its own
+`griddepcontrol.wait`, which returns once the previous grid has completed and its writes are
+visible. A decode GEMV issues its weight loads (which depend on nothing) before that wait,
+so they overlap the previous kernel's tail. Stream capture turns the attribute into a
+programmatic edge of the graph.
+
+Rules: a kernel is launched with the attribute only if it was built for PDL (`PDL=True` in
+its factory: every read of another kernel's output and every write comes after its wait);
+PDL builds contain sm_90 instructions and are made only for devices of compute capability
+9.0 or more (`available()`); the Jetson (sm_87) and other sm_80+ GPUs keep the plain
+kernels. Status: a lab switch (quant/gemv.py `PDL`), measured by quant/gemv_bench.py's
+decode step before the engine uses it (docs/kernels/gemv.md).
+
+`launch` does what numba's own `kernel[grid, block, stream](*args)` does for a kernel with
+one compiled signature (numba-cuda 0.30: the dispatcher's overload, its argument
+marshalling, cuda.core's `launch`) with one more field in the launch configuration.
+"""
+from __future__ import annotations
+
+
+def available() -> bool:
+    """A real device of compute capability >= 9.0 and a cuda.core that knows the attribute."""
+    from . import ptx
+    if ptx.SIMULATOR:
+        return False
+    try:
+        from cuda.core import LaunchConfig
+        LaunchConfig(grid=1, block=1, programmatic_stream_serialization=True)
+        from numba import cuda
+        return cuda.get_current_device().compute_capability >= (9, 0)
+    except Exception:               # noqa: BLE001 - no GPU, an old cuda.core: not available
+        return False
+
+
+def _dim3(d) -> tuple:
+    d = (d,) if isinstance(d, int) else tuple(d)
+    return tuple(int(v) for v in d) + (1,) * (3 - len(d))
+
+
+def launch(dispatcher, grid, block, stream, *args) -> None:
+    """dispatcher[grid, block, stream](*args), launched with programmatic stream
+    serialization. The dispatcher must have exactly one compiled signature (the engine
+    compiles every kernel eagerly at load) and be a PDL build."""
+    from cuda.core import LaunchConfig
+    from cuda.core import launch as core_launch
+    from numba.cuda.cudadrv import driver
+
+    overloads = list(dispatcher.overloads.values())
+    if len(overloads) != 1:
+        raise RuntimeError(f"pdl.launch: {getattr(dispatcher, '__name__', dispatcher)} has "
+                           f"{len(overloads)} compiled signatures; compile exactly one first")
+    kernel = overloads[0]
+    cufunc = kernel._codelibrary.get_cufunc()
+    retr, kernelargs = [], []
+    for t, v in zip(kernel.argument_types, args):
+        kernel._prepare_args(t, v, stream, retr, kernelargs)
+    config = LaunchConfig(grid=_dim3(grid), block=_dim3(block), shmem_size=0,
+                          programmatic_stream_serialization=True)
+    core_launch(driver._to_core_stream(stream), config, cufunc.kernel, *kernelargs)
+    for wb in retr:                 # numba's write-backs (none for device arrays)
+        wb()
