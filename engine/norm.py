@@ -45,15 +45,18 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, int8
+from numba import cuda, float32
 
 from genie_rt.quant import ptx   # simulator: installs warp shuffles
-from genie_rt.quant.gemv_kernels import q8_of_warp
+# the block-wide sum and the warp's q8 store, shared with the GEMV that folds this norm into
+# its last block (quant/gemv_kernels.py NORM): one definition, the same bits
+from genie_rt.quant.norm_q8_device import block_sum as _block_sum
+from genie_rt.quant.norm_q8_device import norm_block
+from genie_rt.quant.norm_q8_device import q8_store as _q8_store
 
 from . import kernel_cache
 
 SIMULATOR = ptx.SIMULATOR
-FULL = 0xFFFFFFFF
 Q8_BLOCK = 32                      # values per q8 scale (quant/gemv.py)
 Q8_FLOATS = 4                      # floats of xs per 32 values
 
@@ -112,29 +115,6 @@ def swiglu_reference(g: np.ndarray, u: np.ndarray) -> np.ndarray:
 # =====================================================================================
 # Kernels
 # =====================================================================================
-@cuda.jit(device=True)
-def _block_sum(v, sh):
-    """Block-wide float32 sum; every thread gets it. sh: shared float32[32]."""
-    lane = cuda.threadIdx.x & 31
-    nw = cuda.blockDim.x >> 5
-    off = 16
-    while off > 0:
-        v += cuda.shfl_xor_sync(FULL, v, off)
-        off >>= 1
-    if nw == 1:
-        return v
-    if lane == 0:
-        sh[cuda.threadIdx.x >> 5] = v
-    cuda.syncthreads()
-    v = sh[lane] if lane < nw else float32(0)
-    off = 16
-    while off > 0:
-        v += cuda.shfl_xor_sync(FULL, v, off)
-        off >>= 1
-    cuda.syncthreads()                 # sh may be reused right after
-    return v
-
-
 @cuda.jit
 def _rmsnorm_kernel(x, w, out, eps):
     """Block r normalises row r. x float32[n, d], w float32[d], out float32 or
@@ -172,20 +152,6 @@ def _add_rmsnorm_kernel(x, delta, w, out, eps):
     s = math.sqrt(ss / float32(d) + eps)
     for i in range(tid, d, bdim):
         out[r, i] = x[r, i] / s * w[i]
-
-
-@cuda.jit(device=True)
-def _q8_store(v, xq, xs, r, i):
-    """q8 of h[r, i] = v, all 32 lanes of the warp together (one q8 block): xq[r, i], and
-    lane 0 of the block writes its 4 floats of xs (quantize_q8_kernel's layout)."""
-    q, dq, t, t_hi = q8_of_warp(v)         # quantize_q8_kernel's own device function
-    xq[r, i] = int8(q)
-    if (i & 31) == 0:
-        b = (i >> 5) * 4
-        xs[r, b] = dq
-        xs[r, b + 1] = dq * float32(t)
-        xs[r, b + 2] = dq * float32(t_hi)
-        xs[r, b + 3] = dq * float32(t + t_hi)
 
 
 def _make_rmsnorm_q8_kernel(write_h: bool):
@@ -365,11 +331,6 @@ def _check_weight(w, d):
         raise TypeError(f"w must be a device array, got {type(w).__name__}")
     if w.ndim != 1 or w.dtype != np.float32 or w.shape[0] != d:
         raise ValueError(f"w must be float32[{d}], got {w.dtype} {w.shape}")
-
-
-def norm_block(d: int) -> int:
-    """Threads per row: one per 4 elements, a multiple of 32, at most 1024."""
-    return int(min(1024, max(32, 32 * -(-d // 128))))
 
 
 _OUT = (np.float32, np.float16)

@@ -48,6 +48,7 @@ from genie_rt.engine import kernel_cache
 from . import gemv_units as U
 from . import ptx
 from .formats import QType
+from .norm_q8_device import make_norm_q8_tail, q8_of_warp   # q8_of_warp: quantize_q8_kernel's
 
 WARPS = 4                 # warps per block
 BLOCK = 32 * WARPS        # threads per block
@@ -518,7 +519,7 @@ _LOG2 = {1: 0, 2: 1, 4: 2}
 # =====================================================================================
 # Kernels
 # =====================================================================================
-def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False):
+def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < NT:
     grid = ceil(rows * KSPLIT / (4 * 32 / LPR)) blocks.
 
@@ -530,16 +531,31 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False):
       y:    float32 [NT * rows] output              res: float32 [NT * rows] residual (may be y)
     PDL: built for programmatic dependent launch (sm_90+, quant/pdl.py): the next kernel may
     launch at once, and the weight loads start before this one waits for the one before.
+
+    NORM (1: q8 only, 2: q8 and h; needs RESID and NT == 1): the RMSNorm of the new y and
+    its q8 activations, by the block that finishes last (engine/norm.py's rmsnorm_q8 at
+    block nb, bit for bit: norm_q8_device.make_norm_q8_tail). Extra arguments:
+      nw:   float32 [rows] norm weight              eps: float32
+      nxq:  int8 [1, rows], nxs: float32 [1, rows / 8]   the q8 of h = rmsnorm(y) * nw
+      h:    float32 [1, rows] (written if NORM == 2; otherwise any float32 [1, n])
+      counter: int32 [1], 0 before the launch and after it (the last block resets it)
+      nb:   the norm's block size to reproduce (a multiple of 32, 32..1024)
+    Each block writes its rows of y, fences them (threadfence: visible GPU-wide before the
+    count), and thread 0 counts the block with an atomic add; the block that sees
+    gridDim - 1 is the last, and all of y is final then. Launches on one stream never
+    overlap, so one counter serves every fused launch of a step. (With PDL, thread 0 has
+    passed the wait for the kernel before - its lane always has a unit of a row - before
+    it counts, so the counter's reset by the previous fused launch is seen.)
     """
+    assert NORM in (0, 1, 2) and (not NORM or (RESID and NT == 1)), "NORM: a residual GEMV of one token"
     row_dot = _make_row_dot(qtype, mode, NT, PDL)
     launch_dependents = _pdl_hooks(PDL)[1]
     reduce = _make_reduce(NT, KSPLIT, LPR)
     assign = _make_assign(KSPLIT, LPR)
     SUB = LPR - 1
 
-    @cuda.jit
-    def gemv(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res):
-        launch_dependents()
+    @_dev
+    def body(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res):
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
         row, ks, u0, step = assign(cuda.blockIdx.x * WARPS + warp, lane)
@@ -556,7 +572,34 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False):
                     y[i] = acc[t] + res[i]      # same thread reads then writes: y may be res
                 else:
                     y[i] = acc[t]
-    return kernel_cache.attach(gemv)
+
+    if not NORM:
+        @cuda.jit
+        def gemv(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res):
+            launch_dependents()
+            body(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res)
+        return kernel_cache.attach(gemv)
+
+    tail = make_norm_q8_tail(BLOCK, NORM == 2)
+
+    @cuda.jit
+    def gemv_norm(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res, nw, eps, nxq, nxs, h, counter, nb):
+        launch_dependents()
+        body(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res)
+        last = cuda.shared.array(1, int32)
+        cuda.threadfence()                  # this thread's rows of y, visible GPU-wide ...
+        cuda.syncthreads()                  # ... for every thread of the block, before the count
+        if cuda.threadIdx.x == 0:
+            done = cuda.atomic.add(counter, 0, 1)
+            is_last = done == cuda.gridDim.x - 1
+            if is_last:
+                counter[0] = 0              # for the next fused launch (and graph replay)
+            cuda.threadfence()              # acquire: the other blocks' y before this block reads it
+            last[0] = 1 if is_last else 0
+        cuda.syncthreads()
+        if last[0] != 0:                    # block-uniform
+            tail(y, nw, eps, rows, nb, nxq, nxs, h)
+    return kernel_cache.attach(gemv_norm)
 
 
 def qkv_kernel(specs, NT, KSPLIT, LPR=32, PDL=False):
@@ -650,24 +693,6 @@ def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False):
                 else:
                     h[t * rows + row] = g / (float32(1) + math.exp(-g)) * acc[NT + t]
     return kernel_cache.attach(swiglu)
-
-
-@_dev
-def q8_of_warp(v):
-    """q8 of one 32-value block held by a warp, one value per lane (all 32 lanes call):
-    returns (q, d, s, s_hi): this lane's quant q = rint(v * 127 / amax) in -127..127, the
-    block's scale d = amax / 127, s = sum of q over this lane's 16-lane half, and s_hi
-    (meaningful on lane 0) the other half's sum."""
-    a = abs(v)
-    for off in (16, 8, 4, 2, 1):
-        a = max(a, cuda.shfl_xor_sync(FULL, a, off))
-    inv = float32(127) / a if a > float32(0) else float32(0)
-    q = int32((v * inv + RINT) - RINT)          # round to nearest even, exactly np.rint
-    s = q
-    for off in (8, 4, 2, 1):                    # sum over each 16-lane half
-        s = int32(s + cuda.shfl_xor_sync(FULL, s, off))
-    s_hi = cuda.shfl_xor_sync(FULL, s, 16)      # lane 0: the other half's sum
-    return q, a / float32(127), s, s_hi
 
 
 @cuda.jit

@@ -144,6 +144,15 @@ def ldg_v4(arr, idx):
     return (v[0], v[1], v[2], v[3])
 
 
+def ld_relaxed_f32(arr, idx):
+    """Simulator: a plain load (the simulator's memory is coherent)."""
+    _check_space("ld_relaxed_f32", "arr", arr, shared=False)
+    a = _np(arr)
+    if a.dtype != np.float32:
+        raise TypeError(f"ld_relaxed_f32: needs a float32 array, got {a.dtype}")
+    return a[idx]
+
+
 # ---- scalar --------------------------------------------------------------------
 def dp4a(a, b, c):
     """Simulator: c + dot(int8x4(a), int8x4(b)), wrapped to int32."""

@@ -1,0 +1,153 @@
+"""Device code of "RMSNorm -> q8 activations", shared by every kernel that ends with it.
+
+Three families write the 8-bit activations (xq, xs) of a normalised row h = rmsnorm(x) * w
+that the dp4a GEMVs read (quant/gemv.py):
+    engine/norm.py       rmsnorm_q8: one block per row
+    engine/post_norm.py  Gemma 3's post-norm + add, then the next norm's q8
+    quant/gemv_kernels.py  the residual GEMV that produces x, with the norm folded into
+                         its last block (NORM; `make_norm_q8_tail` below)
+They must give the same bits, so they share these device functions:
+
+- `q8_of_warp`: q8 of one 32-value block, one value per lane (quantize_q8_kernel's own);
+- `block_sum`: a block-wide float32 sum (warp butterflies, then across warps through
+  shared memory) - its order of additions fixes the rounding of the sum of squares, so
+  rmsnorm_q8 is bit-identical to rmsnorm + quantize_q8 only at the same block size;
+- `q8_store`: q8 of h[r, i] by a whole warp, xq / xs in quantize_q8_kernel's layout;
+- `make_norm_q8_tail`: rmsnorm_q8 of one row by a block of any size B, computing the sum of
+  squares in the order a block of VB threads would (VB a runtime argument): B = 128 (the
+  GEMV's block) reproduces rmsnorm_q8(block=VB) bit for bit, whatever VB.
+
+Deliberately not here: launches, argument checks (engine/norm.py, quant/gemv.py).
+This module imports nothing from engine/ (engine/norm.py imports it; quant must not import
+engine at module import where that would be a cycle).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32, int8, int32
+
+from . import ptx   # simulator: installs warp shuffles
+
+FULL = 0xFFFFFFFF                     # shuffle mask: the whole warp
+RINT = np.float32(12582912.0)         # 1.5 * 2**23: (v + RINT) - RINT rounds to nearest even
+
+if ptx.SIMULATOR:
+    _inline = cuda.jit(device=True)
+else:
+    _inline = cuda.jit(device=True, forceinline=True)
+
+
+def norm_block(d: int) -> int:
+    """engine/norm.py's default threads per row: one per 4 elements, a multiple of 32, at
+    most 1024 (the decode step's norms run at this block; the fused GEMV reproduces it)."""
+    return int(min(1024, max(32, 32 * -(-d // 128))))
+
+
+@_inline
+def q8_of_warp(v):
+    """q8 of one 32-value block held by a warp, one value per lane (all 32 lanes call):
+    returns (q, d, s, s_hi): this lane's quant q = rint(v * 127 / amax) in -127..127, the
+    block's scale d = amax / 127, s = sum of q over this lane's 16-lane half, and s_hi
+    (meaningful on lane 0) the other half's sum."""
+    a = abs(v)
+    for off in (16, 8, 4, 2, 1):
+        a = max(a, cuda.shfl_xor_sync(FULL, a, off))
+    inv = float32(127) / a if a > float32(0) else float32(0)
+    q = int32((v * inv + RINT) - RINT)          # round to nearest even, exactly np.rint
+    s = q
+    for off in (8, 4, 2, 1):                    # sum over each 16-lane half
+        s = int32(s + cuda.shfl_xor_sync(FULL, s, off))
+    s_hi = cuda.shfl_xor_sync(FULL, s, 16)      # lane 0: the other half's sum
+    return q, a / float32(127), s, s_hi
+
+
+@cuda.jit(device=True)
+def block_sum(v, sh):
+    """Block-wide float32 sum; every thread gets it. sh: shared float32[32]."""
+    lane = cuda.threadIdx.x & 31
+    nw = cuda.blockDim.x >> 5
+    off = 16
+    while off > 0:
+        v += cuda.shfl_xor_sync(FULL, v, off)
+        off >>= 1
+    if nw == 1:
+        return v
+    if lane == 0:
+        sh[cuda.threadIdx.x >> 5] = v
+    cuda.syncthreads()
+    v = sh[lane] if lane < nw else float32(0)
+    off = 16
+    while off > 0:
+        v += cuda.shfl_xor_sync(FULL, v, off)
+        off >>= 1
+    cuda.syncthreads()                 # sh may be reused right after
+    return v
+
+
+@cuda.jit(device=True)
+def q8_store(v, xq, xs, r, i):
+    """q8 of h[r, i] = v, all 32 lanes of the warp together (one q8 block): xq[r, i], and
+    lane 0 of the block writes its 4 floats of xs (quantize_q8_kernel's layout)."""
+    q, dq, t, t_hi = q8_of_warp(v)         # quantize_q8_kernel's own device function
+    xq[r, i] = int8(q)
+    if (i & 31) == 0:
+        b = (i >> 5) * 4
+        xs[r, b] = dq
+        xs[r, b + 1] = dq * float32(t)
+        xs[r, b + 2] = dq * float32(t_hi)
+        xs[r, b + 3] = dq * float32(t + t_hi)
+
+
+def make_norm_q8_tail(B: int, WRITE_H: bool):
+    """tail(y, w, eps, d, vb, xq, xs, h): what rmsnorm_q8(y[None], w, xq, xs, eps,
+    block=vb, out=h if WRITE_H) computes, by a block of B threads (B a multiple of 32; the
+    whole block calls it). y float32 [d] (flat, read with ld.relaxed.gpu: other blocks of
+    the same launch wrote it), w float32 [d], d % 32 == 0, xq int8 [1, d], xs float32
+    [1, d // 8], h float32 [1, d] (touched only if WRITE_H), vb % 32 == 0, 32 <= vb <= 1024.
+
+    The order of additions is rmsnorm_q8's at block vb: virtual thread v < vb adds y[v],
+    y[v + vb], ... from 0; virtual warp k = v >> 5 is reduced by block_sum's butterfly and
+    lands in sh[k]; then, as in block_sum, sh[0..vb/32) is reduced by one more butterfly
+    (or, at vb = 32, sh[0] is the sum). Physical thread t runs virtual threads t, t + B, ...
+    (the same lane, virtual warps (t >> 5) + B/32 * j: warp-uniform since vb % 32 == 0).
+    Pass 2 is element-wise (h = y / s * w, rounded to float32) and q8 per 32 consecutive
+    values: independent of the order, so it runs at B."""
+    assert B % 32 == 0
+
+    @_inline
+    def tail(y, w, eps, d, vb, xq, xs, h):
+        sh = cuda.shared.array(32, float32)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        v = tid
+        while v < vb:                              # warp-uniform
+            ss = float32(0)
+            for i in range(v, d, vb):
+                a = ptx.ld_relaxed_f32(y, i)
+                ss += a * a
+            off = 16
+            while off > 0:
+                ss += cuda.shfl_xor_sync(FULL, ss, off)
+                off >>= 1
+            if lane == 0:
+                sh[v >> 5] = ss
+            v += B
+        cuda.syncthreads()
+        nw = vb >> 5
+        if nw == 1:
+            tot = sh[0]
+        else:
+            tot = sh[lane] if lane < nw else float32(0)
+            off = 16
+            while off > 0:
+                tot += cuda.shfl_xor_sync(FULL, tot, off)
+                off >>= 1
+        s = math.sqrt(tot / float32(d) + eps)
+        for i in range(tid, d, B):                # warp k: 32 consecutive values, one q8 block
+            hv = float32(ptx.ld_relaxed_f32(y, i) / s * w[i])    # rmsnorm's value, op for op
+            if WRITE_H:
+                h[0, i] = hv
+            q8_store(hv, xq, xs, 0, i)
+    return tail
