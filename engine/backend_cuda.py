@@ -99,6 +99,9 @@ class CUDABackend(ConstrainedSteps):
         self._ring_window = {lay.kv_shape.layer_slots(i): cfg.window(i) for i in lay.kv_shape.ring_layers}
         self.state = A["state"]
         self.state.copy_to_device(np.zeros(N_SLOTS, np.int32), stream=self.stream)
+        # the fused GEMV + norm launches count their finished blocks here; each leaves it 0
+        self.gemv_counter = A["gemv_counter"]
+        self.gemv_counter.copy_to_device(np.zeros(1, np.int32), stream=self.stream)
         self.dws = DecodeWorkspace(lay.decode_plan, A["ws.decode"], stream=self.stream)
         self.pws = PrefillWorkspace(lay.prefill_plan, A["ws.prefill"] if lay.prefill_plan.workspace_bytes else None)
         A["ws.mmq"].copy_to_device(np.zeros(A["ws.mmq"].shape, np.uint8), stream=self.stream)
@@ -119,6 +122,7 @@ class CUDABackend(ConstrainedSteps):
         self._prefill_scratch = {}
         self._req = _Request()
         self._graphs: dict = {}
+        self.pending_launch: str | None = None   # a launch a DecodeOps still holds (cuda_ops.py)
         self.capture_stats: dict[str, list] = {}   # graph kind -> [count, first-run s, capture s, nodes]
         self.stream.synchronize()
         self.load_seconds = time.perf_counter() - t0
@@ -163,10 +167,13 @@ class CUDABackend(ConstrainedSteps):
         ops.bind_scratch(self._decode_scratch)
         return ops
 
-    def _record_head(self, x_last, sample: str | None) -> None:
-        """Final norm, output projection, and (optionally) sampling of one row."""
-        ops = self._decode_ops()
+    def _record_head(self, x_last, sample: str | None, ops=None) -> None:
+        """Final norm, output projection, and (optionally) sampling of one row. `ops`: the
+        decode step's DecodeOps, so that the last layer's residual GEMV and the head's norm
+        can be one launch."""
+        ops = ops or self._decode_ops()
         self.spec.head(ops, self.weights, x_last, self.arena["logits"], self.cfg)
+        ops.finish()
         self._record_sample(sample)
 
     def _record_sample(self, sample: str | None, masked: bool = False, advance: bool = False) -> None:
@@ -189,8 +196,9 @@ class CUDABackend(ConstrainedSteps):
     def _record_decode(self, sample: str | None) -> None:
         from genie_rt.engine import gpu_sampling
         s = self._decode_scratch
-        self.spec.body(self._decode_ops(), self.weights, self.attn, s, self.cfg)
-        self._record_head(s.x, sample)
+        ops = self._decode_ops()
+        self.spec.body(ops, self.weights, self.attn, s, self.cfg)
+        self._record_head(s.x, sample, ops)
         if sample is not None:
             gpu_sampling.advance_state(self.state, stream=self.stream)
 
@@ -204,26 +212,34 @@ class CUDABackend(ConstrainedSteps):
         ops = PrefillOps(self, n, n_splits, splits_at=S_SPLIT)
         ops.bind_scratch(s)
         self.spec.body(ops, self.weights, self.attn, s, self.cfg)
+        ops.finish()
         gather_row(s.x, self.state, S_LAST, self.arena["x_last"], stream=self.stream)
 
     # -- graphs ------------------------------------------------------------------------
+    def _recorded(self, record) -> None:
+        """Run a recording; it must end with nothing pending (a DecodeOps' finish())."""
+        self.pending_launch = None        # (left by a recording that raised)
+        record()
+        assert self.pending_launch is None, \
+            f"a recording ended with {self.pending_launch} still pending: call ops.finish() at its end"
+
     def _run(self, key, record) -> None:
         """Replay the graph for `key`. On first use the sequence runs uncaptured (compiling
         what is not compiled yet) and is then captured for the next time, so every call
         executes it exactly once (sampling and state updates are not idempotent)."""
         if not self.use_graphs:
-            record()
+            self._recorded(record)
             return
         graph = self._graphs.get(key)
         if graph is None:
             from .cuda_graph import CUDAGraph
             t0 = time.perf_counter()
-            record()                      # this step's work (and any compilation) ...
+            self._recorded(record)        # this step's work (and any compilation) ...
             self.stream.synchronize()
             t1 = time.perf_counter()
             graph = CUDAGraph(self.stream)
             with graph.capture():         # ... then recorded, not executed again
-                record()
+                self._recorded(record)
             self._keep_graph(key, graph, t1 - t0, time.perf_counter() - t1)
             return
         graph.replay()
@@ -248,7 +264,7 @@ class CUDABackend(ConstrainedSteps):
         graph = CUDAGraph(self.stream)
         try:
             with graph.capture():
-                record()
+                self._recorded(record)
         except Exception as exc:          # noqa: BLE001 - any failure: the ordinary path
             log.debug("capture of %s without a first run failed (%s): running it first", key, exc)
             graph.close()

@@ -228,6 +228,8 @@ class EngineConfig:
                                             # None: 256 MiB on an integrated GPU, off elsewhere; 0: off
     thermal_limit_c: float | None = None    # slow generation while the hottest zone is this hot; None: off
     mapped_memory: bool = False         # CUDA: the arena in mapped host memory (an integrated GPU's placement)
+    fuse_decode_norm: bool = True       # CUDA decode: the norm after a residual GEMV folded into
+                                        # that GEMV's launch (cuda_ops.DecodeOps; same bits either way)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -244,6 +246,8 @@ class EngineConfig:
             raise ValueError(f"reserve_bytes must be an integer >= 0 (or None), got {self.reserve_bytes!r}")
         if not integer(self.prefill_chunk) or self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be an integer >= 1, got {self.prefill_chunk!r}")
+        if not isinstance(self.fuse_decode_norm, bool):
+            raise ValueError(f"fuse_decode_norm must be True or False, got {self.fuse_decode_norm!r}")
         if self.gemv_mode not in ("dp4a", "f32"):
             raise ValueError(f"gemv_mode must be 'dp4a' or 'f32', got {self.gemv_mode!r}")
         if self.threads is not None and (not integer(self.threads) or self.threads < 1):

@@ -14,12 +14,32 @@ or prepare_x with the norm folded in), and a matrix product whose input is a pla
 recording, which buffer each prepared copy holds; a buffer whose float values were never
 written (a prefill norm output: only its fp16 copy exists) is refused by any op that would
 read it as float - a recording-time assertion, not a run-time cost.
+
+One peephole (DecodeOps, EngineConfig.fuse_decode_norm): a residual GEMV into x (`linear(...,
+add=True)`, one dp4a weight) is not launched at once but kept pending; if the next op is
+the norm of that x (the next block's pre-norm, or the head's), both run as ONE launch
+(quant/gemv.py `GemvNorm`: the GEMV's last block computes rmsnorm_q8, bit-identical to the
+two launches). Any other op launches the pending GEMV first, and every recording ends with
+`finish()`, which does too (the runtime asserts nothing is left pending after a recording).
 """
 from __future__ import annotations
+
+import functools
+from typing import NamedTuple
 
 from .models.ops import AttnLayer
 
 ROPE_NAMES = {"neox": "neox", "norm": "normal"}     # ModelConfig.rope_style -> rope_write's name
+
+
+def _flushing(op):
+    """An op that launches a pending fused GEMV (DecodeOps) before its own work."""
+    @functools.wraps(op)
+    def run(self, *args, **kwargs):
+        self._flush()
+        return op(self, *args, **kwargs)
+    run.flushes = True
+    return run
 
 
 class _Ops:
@@ -49,6 +69,13 @@ class _Ops:
     def _invalidate(self, name: str) -> None:
         raise NotImplementedError
 
+    def _flush(self) -> None:
+        """Launch what an op kept pending (only DecodeOps keeps anything)."""
+
+    def finish(self) -> None:
+        """End of a recording: nothing may stay pending."""
+        self._flush()
+
     # -- ops that are the same for one row and n rows ---------------------------------------
     def embed(self, table, ids, out, scale: float | None = None) -> None:
         from genie_rt.quant import embed
@@ -73,12 +100,36 @@ class _Ops:
         self._wrote(x)
 
 
+class _PendingGemv(NamedTuple):
+    """linear(x, w, out, add=True) recorded but not launched yet (DecodeOps' peephole)."""
+    w: object                       # GemvWeight (dp4a)
+    x: object                       # input [1, cols]
+    out: object                     # the residual stream [1, rows]: out += W x
+    xq: object                      # x's 8-bit blocks
+    xs: object
+
+
 class DecodeOps(_Ops):
     """One token: GEMVs, flash-decoding attention."""
 
     def __init__(self, rt):
         super().__init__(rt, 1)
         self._q8_fresh = set()      # buffers whose xq.<name>, xs.<name> hold their current values
+        self._pending: _PendingGemv | None = None
+        self.fuse_norm = bool(rt.ecfg.fuse_decode_norm) and rt.q8_inputs
+
+    embed = _flushing(_Ops.embed)
+    rope_write = _flushing(_Ops.rope_write)
+    post_norm_add = _flushing(_Ops.post_norm_add)
+
+    def _flush(self) -> None:
+        p = self._pending
+        if p is None:
+            return
+        from genie_rt.quant import gemv
+        self._pending = None
+        self.rt.pending_launch = None
+        gemv.gemv(p.w, p.x, p.out, xq=p.xq, xs=p.xs, residual=p.out, stream=self.stream)
 
     def _invalidate(self, name: str) -> None:
         self._q8_fresh.discard(name)
@@ -102,8 +153,14 @@ class DecodeOps(_Ops):
 
     def norm(self, x, w, out) -> None:
         """out = rmsnorm(x) * w, and its 8-bit blocks in one launch (rmsnorm_q8 is bit-identical
-        to rmsnorm + quantize_q8); the float out only if some matrix reads float input."""
+        to rmsnorm + quantize_q8); the float out only if some matrix reads float input. The
+        norm of a pending GEMV's output runs inside that GEMV's launch (same bits)."""
         from genie_rt.engine import norm
+        p = self._pending
+        if p is not None and p.out is x:
+            self._fused_norm(p, w, out)
+            return
+        self._flush()
         self._reads_float(x)
         self._wrote(out)
         if not self.rt.q8_inputs:
@@ -116,6 +173,22 @@ class DecodeOps(_Ops):
             self._no_float.add(self._name(out))
         self._q8_fresh.add(self._name(out))
 
+    def _fused_norm(self, p: _PendingGemv, w, out) -> None:
+        """The pending x += W a, then out = rmsnorm(x) * w as 8-bit blocks (and float if some
+        GEMV reads float input): one launch, the norm in the GEMV's last block."""
+        from genie_rt.quant import gemv
+        self._pending = None
+        self.rt.pending_launch = None
+        self._wrote(out)
+        xq, xs = self._q8_views(out)
+        h = out if self.rt.float_inputs else None
+        gemv.gemv(p.w, p.x, p.out, xq=p.xq, xs=p.xs, residual=p.out, stream=self.stream,
+                  norm=gemv.GemvNorm(w, self.cfg.rms_eps, xq, xs, self.rt.gemv_counter, h=h))
+        if h is None:
+            self._no_float.add(self._name(out))
+        self._q8_fresh.add(self._name(out))
+
+    @_flushing
     def linear(self, x, w, out, add: bool = False) -> None:
         from genie_rt.quant import gemv
         ws = w if isinstance(w, tuple) else (w,)
@@ -126,6 +199,10 @@ class DecodeOps(_Ops):
         if len(ws) == 3:
             assert not add
             gemv.gemv_qkv(*gw, x, out, xq=xq, xs=xs, stream=self.stream)
+        elif len(ws) == 1 and add and self.fuse_norm and gw[0].mode == "dp4a" and self.rows == 1:
+            # kept for the next op: if that is the norm of out, one launch does both
+            self._pending = _PendingGemv(gw[0], x, out, xq, xs)
+            self.rt.pending_launch = f"{ws[0].name} (residual GEMV)"
         elif len(ws) == 1:
             gemv.gemv(gw[0], x, out, xq=xq, xs=xs, residual=out if add else None, stream=self.stream)
         else:                       # concatenated outputs: column slices of the one row
@@ -136,6 +213,7 @@ class DecodeOps(_Ops):
                 c += m.rows
         self._wrote(out)
 
+    @_flushing
     def gated(self, x, w, out, act: str) -> None:
         from genie_rt.quant import gemv
         wg, wu = (m.gemv for m in w)
@@ -144,6 +222,7 @@ class DecodeOps(_Ops):
         gemv.gemv_swiglu(wg, wu, x, out, xq=xq, xs=xs, stream=self.stream, **kw)
         self._wrote(out)
 
+    @_flushing
     def attention(self, q, a: AttnLayer, out) -> None:
         from genie_rt.kvcache.attention import decode_attention
         self._reads_float(q)
@@ -153,7 +232,7 @@ class DecodeOps(_Ops):
 
     def head(self, x, norm_w, w, logits, softcap: float | None = None) -> None:
         h = self.s.h
-        self.norm(x, norm_w, h)
+        self.norm(x, norm_w, h)             # the last layer's ffn_down GEMV + this norm: one launch
         self.linear(h, w, logits)
         if softcap:
             from .copy_kernels import softcap as softcap_kernel

@@ -248,3 +248,32 @@ def test_one_prefill_graph_per_bucket_serves_every_start_position():
             want = tuple(max(prefill_splits(p, n, s) for s in range(0, 8192 - n + 1)) for p in plans)
             assert most == want and start == 0
         assert max(max(m) for _, m, _ in keys) > 1           # some bucket does split
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU the gpu tests cover this)")
+def test_simulated_decode_folds_each_norm_into_its_residual_gemv(tmp_path, monkeypatch):
+    """The decode step with EngineConfig.fuse_decode_norm (cuda_ops.DecodeOps' peephole):
+    the only rmsnorm_q8 launch left is layer 0's attn_norm after the embedding (the others
+    run in the last block of the residual GEMV before them, the head's norm included);
+    without it there are 2 per layer + the head's. The logits are the same bits both ways
+    (the fused norm reproduces rmsnorm_q8's block and order of operations)."""
+    import dataclasses
+
+    from genie_rt.engine import norm
+    path = tmp_path / "tiny2.gguf"
+    write_synthetic_qwen3(path, dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
+                                     vocab=300, text_tokens=274), seed=1, exact=True)
+    gpu, _, cfg = make_backends(path, "f16", n_ctx=64, chunk=16, warm=False)
+    assert not gpu.use_graphs and gpu.ecfg.fuse_decode_norm      # each decode records anew
+    calls = []
+    real = norm.rmsnorm_q8
+    monkeypatch.setattr(norm, "rmsnorm_q8", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    got = {}
+    for fuse in (True, False):
+        gpu.ecfg = dataclasses.replace(gpu.ecfg, fuse_decode_norm=fuse)
+        calls.clear()
+        got[fuse] = gpu.decode(77, 0)                  # the same token at the same position
+        assert len(calls) == (1 if fuse else 2 * cfg.n_layers + 1), f"fuse={fuse}: {len(calls)} norms"
+        assert int(gpu.gemv_counter.copy_to_host()[0]) == 0
+    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
