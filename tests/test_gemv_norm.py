@@ -115,6 +115,25 @@ def test_three_launches_in_a_row_share_one_counter():
         _bits_equal(ns.copy_to_host(), rs.copy_to_host(), f"launch {step}: xs")
 
 
+def test_pdl_build_of_the_fused_kernel_gives_the_same_bits(monkeypatch):
+    """The programmatic-dependent-launch build (G.PDL, a lab switch; griddepcontrol is a
+    no-op here and pdl.launch the plain launch) of the fused kernel: the same bits."""
+    from genie_rt.quant import pdl
+    monkeypatch.setattr(pdl, "launch", lambda k, grid, block, stream, *a: k[grid, block, stream](*a))
+    w, dx, xq, xs, y0, wn = _problem(Q4, 32, 256, seed=11)
+    outs = {}
+    for use in (False, True):
+        monkeypatch.setattr(G, "PDL", use)
+        y = cuda.to_device(y0)
+        nq, ns, h = _outputs(32)
+        G.gemv(w, dx, y, xq=xq, xs=xs, residual=y,
+               norm=G.GemvNorm(cuda.to_device(wn), EPS, nq, ns, cuda.to_device(np.zeros(1, np.int32)), h=h))
+        outs[use] = [a.copy_to_host() for a in (y, nq, ns, h)]
+    for a, b, what in zip(outs[False], outs[True], ("y", "xq", "xs", "h")):
+        _bits_equal(b, a, f"PDL build: {what}")
+    assert ("gemv_norm", w.spec, 1, 32, 2, True) in G._kernels          # the PDL build ran
+
+
 def test_bad_norm_arguments_are_refused():
     w, dx, xq, xs, y0, wn = _problem(Q4, 96, 256, seed=8)
     y = cuda.to_device(y0)
