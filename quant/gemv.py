@@ -25,8 +25,12 @@ from the caller (device arrays, e.g. arena views) and a numba stream, and their
 kernels can be compiled at load with `compile_gemv` / `compile_qkv` / `compile_swiglu` /
 `compile_quantize_q8`, so capturing a decode step compiles nothing.
 
+One norm is folded in: `gemv(..., residual=y, norm=GemvNorm(...))` also computes
+rmsnorm_q8 of the new y in the launch's last block (bit-identical to engine/norm.py's
+rmsnorm_q8 after the plain GEMV): the decode step's norm after each residual GEMV.
+
 What it deliberately does not do: batches above 8 tokens (that is the MMQ GEMM),
-Q2_K/Q3_K/IQ weights, RMSNorm (the engine fuses the q8 quantization of
+Q2_K/Q3_K/IQ weights, other norms (the engine fuses the q8 quantization of
 x into its norm kernel where it can; `quantize_q8` is the stand-alone version).
 """
 from __future__ import annotations

@@ -11,7 +11,8 @@ the part that runs on the GPU. Read it in this order:
    units per trip so that three 16-byte loads are in flight before the first is used.
 3. `_make_reduce`: warp-shuffle sum, then (KSPLIT > 1) the warps that share a row add
    their partial sums through shared memory.
-4. the three kernel factories: `gemv_kernel` (y = W x (+ r)), `qkv_kernel` (three
+4. the three kernel factories: `gemv_kernel` (y = W x (+ r); with NORM also rmsnorm_q8
+   of the new y in the last block), `qkv_kernel` (three
    weights, rows partitioned between blocks, one concatenated output) and
    `swiglu_kernel` (h = silu(Wg x) * (Wu x)), plus `quantize_q8_kernel`.
 

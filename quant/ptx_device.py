@@ -267,15 +267,16 @@ def ldg_v4(typingctx, arr, idx):
 def ld_relaxed_f32(typingctx, arr, idx):
     """arr[idx] (float32) by ld.relaxed.gpu.global: a load that sees what other blocks of the
     same launch stored and made visible with a fence (threadfence before an atomic the
-    reader observed), bypassing the SM's non-coherent L1. Emitted as volatile asm, so the
-    compiler does not move it above a barrier or merge it with an earlier load."""
+    reader observed), bypassing the SM's non-coherent L1. Emitted as volatile asm with a
+    memory clobber, so the compiler keeps it after the barrier and atomic that precede it
+    and never merges it with an earlier load."""
     _check_index("ld_relaxed_f32", arr, idx)
     if arr.dtype != types.float32:
         raise TypingError(f"ld_relaxed_f32: array dtype must be float32, got {arr.dtype}")
 
     def codegen(context, builder, sig, args):
         p = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        return _asm(builder, _f32, [_i64], "ld.relaxed.gpu.global.f32 $0, [$1];", "=f,l",
+        return _asm(builder, _f32, [_i64], "ld.relaxed.gpu.global.f32 $0, [$1];", "=f,l,~{memory}",
                     [_global_addr64(builder, p)], side_effect=True)
     return types.float32(arr, idx), codegen
 

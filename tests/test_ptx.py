@@ -136,6 +136,14 @@ def k_dp4a(a, b, c, out):
 
 
 @cuda.jit
+def k_ld_relaxed(x, out):
+    # x, out (n,) f32: out[i] = x[n - 1 - i] by ld.relaxed.gpu (the fused GEMV's reads of y)
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = ptx.ld_relaxed_f32(x, out.size - 1 - i)
+
+
+@cuda.jit
 def k_ldg_v4(xu, xf, out_u, out_f):
     # xu (4n,) u32, xf (4n,) f32; out_u (n, 4) u32, out_f (n, 4) f32
     i = cuda.grid(1)
@@ -243,6 +251,7 @@ KERNELS = {
     "k_ldmatrix_mma_s8": "void(int8[::1], int8[::1], int32[:,::1])",
     "k_dp4a": "void(uint32[::1], uint32[::1], int32[::1], int32[::1])",
     "k_ldg_v4": "void(uint32[::1], float32[::1], uint32[:,::1], float32[:,::1])",
+    "k_ld_relaxed": "void(float32[::1], float32[::1])",
     "k_cp_async": "void(uint8[::1], uint32[::1], float16[::1], uint8[::1], uint32[::1], "
                   "float16[::1], uint8[::1])",
     "k_shuffles": "void(int32[::1], float32[::1], int32[:,::1])",
@@ -464,6 +473,13 @@ def test_ldg_v4():
     k_ldg_v4[1, 64](xu, xf, out_u, out_f)
     np.testing.assert_array_equal(out_u, xu.reshape(n, 4))
     np.testing.assert_array_equal(out_f, xf.reshape(n, 4))
+
+
+def test_ld_relaxed_f32():
+    x = np.linspace(-3, 3, 40).astype(np.float32)
+    out = np.zeros(40, np.float32)
+    k_ld_relaxed[1, 64](x, out)
+    np.testing.assert_array_equal(out, x[::-1])
 
 
 def test_cp_async_copies_16_bytes_of_each_dtype():
@@ -747,6 +763,7 @@ EXPECT = {
                           "mma.sync.aligned.m16n8k32"],
     "k_dp4a": ["dp4a.s32.s32"],
     "k_ldg_v4": ["ld.global.nc.v4.u32", "ld.global.nc.v4.f32"],
+    "k_ld_relaxed": ["ld.relaxed.gpu.global.f32"],
     "k_cp_async": ["cp.async.cg.shared.global", "cp.async.wait_group 2",
                    "cp.async.wait_group 1", "cp.async.wait_group 0"],
     "k_shuffles": ["shfl.sync.bfly.b32", "shfl.sync.down.b32", "shfl.sync.idx.b32",
