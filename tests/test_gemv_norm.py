@@ -182,3 +182,29 @@ def test_bad_norm_arguments_are_refused():
     with pytest.raises(ValueError, match="residual=True"):
         G.compile_gemv(w, norm=True)
     assert int(c.copy_to_host()[0]) == 0                               # nothing launched
+
+
+# =====================================================================================
+# GPU: Qwen3-4B's residual GEMVs, many launches in a row (the simulator runs a grid's
+# blocks one after another, so only a GPU exercises the fence / count / last-block
+# protocol with blocks in flight together)
+# =====================================================================================
+@pytest.mark.gpu
+@pytest.mark.parametrize("qtype,cols", [(Q4, 4096), (Q6, 9728)], ids=["attn_output-Q4_K", "ffn_down-Q6_K"])
+def test_gpu_fused_norm_at_qwen3_4b_shapes_bit_for_bit(qtype, cols):
+    rows, reps = 2560, 50
+    w, dx, xq, xs, y0, wn = _problem(qtype, rows, cols, seed=cols)
+    dwn = cuda.to_device(wn)
+    counter = cuda.to_device(np.zeros(1, np.int32))
+    y_ref, y = cuda.to_device(y0), cuda.to_device(y0)
+    rq, rs, rh = _outputs(rows)
+    nq, ns, h = _outputs(rows)
+    norm = G.GemvNorm(dwn, EPS, nq, ns, counter, h=h)
+    for step in range(reps):
+        G.gemv(w, dx, y_ref, xq=xq, xs=xs, residual=y_ref)
+        N.rmsnorm_q8(y_ref, dwn, rq, rs, EPS, out=rh)
+        G.gemv(w, dx, y, xq=xq, xs=xs, residual=y, norm=norm)
+        if step % 10 == 9 or step < 3:
+            for what, got, ref in (("y", y, y_ref), ("xq", nq, rq), ("xs", ns, rs), ("h", h, rh)):
+                _bits_equal(got.copy_to_host(), ref.copy_to_host(), f"launch {step}: {what}")
+            assert int(counter.copy_to_host()[0]) == 0, f"launch {step}: counter not reset"
