@@ -230,6 +230,8 @@ class EngineConfig:
     mapped_memory: bool = False         # CUDA: the arena in mapped host memory (an integrated GPU's placement)
     fuse_decode_norm: bool = True       # CUDA decode: the norm after a residual GEMV folded into
                                         # that GEMV's launch (cuda_ops.DecodeOps; same bits either way)
+    decode_pdl: bool = False            # CUDA decode: GEMVs by programmatic dependent launch where the
+                                        # device has it (sm_90+, quant/pdl.py; same bits either way)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -248,6 +250,8 @@ class EngineConfig:
             raise ValueError(f"prefill_chunk must be an integer >= 1, got {self.prefill_chunk!r}")
         if not isinstance(self.fuse_decode_norm, bool):
             raise ValueError(f"fuse_decode_norm must be True or False, got {self.fuse_decode_norm!r}")
+        if not isinstance(self.decode_pdl, bool):
+            raise ValueError(f"decode_pdl must be True or False, got {self.decode_pdl!r}")
         if self.gemv_mode not in ("dp4a", "f32"):
             raise ValueError(f"gemv_mode must be 'dp4a' or 'f32', got {self.gemv_mode!r}")
         if self.threads is not None and (not integer(self.threads) or self.threads < 1):

@@ -100,6 +100,11 @@ class _Ops:
         self._wrote(x)
 
 
+def _pdl_available() -> bool:
+    from genie_rt.quant import pdl
+    return pdl.available()
+
+
 class _PendingGemv(NamedTuple):
     """linear(x, w, out, add=True) recorded but not launched yet (DecodeOps' peephole)."""
     w: object                       # GemvWeight (dp4a)
@@ -117,6 +122,9 @@ class DecodeOps(_Ops):
         self._q8_fresh = set()      # buffers whose xq.<name>, xs.<name> hold their current values
         self._pending: _PendingGemv | None = None
         self.fuse_norm = bool(rt.ecfg.fuse_decode_norm) and rt.q8_inputs
+        # programmatic dependent launch of the GEMVs (and the trigger in quantize_q8 before
+        # two of them): asked for and the device has it (quant/pdl.py)
+        self.pdl = bool(getattr(rt.ecfg, "decode_pdl", False)) and _pdl_available()
 
     embed = _flushing(_Ops.embed)
     rope_write = _flushing(_Ops.rope_write)
@@ -129,7 +137,7 @@ class DecodeOps(_Ops):
         from genie_rt.quant import gemv
         self._pending = None
         self.rt.pending_launch = None
-        gemv.gemv(p.w, p.x, p.out, xq=p.xq, xs=p.xs, residual=p.out, stream=self.stream)
+        gemv.gemv(p.w, p.x, p.out, xq=p.xq, xs=p.xs, residual=p.out, stream=self.stream, pdl=self.pdl)
 
     def _invalidate(self, name: str) -> None:
         self._q8_fresh.discard(name)
@@ -147,7 +155,7 @@ class DecodeOps(_Ops):
         xq, xs = self._q8_views(x)
         if self._name(x) not in self._q8_fresh:
             self._reads_float(x)
-            gemv.quantize_q8(x, xq, xs, stream=self.stream)
+            gemv.quantize_q8(x, xq, xs, stream=self.stream, pdl=self.pdl)
             self._q8_fresh.add(self._name(x))
         return xq, xs
 
@@ -182,7 +190,7 @@ class DecodeOps(_Ops):
         self._wrote(out)
         xq, xs = self._q8_views(out)
         h = out if self.rt.float_inputs else None
-        gemv.gemv(p.w, p.x, p.out, xq=p.xq, xs=p.xs, residual=p.out, stream=self.stream,
+        gemv.gemv(p.w, p.x, p.out, xq=p.xq, xs=p.xs, residual=p.out, stream=self.stream, pdl=self.pdl,
                   norm=gemv.GemvNorm(w, self.cfg.rms_eps, xq, xs, self.rt.gemv_counter, h=h))
         if h is None:
             self._no_float.add(self._name(out))
@@ -198,18 +206,19 @@ class DecodeOps(_Ops):
             self._reads_float(x)
         if len(ws) == 3:
             assert not add
-            gemv.gemv_qkv(*gw, x, out, xq=xq, xs=xs, stream=self.stream)
+            gemv.gemv_qkv(*gw, x, out, xq=xq, xs=xs, stream=self.stream, pdl=self.pdl)
         elif len(ws) == 1 and add and self.fuse_norm and gw[0].mode == "dp4a" and self.rows == 1:
             # kept for the next op: if that is the norm of out, one launch does both
             self._pending = _PendingGemv(gw[0], x, out, xq, xs)
             self.rt.pending_launch = f"{ws[0].name} (residual GEMV)"
         elif len(ws) == 1:
-            gemv.gemv(gw[0], x, out, xq=xq, xs=xs, residual=out if add else None, stream=self.stream)
+            gemv.gemv(gw[0], x, out, xq=xq, xs=xs, residual=out if add else None, stream=self.stream,
+                      pdl=self.pdl)
         else:                       # concatenated outputs: column slices of the one row
             assert not add and self.rows == 1
             c = 0
             for m in gw:
-                gemv.gemv(m, x, out[:, c:c + m.rows], xq=xq, xs=xs, stream=self.stream)
+                gemv.gemv(m, x, out[:, c:c + m.rows], xq=xq, xs=xs, stream=self.stream, pdl=self.pdl)
                 c += m.rows
         self._wrote(out)
 
@@ -219,7 +228,7 @@ class DecodeOps(_Ops):
         wg, wu = (m.gemv for m in w)
         xq, xs = self._prepared(x, (wg, wu))
         kw = {} if act == "silu" else {"act": act}
-        gemv.gemv_swiglu(wg, wu, x, out, xq=xq, xs=xs, stream=self.stream, **kw)
+        gemv.gemv_swiglu(wg, wu, x, out, xq=xq, xs=xs, stream=self.stream, pdl=self.pdl, **kw)
         self._wrote(out)
 
     @_flushing

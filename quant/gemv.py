@@ -313,15 +313,22 @@ def choose_lpr(units: int, ks: int, rows: int) -> int:
     return int(LPR_POLICY)
 
 
-# Programmatic dependent launch (quant/pdl.py): a lab switch, off by default. When True the
-# GEMV kernels are built and launched for PDL (sm_90+ only; the caller checks pdl.available()).
+# Programmatic dependent launch (quant/pdl.py): the default of every launcher's `pdl=`
+# argument, off. With pdl the GEMV kernels are built and launched for PDL (sm_90+ only: the
+# caller checks pdl.available()); the engine passes EngineConfig.decode_pdl.
 PDL = False
 
 
-def _launch(kern, grid, stream, *args):
-    if PDL:
-        from . import pdl
-        pdl.launch(kern, grid, K.BLOCK, stream, *args)
+def _pdl(pdl) -> bool:
+    return PDL if pdl is None else bool(pdl)
+
+
+def _launch(kern, grid, stream, pdl: bool, sig: str, *args):
+    if pdl:
+        from . import pdl as P
+        if not kern.overloads:
+            _compile(kern, sig)
+        P.launch(kern, grid, K.BLOCK, stream, *args)
     else:
         kern[grid, K.BLOCK, stream](*args)
 
@@ -333,21 +340,21 @@ def _get(key, make):
     return k
 
 
-def _gemv_kernel(spec, n_tok, ks, resid, lpr, norm=0):
+def _gemv_kernel(spec, n_tok, ks, resid, lpr, norm=0, pdl=False):
     if not norm:
-        return _get(("gemv", spec, n_tok, ks, resid, lpr, PDL),
-                    lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid, lpr, PDL))
-    return _get(("gemv_norm", spec, ks, lpr, norm, PDL),
-                lambda: K.gemv_kernel(spec[0], spec[1], 1, ks, True, lpr, PDL, NORM=norm))
+        return _get(("gemv", spec, n_tok, ks, resid, lpr, pdl),
+                    lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid, lpr, pdl))
+    return _get(("gemv_norm", spec, ks, lpr, norm, pdl),
+                lambda: K.gemv_kernel(spec[0], spec[1], 1, ks, True, lpr, pdl, NORM=norm))
 
 
-def _qkv_kernel(specs, n_tok, ks, lpr):
-    return _get(("qkv", specs, n_tok, ks, lpr, PDL), lambda: K.qkv_kernel(specs, n_tok, ks, lpr, PDL=PDL))
+def _qkv_kernel(specs, n_tok, ks, lpr, pdl=False):
+    return _get(("qkv", specs, n_tok, ks, lpr, pdl), lambda: K.qkv_kernel(specs, n_tok, ks, lpr, PDL=pdl))
 
 
-def _swiglu_kernel(g, u, n_tok, ks, lpr, act="silu"):
-    return _get(("swiglu", g, u, n_tok, ks, lpr, act, PDL),
-                lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr, act, PDL=PDL))
+def _swiglu_kernel(g, u, n_tok, ks, lpr, act="silu", pdl=False):
+    return _get(("swiglu", g, u, n_tok, ks, lpr, act, pdl),
+                lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr, act, PDL=pdl))
 
 
 def _blocks(rows: int, ks: int, lpr: int = 32) -> int:
@@ -435,9 +442,10 @@ def _split_lanes(rows, units, ksplit, lpr):
     return ks, lpr
 
 
-def quantize_q8(x, xq, xs, *, stream=0):
+def quantize_q8(x, xq, xs, *, stream=0, pdl=None):
     """x float32 [n, cols] -> xq int8 [n, cols] + xs float32 [n, cols // 8] (q8 per 32 values:
-    the layout is quantize_q8_reference's)."""
+    the layout is quantize_q8_reference's). pdl: the build that lets the next kernel (a PDL
+    GEMV) launch at once (quantize itself is launched plainly: it waits for its input)."""
     if not _is_device(x) or len(x.shape) != 2:
         raise TypeError("quantize_q8: x must be a 2-D float32 device array")
     n, cols = int(x.shape[0]), int(x.shape[1])
@@ -447,11 +455,12 @@ def quantize_q8(x, xq, xs, *, stream=0):
     _check_array(xq, "xq", np.int8, (n, cols))
     _check_array(xs, "xs", np.float32, (n, cols // Q8_BLOCK * Q8_FLOATS))
     total = n * cols
-    K.quantize_q8_kernel[-(-total // K.BLOCK), K.BLOCK, stream](_flat(x), _flat(xq), _flat(xs), total)
+    kern = K.quantize_q8_pdl_kernel if _pdl(pdl) else K.quantize_q8_kernel
+    kern[-(-total // K.BLOCK), K.BLOCK, stream](_flat(x), _flat(xq), _flat(xs), total)
 
 
-def compile_quantize_q8():
-    return _compile(K.quantize_q8_kernel, SIG_QUANTIZE)
+def compile_quantize_q8(pdl=None):
+    return _compile(K.quantize_q8_pdl_kernel if _pdl(pdl) else K.quantize_q8_kernel, SIG_QUANTIZE)
 
 
 class GemvNorm(NamedTuple):
@@ -511,7 +520,8 @@ def _norm_args(norm, y, x, n_tok, rows):
     return args, (2 if norm.h is not None else 1)
 
 
-def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None, lpr=None, norm=None):
+def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None, lpr=None, norm=None,
+         pdl=None):
     """y[t] = W x[t] (+ residual[t]) for the n_tok rows t of x.
 
     w: GemvWeight [rows, cols] (prepare_weight; a PackedWeight works too, prepared per call)
@@ -522,7 +532,8 @@ def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None, lpr
     ksplit: warps per row (1, 2, 4); lpr: lanes per row (32, or 16 = two rows per warp);
     None picks each by choose_ksplit / choose_lpr.
     norm: a GemvNorm - then also the RMSNorm of the new y and its q8 activations, in the
-    same launch (needs residual and n_tok == 1)."""
+    same launch (needs residual and n_tok == 1).
+    pdl: a programmatic-dependent-launch build and launch (quant/pdl.py, sm_90+; None: PDL)."""
     w = _prepared(w)
     xf, xqf, xsf, n_tok, cols = _activations((w,), x, xq, xs)
     _check_out(y, "y", n_tok, w.rows, x)
@@ -534,13 +545,15 @@ def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None, lpr
             raise ValueError("gemv: norm= folds the norm into a residual GEMV; pass residual= (e.g. y)")
         extra, nmode = _norm_args(norm, y, x, n_tok, w.rows)
     ks, lpr = _split_lanes(w.rows, w.units, ksplit, lpr)
-    kern = _gemv_kernel(w.spec, n_tok, ks, residual is not None, lpr, nmode)
+    pdl = _pdl(pdl)
+    kern = _gemv_kernel(w.spec, n_tok, ks, residual is not None, lpr, nmode, pdl)
     yf = _flat(y)
     res = yf if residual is None or residual is y else _flat(residual)
-    _launch(kern, _blocks(w.rows, ks, lpr), stream, *_w_args(w), w.rows, xf, xqf, xsf, cols, yf, res, *extra)
+    _launch(kern, _blocks(w.rows, ks, lpr), stream, pdl, SIG_GEMV_NORM if nmode else SIG_GEMV,
+            *_w_args(w), w.rows, xf, xqf, xsf, cols, yf, res, *extra)
 
 
-def compile_gemv(w, n_tok=1, residual=False, ksplit=None, lpr=None, norm=False, norm_h=False):
+def compile_gemv(w, n_tok=1, residual=False, ksplit=None, lpr=None, norm=False, norm_h=False, pdl=None):
     """Compile (at load) the kernel gemv(w, x[n_tok], ..., residual=...) will launch; with
     norm=True the one gemv(..., norm=GemvNorm(...)) launches (h given: norm_h=True)."""
     w = _prepared(w)
@@ -548,11 +561,11 @@ def compile_gemv(w, n_tok=1, residual=False, ksplit=None, lpr=None, norm=False, 
     if norm:
         if not residual or n_tok != 1:
             raise ValueError("compile_gemv: norm=True needs residual=True and n_tok == 1")
-        return _compile(_gemv_kernel(w.spec, 1, ks, True, lpr, 2 if norm_h else 1), SIG_GEMV_NORM)
-    return _compile(_gemv_kernel(w.spec, n_tok, ks, bool(residual), lpr), SIG_GEMV)
+        return _compile(_gemv_kernel(w.spec, 1, ks, True, lpr, 2 if norm_h else 1, _pdl(pdl)), SIG_GEMV_NORM)
+    return _compile(_gemv_kernel(w.spec, n_tok, ks, bool(residual), lpr, 0, _pdl(pdl)), SIG_GEMV)
 
 
-def gemv_qkv(wq, wk, wv, x, y, *, xq=None, xs=None, stream=0, ksplit=None, lpr=None):
+def gemv_qkv(wq, wk, wv, x, y, *, xq=None, xs=None, stream=0, ksplit=None, lpr=None, pdl=None):
     """y = [Wq x | Wk x | Wv x] in one launch: y float32 [n_tok, rows_q + rows_k + rows_v].
 
     The three weights may have different formats (e.g. attn_v Q6_K, attn_q/k Q4_K):
@@ -563,24 +576,26 @@ def gemv_qkv(wq, wk, wv, x, y, *, xq=None, xs=None, stream=0, ksplit=None, lpr=N
     total = sum(w.rows for w in ws)
     _check_out(y, "y", n_tok, total, x)
     ks, lpr = _split_lanes(total, min(w.units for w in ws), ksplit, lpr)
-    kern = _qkv_kernel(tuple(w.spec for w in ws), n_tok, ks, lpr)
+    pdl = _pdl(pdl)
+    kern = _qkv_kernel(tuple(w.spec for w in ws), n_tok, ks, lpr, pdl)
     b1 = _blocks(ws[0].rows, ks, lpr)
     b2 = b1 + _blocks(ws[1].rows, ks, lpr)
     grid = b2 + _blocks(ws[2].rows, ks, lpr)
     args = []
     for w in ws:
         args += [*_w_args(w), w.rows]
-    _launch(kern, grid, stream, *args, b1, b2, xf, xqf, xsf, cols, _flat(y))
+    _launch(kern, grid, stream, pdl, SIG_QKV, *args, b1, b2, xf, xqf, xsf, cols, _flat(y))
 
 
-def compile_qkv(wq, wk, wv, n_tok=1, ksplit=None, lpr=None):
+def compile_qkv(wq, wk, wv, n_tok=1, ksplit=None, lpr=None, pdl=None):
     ws = tuple(_prepared(w) for w in (wq, wk, wv))
     total = sum(w.rows for w in ws)
     ks, lpr = _split_lanes(total, min(w.units for w in ws), ksplit, lpr)
-    return _compile(_qkv_kernel(tuple(w.spec for w in ws), n_tok, ks, lpr), SIG_QKV)
+    return _compile(_qkv_kernel(tuple(w.spec for w in ws), n_tok, ks, lpr, _pdl(pdl)), SIG_QKV)
 
 
-def gemv_swiglu(wg, wu, x, h, *, xq=None, xs=None, stream=0, ksplit=None, lpr=None, act="silu"):
+def gemv_swiglu(wg, wu, x, h, *, xq=None, xs=None, stream=0, ksplit=None, lpr=None, act="silu",
+                pdl=None):
     """h = act(Wg x) * (Wu x) in one launch: h float32 [n_tok, rows]; act "silu" (SwiGLU)
     or "gelu" (GELU, tanh form: Gemma's GeGLU).
 
@@ -594,15 +609,16 @@ def gemv_swiglu(wg, wu, x, h, *, xq=None, xs=None, stream=0, ksplit=None, lpr=No
     xf, xqf, xsf, n_tok, cols = _activations((wg, wu), x, xq, xs)
     _check_out(h, "h", n_tok, wg.rows, x)
     ks, lpr = _split_lanes(wg.rows, min(wg.units, wu.units), ksplit, lpr)
-    kern = _swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr, act)
-    _launch(kern, _blocks(wg.rows, ks, lpr), stream, *_w_args(wg), *_w_args(wu), wg.rows,
+    pdl = _pdl(pdl)
+    kern = _swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr, act, pdl)
+    _launch(kern, _blocks(wg.rows, ks, lpr), stream, pdl, SIG_SWIGLU, *_w_args(wg), *_w_args(wu), wg.rows,
             xf, xqf, xsf, cols, _flat(h))
 
 
-def compile_swiglu(wg, wu, n_tok=1, ksplit=None, lpr=None, act="silu"):
+def compile_swiglu(wg, wu, n_tok=1, ksplit=None, lpr=None, act="silu", pdl=None):
     wg, wu = _prepared(wg), _prepared(wu)
     ks, lpr = _split_lanes(wg.rows, min(wg.units, wu.units), ksplit, lpr)
-    return _compile(_swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr, act), SIG_SWIGLU)
+    return _compile(_swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr, act, _pdl(pdl)), SIG_SWIGLU)
 
 
 if __name__ == "__main__":

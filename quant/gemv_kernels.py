@@ -696,25 +696,32 @@ def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False):
     return kernel_cache.attach(swiglu)
 
 
-@cuda.jit
-def quantize_q8_kernel(x, xq, xs, n):
-    """x float32 [n] -> q8: per 32 values (one warp, one lane each) d = amax / 127 and
-    q = rint(x / d) in -127..127 -> xq int8 [n]; xs float32 [n / 8] gets 4 floats per 32:
-    (d, d * sum q[0:16], d * sum q[16:32], d * sum q[0:32]). n % 32 == 0.
-    Grid: ceil(n / 128) blocks of 128 threads."""
-    i = cuda.grid(1)
-    v = float32(0)
-    if i < n:
-        v = x[i]
-    q, d, s, s_hi = q8_of_warp(v)
-    if i < n:
-        xq[i] = int8(q)
-        if (i & 31) == 0:
-            b = (i >> 5) * 4
-            xs[b] = d
-            xs[b + 1] = d * float32(s)
-            xs[b + 2] = d * float32(s_hi)
-            xs[b + 3] = d * float32(s + s_hi)
+def _make_quantize_q8(PDL):
+    launch_dependents = _pdl_hooks(PDL)[1]
+
+    @cuda.jit
+    def quantize_q8_kernel(x, xq, xs, n):
+        """x float32 [n] -> q8: per 32 values (one warp, one lane each) d = amax / 127 and
+        q = rint(x / d) in -127..127 -> xq int8 [n]; xs float32 [n / 8] gets 4 floats per 32:
+        (d, d * sum q[0:16], d * sum q[16:32], d * sum q[0:32]). n % 32 == 0.
+        Grid: ceil(n / 128) blocks of 128 threads. PDL: the next kernel (a PDL GEMV, which
+        waits for this one's output itself) may launch at once."""
+        launch_dependents()
+        i = cuda.grid(1)
+        v = float32(0)
+        if i < n:
+            v = x[i]
+        q, d, s, s_hi = q8_of_warp(v)
+        if i < n:
+            xq[i] = int8(q)
+            if (i & 31) == 0:
+                b = (i >> 5) * 4
+                xs[b] = d
+                xs[b + 1] = d * float32(s)
+                xs[b + 2] = d * float32(s_hi)
+                xs[b + 3] = d * float32(s + s_hi)
+    return kernel_cache.attach(quantize_q8_kernel)   # compiled kernels persist on disk
 
 
-kernel_cache.attach(quantize_q8_kernel)   # compiled kernels persist on disk (engine/kernel_cache.py)
+quantize_q8_kernel = _make_quantize_q8(False)
+quantize_q8_pdl_kernel = _make_quantize_q8(True)     # sm_90+ only (quant/pdl.py)

@@ -24,7 +24,10 @@ marshalling, cuda.core's `launch`) with one more field in the launch configurati
 """
 from __future__ import annotations
 
+import functools
 
+
+@functools.lru_cache(maxsize=None)
 def available() -> bool:
     """A real device of compute capability >= 9.0 and a cuda.core that knows the attribute."""
     from . import ptx

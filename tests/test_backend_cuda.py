@@ -277,3 +277,31 @@ def test_simulated_decode_folds_each_norm_into_its_residual_gemv(tmp_path, monke
         assert len(calls) == (1 if fuse else 2 * cfg.n_layers + 1), f"fuse={fuse}: {len(calls)} norms"
         assert int(gpu.gemv_counter.copy_to_host()[0]) == 0
     np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
+
+
+@pytest.mark.gpu
+def test_pdl_decode_graph_gives_the_same_bits(tmp_path, prompts):
+    """EngineConfig.decode_pdl (quant/pdl.py, sm_90+): the decode graph's GEMVs launched by
+    programmatic dependent launch, each starting its weight reads before the kernel before it
+    has finished, give the plain graph's logits bit for bit, replay after replay."""
+    import dataclasses
+
+    from genie_rt.quant import pdl
+    if not pdl.available():
+        pytest.skip("programmatic dependent launch needs an sm_90+ GPU")
+    path = tmp_path / "synth.gguf"
+    write_synthetic_qwen3(path, dict(layers=4, hidden=1024, heads=16, kv_heads=8, head_dim=128, ffn=3072,
+                                     vocab=4122, text_tokens=4096), seed=0)
+    gpu, _, _ = make_backends(path, "int8", n_ctx=256)
+    tokens = np.concatenate(prompts)[:40]
+    gpu.prefill(tokens, 0)
+    got = []
+    for use in (False, True, True, False, True):
+        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_pdl=use)
+        for key in [k for k in gpu._graphs if k[0] == "decode"]:
+            gpu._graphs.pop(key).close()                 # captured again with this setting
+        got.append((use, gpu.decode(11, 40), gpu.decode(11, 40)))   # capture + run, then a replay
+    ref = got[0][1].view(np.int32)
+    for use, first, replay in got:
+        np.testing.assert_array_equal(first.view(np.int32), ref, err_msg=f"decode_pdl={use}")
+        np.testing.assert_array_equal(replay.view(np.int32), ref, err_msg=f"decode_pdl={use}, replay")

@@ -1,15 +1,17 @@
 """Where a CUDA decode step spends its time, by kernel family (GPU only).
 
-    python tools/profile_decode.py -m MODEL.gguf [--ctx 2048] [--depth 512] [--json PATH] [--no-fuse-norm]
+    python tools/profile_decode.py -m MODEL.gguf [--ctx 2048] [--depth 512] [--json PATH] [--no-fuse-norm] [--pdl]
 
 Times the captured decode graph (greedy sampling included), then, for each launcher the
 step calls, a graph recorded with that launcher replaced by a no-op: the difference is
 what that family costs inside the step (its kernels plus their graph nodes). The step's
 values are garbage in the ablated graphs; the timing of the remaining kernels does not
 depend on them. Each time is the median of several replays, measured with CUDA events.
-The step is also timed with the other setting of EngineConfig.fuse_decode_norm (the norm
-after each residual GEMV folded into that GEMV's launch, or launched on its own); with the
-fusion on, removing `gemv` removes those norms too.
+The step is also timed with every setting of EngineConfig.fuse_decode_norm (the norm
+after each residual GEMV folded into that GEMV's launch, or launched on its own) and, on an
+sm_90+ device, of EngineConfig.decode_pdl (programmatic dependent launch, quant/pdl.py);
+the families are then taken apart for the configured one. With the fusion on, removing
+`gemv` removes those norms too.
 """
 import argparse
 import json
@@ -65,6 +67,7 @@ def main(argv=None) -> int:
     p.add_argument("--kv", default="int8")
     p.add_argument("--json", default=None)
     p.add_argument("--no-fuse-norm", action="store_true", help="profile with the decode norms launched on their own")
+    p.add_argument("--pdl", action="store_true", help="profile with programmatic dependent launch (sm_90+)")
     args = p.parse_args(argv)
     import dataclasses
     from genie_rt.engine.config import EngineConfig
@@ -74,20 +77,28 @@ def main(argv=None) -> int:
     for module, _ in FAMILIES:
         importlib.import_module(module)
     eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv,
-                                                 fuse_decode_norm=not args.no_fuse_norm))
+                                                 fuse_decode_norm=not args.no_fuse_norm, decode_pdl=args.pdl))
     be = eng.backend
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, eng.cfg.vocab_size, args.depth).astype(np.int32)
     sampler = Sampler(SamplingParams(temperature=0))
     be.prefill_sample(prompt, 0, sampler, list(prompt))
     be._set_state(pos=args.depth)
+    from genie_rt.quant import pdl
     full = time_step(be)
-    fused = be.ecfg.fuse_decode_norm
-    be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=not fused)     # read by each recording
-    other = time_step(be)
-    be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=fused)
+    fused, use_pdl = be.ecfg.fuse_decode_norm, be.ecfg.decode_pdl
+    settings = {}
+    for f in (False, True):
+        for d in ((False, True) if pdl.available() else (False,)):
+            be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=f, decode_pdl=d)   # read by each recording
+            settings[(f, d)] = time_step(be)
+    be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=fused, decode_pdl=use_pdl)
+    other = settings[(not fused, use_pdl and pdl.available())]
     rows = [("whole step", full, 100.0),
             (f"whole step, fuse_decode_norm={not fused}", other, 100 * other / full)]
+    rows += [(f"whole step, fuse_decode_norm={f}, decode_pdl={d}", ms, 100 * ms / full)
+             for (f, d), ms in settings.items()]
+    n_settings = len(settings)
     for module, name in FAMILIES:
         with without(module, name):
             rest = time_step(be)
@@ -95,9 +106,11 @@ def main(argv=None) -> int:
     print(f"decode step at depth {args.depth}, {be.device_info()['device']}: {full:.3f} ms "
           f"({1000 / full:.0f} tokens/s if nothing else ran), fuse_decode_norm={fused}")
     print(f"  the same step with fuse_decode_norm={not fused}: {other:.3f} ms")
-    for label, ms, pct in rows[2:]:
+    for label, ms, pct in rows[2:2 + n_settings]:
+        print(f"  {label}: {ms:.3f} ms ({1000 / ms:.0f} tokens/s)")
+    for label, ms, pct in rows[2 + n_settings:]:
         print(f"  {label:<36} {ms * 1000:8.1f} us  {pct:5.1f} %")
-    accounted = sum(ms for _, ms, _ in rows[2:])
+    accounted = sum(ms for _, ms, _ in rows[2 + n_settings:])
     print(f"  {'(sum of the families)':<36} {accounted * 1000:8.1f} us  {100 * accounted / full:5.1f} %")
     if args.json:
         with open(args.json, "w") as f:
