@@ -55,13 +55,9 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--mapped-memory", action="store_true",
                    help="CUDA: weights, KV and scratch in mapped host memory, as on an integrated GPU "
                         "(to exercise the Jetson placement on a discrete GPU; slower there)")
-    p.add_argument("--no-fuse-norm", action="store_true",
-                   help="CUDA decode: launch each norm on its own instead of folding it into the "
-                        "residual GEMV before it (same results; for benchmarks)")
-    p.add_argument("--pdl", action="store_true",
-                   help="CUDA decode, sm_90+ (H100/H200): launch the GEMVs by programmatic dependent "
-                        "launch, each starting its weight reads while the kernel before it ends (same "
-                        "results; experimental, off by default; ignored on other GPUs)")
+    p.add_argument("--fuse-norm", action="store_true",
+                   help="CUDA decode: fold each norm into the residual GEMV before it instead of its own "
+                        "launch (same results; slower on the H200 today: for benchmarks)")
     p.add_argument("--dry-run", action="store_true",
                    help="print what the load would do (back-end, memory budget, context) and exit: 0 fits, 1 not")
     add_kernel_cache_args(p)
@@ -105,7 +101,7 @@ def _engine_config(args):
                         threads=args.threads,
                         min_headroom_bytes=None if args.min_headroom_mb is None else args.min_headroom_mb << 20,
                         thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory,
-                        fuse_decode_norm=not args.no_fuse_norm, decode_pdl=args.pdl)
+                        fuse_decode_norm=args.fuse_norm)
 
 
 def resolve_model_arg(args) -> None:

@@ -228,10 +228,13 @@ class EngineConfig:
                                             # None: 256 MiB on an integrated GPU, off elsewhere; 0: off
     thermal_limit_c: float | None = None    # slow generation while the hottest zone is this hot; None: off
     mapped_memory: bool = False         # CUDA: the arena in mapped host memory (an integrated GPU's placement)
-    fuse_decode_norm: bool = True       # CUDA decode: the norm after a residual GEMV folded into
-                                        # that GEMV's launch (cuda_ops.DecodeOps; same bits either way)
-    decode_pdl: bool = False            # CUDA decode: GEMVs by programmatic dependent launch where the
-                                        # device has it (sm_90+, quant/pdl.py; same bits either way)
+    fuse_decode_norm: bool = False      # CUDA decode: the norm after a residual GEMV folded into
+                                        # that GEMV's launch (cuda_ops.DecodeOps; same bits either way).
+                                        # Off: slower on the H200 (2026-12-03: step 3.70 ms vs 2.56 ms,
+                                        # docs/forward-pass.md); kept for the work that makes its tail fast
+    decode_pdl: bool = False            # lab: decode GEMVs by programmatic dependent launch (sm_90+,
+                                        # quant/pdl.py). WRONG logits when the decode graph is replayed
+                                        # (H200, 2026-12-03): no CLI flag; tools/pdl_probe.py narrows it
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):

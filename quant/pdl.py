@@ -47,7 +47,7 @@ def _dim3(d) -> tuple:
     return tuple(int(v) for v in d) + (1,) * (3 - len(d))
 
 
-def launch(dispatcher, grid, block, stream, *args) -> None:
+def launch(dispatcher, grid, block, stream, *args, programmatic: bool = True) -> None:
     """dispatcher[grid, block, stream](*args), launched with programmatic stream
     serialization. The dispatcher must have exactly one compiled signature (the engine
     compiles every kernel eagerly at load) and be a PDL build."""
@@ -65,7 +65,7 @@ def launch(dispatcher, grid, block, stream, *args) -> None:
     for t, v in zip(kernel.argument_types, args):
         kernel._prepare_args(t, v, stream, retr, kernelargs)
     config = LaunchConfig(grid=_dim3(grid), block=_dim3(block), shmem_size=0,
-                          programmatic_stream_serialization=True)
+                          programmatic_stream_serialization=programmatic)
     core_launch(driver._to_core_stream(stream), config, cufunc.kernel, *kernelargs)
     for wb in retr:                 # numba's write-backs (none for device arrays)
         wb()

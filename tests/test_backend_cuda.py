@@ -265,7 +265,7 @@ def test_simulated_decode_folds_each_norm_into_its_residual_gemv(tmp_path, monke
     write_synthetic_qwen3(path, dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
                                      vocab=300, text_tokens=274), seed=1, exact=True)
     gpu, _, cfg = make_backends(path, "f16", n_ctx=64, chunk=16, warm=False)
-    assert not gpu.use_graphs and gpu.ecfg.fuse_decode_norm      # each decode records anew
+    assert not gpu.use_graphs                                  # each decode records anew
     calls = []
     real = norm.rmsnorm_q8
     monkeypatch.setattr(norm, "rmsnorm_q8", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
@@ -280,6 +280,9 @@ def test_simulated_decode_folds_each_norm_into_its_residual_gemv(tmp_path, monke
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="known bug (H200, 2026-12-03): the PDL decode graph's replays give "
+                   "wrong logits while its run on the stream is right; decode_pdl stays a lab switch "
+                   "(tools/pdl_probe.py)")
 def test_pdl_decode_graph_gives_the_same_bits(tmp_path, prompts):
     """EngineConfig.decode_pdl (quant/pdl.py, sm_90+): the decode graph's GEMVs launched by
     programmatic dependent launch, each starting its weight reads before the kernel before it

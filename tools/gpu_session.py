@@ -5,8 +5,7 @@
 Numba compiles each specialised kernel once per process (there is no on-disk cache yet,
 about 1.5 minutes for Qwen3-4B); every tool below loads its own engine, but after the
 first only the CUDA graphs are captured again. Runs, in order: `genie-rt bench`
-(pp18/33/128/512, tg128; then with --pdl, programmatic dependent launch of the decode
-GEMVs), tools/bench_prefix.py on the CUDA back-end,
+(pp18/33/128/512, tg128), tools/bench_prefix.py on the CUDA back-end,
 tools/profile_prefill.py and tools/profile_decode.py.
 """
 import argparse
@@ -22,7 +21,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-m", "--model", required=True)
     p.add_argument("--out", default=".")
-    p.add_argument("--skip", default="", help="comma-separated steps to skip: bench,bench-pdl,prefix,prefill,decode")
+    p.add_argument("--skip", default="", help="comma-separated steps to skip: bench,prefix,prefill,decode")
     p.add_argument("--prefill-sizes", default="24,40,64,512", help="tools/profile_prefill.py --sizes")
     p.add_argument("--prefill-start", default="0", help="tools/profile_prefill.py --start")
     args = p.parse_args(argv)
@@ -34,8 +33,6 @@ def main(argv=None) -> int:
     steps = [
         ("bench", lambda: cli(["bench", "-m", args.model, "-p", "18,33,128,512", "-n", "128", "-r", "3",
                                "--kv", "int8", "--ctx", "2048"])),
-        ("bench-pdl", lambda: cli(["bench", "-m", args.model, "-p", "18,33,512", "-n", "128", "-r", "3",
-                                   "--kv", "int8", "--ctx", "2048", "--pdl"])),
         ("prefix", lambda: bench_prefix.main(["--backend", "cuda", "-m", args.model])),
         ("prefill", lambda: profile_prefill.main(["-m", args.model, "--sizes", args.prefill_sizes,
                                                   "--start", args.prefill_start,

@@ -1,6 +1,6 @@
 """Where a CUDA decode step spends its time, by kernel family (GPU only).
 
-    python tools/profile_decode.py -m MODEL.gguf [--ctx 2048] [--depth 512] [--json PATH] [--no-fuse-norm] [--pdl]
+    python tools/profile_decode.py -m MODEL.gguf [--ctx 2048] [--depth 512] [--json PATH] [--fuse-norm] [--pdl]
 
 Times the captured decode graph (greedy sampling included), then, for each launcher the
 step calls, a graph recorded with that launcher replaced by a no-op: the difference is
@@ -66,7 +66,7 @@ def main(argv=None) -> int:
     p.add_argument("--depth", type=int, default=512, help="context position of the profiled step")
     p.add_argument("--kv", default="int8")
     p.add_argument("--json", default=None)
-    p.add_argument("--no-fuse-norm", action="store_true", help="profile with the decode norms launched on their own")
+    p.add_argument("--fuse-norm", action="store_true", help="profile with the decode norms folded into the GEMVs")
     p.add_argument("--pdl", action="store_true", help="profile with programmatic dependent launch (sm_90+)")
     args = p.parse_args(argv)
     import dataclasses
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     for module, _ in FAMILIES:
         importlib.import_module(module)
     eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv,
-                                                 fuse_decode_norm=not args.no_fuse_norm, decode_pdl=args.pdl))
+                                                 fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl))
     be = eng.backend
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, eng.cfg.vocab_size, args.depth).astype(np.int32)
