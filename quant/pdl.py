@@ -15,8 +15,10 @@ Rules: a kernel is launched with the attribute only if it was built for PDL (`PD
 its factory: every read of another kernel's output and every write comes after its wait);
 PDL builds contain sm_90 instructions and are made only for devices of compute capability
 9.0 or more (`available()`); the Jetson (sm_87) and other sm_80+ GPUs keep the plain
-kernels. Status: a lab switch (quant/gemv.py `PDL`), measured by quant/gemv_bench.py's
-decode step before the engine uses it (docs/kernels/gemv.md).
+kernels. Status (H200, 2026-12-03): a lab switch (quant/gemv.py `PDL`, EngineConfig.decode_pdl
+without a CLI flag). PDL launches on the stream give the plain kernels' bits; replays of a
+captured decode graph with them gave wrong logits (tests/test_backend_cuda.py, a strict xfail);
+tools/pdl_probe.py is the run that narrows it down (docs/forward-pass.md).
 
 `launch` does what numba's own `kernel[grid, block, stream](*args)` does for a kernel with
 one compiled signature (numba-cuda 0.30: the dispatcher's overload, its argument
