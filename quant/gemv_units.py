@@ -1,9 +1,9 @@
 """Decode GEMV unit decoders of the formats beyond Qwen3's: Q4_0, Q4_1, Q5_1, Q5_K, BF16.
 
-`gemv_kernels.py` holds the row loop, the reduction and the kernels, plus the unit
-decoders of Q4_K, Q6_K, Q8_0, Q5_0 and F16 (Qwen3's and Gemma's hot formats); this file
-adds the other GGUF formats in the same two parts per format (read gemv_kernels.py's
-docstring first):
+`gemv_kernels.py` holds the row loop, the reduction and the kernels, `gemv_formats.py`
+the unit decoders of Q4_K, Q6_K, Q8_0, Q5_0 and F16 (Qwen3's and Gemma's hot formats)
+and the format tables; this file adds the other GGUF formats in the same two parts per
+format (read gemv_kernels.py's docstring first):
 
     load_*(wa, wb, wc, wd, g)   one 16-byte unit g of the bulk plane (+ the fields it needs)
     _*_dp4a(NT) / _*_f32(NT)    acc[ao + t] += sum over the unit's weights of w * x[t]
@@ -16,7 +16,7 @@ Slots per format (flat views made by gemv.prepare_weight; planes: quant/layout.p
     BF16  wa = 8 bf16 weights a unit (4 words)
 
 The q8 activations: x ~ xd * xq per 32 values, xs holds (xd, xd*sum xq[0:16],
-xd*sum xq[16:32], xd*sum xq[0:32]) (gemv.quantize_q8_reference). The math per format:
+xd*sum xq[16:32], xd*sum xq[0:32]) (gemv_reference.quantize_q8_reference). The math per format:
     Q4_0  w = d (q - 8)        sum w x = d (xd sum(q xq) - 8 xd sum(xq))
     Q4_1  w = d q + m          sum w x = d xd sum(q xq) + m xd sum(xq)
     Q5_1  as Q4_1, q has 5 bits (the 5th from qh)

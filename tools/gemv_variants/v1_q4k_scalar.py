@@ -21,7 +21,8 @@ from numba import cuda, float32
 
 from genie_rt.quant import ptx
 from genie_rt.quant.formats import QType
-from genie_rt.quant.gemv_kernels import _k_scales, _warp_sum
+from genie_rt.quant.gemv_formats import _k_scales
+from genie_rt.quant.gemv_kernels import _warp_sum
 
 NAME = "v1 scalar-load Q4_K"
 QTYPE = QType.Q4_K
