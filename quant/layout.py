@@ -88,8 +88,28 @@ class PackedWeight:
         return sum(int(p.nbytes) for p in self.planes.values())
 
 
-def pack(raw: np.ndarray, qtype, shape: tuple[int, int]) -> PackedWeight:
-    """GGUF bytes of a (rows, cols) matrix -> PackedWeight with C-contiguous host planes."""
+# Splitting a big matrix into its planes is a strided gather over the mapped file (and the
+# page faults that read it): at load it was 2.4 of a 4B model's ~3 s of "reading weights" on
+# the H200 host (kernel-cache.md). numpy releases the GIL while it copies, so row chunks of one
+# matrix are gathered by a few threads at once; the planes are the same bytes either way and
+# no more memory is held than one matrix's planes.
+PARALLEL_MIN_BYTES = 8 << 20          # matrices below this are gathered by the calling thread
+_pool = None
+
+
+def _executor():
+    global _pool
+    if _pool is None:
+        import os
+        from concurrent.futures import ThreadPoolExecutor
+        _pool = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
+                                   thread_name_prefix="genie-pack")
+    return _pool
+
+
+def pack(raw: np.ndarray, qtype, shape: tuple[int, int], parallel: bool = True) -> PackedWeight:
+    """GGUF bytes of a (rows, cols) matrix -> PackedWeight with C-contiguous host planes
+    (row chunks gathered by a few threads for a big matrix unless parallel=False)."""
     qtype = _qtype(qtype)
     if qtype not in PLANES:
         raise ValueError(f"no device layout for {qtype.name} weights (supported: "
@@ -100,10 +120,22 @@ def pack(raw: np.ndarray, qtype, shape: tuple[int, int]) -> PackedWeight:
         raise ValueError(f"{qtype.name} matrix with {cols} columns: not a multiple of its block size {block}")
     nb = cols // block
     blocks = np.ascontiguousarray(raw).view(np.uint8).reshape(rows, nb, block_bytes)
-    planes = {}
-    for name, off, size, dt in PLANES[qtype]:
-        field = np.ascontiguousarray(blocks[:, :, off:off + size])
-        planes[name] = field.reshape(rows, nb * size).view(np.dtype(dt))
+    fields = PLANES[qtype]
+    out = {name: np.empty((rows, nb, size), np.uint8) for name, _, size, _ in fields}
+
+    def gather(r0: int, r1: int) -> None:
+        for name, off, size, _ in fields:
+            np.copyto(out[name][r0:r1], blocks[r0:r1, :, off:off + size])
+
+    pool = _executor() if parallel and blocks.nbytes >= PARALLEL_MIN_BYTES and rows > 1 else None
+    if pool is None:
+        gather(0, rows)
+    else:
+        n = min(pool._max_workers * 2, rows)
+        cuts = [rows * i // n for i in range(n + 1)]
+        for f in [pool.submit(gather, a, b) for a, b in zip(cuts, cuts[1:])]:
+            f.result()
+    planes = {name: out[name].reshape(rows, nb * size).view(np.dtype(dt)) for name, _, size, dt in fields}
     return PackedWeight(qtype, rows, cols, planes)
 
 

@@ -42,3 +42,19 @@ def test_refuses_unknown_types_and_shapes():
         pack(np.zeros((1, 110), np.uint8), QType.Q3_K, (1, 256))
     with pytest.raises(ValueError, match="not a multiple"):
         pack(np.zeros((1, 144), np.uint8), QType.Q4_K, (1, 200))
+
+
+@pytest.mark.parametrize("qtype", [QType.Q4_K, QType.Q6_K, QType.Q8_0, QType.F16])
+def test_parallel_gather_gives_the_same_planes(qtype, monkeypatch):
+    """A big matrix is split into planes by row chunks on a few threads (layout.pack): the
+    same bytes as one thread, whatever the number of rows per chunk (here 37 rows, uneven)."""
+    import genie_rt.quant.layout as L
+    monkeypatch.setattr(L, "PARALLEL_MIN_BYTES", 0)
+    rows, cols = 37, 512
+    raw = np.random.default_rng(1).integers(0, 256, rows * row_bytes(qtype, cols), dtype=np.uint8)
+    one, many = L.pack(raw, qtype, (rows, cols), parallel=False), L.pack(raw, qtype, (rows, cols))
+    assert one.planes.keys() == many.planes.keys()
+    for name in one.planes:
+        assert many.planes[name].dtype == one.planes[name].dtype and many.planes[name].flags.c_contiguous
+        np.testing.assert_array_equal(many.planes[name].view(np.uint8), one.planes[name].view(np.uint8))
+    np.testing.assert_array_equal(unpack(many), raw.reshape(rows, -1))
