@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from genie_rt.quant.formats import QType, dequantize
-from genie_rt.quant.layout import PLANES, PackedWeight, pack
+from genie_rt.quant.layout import PLANES, PackedWeight, pack, release_threads
 
 from .cuda_layout import CudaLayout, WeightGroup
 from .gguf_file import GGUFError, GGUFFile
@@ -87,6 +87,7 @@ def upload(arena, lay: CudaLayout, g: GGUFFile, stream, integrated: bool, progre
         stream.synchronize()
         progress.done()
     finally:
+        release_threads()
         if fd is not None:
             os.close(fd)
 

@@ -107,6 +107,14 @@ def _executor():
     return _pool
 
 
+def release_threads() -> None:
+    """End the gather threads (after a model's weights are loaded: none lingers in a server)."""
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=True)
+        _pool = None
+
+
 def pack(raw: np.ndarray, qtype, shape: tuple[int, int], parallel: bool = True) -> PackedWeight:
     """GGUF bytes of a (rows, cols) matrix -> PackedWeight with C-contiguous host planes
     (row chunks gathered by a few threads for a big matrix unless parallel=False)."""

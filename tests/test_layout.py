@@ -58,3 +58,6 @@ def test_parallel_gather_gives_the_same_planes(qtype, monkeypatch):
         assert many.planes[name].dtype == one.planes[name].dtype and many.planes[name].flags.c_contiguous
         np.testing.assert_array_equal(many.planes[name].view(np.uint8), one.planes[name].view(np.uint8))
     np.testing.assert_array_equal(unpack(many), raw.reshape(rows, -1))
+    L.release_threads()                    # what the CUDA weight upload does when it is done
+    import threading
+    assert not [t for t in threading.enumerate() if t.name.startswith("genie-pack")]
