@@ -304,3 +304,30 @@ def main(argv=None) -> int:
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
     sys.exit(main())
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_cuda_backend_logits_match_llamacpp_and_the_cpu(model):
+    """The CUDA back-end (INT8 KV, the default) on the real files: every reference position of
+    every prompt against llama.cpp's F32 run as closely as the CPU back-end's quantized path
+    must be (FAST_MIN_COS), and against the CPU back-end's own logits at cosine >= 0.998 (the
+    GPU-vs-CPU bar of tests/test_cuda_archs.py for an INT8 cache). Each position is a decode
+    step of the captured graph (CUDABackend.prefill(..., all_logits=True)). Not yet run: the
+    files exceed what the lent GPU machine takes along (docs/models.md)."""
+    from genie_rt.engine.config import EngineConfig
+    from genie_rt.engine.engine import Engine
+    name, g, cfg = model
+    r = refs(name)
+    _, cpu = _logits(model, fast=True, kv="int8")
+    n_ctx = max(len(r[f"tokens_{i}"]) for i in range(len(PROMPTS))) + 16
+    eng = Engine.load(g.path, EngineConfig(backend="cuda", n_ctx=n_ctx, kv_dtype="int8"))
+    for i in range(len(PROMPTS)):
+        tokens = r[f"tokens_{i}"]
+        got = eng.backend.prefill(tokens, 0, all_logits=True)[r[f"pos_{i}"]][:, r["cols"]]
+        cos = cosine_rows(got, r[f"exact_{i}"])
+        need = FAST_MIN_COS["int8"][len(tokens) > 64]
+        assert cos.min() >= need, (f"{name} prompt {i}: cosine {cos.min():.5f} with llama.cpp's F32 run "
+                                   f"(need {need})")
+        vs_cpu = cosine_rows(got, cpu[i])
+        assert vs_cpu.min() >= 0.998, f"{name} prompt {i}: cosine {vs_cpu.min():.5f} with the CPU back-end"
