@@ -26,9 +26,18 @@ from numba.cuda.simulator import kernel as _sim_kernel
 from numba.cuda.simulator import kernelapi as _kernelapi
 from numba.cuda.simulator.cudadrv import devicearray as _sim_devicearray
 
-# A lane waiting in a warp collective checks for deadlock after this many seconds
-# (a lane of its warp exited, or waits in syncthreads), then again every second.
+from . import sim_block  # noqa: F401  (installs the event-driven block before the wrappers below)
+
+# The first lane to wait in a warp collective checks for deadlock after this many seconds
+# (a lane of its warp exited, or waits in syncthreads), then again every second. Only that
+# one lane checks, and the others wake only every _SIM_IDLE_WAKE_S (to see an abort): with
+# every waiting lane of a 1024-thread block polling, the wake-ups and the checks' thread
+# scans starved the lanes still working (CI 2026-12-03: a shuffle "did not arrive in 600 s").
 _SIM_STALL_CHECK_S = 5.0
+_SIM_IDLE_WAKE_S = 1.0
+# A collective whose block has made no progress (no collective completed, no barrier passed)
+# for this long raises: a lane spins or waits on something that never comes.
+_SIM_NO_PROGRESS_S = 600.0
 _FULL_MASK = 0xFFFFFFFF
 _create_lock = threading.Lock()
 
@@ -89,6 +98,7 @@ if not getattr(_sim_kernel.BlockThread.syncthreads, "_genie_counted", False):
     def _counted_syncthreads(self):
         _sim_syncthreads(self)
         self._genie_barriers = _barriers(self) + 1
+        _progress(self._manager)
 
     _counted_syncthreads._genie_counted = True
     _sim_kernel.BlockThread.syncthreads = _counted_syncthreads
@@ -113,6 +123,12 @@ if not getattr(_sim_kernel.BlockThread.run, "_genie_counted", False):
 
     _recorded_run._genie_counted = True
     _sim_kernel.BlockThread.run = _recorded_run
+
+
+def _progress(mgr):
+    """Count one step of a block (a collective completed, a barrier passed); races between
+    threads may lose a count, which only matters if every step is lost."""
+    mgr._genie_progress = getattr(mgr, "_genie_progress", 0) + 1
 
 
 def _stall_check(th, rnd, waited_s):
@@ -140,8 +156,9 @@ def _stall_check(th, rnd, waited_s):
             raise RuntimeError(
                 f"{rnd.name}: lane {lane} of warp {th.thread_id >> 5} waits in syncthreads "
                 f"while other lanes wait in {rnd.name}: divergent warp (deadlock)")
-    if waited_s > 600:
-        raise RuntimeError(f"{rnd.name}: lanes {missing:#010x} did not arrive in 600 s")
+    if waited_s > _SIM_NO_PROGRESS_S:
+        raise RuntimeError(f"{rnd.name}: lanes {missing:#010x} did not arrive, and the block made "
+                           f"no progress, in {_SIM_NO_PROGRESS_S:.0f} s")
 
 
 def _warp_collective(name, mask, value, combine):
@@ -176,6 +193,7 @@ def _warp_collective(name, mask, value, combine):
         rnd.arrived |= 1 << lane
         if rnd.arrived == rnd.mask:
             del warp.open[mask]
+            _progress(th._manager)
             try:
                 rnd.result = combine(rnd.values, rnd.mask)
             except BaseException as e:  # hand the error to every lane
@@ -183,16 +201,24 @@ def _warp_collective(name, mask, value, combine):
             rnd.done = True
             warp.cond.notify_all()
         else:
+            checker = rnd.arrived == 1 << lane      # the first lane to wait checks for deadlock
+            mgr = th._manager
             start = time.monotonic()
             next_check = _SIM_STALL_CHECK_S
+            seen, seen_at = getattr(mgr, "_genie_progress", 0), start
             while not rnd.done:
-                warp.cond.wait(0.05)
+                warp.cond.wait(0.25 if checker else _SIM_IDLE_WAKE_S)
                 if th.abort:
                     raise RuntimeError("aborted: another simulated thread raised")
-                waited = time.monotonic() - start
-                if not rnd.done and waited > next_check:
-                    _stall_check(th, rnd, waited)
-                    next_check = waited + 1.0
+                if not checker or rnd.done:
+                    continue
+                now = time.monotonic()
+                if now - start > next_check:
+                    progress = getattr(mgr, "_genie_progress", 0)
+                    if progress != seen:
+                        seen, seen_at = progress, now
+                    _stall_check(th, rnd, now - seen_at)
+                    next_check = now - start + 1.0
     if rnd.error is not None:
         raise RuntimeError(f"{name} failed in lane {lane}: {rnd.error!r}") from rnd.error
     return rnd.result[lane]
