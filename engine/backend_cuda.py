@@ -37,6 +37,7 @@ from . import cuda_layout
 from .arena import Arena
 from .config import EngineConfig, ModelConfig
 from .cuda_constrained import ConstrainedSteps
+from .cuda_graph_steps import GraphSteps
 from .cuda_layout import BUCKETS, MAX_BIAS, is_integrated, plan_layout, rope_keys
 from .device_state import MAX_PLANS, N_SLOTS, S_LAST, S_POS, S_SPLIT, S_TOKEN
 from .gguf_file import GGUFFile
@@ -58,7 +59,7 @@ class _Request:
     draws: int = 0                 # tokens sampled on the device this request
 
 
-class CUDABackend(ConstrainedSteps):
+class CUDABackend(ConstrainedSteps, GraphSteps):
     """engine/backend.py's Backend on a CUDA GPU."""
 
     name = "cuda"
@@ -85,8 +86,13 @@ class CUDABackend(ConstrainedSteps):
         self.mapped = bool(getattr(ecfg, "mapped_memory", False))
         self.arena = A = Arena(lay.layout, mapped=self.mapped)
         self.integrated = is_integrated(cuda_layout.device())
-        # weights in host memory (integrated GPU, or mapped): the file's pages are dropped behind them
-        cuda_weights.upload(A, lay, g, self.stream, self.integrated or self.mapped, progress)
+        # weights in host memory (integrated GPU, or mapped): the file's pages are dropped behind them.
+        # On a discrete GPU whose graphs are captured now, they are read on a thread meanwhile.
+        self._upload, self.upload_seconds = None, None
+        overlap = (warm and self.use_graphs and not self.simulator and not (self.integrated or self.mapped)
+                   and getattr(ecfg, "overlap_load", True))
+        if not overlap:
+            cuda_weights.upload(A, lay, g, self.stream, self.integrated or self.mapped, progress)
         self.weights, self.stacks = cuda_weights.bind(A, lay, g, cfg, ecfg.gemv_mode)
         self.attn = attn_layers(cfg, self.weights.layers, self.weights.rope_freqs)
         self._upload_rope_tables()
@@ -128,7 +134,10 @@ class CUDABackend(ConstrainedSteps):
         self.load_seconds = time.perf_counter() - t0
         self.compile_seconds = 0.0
         if warm and not self.simulator:
+            if overlap:                   # nothing above reads a weight; warm_up joins it
+                self._upload = cuda_weights.BackgroundUpload(A, lay, g)
             self.warm_up(progress)
+        self._weights_ready(progress)
 
     # -- load helpers --------------------------------------------------------------------
     def _matrices(self):
@@ -214,132 +223,6 @@ class CUDABackend(ConstrainedSteps):
         self.spec.body(ops, self.weights, self.attn, s, self.cfg)
         ops.finish()
         gather_row(s.x, self.state, S_LAST, self.arena["x_last"], stream=self.stream)
-
-    # -- graphs ------------------------------------------------------------------------
-    def _recorded(self, record) -> None:
-        """Run a recording; it must end with nothing pending (a DecodeOps' finish())."""
-        self.pending_launch = None        # (left by a recording that raised)
-        record()
-        assert self.pending_launch is None, \
-            f"a recording ended with {self.pending_launch} still pending: call ops.finish() at its end"
-
-    def _run(self, key, record) -> None:
-        """Replay the graph for `key`. On first use the sequence runs uncaptured (compiling
-        what is not compiled yet) and is then captured for the next time, so every call
-        executes it exactly once (sampling and state updates are not idempotent)."""
-        if not self.use_graphs:
-            self._recorded(record)
-            return
-        graph = self._graphs.get(key)
-        if graph is None:
-            from .cuda_graph import CUDAGraph
-            t0 = time.perf_counter()
-            self._recorded(record)        # this step's work (and any compilation) ...
-            self.stream.synchronize()
-            t1 = time.perf_counter()
-            graph = CUDAGraph(self.stream)
-            with graph.capture():         # ... then recorded, not executed again
-                self._recorded(record)
-            self._keep_graph(key, graph, t1 - t0, time.perf_counter() - t1)
-            return
-        graph.replay()
-
-    def _keep_graph(self, key, graph, first_run_s: float, capture_s: float) -> None:
-        """Store a captured graph and count it in capture_stats (the load log's per-kind line)."""
-        self._graphs[key] = graph
-        st = self.capture_stats.setdefault(key[0], [0, 0.0, 0.0, 0])
-        st[0] += 1
-        st[1] += first_run_s
-        st[2] += capture_s
-        st[3] += graph.n_nodes
-
-    def _capture_only(self, key, record) -> bool:
-        """Capture `record` without running it first (warm-up only: nothing needs the work
-        done). Only safe when every kernel it launches is compiled and its buffers exist: a
-        compile or a cache load during the capture (the kernel cache's lookup counter moves)
-        or any error discards the graph, and the caller takes the ordinary path."""
-        from .cuda_graph import CUDAGraph
-        from .kernel_store import STATS
-        before, t0 = STATS.lookups, time.perf_counter()
-        graph = CUDAGraph(self.stream)
-        try:
-            with graph.capture():
-                self._recorded(record)
-        except Exception as exc:          # noqa: BLE001 - any failure: the ordinary path
-            log.debug("capture of %s without a first run failed (%s): running it first", key, exc)
-            graph.close()
-            self.stream.synchronize()
-            return False
-        if STATS.lookups != before:
-            graph.close()
-            return False
-        self._keep_graph(key, graph, 0.0, time.perf_counter() - t0)
-        return True
-
-    def warm_up(self, progress: Progress = NO_PROGRESS) -> None:
-        """Compile every kernel and capture the decode graphs and prefill buckets now: one
-        progress step, advanced per sequence (its kernels compiled or loaded from the kernel
-        cache, then its graph captured).
-
-        Each bucket is one graph (its attention split count is device state). The first
-        bucket runs once uncaptured (compiling or loading its kernels) and is then captured;
-        the later ones are first tried capture-only (no first run) and fall back to run-then-
-        capture when that capture would compile or load a kernel. Before the split count was
-        device state, a warm start of the 4B on the H200 (2026-12-03, tools/bench_start.py,
-        38 prefill graphs of 22,828 nodes) spent 9.7 of its 15.4 s here: the first runs of
-        the 8 buckets 1.9 s, the 38 captures 6.7 s."""
-        t0 = time.perf_counter()
-        keys = self.prefill_keys()
-        modes = (None, "greedy", "full")
-        progress.start("compiling kernels" + (", capturing graphs" if self.use_graphs else ""),
-                       len(keys) + 2 * len(modes), "graphs" if self.use_graphs else "sequences")
-        ran = False
-        for n, splits, start in keys:
-            self._set_state(pos=start, last=0, splits=self._splits(n, start))
-            rec = (lambda n=n, splits=splits: self._record_prefill(n, splits))
-            if not (self.use_graphs and ran and self._capture_only(("prefill", n, splits), rec)):
-                self._run(("prefill", n, splits), rec)
-                ran = True
-            progress.advance(1, f"prefill {n}")
-        self._set_state(pos=0, last=0)
-        for mode in modes:
-            self._run(("head", mode), lambda mode=mode: self._record_head(self.arena["x_last"], mode))
-            progress.advance(1, f"head {mode or 'logits'}")
-        for mode in modes:
-            self._set_state(pos=0)
-            self._run(("decode", mode), lambda mode=mode: self._record_decode(mode))
-            progress.advance(1, f"decode {mode or 'logits'}")
-        self.stream.synchronize()
-        self.kv.zero(self.stream)
-        self.stream.synchronize()
-        self._wrote(0, 0, reset=True)
-        self.compile_seconds = time.perf_counter() - t0
-        from .kernel_cache import run_summary
-        summary = run_summary()
-        progress.done(summary)
-        log.info("CUDA kernels compiled and %d graphs captured in %.1f s; %s", len(self._graphs),
-                 self.compile_seconds, summary)
-        log.info("graphs by kind: %s", "; ".join(
-            f"{kind} {n} (first runs {a:.2f} s, captures {b:.2f} s, {nodes} nodes)"
-            for kind, (n, a, b, nodes) in self.capture_stats.items()))
-
-    def prefill_keys(self) -> list[tuple[int, tuple, int]]:
-        """(bucket, most attention splits per plan, a start position) of every bucket's one
-        graph: all are captured at load, so no chunk compiles or captures on its first use,
-        whatever its start (the split count in use is device state)."""
-        return [(n, self._max_splits(n), 0) for n in BUCKETS if n <= self.lay.chunk and n <= self.n_ctx]
-
-    def _max_splits(self, n: int) -> tuple:
-        """The most context splits of each plan for a chunk of n rows at any start: the
-        grid of the bucket's one graph (its blocks above the count in use exit at once)."""
-        got = self._max_splits_of.get(n)
-        if got is None:
-            step = min(p.block_n for p in self._plans())
-            got = (1,) * len(self._plans())
-            for start in list(range(0, self.n_ctx - n + 1, step)) + [max(self.n_ctx - n, 0)]:
-                got = tuple(max(a, b) for a, b in zip(got, self._splits(n, start)))
-            self._max_splits_of[n] = got
-        return got
 
     # -- which positions the rings hold ---------------------------------------------------
     def _wrote(self, start: int, n: int, reset: bool = False) -> None:

@@ -235,6 +235,8 @@ class EngineConfig:
     decode_pdl: bool = False            # lab: decode GEMVs by programmatic dependent launch (sm_90+,
                                         # quant/pdl.py). WRONG logits when the decode graph is replayed
                                         # (H200, 2026-12-03): no CLI flag; tools/pdl_probe.py narrows it
+    overlap_load: bool = True           # CUDA, discrete GPU: read the weights on a thread while the
+                                        # kernels load and the graphs are captured (cuda_weights.BackgroundUpload)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -253,6 +255,8 @@ class EngineConfig:
             raise ValueError(f"prefill_chunk must be an integer >= 1, got {self.prefill_chunk!r}")
         if not isinstance(self.fuse_decode_norm, bool):
             raise ValueError(f"fuse_decode_norm must be True or False, got {self.fuse_decode_norm!r}")
+        if not isinstance(self.overlap_load, bool):
+            raise ValueError(f"overlap_load must be True or False, got {self.overlap_load!r}")
         if not isinstance(self.decode_pdl, bool):
             raise ValueError(f"decode_pdl must be True or False, got {self.decode_pdl!r}")
         if self.gemv_mode not in ("dp4a", "f32"):

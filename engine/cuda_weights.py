@@ -133,3 +133,67 @@ def bind(arena, lay: CudaLayout, g: GGUFFile, cfg, gemv_mode: str):
         return CudaMatrix(t.name, gemv_weight(where[t.name]), where[t.name])
 
     return bind_weights(g, cfg, bind_one), stacks
+
+
+class _Counted:
+    """A Progress that only counts (the background upload's; the main thread shows it)."""
+
+    def __init__(self):
+        self.total, self.count = 0, 0
+
+    def start(self, step, total=None, unit="", done=0, detail=""):
+        self.total, self.count = total or 0, done
+
+    def advance(self, n=1, detail=""):
+        self.count += n
+
+    def done(self, detail=""):
+        pass
+
+
+class BackgroundUpload:
+    """`upload` on a thread of its own, with its own stream, while the main thread loads the
+    kernels and captures the graphs (a capture only records pointers; it needs the buffers
+    to exist, not their contents). `wait` joins it - before anything reads a weight - shows
+    what is left as the step "reading weights", and raises what the upload raised.
+
+    Used on a discrete GPU only: on an integrated one the CPU does both jobs and the host
+    memory of the upload's temporaries would add to the compiler's."""
+
+    def __init__(self, arena, lay: CudaLayout, g: GGUFFile):
+        import threading
+
+        from numba import cuda
+        self._counted = _Counted()
+        self._error: BaseException | None = None
+        self.seconds = 0.0
+        self._stream = cuda.stream()
+        self._thread = threading.Thread(target=self._work, args=(arena, lay, g), name="genie-upload", daemon=True)
+        self._thread.start()
+
+    def _work(self, arena, lay, g):
+        import time
+        t0 = time.perf_counter()
+        try:
+            upload(arena, lay, g, self._stream, False, self._counted)
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread by wait()
+            self._error = exc
+        self.seconds = time.perf_counter() - t0
+
+    def join(self) -> None:
+        """Wait for the thread, dropping its error (the caller is already raising one)."""
+        self._thread.join()
+
+    def wait(self, progress: Progress = NO_PROGRESS) -> None:
+        if self._thread.is_alive():
+            c = self._counted
+            progress.start("reading weights", c.total or None, "B", done=c.count, detail="(overlapped with the warm-up)")
+            shown = c.count
+            while self._thread.is_alive():
+                self._thread.join(0.2)
+                progress.advance(c.count - shown)
+                shown = c.count
+            progress.done()
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err

@@ -109,8 +109,11 @@ class Engine:
         """Check, budget, read the weights, compile the kernels (the CPU's by a short warm-up
         forward, the GPU's with their graphs). `progress` (engine/progress.py) is told each
         long step; by default nothing is printed."""
+        from .load_report import process_age_s, timeline
         ecfg = ecfg or EngineConfig()
         t0 = time.perf_counter()
+        age = process_age_s()
+        marks = [("process start to load", age)] if age is not None else []
         g = open_gguf(path)
         cfg = ModelConfig.from_gguf(g)
         try:
@@ -127,8 +130,10 @@ class Engine:
             log.warning("context %d exceeds the model's training context %d", ecfg.n_ctx, cfg.n_ctx_train)
         log.info("loading %s (%s, %d layers) on the %s back-end", Path(path).name, cfg.arch, cfg.n_layers,
                  backend_name)
+        t1 = time.perf_counter()
         budget = budget_for(g, cfg, ecfg, backend_name)     # what `genie-rt info` prints (load_plan.py)
         plan = budget.plan(ecfg.n_ctx)
+        t2 = time.perf_counter()
         if ecfg.n_ctx is None and plan.n_ctx < cfg.n_ctx_train:
             log.info("context %d tokens: the largest that fits in %s (%s available, the model was trained "
                      "for %d)", plan.n_ctx, budget.where, fmt_bytes(budget.available), cfg.n_ctx_train)
@@ -141,6 +146,9 @@ class Engine:
             from .backend_cuda import CUDABackend
             backend = CUDABackend(g, cfg, ecfg, plan, progress=progress)
         engine = cls(g, cfg, ecfg, backend, plan, tokenizer, template, time.perf_counter() - t0)
+        marks += [("file, tokenizer, template", t1 - t0), ("memory plan", t2 - t1),
+                  ("back-end", time.perf_counter() - t2)]
+        log.info("load timeline: %s", timeline(marks, backend))
         engine.guard = make_guard(ecfg, bool(getattr(backend, "integrated", False)))
         if ecfg.kv_cache_dir:
             from genie_rt.kvcache.persist import KVStore

@@ -26,6 +26,33 @@ FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9:
               17: "Q5_K_M", 18: "Q6_K", 32: "BF16"}
 
 
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux: /proc/self/stat's start time against
+    /proc/uptime), or None where that cannot be read."""
+    import os
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def timeline(marks: list[tuple[str, float]], backend) -> str:
+    """The load's phases in one log line: `marks` are (name, seconds) in order; the CUDA
+    back-end adds its weight upload (overlapped or not) and its warm-up."""
+    parts = [f"{name} {sec:.2f} s" for name, sec in marks]
+    up = getattr(backend, "upload_seconds", None)
+    if up is not None:
+        parts.append(f"weights read on a thread beside the warm-up {up:.2f} s")
+    warm = getattr(backend, "compile_seconds", None)
+    if warm:
+        parts.append(f"warm-up {warm:.2f} s")
+    return "; ".join(parts)
+
+
 def _device(info: dict) -> str:
     backend = info.get("backend", "?")
     device = info.get("device", "?")

@@ -117,6 +117,40 @@ def test_simulated_sample_logits(tmp_path):
     assert len(draws) > 1 and np.array_equal(logits, keep)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU the overlapped-load bits test covers this)")
+def test_simulated_background_upload_writes_what_upload_writes_and_hands_over_its_error(tmp_path, monkeypatch):
+    """cuda_weights.BackgroundUpload (the weights read on a thread beside the warm-up): the
+    arena's bytes equal a sequential upload's; an error on its thread is raised by wait()."""
+    from numba import cuda
+
+    from genie_rt.engine import cuda_weights
+    from genie_rt.engine.arena import Arena
+    from genie_rt.engine.cuda_layout import plan_layout
+    path = tmp_path / "tiny.gguf"
+    write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
+                                     vocab=300, text_tokens=274), seed=0)
+    g = open_gguf(path)
+    cfg = ModelConfig.from_gguf(g)
+    lay = plan_layout(g, cfg, EngineConfig(backend="cuda", n_ctx=64, kv_dtype="f16", prefill_chunk=16), 64)
+    seq, bg = Arena(lay.layout), Arena(lay.layout)
+    for a in (seq, bg):
+        a.buffer.copy_to_device(np.zeros(a.buffer.shape, np.uint8))
+    cuda_weights.upload(seq, lay, g, cuda.stream(), False)
+    up = cuda_weights.BackgroundUpload(bg, lay, g)
+    up.wait()
+    assert up.seconds > 0
+    np.testing.assert_array_equal(bg.buffer.copy_to_host(), seq.buffer.copy_to_host())
+
+    def broken(*a, **k):
+        raise ValueError("tensor blk.0.attn_q.weight: unreadable")
+    monkeypatch.setattr(cuda_weights, "pack", broken)
+    up = cuda_weights.BackgroundUpload(bg, lay, g)
+    with pytest.raises(ValueError, match="unreadable"):
+        up.wait()
+    up.wait()                               # the error is handed over once
+
+
 # ------------------------------------------------------------------------------------
 # GPU
 # ------------------------------------------------------------------------------------
@@ -137,6 +171,31 @@ def test_every_position_matches_cpu(fixture_gguf, prompts, kv, min_cos):
         # the batched prefill's last row equals the per-token path's
         last = gpu.prefill(tokens, 0)
         assert cosine_rows(last, ref[-1])[0] >= min_cos
+
+
+@pytest.mark.gpu
+def test_weights_read_beside_the_warm_up_give_the_same_bits(tmp_path, prompts):
+    """EngineConfig.overlap_load: the weights read on a thread while the graphs are captured
+    (no graph runs before they are in) give the bits of a load that reads them first."""
+    import dataclasses
+
+    from genie_rt.engine.backend_cuda import CUDABackend
+    path = tmp_path / "synth.gguf"
+    write_synthetic_qwen3(path, dict(layers=2, hidden=1024, heads=16, kv_heads=8, head_dim=128, ffn=3072,
+                                     vocab=4122, text_tokens=4096), seed=0)
+    g = open_gguf(path)
+    cfg = ModelConfig.from_gguf(g)
+    base = EngineConfig(backend="cuda", n_ctx=256, kv_dtype="f16", prefill_chunk=512)
+    plan = MemoryPlan(256, 0, 0, 0, 0, 0, 1 << 50, "test")
+    tokens = np.concatenate(prompts)[:90]
+    out = {}
+    for overlap in (False, True):
+        be = CUDABackend(g, cfg, dataclasses.replace(base, overlap_load=overlap), plan)
+        assert (be.upload_seconds is not None) == overlap and be._upload is None
+        out[overlap] = (be.prefill(tokens, 0), be.decode(11, 90), be.decode(12, 91))
+        del be
+    for a, b in zip(out[False], out[True]):
+        np.testing.assert_array_equal(a, b)
 
 
 @pytest.mark.gpu

@@ -110,6 +110,14 @@ def compile_line(log_path: Path) -> str | None:
     return None
 
 
+def load_lines(log_path: Path) -> list[str]:
+    """The serve log's account of the load: the timeline, each step's "done in" line and the
+    graphs-by-kind line (engine/engine.py, engine/progress.py, engine/backend_cuda.py)."""
+    keep = ("load timeline", ": done", "graphs by kind", "ready in")
+    return [line.strip() for line in log_path.read_text(errors="replace").splitlines()
+            if any(k in line for k in keep)][:40]
+
+
 def folder_size(folder: Path) -> tuple[int, int]:
     files = [p for p in folder.rglob("*.kc") if p.is_file()]
     return len(files), sum(p.stat().st_size for p in files)
@@ -155,6 +163,7 @@ def run_phase(name: str, args, cache: Path, logs: Path) -> dict:
     entries, nbytes = folder_size(cache)
     return {"phase": name, "health_s": round(health_s, 2), "requests": reqs, "device": health.get("device"),
             "n_ctx": health.get("n_ctx"), "compile_log": compile_line(log_path),
+            "load_log": load_lines(log_path),
             "cache_entries": entries, "cache_bytes": nbytes, "log": str(log_path)}
 
 

@@ -1,0 +1,168 @@
+"""The CUDA back-end's graphs: each recorded sequence run once and captured, or captured
+without a run, and the warm-up that captures every graph a request can need at load.
+
+A mixin of CUDABackend (engine/backend_cuda.py). It uses that class's `stream`, `state`,
+`arena`, `lay`, `n_ctx`, `kv`, `use_graphs`, `_graphs` (key -> CUDAGraph), `capture_stats`,
+`pending_launch`, `_upload` (a cuda_weights.BackgroundUpload or None), `_max_splits_of`, and
+its methods `_record_prefill/_head/_decode`, `_set_state`, `_splits`, `_plans`, `_wrote`.
+Keys: ("prefill", n, splits), ("head", mode), ("decode", mode) and the constrained steps'
+("sample", ...) (engine/cuda_constrained.py).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from .cuda_layout import BUCKETS
+from .progress import NO_PROGRESS, Progress
+
+log = logging.getLogger("genie_rt.cuda")
+
+
+class GraphSteps:
+    def _recorded(self, record) -> None:
+        """Run a recording; it must end with nothing pending (a DecodeOps' finish())."""
+        self.pending_launch = None        # (left by a recording that raised)
+        record()
+        assert self.pending_launch is None, \
+            f"a recording ended with {self.pending_launch} still pending: call ops.finish() at its end"
+
+    def _run(self, key, record) -> None:
+        """Replay the graph for `key`. On first use the sequence runs uncaptured (compiling
+        what is not compiled yet) and is then captured for the next time, so every call
+        executes it exactly once (sampling and state updates are not idempotent)."""
+        if not self.use_graphs:
+            self._recorded(record)
+            return
+        graph = self._graphs.get(key)
+        if graph is None:
+            from .cuda_graph import CUDAGraph
+            t0 = time.perf_counter()
+            self._recorded(record)        # this step's work (and any compilation) ...
+            self.stream.synchronize()
+            t1 = time.perf_counter()
+            graph = CUDAGraph(self.stream)
+            with graph.capture():         # ... then recorded, not executed again
+                self._recorded(record)
+            self._keep_graph(key, graph, t1 - t0, time.perf_counter() - t1)
+            return
+        graph.replay()
+
+    def _keep_graph(self, key, graph, first_run_s: float, capture_s: float) -> None:
+        """Store a captured graph and count it in capture_stats (the load log's per-kind line)."""
+        self._graphs[key] = graph
+        st = self.capture_stats.setdefault(key[0], [0, 0.0, 0.0, 0])
+        st[0] += 1
+        st[1] += first_run_s
+        st[2] += capture_s
+        st[3] += graph.n_nodes
+
+    def _capture_only(self, key, record) -> bool:
+        """Capture `record` without running it first (warm-up only: nothing needs the work
+        done). Only safe when every kernel it launches is compiled and its buffers exist: a
+        compile or a cache load during the capture (the kernel cache's lookup counter moves)
+        or any error discards the graph, and the caller takes the ordinary path."""
+        from .cuda_graph import CUDAGraph
+        from .kernel_store import STATS
+        before, t0 = STATS.lookups, time.perf_counter()
+        graph = CUDAGraph(self.stream)
+        try:
+            with graph.capture():
+                self._recorded(record)
+        except Exception as exc:          # noqa: BLE001 - any failure: the ordinary path
+            log.debug("capture of %s without a first run failed (%s): running it first", key, exc)
+            graph.close()
+            self.stream.synchronize()
+            return False
+        if STATS.lookups != before:
+            graph.close()
+            return False
+        self._keep_graph(key, graph, 0.0, time.perf_counter() - t0)
+        return True
+
+    def warm_up(self, progress: Progress = NO_PROGRESS) -> None:
+        """Compile every kernel and capture the decode graphs and prefill buckets now: one
+        progress step, advanced per sequence (its kernels compiled or loaded from the kernel
+        cache, then its graph captured).
+
+        Each bucket is one graph (its attention split count is device state). Every sequence
+        is first captured without a run (`_warm_one`: a try that loads or compiles kernels is
+        discarded and tried once more), so nothing reads a weight while the background upload
+        (cuda_weights.BackgroundUpload) writes them; one that cannot be captured that way
+        waits for the weights, runs once and is captured. Before the split count was
+        device state, a warm start of the 4B on the H200 (2026-12-03, tools/bench_start.py,
+        38 prefill graphs of 22,828 nodes) spent 9.7 of its 15.4 s here: the first runs of
+        the 8 buckets 1.9 s, the 38 captures 6.7 s."""
+        t0 = time.perf_counter()
+        keys = self.prefill_keys()
+        modes = (None, "greedy", "full")
+        progress.start("compiling kernels" + (", capturing graphs" if self.use_graphs else ""),
+                       len(keys) + 2 * len(modes), "graphs" if self.use_graphs else "sequences")
+        try:
+            for n, splits, start in keys:
+                self._set_state(pos=start, last=0, splits=self._splits(n, start))
+                self._warm_one(("prefill", n, splits), lambda n=n, splits=splits: self._record_prefill(n, splits))
+                progress.advance(1, f"prefill {n}")
+            self._set_state(pos=0, last=0)
+            for mode in modes:
+                self._warm_one(("head", mode), lambda mode=mode: self._record_head(self.arena["x_last"], mode))
+                progress.advance(1, f"head {mode or 'logits'}")
+            for mode in modes:
+                self._set_state(pos=0)
+                self._warm_one(("decode", mode), lambda mode=mode: self._record_decode(mode))
+                progress.advance(1, f"decode {mode or 'logits'}")
+        except BaseException:
+            if self._upload is not None:          # nothing may write the arena once this raises
+                self._upload.join()
+            raise
+        self._weights_ready(progress)
+        self.stream.synchronize()
+        self.kv.zero(self.stream)
+        self.stream.synchronize()
+        self._wrote(0, 0, reset=True)
+        self.compile_seconds = time.perf_counter() - t0
+        from .kernel_cache import run_summary
+        summary = run_summary()
+        progress.done(summary)
+        log.info("CUDA kernels compiled and %d graphs captured in %.1f s; %s", len(self._graphs),
+                 self.compile_seconds, summary)
+        log.info("graphs by kind: %s", "; ".join(
+            f"{kind} {n} (first runs {a:.2f} s, captures {b:.2f} s, {nodes} nodes)"
+            for kind, (n, a, b, nodes) in self.capture_stats.items()))
+
+    def _warm_one(self, key, record, progress: Progress) -> None:
+        """Capture `key` without running it (a first try may load or compile kernels, and is
+        then discarded; the second records); failing that, run it first (after the weights are
+        in) and capture it."""
+        if self.use_graphs:
+            for _ in range(2):
+                if self._capture_only(key, record):
+                    return
+        self._weights_ready(progress)
+        self._run(key, record)
+
+    def _weights_ready(self, progress: Progress = NO_PROGRESS) -> None:
+        """Join the background upload (if any): before anything reads a weight."""
+        if self._upload is not None:
+            up, self._upload = self._upload, None
+            up.wait(progress)
+            self.upload_seconds = up.seconds
+
+    def prefill_keys(self) -> list[tuple[int, tuple, int]]:
+        """(bucket, most attention splits per plan, a start position) of every bucket's one
+        graph: all are captured at load, so no chunk compiles or captures on its first use,
+        whatever its start (the split count in use is device state)."""
+        return [(n, self._max_splits(n), 0) for n in BUCKETS if n <= self.lay.chunk and n <= self.n_ctx]
+
+    def _max_splits(self, n: int) -> tuple:
+        """The most context splits of each plan for a chunk of n rows at any start: the
+        grid of the bucket's one graph (its blocks above the count in use exit at once)."""
+        got = self._max_splits_of.get(n)
+        if got is None:
+            step = min(p.block_n for p in self._plans())
+            got = (1,) * len(self._plans())
+            for start in list(range(0, self.n_ctx - n + 1, step)) + [max(self.n_ctx - n, 0)]:
+                got = tuple(max(a, b) for a, b in zip(got, self._splits(n, start)))
+            self._max_splits_of[n] = got
+        return got
+
