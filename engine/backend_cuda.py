@@ -87,10 +87,11 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         self.arena = A = Arena(lay.layout, mapped=self.mapped)
         self.integrated = is_integrated(cuda_layout.device())
         # weights in host memory (integrated GPU, or mapped): the file's pages are dropped behind them.
-        # On a discrete GPU whose graphs are captured now, they are read on a thread meanwhile.
+        # With EngineConfig.overlap_load, on a discrete GPU whose graphs are captured now, they
+        # are read on a thread meanwhile.
         self._upload, self.upload_seconds = None, None
         overlap = (warm and self.use_graphs and not self.simulator and not (self.integrated or self.mapped)
-                   and getattr(ecfg, "overlap_load", True))
+                   and getattr(ecfg, "overlap_load", False))
         if not overlap:
             cuda_weights.upload(A, lay, g, self.stream, self.integrated or self.mapped, progress)
         self.weights, self.stacks = cuda_weights.bind(A, lay, g, cfg, ecfg.gemv_mode)

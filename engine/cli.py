@@ -58,6 +58,9 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--fuse-norm", action="store_true",
                    help="CUDA decode: fold each norm into the residual GEMV before it instead of its own "
                         "launch (same results; slower on the H200 today: for benchmarks)")
+    p.add_argument("--overlap-load", action="store_true",
+                   help="CUDA, discrete GPU: read the weights on a thread while the kernels load and the "
+                        "graphs are captured (for a faster start; off until measured on a GPU)")
     p.add_argument("--dry-run", action="store_true",
                    help="print what the load would do (back-end, memory budget, context) and exit: 0 fits, 1 not")
     add_kernel_cache_args(p)
@@ -101,7 +104,7 @@ def _engine_config(args):
                         threads=args.threads,
                         min_headroom_bytes=None if args.min_headroom_mb is None else args.min_headroom_mb << 20,
                         thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory,
-                        fuse_decode_norm=args.fuse_norm)
+                        fuse_decode_norm=args.fuse_norm, overlap_load=args.overlap_load)
 
 
 def resolve_model_arg(args) -> None:

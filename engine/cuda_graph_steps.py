@@ -85,11 +85,12 @@ class GraphSteps:
         progress step, advanced per sequence (its kernels compiled or loaded from the kernel
         cache, then its graph captured).
 
-        Each bucket is one graph (its attention split count is device state). Every sequence
-        is first captured without a run (`_warm_one`: a try that loads or compiles kernels is
-        discarded and tried once more), so nothing reads a weight while the background upload
-        (cuda_weights.BackgroundUpload) writes them; one that cannot be captured that way
-        waits for the weights, runs once and is captured. Before the split count was
+        Each bucket is one graph (its attention split count is device state). The first
+        bucket runs once uncaptured (compiling or loading its kernels) and is then captured;
+        the later ones are first tried capture-only (no first run) and fall back to run-then-
+        capture when that capture would compile or load a kernel. With a background upload
+        (EngineConfig.overlap_load) every sequence is first tried capture-only, so that
+        nothing reads a weight before the weights are in (`_warm_one`). Before the split count was
         device state, a warm start of the 4B on the H200 (2026-12-03, tools/bench_start.py,
         38 prefill graphs of 22,828 nodes) spent 9.7 of its 15.4 s here: the first runs of
         the 8 buckets 1.9 s, the 38 captures 6.7 s."""
@@ -99,46 +100,51 @@ class GraphSteps:
         progress.start("compiling kernels" + (", capturing graphs" if self.use_graphs else ""),
                        len(keys) + 2 * len(modes), "graphs" if self.use_graphs else "sequences")
         try:
-            for n, splits, start in keys:
+            for i, (n, splits, start) in enumerate(keys):
                 self._set_state(pos=start, last=0, splits=self._splits(n, start))
-                self._warm_one(("prefill", n, splits), lambda n=n, splits=splits: self._record_prefill(n, splits))
+                self._warm_one(("prefill", n, splits), lambda n=n, splits=splits: self._record_prefill(n, splits),
+                               first_try_capture=i > 0)
                 progress.advance(1, f"prefill {n}")
             self._set_state(pos=0, last=0)
             for mode in modes:
-                self._warm_one(("head", mode), lambda mode=mode: self._record_head(self.arena["x_last"], mode))
+                self._warm_one(("head", mode), lambda mode=mode: self._record_head(self.arena["x_last"], mode),
+                               first_try_capture=False)
                 progress.advance(1, f"head {mode or 'logits'}")
             for mode in modes:
                 self._set_state(pos=0)
-                self._warm_one(("decode", mode), lambda mode=mode: self._record_decode(mode))
+                self._warm_one(("decode", mode), lambda mode=mode: self._record_decode(mode),
+                               first_try_capture=False)
                 progress.advance(1, f"decode {mode or 'logits'}")
+            self.stream.synchronize()
+            self.kv.zero(self.stream)
+            self.stream.synchronize()
+            self._wrote(0, 0, reset=True)
+            self.compile_seconds = time.perf_counter() - t0
+            from .kernel_cache import run_summary
+            summary = run_summary()
+            progress.done(summary)
+            log.info("CUDA kernels compiled and %d graphs captured in %.1f s; %s", len(self._graphs),
+                     self.compile_seconds, summary)
+            log.info("graphs by kind: %s", "; ".join(
+                f"{kind} {n} (first runs {a:.2f} s, captures {b:.2f} s, {nodes} nodes)"
+                for kind, (n, a, b, nodes) in self.capture_stats.items()))
         except BaseException:
             if self._upload is not None:          # nothing may write the arena once this raises
                 self._upload.join()
             raise
-        self._weights_ready(progress)
-        self.stream.synchronize()
-        self.kv.zero(self.stream)
-        self.stream.synchronize()
-        self._wrote(0, 0, reset=True)
-        self.compile_seconds = time.perf_counter() - t0
-        from .kernel_cache import run_summary
-        summary = run_summary()
-        progress.done(summary)
-        log.info("CUDA kernels compiled and %d graphs captured in %.1f s; %s", len(self._graphs),
-                 self.compile_seconds, summary)
-        log.info("graphs by kind: %s", "; ".join(
-            f"{kind} {n} (first runs {a:.2f} s, captures {b:.2f} s, {nodes} nodes)"
-            for kind, (n, a, b, nodes) in self.capture_stats.items()))
+        self._weights_ready(progress)       # after the warm-up's step: progress steps do not nest
 
-    def _warm_one(self, key, record, progress: Progress) -> None:
-        """Capture `key` without running it (a first try may load or compile kernels, and is
-        then discarded; the second records); failing that, run it first (after the weights are
-        in) and capture it."""
-        if self.use_graphs:
-            for _ in range(2):
+    def _warm_one(self, key, record, first_try_capture: bool) -> None:
+        """Capture `key`. While the weights are still being read (a background upload), every
+        sequence is captured without a run: a try that loads or compiles kernels is discarded
+        and tried once more. Otherwise only where `first_try_capture` (the later buckets,
+        whose kernels the first bucket loaded). Failing that, it waits for the weights, runs
+        once and is captured."""
+        if self.use_graphs and (self._upload is not None or first_try_capture):
+            for _ in range(2 if self._upload is not None else 1):
                 if self._capture_only(key, record):
                     return
-        self._weights_ready(progress)
+        self._weights_ready()               # silently: inside the warm-up's progress step
         self._run(key, record)
 
     def _weights_ready(self, progress: Progress = NO_PROGRESS) -> None:

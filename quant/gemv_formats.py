@@ -23,6 +23,7 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from . import gemv_units as U
+from .gemv_units import dot16 as _dot16, spread4 as _spread4
 from . import ptx
 from .formats import QType
 
@@ -53,15 +54,6 @@ else:
 # =====================================================================================
 # Small helpers
 # =====================================================================================
-@_dev
-def _dot16(w0, w1, w2, w3, x):
-    """Sum of the 16 int8 products of words w0..w3 and the 4-word tuple x (4 dp4a)."""
-    s = ptx.dp4a(w0, x[0], 0)
-    s = ptx.dp4a(w1, x[1], s)
-    s = ptx.dp4a(w2, x[2], s)
-    return ptx.dp4a(w3, x[3], s)
-
-
 @_dev
 def _bytes_f32(q, sub, scale, off):
     """4 bytes q (each < 1024) -> 4 floats scale * (q - (sub - 1024)) - off, byte 0 first.
@@ -305,12 +297,6 @@ def _q8_0_dp4a(NT):
             acc[ao + t] += d * xs[uint32((o >> 5) * 4)] * float32(
                 _dot16(q[0], q[1], q[2], q[3], ptx.ldg_v4(xq, o >> 2)))
     return mul
-
-
-@_dev
-def _spread4(bits):
-    """4 bits -> bit 4 of each of 4 bytes (bit k -> byte k): the 5th bit of Q5_0 quants."""
-    return ((bits * 0x00204081) & 0x01010101) << 4
 
 
 def _q5_0_dp4a(NT):

@@ -55,7 +55,6 @@ from .norm_q8_device import make_norm_q8_tail, q8_of_warp   # q8_of_warp: quanti
 WARPS = 4                 # warps per block
 BLOCK = 32 * WARPS        # threads per block
 FULL = 0xFFFFFFFF         # shuffle mask: the whole warp
-RINT = np.float32(12582912.0)         # 1.5 * 2**23: (v + RINT) - RINT rounds to nearest even
 _GELU_A = float32(0.044715)
 _GELU_S = float32(0.79788456080286535587989211986876)
 

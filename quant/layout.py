@@ -94,7 +94,7 @@ class PackedWeight:
 # matrix are gathered by a few threads at once; the planes are the same bytes either way and
 # no more memory is held than one matrix's planes.
 PARALLEL_MIN_BYTES = 8 << 20          # matrices below this are gathered by the calling thread
-_pool = None
+_pool = None                          # (ThreadPoolExecutor, its number of workers) while loading
 
 
 def _executor():
@@ -102,8 +102,8 @@ def _executor():
     if _pool is None:
         import os
         from concurrent.futures import ThreadPoolExecutor
-        _pool = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
-                                   thread_name_prefix="genie-pack")
+        workers = max(1, min(8, os.cpu_count() or 1))
+        _pool = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix="genie-pack"), workers)
     return _pool
 
 
@@ -111,7 +111,7 @@ def release_threads() -> None:
     """End the gather threads (after a model's weights are loaded: none lingers in a server)."""
     global _pool
     if _pool is not None:
-        _pool.shutdown(wait=True)
+        _pool[0].shutdown(wait=True)
         _pool = None
 
 
@@ -139,7 +139,8 @@ def pack(raw: np.ndarray, qtype, shape: tuple[int, int], parallel: bool = True) 
     if pool is None:
         gather(0, rows)
     else:
-        n = min(pool._max_workers * 2, rows)
+        pool, workers = pool
+        n = min(workers * 2, rows)
         cuts = [rows * i // n for i in range(n + 1)]
         for f in [pool.submit(gather, a, b) for a, b in zip(cuts, cuts[1:])]:
             f.result()

@@ -193,7 +193,10 @@ def test_the_cuda_load_reports_weights_and_each_graph(fixture_gguf):
                            _splits=lambda n, start: (1,),
                            _set_state=lambda **kw: None, _wrote=lambda *a, **kw: None,
                            _run=lambda key, record: ran.append(key), capture_stats={},
-                           _capture_only=lambda key, record: captured.append(key) or True)
+                           _capture_only=lambda key, record: captured.append(key) or True,
+                           _upload=None)
+    fake._warm_one = lambda *a, **k: CUDABackend._warm_one(fake, *a, **k)
+    fake._weights_ready = lambda *a, **k: CUDABackend._weights_ready(fake, *a, **k)
     rec, captured = Recorder(), []
     CUDABackend.warm_up(fake, rec)
     assert rec.calls[0] == ("start", "compiling kernels, capturing graphs", 3 + 6)

@@ -31,3 +31,10 @@ def test_the_simulator_modules_exist():
     from conftest import SIMULATOR_MODULES
     missing = sorted(m for m in SIMULATOR_MODULES if not (ROOT / "tests" / m).is_file())
     assert not missing, f"conftest.SIMULATOR_MODULES names missing files: {missing}"
+
+
+def test_ci_runs_the_readme_slow_test_command():
+    text = (ROOT / "README.md").read_text().split("### Tests", 1)[1]
+    slow = re.search(r"^(python -m pytest -q -m slow[^#\n]*?)\s*(#.*)?$", text, re.M).group(1).strip()
+    ci = [l.strip() for l in (ROOT / ".ci" / "run").read_text().splitlines()]
+    assert slow in ci, f"README's slow-test command {slow!r} is not what .ci/run runs"

@@ -1,0 +1,53 @@
+"""engine/cuda_graph_steps.py's warm-up order, on a stand-in back-end (no kernels): with the
+weights still being read on a thread, nothing runs before they are in; without, the first
+bucket, the heads and the decodes run once before their capture, as they always did."""
+from genie_rt.engine.cuda_graph_steps import GraphSteps
+
+
+class _Upload:
+    def __init__(self, log):
+        self.log, self.seconds = log, 1.5
+
+    def wait(self, progress):
+        self.log.append("weights in")
+
+    def join(self):
+        self.log.append("joined")
+
+
+class _Stub(GraphSteps):
+    """What _warm_one reads of CUDABackend; each capture-only try succeeds per `captures`."""
+
+    def __init__(self, upload: bool, captures):
+        self.log = []
+        self.use_graphs = True
+        self._upload = _Upload(self.log) if upload else None
+        self.upload_seconds = None
+        self._captures = iter(captures)
+
+    def _capture_only(self, key, record):
+        ok = next(self._captures)
+        self.log.append(("capture-only", key, ok))
+        return ok
+
+    def _run(self, key, record):
+        self.log.append(("run", key))
+
+
+def test_with_a_background_upload_nothing_runs_before_the_weights_are_in():
+    b = _Stub(True, [False, True])                 # the first try loaded kernels: discarded
+    b._warm_one(("prefill", 16, (1,)), None, first_try_capture=False)
+    assert b.log == [("capture-only", ("prefill", 16, (1,)), False), ("capture-only", ("prefill", 16, (1,)), True)]
+    b = _Stub(True, [False, False])                # cannot be captured without a run
+    b._warm_one(("decode", None), None, first_try_capture=False)
+    assert b.log[-2:] == ["weights in", ("run", ("decode", None))]
+    assert b._upload is None and b.upload_seconds == 1.5
+    b._warm_one(("decode", "greedy"), None, first_try_capture=False)   # weights in: as without
+    assert b.log[-1] == ("run", ("decode", "greedy"))
+
+
+def test_without_one_the_first_sequence_runs_first_and_later_buckets_are_tried_capture_only():
+    b = _Stub(False, [True])
+    b._warm_one(("prefill", 16, (1,)), None, first_try_capture=False)
+    b._warm_one(("prefill", 32, (1,)), None, first_try_capture=True)
+    assert b.log == [("run", ("prefill", 16, (1,))), ("capture-only", ("prefill", 32, (1,)), True)]
