@@ -216,12 +216,20 @@ class EngineWorker:
                 job.post(exc)
             return
         done = False
+        started = time.monotonic()
+        first_event = first_text = None
         try:
             for event in self.engine.generate(job.request):
+                if first_event is None:
+                    first_event = time.monotonic()
+                if first_text is None and getattr(event, "text", None):
+                    first_text = time.monotonic()
                 if isinstance(event, Done):
                     done = True
                     if self.metrics is not None:
                         self.metrics.on_result(event.result, time.monotonic() - job.enqueued_at, event.index)
+                    if event.index == 0:
+                        _log_timings(job, started, first_event, first_text, event.result)
                 job.post(event)
             if not done:
                 raise RuntimeError("the engine ended a generation without a result")
@@ -237,3 +245,14 @@ class EngineWorker:
             if self.metrics is not None:
                 self.metrics.on_error()
             job.post(exc)
+
+
+def _log_timings(job: Job, started: float, first_event, first_text, r) -> None:
+    """One line per request (its first choice), as llama-server prints its timings: where the
+    time to the first token went - the queue, the prompt (prefill), the rest until the first
+    text - so a slow first request after a start shows which part is slow."""
+    ms = lambda a, b: "-" if a is None or b is None else f"{(b - a) * 1000:.1f}"   # noqa: E731
+    log.info("request timings: queued %s ms; first event after %s ms, first text after %s ms "
+             "(prompt %d tokens, %d reused, prefill %.1f ms); %d tokens generated in %.1f ms",
+             ms(job.enqueued_at, started), ms(started, first_event), ms(started, first_text),
+             r.n_prompt, r.n_cached, r.prompt_ms, r.n_generated, r.gen_ms)

@@ -297,6 +297,23 @@ def test_worker_survives_failures_and_drops_the_kv_prefix():
         assert worker.stop(timeout=5)
 
 
+def test_worker_logs_each_requests_timings_once(caplog):
+    """One "request timings" line per request (llama-server prints its timings likewise): the
+    queue, the first event and first text, the prompt's counts and prefill time."""
+    import logging
+    worker = EngineWorker(FlakyEngine(), max_queue=2)
+    worker.start()
+    try:
+        with caplog.at_level(logging.INFO, logger="genie_rt.server"):
+            assert asyncio.run(_run_jobs(worker, 2)) == ["Done", "RuntimeError"]
+    finally:
+        assert worker.stop(timeout=5)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("request timings")]
+    r = _result()
+    assert len(lines) == 1 and f"prompt {r.n_prompt} tokens, {r.n_cached} reused" in lines[0]
+    assert "first text after" in lines[0] and " - ms" not in lines[0]
+
+
 def test_worker_queue_bound_cancel_and_stop():
     async def scenario():
         loop = asyncio.get_running_loop()

@@ -113,7 +113,7 @@ def compile_line(log_path: Path) -> str | None:
 def load_lines(log_path: Path) -> list[str]:
     """The serve log's account of the load: the timeline, each step's "done in" line and the
     graphs-by-kind line (engine/engine.py, engine/progress.py, engine/backend_cuda.py)."""
-    keep = ("load timeline", ": done", "graphs by kind", "ready in")
+    keep = ("load timeline", ": done", "graphs by kind", "ready in", "request timings")
     return [line.strip() for line in log_path.read_text(errors="replace").splitlines()
             if any(k in line for k in keep)][:40]
 
@@ -123,11 +123,14 @@ def folder_size(folder: Path) -> tuple[int, int]:
     return len(files), sum(p.stat().st_size for p in files)
 
 
+PHASE_ARGS = {"cold": [], "warm": [], "warm-overlap": ["--overlap-load"]}   # phase -> more serve arguments
+
+
 def run_phase(name: str, args, cache: Path, logs: Path) -> dict:
     port = args.port or free_port()
     log_path = logs / f"serve-{name}.log"
     cmd = [sys.executable, "-m", "genie_rt.engine.cli", "serve", "-m", args.model, "--port", str(port),
-           "--kernel-cache", str(cache)] + args.serve_args
+           "--kernel-cache", str(cache)] + args.serve_args + PHASE_ARGS[name]
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     print(f"[{name}] {' '.join(cmd)}", file=sys.stderr)
     with open(log_path, "wb") as log:
@@ -188,7 +191,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", required=True)
-    ap.add_argument("--phases", default="cold,warm", help="comma separated: cold, warm (default both)")
+    ap.add_argument("--phases", default="cold,warm",
+                    help="comma separated: cold, warm, warm-overlap (a warm start with --overlap-load); "
+                         "default cold,warm")
     ap.add_argument("--cache-dir", default=None, help="kernel cache folder (default: a temporary one)")
     ap.add_argument("--keep-cache", action="store_true", help="do not delete the temporary cache folder")
     ap.add_argument("--port", type=int, default=0, help="default: a free port")
@@ -200,8 +205,8 @@ def main(argv=None) -> int:
     ap.add_argument("serve_args", nargs="*", help="after --: arguments for `genie-rt serve`")
     args = ap.parse_args(argv)
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
-    if not phases or any(p not in ("cold", "warm") for p in phases):
-        ap.error(f"--phases takes cold and/or warm, got {args.phases!r}")
+    if not phases or any(p not in PHASE_ARGS for p in phases):
+        ap.error(f"--phases takes {', '.join(PHASE_ARGS)}, got {args.phases!r}")
     if not Path(args.model).is_file():
         ap.error(f"model {args.model!r} is not a file")
     temp = args.cache_dir is None
