@@ -137,8 +137,13 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         if warm and not self.simulator:
             if overlap:                   # nothing above reads a weight; warm_up joins it
                 self._upload = cuda_weights.BackgroundUpload(A, lay, g)
-            self.warm_up(progress)
-        self._weights_ready(progress)
+            try:
+                self.warm_up(progress)
+                self._weights_ready(progress)
+            except BaseException:
+                if self._upload is not None:      # no thread may go on writing the arena
+                    self._upload.join()
+                raise
 
     # -- load helpers --------------------------------------------------------------------
     def _matrices(self):

@@ -95,11 +95,12 @@ class GraphSteps:
         38 prefill graphs of 22,828 nodes) spent 9.7 of its 15.4 s here: the first runs of
         the 8 buckets 1.9 s, the 38 captures 6.7 s."""
         t0 = time.perf_counter()
-        keys = self.prefill_keys()
-        modes = (None, "greedy", "full")
-        progress.start("compiling kernels" + (", capturing graphs" if self.use_graphs else ""),
-                       len(keys) + 2 * len(modes), "graphs" if self.use_graphs else "sequences")
+        self._waited = 0.0                  # seconds spent waiting for a background upload
         try:
+            keys = self.prefill_keys()
+            modes = (None, "greedy", "full")
+            progress.start("compiling kernels" + (", capturing graphs" if self.use_graphs else ""),
+                           len(keys) + 2 * len(modes), "graphs" if self.use_graphs else "sequences")
             for i, (n, splits, start) in enumerate(keys):
                 self._set_state(pos=start, last=0, splits=self._splits(n, start))
                 self._warm_one(("prefill", n, splits), lambda n=n, splits=splits: self._record_prefill(n, splits),
@@ -119,7 +120,7 @@ class GraphSteps:
             self.kv.zero(self.stream)
             self.stream.synchronize()
             self._wrote(0, 0, reset=True)
-            self.compile_seconds = time.perf_counter() - t0
+            self.compile_seconds = time.perf_counter() - t0 - self._waited
             from .kernel_cache import run_summary
             summary = run_summary()
             progress.done(summary)
@@ -140,19 +141,23 @@ class GraphSteps:
         and tried once more. Otherwise only where `first_try_capture` (the later buckets,
         whose kernels the first bucket loaded). Failing that, it waits for the weights, runs
         once and is captured."""
-        if self.use_graphs and (self._upload is not None or first_try_capture):
-            for _ in range(2 if self._upload is not None else 1):
+        reading = self._upload is not None and self._upload.reading
+        if self.use_graphs and (reading or first_try_capture):
+            for _ in range(2 if reading else 1):
                 if self._capture_only(key, record):
                     return
-        self._weights_ready()               # silently: inside the warm-up's progress step
+        if self._upload is not None:        # the weights in (or the upload's error raised) before a run
+            t0 = time.perf_counter()
+            self._upload.wait()             # silently: the step is shown after the warm-up's
+            self._waited = getattr(self, "_waited", 0.0) + time.perf_counter() - t0
         self._run(key, record)
 
     def _weights_ready(self, progress: Progress = NO_PROGRESS) -> None:
-        """Join the background upload (if any): before anything reads a weight."""
+        """Join the background upload (if any) and show its step "reading weights"."""
         if self._upload is not None:
-            up, self._upload = self._upload, None
-            up.wait(progress)
-            self.upload_seconds = up.seconds
+            self._upload.wait(progress)     # raises the upload's error; the thread has ended
+            self.upload_seconds = self._upload.seconds
+            self._upload = None
 
     def prefill_keys(self) -> list[tuple[int, tuple, int]]:
         """(bucket, most attention splits per plan, a start position) of every bucket's one

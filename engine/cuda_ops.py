@@ -27,6 +27,8 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+import numpy as np
+
 from .models.ops import AttnLayer
 
 ROPE_NAMES = {"neox": "neox", "norm": "normal"}     # ModelConfig.rope_style -> rope_write's name
@@ -248,8 +250,20 @@ class DecodeOps(_Ops):
             softcap_kernel(logits, softcap, stream=self.stream)
 
 
+class _PendingMerge(NamedTuple):
+    """A split prefill attention whose merge is not launched yet (PrefillOps)."""
+    out: object                     # the attention output [n, n_head * hd]
+    most: int                       # the launch's most splits
+    at: int | None                  # the state slot of the count in use
+
+
 class PrefillOps(_Ops):
-    """A chunk of n rows: tensor-core GEMMs (MMQ), tensor-core causal attention."""
+    """A chunk of n rows: tensor-core GEMMs (MMQ), tensor-core causal attention.
+
+    A split attention (most splits > 1: a bucket's graph serves every start) leaves its merge
+    pending; when the next op is the GEMM that reads its output, the merge runs inside that
+    GEMM's input conversion (kvcache/attention_merge.py: one launch, the same bits), else it
+    is launched on its own before that op (and by finish())."""
 
     def __init__(self, rt, n: int, n_splits: tuple, splits_at: int | None = None):
         super().__init__(rt, n)
@@ -260,6 +274,28 @@ class PrefillOps(_Ops):
         self._splits = {id(p): (k, None if splits_at is None else splits_at + i)
                         for i, (p, k) in enumerate(zip(rt._plans(), n_splits))}
         self._x16_holds = None      # the buffer whose fp16 copy is in x16 now
+        self._merge: _PendingMerge | None = None
+
+    embed = _flushing(_Ops.embed)
+    rope_write = _flushing(_Ops.rope_write)
+    post_norm_add = _flushing(_Ops.post_norm_add)
+
+    def _flush(self) -> None:
+        """Launch a pending split merge on its own (prefill_merge)."""
+        m = self._merge
+        if m is None:
+            return
+        from genie_rt.kvcache.attention_prefill_kernels import prefill_merge
+        self._merge = None
+        self.rt.pending_launch = None
+        pws, n_head = self.rt.pws, self.cfg.n_head
+        prefill_merge[self.n * n_head, 128, self.stream](pws.part_o, pws.part_ml, np.int32(m.most), self.rt.state,
+                                                         np.int32(-1 if m.at is None else m.at), m.out)
+
+    def _reads_float(self, *bufs) -> None:
+        if self._merge is not None and any(b is self._merge.out for b in bufs):
+            self._flush()
+        super()._reads_float(*bufs)
 
     def _invalidate(self, name: str) -> None:
         if self._x16_holds == name:
@@ -272,12 +308,23 @@ class PrefillOps(_Ops):
     def _prepared(self, x):
         from genie_rt.quant import mmq
         xe, xscale = self._x16(x.shape[1]), self.A["xscale"][:self.n]
+        m = self._merge
+        if m is not None and m.out is x:        # the split merge inside the conversion: one launch
+            from genie_rt.kvcache.attention_merge import merge_prepare_x
+            self._merge = None
+            self.rt.pending_launch = None
+            merge_prepare_x(self.rt.pws.part_o, self.rt.pws.part_ml, m.most, self.rt.state, m.at, x, xe, xscale,
+                            stream=self.stream)
+            self._x16_holds = self._name(x)
+            return xe, xscale
+        self._flush()
         if self._x16_holds != self._name(x):
             self._reads_float(x)
             mmq.prepare_x(x, xe, xscale, stream=self.stream)
             self._x16_holds = self._name(x)
         return xe, xscale
 
+    @_flushing
     def norm(self, x, w, out) -> None:
         """The norm folded into the GEMM input conversion: out's fp16 copy only."""
         from genie_rt.quant import mmq
@@ -326,6 +373,7 @@ class PrefillOps(_Ops):
                 norm.geglu(gate, up, out, stream=self.stream)
         self._wrote(out)
 
+    @_flushing
     def attention(self, q, a: AttnLayer, out) -> None:
         from genie_rt.kvcache.attention_prefill import prefill_attention
         self._reads_float(q)
@@ -333,8 +381,11 @@ class PrefillOps(_Ops):
         plan = self.rt.lay.prefill_plans[a.index]
         most, at = self._splits[id(plan)]
         prefill_attention(q3, self.rt.kv_layers[a.index], self.rt.state, out, self.rt.pws,
-                          n_splits=most, stream=self.stream, plan=plan, splits_at=at)
+                          n_splits=most, stream=self.stream, plan=plan, splits_at=at, merge=False)
         self._wrote(out)
+        if most > 1:                    # merged by the next op (see the class docstring)
+            self._merge = _PendingMerge(out, most, at)
+            self.rt.pending_launch = "the prefill attention's split merge"
 
     def head(self, x, norm_w, w, logits, softcap: float | None = None) -> None:
         raise AssertionError("the prefill graph ends at the hidden state; the head runs on one row")

@@ -180,20 +180,30 @@ class BackgroundUpload:
             self._error = exc
         self.seconds = time.perf_counter() - t0
 
+    @property
+    def reading(self) -> bool:
+        """The thread is still at work."""
+        return self._thread.is_alive()
+
     def join(self) -> None:
         """Wait for the thread, dropping its error (the caller is already raising one)."""
         self._thread.join()
 
     def wait(self, progress: Progress = NO_PROGRESS) -> None:
-        if self._thread.is_alive():
-            c = self._counted
-            progress.start("reading weights", c.total or None, "B", done=c.count, detail="(overlapped with the warm-up)")
+        """Join the thread, showing the step "reading weights" (what was read beside the
+        warm-up, then the rest); the thread has ended when this returns or raises."""
+        c = self._counted
+        try:
+            progress.start("reading weights", c.total or None, "B", done=c.count,
+                           detail="(beside the warm-up)")
             shown = c.count
             while self._thread.is_alive():
                 self._thread.join(0.2)
                 progress.advance(c.count - shown)
                 shown = c.count
             progress.done()
+        finally:
+            self._thread.join()             # an interrupt or a display error: still no thread left
         if self._error is not None:
             err, self._error = self._error, None
             raise err

@@ -41,15 +41,15 @@ def process_age_s() -> float | None:
 
 
 def timeline(marks: list[tuple[str, float]], backend) -> str:
-    """The load's phases in one log line: `marks` are (name, seconds) in order; the CUDA
-    back-end adds its weight upload (overlapped or not) and its warm-up."""
+    """The load's phases in one log line: `marks` are (name, seconds) in order; then, inside
+    the back-end's seconds, the CUDA back-end's warm-up and its weights read beside it."""
     parts = [f"{name} {sec:.2f} s" for name, sec in marks]
     up = getattr(backend, "upload_seconds", None)
     if up is not None:
-        parts.append(f"weights read on a thread beside the warm-up {up:.2f} s")
+        parts.append(f"(of which weights read beside the warm-up {up:.2f} s)")
     warm = getattr(backend, "compile_seconds", None)
     if warm:
-        parts.append(f"warm-up {warm:.2f} s")
+        parts.append(f"(of which warm-up {warm:.2f} s)")
     return "; ".join(parts)
 
 

@@ -172,7 +172,8 @@ def compile_prefill(plan: PrefillPlan) -> None:
 
 
 def prefill_attention(q, layer: KVLayer, state, out, ws: PrefillWorkspace, n_splits: int = 1,
-                      stream=0, plan: PrefillPlan | None = None, splits_at: int | None = None):
+                      stream=0, plan: PrefillPlan | None = None, splits_at: int | None = None,
+                      merge: bool = True):
     """out[i] = causal attention of query i (position state[0] + i) over cache positions
     0 .. state[0] + i (a windowed plan: state[0] + i - W + 1 .. state[0] + i, read through
     a ring's slots). The K/V of this chunk must already be in the cache (rope_write).
@@ -188,6 +189,9 @@ def prefill_attention(q, layer: KVLayer, state, out, ws: PrefillWorkspace, n_spl
     splits_at  None: n_splits splits. A state slot: the count is read at run time from
            state[splits_at] (clamped to 1 .. n_splits; n_splits is then the most the launch
            may use), so one captured graph serves every split count (engine/device_state.py)
+    merge  False: with n_splits > 1 the split merge is left to the caller - out holds the
+           result only if one split is in use - which must launch kvcache.attention_merge.
+           merge_prepare_x (or prefill_merge) before anything reads out or the workspace is reused
     No allocation, no synchronization."""
     p = ws.plan if plan is None else plan
     if plan is not None and not plan.fits(ws.plan):
@@ -229,6 +233,6 @@ def prefill_attention(q, layer: KVLayer, state, out, ws: PrefillWorkspace, n_spl
     grid = ((n * p.group + BM - 1) // BM * p.o_splits, p.n_kv, n_splits)
     p.kernel()[grid, THREADS, stream](q, layer.k_words, layer.v_words, layer.k_scale,
                                       layer.v_scale, state, out, ws.part_o, ws.part_ml, at)
-    if n_splits > 1:
+    if n_splits > 1 and merge:
         prefill_merge[n * p.n_head, 128, stream](ws.part_o, ws.part_ml, np.int32(n_splits),
                                                  state, at, out)

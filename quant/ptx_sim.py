@@ -38,6 +38,9 @@ _SIM_IDLE_WAKE_S = 1.0
 # A collective whose block has made no progress (no collective completed, no barrier passed)
 # for this long raises: a lane spins or waits on something that never comes.
 _SIM_NO_PROGRESS_S = 600.0
+# ... and one that has waited this long raises whatever the block does (a warp that spins on
+# collectives while waiting for a deadlocked one would otherwise look like progress forever).
+_SIM_WAIT_CAP_S = 1800.0
 _FULL_MASK = 0xFFFFFFFF
 _create_lock = threading.Lock()
 
@@ -150,8 +153,9 @@ def _stall_check(th, rnd, waited_s):
                 f"exited without reaching it; all lanes named in the mask must execute "
                 f"warp-synchronous instructions (hangs or is undefined on hardware)")
         # A lane whose flag is up at a barrier this lane has already passed is being
-        # released (the simulator's BlockManager clears the flags one thread at a time,
-        # which under a loaded GIL takes seconds for a 1024-thread block): not a deadlock.
+        # released, not deadlocked (numba's own BlockManager cleared the flags one thread at
+        # a time, seconds under a loaded GIL; quant/sim_block.py clears them under its lock,
+        # but the check stays correct for either).
         if t.syncthreads_blocked and _barriers(t) >= _barriers(th):
             raise RuntimeError(
                 f"{rnd.name}: lane {lane} of warp {th.thread_id >> 5} waits in syncthreads "
@@ -218,6 +222,9 @@ def _warp_collective(name, mask, value, combine):
                     if progress != seen:
                         seen, seen_at = progress, now
                     _stall_check(th, rnd, now - seen_at)
+                    if now - start > _SIM_WAIT_CAP_S:
+                        raise RuntimeError(f"{name}: lanes {rnd.mask & ~rnd.arrived:#010x} did not arrive "
+                                           f"in {_SIM_WAIT_CAP_S:.0f} s")
                     next_check = now - start + 1.0
     if rnd.error is not None:
         raise RuntimeError(f"{name} failed in lane {lane}: {rnd.error!r}") from rnd.error

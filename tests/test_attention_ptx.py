@@ -13,6 +13,7 @@ from ptx_helpers import assert_no_f64, assert_ptx_contains, compile_in_subproces
 _PTX_SOURCE = """
 from genie_rt.kvcache.attention_decode_kernels import decode_kernel
 from genie_rt.kvcache.attention_prefill_kernels import prefill_kernel, prefill_merge
+from genie_rt.kvcache.attention_merge import merge_prepare_x_kernel
 decode_int8 = decode_kernel(128, 4, "int8")
 decode_f16 = decode_kernel(128, 8, "f16")
 prefill_int8 = prefill_kernel(128, 4, "int8")
@@ -38,7 +39,9 @@ def _compile_ptx(names, merge):
     kernels = {name: DECODE_SIGNATURE if name.startswith("decode") else PREFILL_SIGNATURE
                for name in names}
     if merge:
+        from genie_rt.kvcache.attention_merge import MERGE_PREPARE_SIGNATURE
         kernels["prefill_merge"] = MERGE_SIGNATURE
+        kernels["merge_prepare_x_kernel"] = MERGE_PREPARE_SIGNATURE
     return compile_in_subprocess(_PTX_SOURCE, kernels)
 
 
@@ -59,6 +62,8 @@ def _check_ptx(ptx_text):
             if name.startswith("decode"):
                 assert_ptx_contains(text, "ld.global.nc.v4.u32", "atom.global.add", "membar.gl",
                                     where=where)
+            elif name == "merge_prepare_x_kernel":     # the merge's exp2 and prepare_x's fp16 pairs
+                assert_ptx_contains(text, "ex2.approx", "cvt.rn.f16x2.f32", where=where)
             elif name.startswith("prefill_") and name != "prefill_merge":
                 assert_ptx_contains(text, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
                                     "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
@@ -69,7 +74,7 @@ def _check_ptx(ptx_text):
 def test_ptx_all_kernels_compile_without_f64_or_local_memory(ptx_text):
     """No f64, no local memory; decode uses 128-bit loads and the atomic merge, prefill
     the tensor cores (mma.sync, ldmatrix)."""
-    assert set(ptx_text) == set(_QUICK) | {"prefill_merge"}
+    assert set(ptx_text) == set(_QUICK) | {"prefill_merge", "merge_prepare_x_kernel"}
     _check_ptx(ptx_text)
 
 

@@ -6,10 +6,11 @@ from genie_rt.engine.cuda_graph_steps import GraphSteps
 
 class _Upload:
     def __init__(self, log):
-        self.log, self.seconds = log, 1.5
+        self.log, self.seconds, self.reading = log, 1.5, True
 
-    def wait(self, progress):
+    def wait(self, progress=None):
         self.log.append("weights in")
+        self.reading = False
 
     def join(self):
         self.log.append("joined")
@@ -41,9 +42,10 @@ def test_with_a_background_upload_nothing_runs_before_the_weights_are_in():
     b = _Stub(True, [False, False])                # cannot be captured without a run
     b._warm_one(("decode", None), None, first_try_capture=False)
     assert b.log[-2:] == ["weights in", ("run", ("decode", None))]
+    b._warm_one(("decode", "greedy"), None, first_try_capture=False)   # weights in: as without,
+    assert b.log[-2:] == ["weights in", ("run", ("decode", "greedy"))]  # (its error checked first)
+    b._weights_ready()                  # after the warm-up: the step shown, the upload let go
     assert b._upload is None and b.upload_seconds == 1.5
-    b._warm_one(("decode", "greedy"), None, first_try_capture=False)   # weights in: as without
-    assert b.log[-1] == ("run", ("decode", "greedy"))
 
 
 def test_without_one_the_first_sequence_runs_first_and_later_buckets_are_tried_capture_only():

@@ -182,16 +182,26 @@ def test_big_prompts_do_not_keep_memory(server_process):
     assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error"
     r = httpx.post(base + "/v1/chat/completions", content=chat, headers=headers, timeout=120)
     assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error"
-    with PeakSampler(proc.pid) as four, ThreadPoolExecutor(4) as pool:
-        codes = list(pool.map(lambda _: httpx.post(base + "/completion", content=body, headers=headers,
-                                                   timeout=120).status_code, range(4)))
-    assert codes == [400] * 4
-    after = _settled_rss(proc.pid)
-    grown_one, grown_four = (one.peak - before) // 1024, (four.peak - before) // 1024
+    bursts = []
+    for _ in range(4):
+        with PeakSampler(proc.pid) as four, ThreadPoolExecutor(4) as pool:
+            codes = list(pool.map(lambda _: httpx.post(base + "/completion", content=body, headers=headers,
+                                                       timeout=120).status_code, range(4)))
+        assert codes == [400] * 4
+        bursts.append((four.peak, _settled_rss(proc.pid)))
+    grown_one = (one.peak - before) // 1024
+    grown_four = max(peak - before for peak, _ in bursts) // 1024
     assert grown_one < 300 and grown_four < 300, (grown_one, grown_four)
-    assert (after - before) // 1024 < 40, (before, after)
+    # What the first burst of four concurrent 8 MB prompts leaves is the allocator's pools and
+    # fragments (17-54 MB on the 2-core machines, 2026-12-03: it depends on how the requests
+    # overlap, and swings by some 30 MB from one burst to the next); a leak would add its share
+    # at every burst. So: bounded after one, and the lower of the last two no more than 16 MB
+    # above the first (a leak of 8 MB or more a burst shows).
+    after = [rss for _, rss in bursts]
+    assert (after[0] - before) // 1024 < 96, (before, after)
+    assert (min(after[2:]) - after[0]) // 1024 < 16, (before, after)
     print(f"RSS before {before // 1024} MB, peak +{grown_one} MB (one), +{grown_four} MB (four), "
-          f"after {after // 1024} MB")
+          f"after each burst {[a // 1024 for a in after]} MB")
 
 
 @pytest.mark.slow

@@ -1,0 +1,130 @@
+"""The prefill attention's split merge, fused into the O-projection's input conversion.
+
+A short chunk after a long cached prefix splits its key range over several blocks
+(kvcache/attention_prefill.py, `prefill_splits`); each writes (O, m, l) per query row to the
+workspace and `prefill_merge` combines them into the attention output, which the prefill
+GEMM then converts to fp16 (quant/mmq.py `prepare_x`). A bucket's one graph launches the
+most splits any start may need and reads the count in use from the device state, so at a
+shallow start (one split) the merge launch is a node that returns at once - paid in every
+layer of every short prompt (2026-12-03, H200: pp18 -6 %, pp33 -8 %).
+
+`merge_prepare_x` is both in one launch, one block per token row (prepare_x's grid): with
+one split it is prepare_x of the attention output; with more it merges each value as
+prefill_merge does (the same operations in the same order, so the same float32 bits),
+writes it to the attention output (which then holds what the merge would have written) and
+converts it. The engine uses it when the next op after the attention is the GEMM that reads
+its output (engine/cuda_ops.py `PrefillOps`); anything else gets the merge launch.
+
+Reference: `prefill_merge` followed by `prepare_x` (tests/test_attention_merge.py compares
+bits under the simulator).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from genie_rt.engine import kernel_cache
+from genie_rt.quant.mmq_prep import PREP_THREADS, _norm_and_scale, _pair_pos
+from genie_rt.quant.ptx import pack_half2
+
+from .attention_decode_kernels import NEG_INF
+
+MAX_HEADS = 128                       # query heads per token row (shared memory per block)
+
+
+@cuda.jit
+def merge_prepare_x_kernel(part_o, part_ml, n_splits, state, splits_at, x, out16, xscale):
+    # part_o  f32 [S, >= n*n_head, hd]; part_ml f32 [S, >= n*n_head, 2] (the split workspace)
+    # n_splits i32: the launch's most splits; splits_at i32 >= 0: the count in use is
+    #          state[splits_at] (clamped to 1 .. n_splits), < 0: n_splits
+    # x       f32 [n, n_head * hd]: the attention output (one split: written by the attention
+    #         kernel; more: written here with the merged values)
+    # out16   u32 [n, n_head * hd / 2], xscale f32 [n]: prepare_x's outputs (no norm)
+    mx_h = cuda.shared.array(MAX_HEADS, float32)
+    inv_h = cuda.shared.array(MAX_HEADS, float32)
+    red = cuda.shared.array(PREP_THREADS, float32)
+    tok = cuda.blockIdx.x
+    tid = cuda.threadIdx.x
+    cols = x.shape[1]
+    hd = part_o.shape[2]
+    n_head = cols // hd
+    count = n_splits
+    if splits_at >= 0:
+        count = min(max(state[splits_at], 1), n_splits)
+    if count > 1:                               # block-uniform
+        h = tid
+        while h < n_head:                       # prefill_merge's max and denominator, per head
+            row = tok * n_head + h
+            mx = NEG_INF
+            for s in range(count):
+                mx = max(mx, part_ml[s, row, 0])
+            den = float32(0)
+            for s in range(count):
+                den += math.exp2(part_ml[s, row, 0] - mx) * part_ml[s, row, 1]
+            mx_h[h] = mx
+            inv_h[h] = float32(1) / den
+            h += PREP_THREADS
+        cuda.syncthreads()
+    m = float32(0.0)
+    k = tid
+    while k < cols:
+        if count > 1:
+            h = k // hd
+            d = k - h * hd
+            row = tok * n_head + h
+            mx = mx_h[h]
+            acc = float32(0)
+            for s in range(count):
+                acc += math.exp2(part_ml[s, row, 0] - mx) * part_o[s, row, d]
+            v = acc * inv_h[h]
+            x[tok, k] = v
+        else:
+            v = x[tok, k]
+        m = max(m, abs(v))
+        k += PREP_THREADS
+    red[tid] = m
+    cuda.syncthreads()                          # also: this block's merged x, visible to it
+    step = PREP_THREADS // 2
+    while step > 0:
+        if tid < step:
+            red[tid] = max(red[tid], red[tid + step])
+        cuda.syncthreads()
+        step //= 2
+    _, inv = _norm_and_scale(red[0], float32(0), cols, float32(0), 0, xscale, tok, tid)
+    q = tid
+    while q < cols >> 1:
+        p = _pair_pos(q)
+        out16[tok, q] = pack_half2(x[tok, p] * inv, x[tok, p + 2] * inv)
+        q += PREP_THREADS
+
+
+kernel_cache.attach(merge_prepare_x_kernel)
+MERGE_PREPARE_SIGNATURE = ("void(float32[:, :, ::1], float32[:, :, ::1], int32, int32[::1], int32, "
+                           "float32[:, ::1], uint32[:, ::1], float32[::1])")
+
+
+def merge_prepare_x(part_o, part_ml, n_splits: int, state, splits_at: int | None, x, x16, xscale,
+                    stream=0) -> None:
+    """The split merge of a prefill attention launch (its workspace part_o / part_ml, its most
+    splits n_splits, the count in use from state[splits_at] or n_splits when None) into x
+    float32 [n, n_head * hd], then prepare_x(x) into x16 float16 [n, cols] and xscale float32
+    [n] - one launch. Same bits as prefill_merge then quant.mmq.prepare_x."""
+    if x.dtype != np.float32 or x.ndim != 2:
+        raise ValueError(f"merge_prepare_x: x must be float32 [n, cols], got {x.dtype} {tuple(x.shape)}")
+    n, cols = x.shape
+    hd = part_o.shape[2]
+    if cols % hd or cols // hd > MAX_HEADS or cols % 16:
+        raise ValueError(f"merge_prepare_x: {cols} columns are not n_head x head_dim {hd} with "
+                         f"n_head <= {MAX_HEADS} and a multiple of 16")
+    if part_o.shape[0] < n_splits or part_ml.shape[0] < n_splits or part_o.shape[1] < n * (cols // hd):
+        raise ValueError(f"merge_prepare_x: the workspace {tuple(part_o.shape)} holds fewer than "
+                         f"{n_splits} splits of {n * (cols // hd)} rows")
+    if tuple(x16.shape) != (n, cols) or x16.dtype != np.float16:
+        raise ValueError(f"merge_prepare_x: x16 must be float16 [{n}, {cols}], got {x16.dtype} {tuple(x16.shape)}")
+    if tuple(xscale.shape) != (n,) or xscale.dtype != np.float32:
+        raise ValueError(f"merge_prepare_x: xscale must be float32 [{n}], got {xscale.dtype} {tuple(xscale.shape)}")
+    at = np.int32(-1 if splits_at is None else splits_at)
+    merge_prepare_x_kernel[n, PREP_THREADS, stream](part_o, part_ml, np.int32(n_splits), state, at, x,
+                                                    x16.view(np.uint32), xscale)
