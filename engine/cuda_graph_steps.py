@@ -73,12 +73,21 @@ class GraphSteps:
             log.debug("capture of %s without a first run failed (%s): running it first", key, exc)
             graph.close()
             self.stream.synchronize()
+            self._discarded(f"{key[0]} (error)", t0)
             return False
         if STATS.lookups != before:
             graph.close()
+            self._discarded(f"{key[0]} (loaded kernels)", t0)
             return False
         self._keep_graph(key, graph, 0.0, time.perf_counter() - t0)
         return True
+
+    def _discarded(self, kind: str, t0: float) -> None:
+        """Count a capture thrown away in capture_stats (the load log's per-kind line): its
+        seconds are warm-up time no kept graph accounts for."""
+        st = self.capture_stats.setdefault(f"discarded {kind}", [0, 0.0, 0.0, 0])
+        st[0] += 1
+        st[2] += time.perf_counter() - t0
 
     def warm_up(self, progress: Progress = NO_PROGRESS) -> None:
         """Compile every kernel and capture the decode graphs and prefill buckets now: one

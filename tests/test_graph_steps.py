@@ -53,3 +53,15 @@ def test_without_one_the_first_sequence_runs_first_and_later_buckets_are_tried_c
     b._warm_one(("prefill", 16, (1,)), None, first_try_capture=False)
     b._warm_one(("prefill", 32, (1,)), None, first_try_capture=True)
     assert b.log == [("run", ("prefill", 16, (1,))), ("capture-only", ("prefill", 32, (1,)), True)]
+
+
+def test_a_discarded_capture_is_counted_in_the_load_log():
+    """A capture that fails (here: no CUDA driver at all) is thrown away and counted, with its
+    seconds, under "discarded <kind> (error)" in capture_stats (the "graphs by kind" log line)."""
+    from types import SimpleNamespace
+    b = SimpleNamespace(stream=SimpleNamespace(handle=0, synchronize=lambda: None), capture_stats={},
+                        _recorded=lambda record: None)
+    b._discarded = lambda kind, t0: GraphSteps._discarded(b, kind, t0)
+    assert GraphSteps._capture_only(b, ("prefill", 16, (1,)), None) is False
+    n, _, seconds, _ = b.capture_stats["discarded prefill (error)"]
+    assert n == 1 and seconds >= 0
