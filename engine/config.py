@@ -232,6 +232,7 @@ class EngineConfig:
                                         # that GEMV's launch (cuda_ops.DecodeOps; same bits either way).
                                         # Off: slower on the H200 (2026-12-03: step 3.70 ms vs 2.56 ms,
                                         # docs/forward-pass.md); kept for the work that makes its tail fast
+                                        # (the staged tail of 2026-12-03 evening: not yet measured)
     decode_pdl: bool = False            # lab: decode GEMVs by programmatic dependent launch (sm_90+,
                                         # quant/pdl.py). WRONG logits when the decode graph is replayed
                                         # (H200, 2026-12-03): no CLI flag; tools/pdl_probe.py narrows it

@@ -257,12 +257,15 @@ def _get(key, make):
     return k
 
 
-def _gemv_kernel(spec, n_tok, ks, resid, lpr, norm=0, pdl=False):
+def _gemv_kernel(spec, n_tok, ks, resid, lpr, norm=0, pdl=False, norm_shape=(0, 0)):
+    """norm_shape: (rows, the norm's block) of a fused launch - the tail is built for them
+    (quant/norm_q8_device.py make_norm_q8_tail's staged tail)."""
     if not norm:
         return _get(("gemv", spec, n_tok, ks, resid, lpr, pdl),
                     lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid, lpr, pdl))
-    return _get(("gemv_norm", spec, ks, lpr, norm, pdl),
-                lambda: K.gemv_kernel(spec[0], spec[1], 1, ks, True, lpr, pdl, NORM=norm))
+    return _get(("gemv_norm", spec, ks, lpr, norm, pdl, norm_shape),
+                lambda: K.gemv_kernel(spec[0], spec[1], 1, ks, True, lpr, pdl, NORM=norm,
+                                      NORM_D=norm_shape[0], NORM_VB=norm_shape[1]))
 
 
 def _qkv_kernel(specs, n_tok, ks, lpr, pdl=False):
@@ -463,22 +466,27 @@ def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None, lpr
         extra, nmode = _norm_args(norm, y, x, n_tok, w.rows)
     ks, lpr = _split_lanes(w.rows, w.units, ksplit, lpr)
     pdl = _pdl(pdl)
-    kern = _gemv_kernel(w.spec, n_tok, ks, residual is not None, lpr, nmode, pdl)
+    kern = _gemv_kernel(w.spec, n_tok, ks, residual is not None, lpr, nmode, pdl,
+                        (w.rows, int(extra[-1])) if nmode else (0, 0))
     yf = _flat(y)
     res = yf if residual is None or residual is y else _flat(residual)
     _launch(kern, _blocks(w.rows, ks, lpr), stream, pdl, SIG_GEMV_NORM if nmode else SIG_GEMV,
             *_w_args(w), w.rows, xf, xqf, xsf, cols, yf, res, *extra)
 
 
-def compile_gemv(w, n_tok=1, residual=False, ksplit=None, lpr=None, norm=False, norm_h=False, pdl=None):
+def compile_gemv(w, n_tok=1, residual=False, ksplit=None, lpr=None, norm=False, norm_h=False, pdl=None,
+                 norm_block_size=None):
     """Compile (at load) the kernel gemv(w, x[n_tok], ..., residual=...) will launch; with
-    norm=True the one gemv(..., norm=GemvNorm(...)) launches (h given: norm_h=True)."""
+    norm=True the one gemv(..., norm=GemvNorm(..., block=norm_block_size)) launches (h given:
+    norm_h=True)."""
     w = _prepared(w)
     ks, lpr = _split_lanes(w.rows, w.units, ksplit, lpr)
     if norm:
         if not residual or n_tok != 1:
             raise ValueError("compile_gemv: norm=True needs residual=True and n_tok == 1")
-        return _compile(_gemv_kernel(w.spec, 1, ks, True, lpr, 2 if norm_h else 1, _pdl(pdl)), SIG_GEMV_NORM)
+        vb = norm_block(w.rows) if norm_block_size is None else int(norm_block_size)
+        return _compile(_gemv_kernel(w.spec, 1, ks, True, lpr, 2 if norm_h else 1, _pdl(pdl), (w.rows, vb)),
+                        SIG_GEMV_NORM)
     return _compile(_gemv_kernel(w.spec, n_tok, ks, bool(residual), lpr, 0, _pdl(pdl)), SIG_GEMV)
 
 

@@ -186,7 +186,7 @@ _LOG2 = {1: 0, 2: 1, 4: 2}
 # =====================================================================================
 # Kernels
 # =====================================================================================
-def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0):
+def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_D=0, NORM_VB=0):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < NT:
     grid = ceil(rows * KSPLIT / (4 * 32 / LPR)) blocks.
 
@@ -247,7 +247,7 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0):
             body(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res)
         return kernel_cache.attach(gemv)
 
-    tail = make_norm_q8_tail(BLOCK, NORM == 2)
+    tail = make_norm_q8_tail(BLOCK, NORM == 2, NORM_D, NORM_VB)   # staged when the shape is given
 
     @cuda.jit
     def gemv_norm(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res, nw, eps, nxq, nxs, h, counter, nb):

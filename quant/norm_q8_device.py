@@ -100,7 +100,96 @@ def q8_store(v, xq, xs, r, i):
         xs[r, b + 3] = dq * float32(t + t_hi)
 
 
-def make_norm_q8_tail(B: int, WRITE_H: bool):
+STAGED_MAX_D = 4096                  # widest row the staged tail holds in shared memory
+STAGED_MAX_VALUES = 32                # most values of y one thread holds in registers there
+
+
+def make_norm_q8_tail(B: int, WRITE_H: bool, D: int = 0, VB: int = 0):
+    """The tail below; with the row width D and the norm block VB known at compile time (and
+    D <= STAGED_MAX_D, ceil(VB / B) * ceil(D / VB) <= STAGED_MAX_VALUES) the staged one:
+    `_make_staged_tail`, the same bits without a load waiting for the one before."""
+    if D and VB and D <= STAGED_MAX_D and -(-VB // B) * -(-D // VB) <= STAGED_MAX_VALUES:
+        return _make_staged_tail(B, WRITE_H, D, VB)
+    return _make_loop_tail(B, WRITE_H)
+
+
+def _make_staged_tail(B: int, WRITE_H: bool, D: int, VB: int):
+    """tail(y, w, eps, d, vb, xq, xs, h) with d == D and vb == VB: make_norm_q8_tail's result
+    in stages, so that no load of y waits for another and nothing spills:
+
+    1. every load of this thread's values of y (virtual threads t + B j, elements v + VB k),
+       issued together into registers (loops without shuffles: unrolled, so the array is
+       registers; the PTX tests refuse local memory);
+    2. each virtual thread's sum of squares, in rmsnorm_q8's order, into shared memory;
+    3. the butterflies of each virtual warp, from shared memory, as the loop tail does;
+    4. h = y / s * w from the registers into shared memory (and h itself if WRITE_H);
+    5. q8 of h per warp from shared memory (q8_store).
+    The H200 (2026-12-03) measured the loop tail at ~16 us a launch: about 40 dependent L2
+    round trips per thread for the 4B's 2,560 values; here there is one."""
+    assert B % 32 == 0 and D % 32 == 0 and VB % 32 == 0
+    J = -(-VB // B)                   # virtual threads per physical thread
+    K = -(-D // VB)                   # values per virtual thread
+    N = J * K
+
+    @_inline
+    def tail(y, w, eps, d, vb, xq, xs, h):
+        sh = cuda.shared.array(32, float32)
+        sv = cuda.shared.array(VB, float32)
+        hs = cuda.shared.array(D, float32)
+        tid = cuda.threadIdx.x
+        lane = tid & 31
+        vals = cuda.local.array(N, float32)
+        for j in range(J):                         # 1. all loads in flight together
+            for k in range(K):
+                v = tid + j * B
+                i = v + k * VB
+                vals[j * K + k] = ptx.ld_relaxed_f32(y, i) if v < VB and i < D else float32(0)
+        for j in range(J):                         # 2. virtual thread v's sum, from 0, in order
+            v = tid + j * B
+            if v < VB:
+                ss = float32(0)
+                for k in range(K):
+                    a = vals[j * K + k]            # 0 past D: ss + 0 * 0 is ss
+                    ss += a * a
+                sv[v] = ss
+        cuda.syncthreads()
+        v = tid
+        while v < VB:                              # 3. warp-uniform (VB % 32 == 0)
+            ss = sv[v]
+            off = 16
+            while off > 0:
+                ss += cuda.shfl_xor_sync(FULL, ss, off)
+                off >>= 1
+            if lane == 0:
+                sh[v >> 5] = ss
+            v += B
+        cuda.syncthreads()
+        nw = VB >> 5
+        if nw == 1:
+            tot = sh[0]
+        else:
+            tot = sh[lane] if lane < nw else float32(0)
+            off = 16
+            while off > 0:
+                tot += cuda.shfl_xor_sync(FULL, tot, off)
+                off >>= 1
+        s = math.sqrt(tot / float32(D) + eps)
+        for j in range(J):                         # 4. rmsnorm's value, op for op
+            for k in range(K):
+                v = tid + j * B
+                i = v + k * VB
+                if v < VB and i < D:
+                    hv = float32(vals[j * K + k] / s * w[i])
+                    hs[i] = hv
+                    if WRITE_H:
+                        h[0, i] = hv
+        cuda.syncthreads()
+        for i in range(tid, D, B):                 # 5. warp k: 32 consecutive values, one q8 block
+            q8_store(hs[i], xq, xs, 0, i)
+    return tail
+
+
+def _make_loop_tail(B: int, WRITE_H: bool):
     """tail(y, w, eps, d, vb, xq, xs, h): what rmsnorm_q8(y[None], w, xq, xs, eps,
     block=vb, out=h if WRITE_H) computes, by a block of B threads (B a multiple of 32; the
     whole block calls it). y float32 [d] (flat, read with ld.relaxed.gpu: other blocks of

@@ -370,6 +370,9 @@ gemv_Q4_K_dp4a_norm = K.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, NORM=1)
 gemv_Q6_K_dp4a_ks2_norm_h = K.gemv_kernel(Q.Q6_K, "dp4a", 1, 2, True, 32, NORM=2)
 gemv_Q6_K_dp4a_lpr16_norm = K.gemv_kernel(Q.Q6_K, "dp4a", 1, 1, True, 16, NORM=1)
 gemv_Q4_K_dp4a_norm_pdl = K.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, True, NORM=1)
+gemv_Q4_K_dp4a_norm_staged_2560 = K.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, NORM=1, NORM_D=2560, NORM_VB=640)
+gemv_Q6_K_dp4a_ks2_norm_h_staged_4096 = K.gemv_kernel(Q.Q6_K, "dp4a", 1, 2, True, 32, NORM=2, NORM_D=4096,
+                                                      NORM_VB=1024)
 '''
 PTX_KERNELS = {**{f"gemv_{q.name}_{m}": G.SIG_GEMV for q, m in VARIANTS},
                "gemv_Q4_K_dp4a_nt3_ks2_resid": G.SIG_GEMV, "qkv_mixed": G.SIG_QKV,
@@ -378,7 +381,9 @@ PTX_KERNELS = {**{f"gemv_{q.name}_{m}": G.SIG_GEMV for q, m in VARIANTS},
                "quantize_q8_kernel": G.SIG_QUANTIZE, "gemv_Q4_K_dp4a_resid_pdl": G.SIG_GEMV,
                "qkv_mixed_pdl": G.SIG_QKV, "swiglu_dp4a_pdl": G.SIG_SWIGLU,
                **{k: G.SIG_GEMV_NORM for k in ("gemv_Q4_K_dp4a_norm", "gemv_Q6_K_dp4a_ks2_norm_h",
-                                               "gemv_Q6_K_dp4a_lpr16_norm", "gemv_Q4_K_dp4a_norm_pdl")}}
+                                               "gemv_Q6_K_dp4a_lpr16_norm", "gemv_Q4_K_dp4a_norm_pdl",
+                                               "gemv_Q4_K_dp4a_norm_staged_2560",
+                                               "gemv_Q6_K_dp4a_ks2_norm_h_staged_4096")}}
 # quantize_q8's rounding as NVVM emits it (tests/test_norm.py): the fused norm's q8 must match
 _Q8_ROUND = re.compile(r"fma\.rn\.f32\s+%f\d+, %f\d+, %f\d+, 0f4B400000;\s*"
                        r"add\.f32\s+%f\d+, %f\d+, 0fCB400000;\s*cvt\.rzi\.s32\.f32")
@@ -416,6 +421,11 @@ def test_ptx(ptx_text, name):
             assert_ptx_contains(text, "membar.gl", "atom.global.add.u32", "ld.relaxed.gpu.global.f32",
                                 "sqrt.rn.f32", "div.rn.f32", where=where)
             assert _Q8_ROUND.search(text), f"{where}: no fma -> add -> cvt.rzi rounding (quantize_q8's)"
+        if "_staged_" in name:
+            # the staged tail: every value of y this thread holds is one load, unrolled (2,560 at a
+            # 640-thread norm: 5 x 4; 4,096 at 1,024: 8 x 4), none in a loop
+            n = {"2560": 20, "4096": 32}[name.rsplit("_", 1)[1]]
+            assert text.count("ld.relaxed.gpu.global.f32") >= n, f"{where}: the loads of y are not unrolled"
 
 
 # =====================================================================================

@@ -95,6 +95,22 @@ def test_fused_norm_is_gemv_then_rmsnorm_q8_bit_for_bit(qtype, rows, cols, ks, l
     assert int(counter.copy_to_host()[0]) == 0, "the last block resets the counter"
 
 
+def test_the_loop_tail_for_shapes_the_staged_one_does_not_take(monkeypatch):
+    """Rows or norm blocks beyond what the staged tail holds (quant/norm_q8_device.py) take the
+    loop tail: the same bits (forced here, at a shape no other test builds)."""
+    from genie_rt.quant import norm_q8_device
+    monkeypatch.setattr(norm_q8_device, "STAGED_MAX_VALUES", 0)
+    qtype, rows, cols, block = Q8, 128, 96, 64
+    w, dx, xq, xs, y0, wn = _problem(qtype, rows, cols, seed=5)
+    ref = _two_launches(w, dx, xq, xs, y0, wn, block, 1, 32, True)
+    y = cuda.to_device(y0)
+    nq, ns, h = _outputs(rows)
+    norm = G.GemvNorm(cuda.to_device(wn), EPS, nq, ns, cuda.to_device(np.zeros(1, np.int32)), h=h, block=block)
+    G.gemv(w, dx, y, xq=xq, xs=xs, residual=y, ksplit=1, lpr=32, norm=norm)
+    for what, got, r in zip(("y", "xq", "xs", "h"), (y, nq, ns, h), ref):
+        _bits_equal(got.copy_to_host(), r, what)
+
+
 def test_three_launches_in_a_row_share_one_counter():
     """Each launch leaves the counter at 0, so the next one finds its last block again;
     the residual stream moves each time (y += W x) and the norm follows it."""
@@ -131,7 +147,7 @@ def test_pdl_build_of_the_fused_kernel_gives_the_same_bits(monkeypatch):
         outs[use] = [a.copy_to_host() for a in (y, nq, ns, h)]
     for a, b, what in zip(outs[False], outs[True], ("y", "xq", "xs", "h")):
         _bits_equal(b, a, f"PDL build: {what}")
-    assert ("gemv_norm", w.spec, 1, 32, 2, True) in G._kernels          # the PDL build ran
+    assert ("gemv_norm", w.spec, 1, 32, 2, True, (32, 32)) in G._kernels  # the PDL build ran (rows, block)
 
 
 def test_bad_norm_arguments_are_refused():
