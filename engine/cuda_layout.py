@@ -124,12 +124,12 @@ def _plane_entries(layout: ArenaLayout, g: WeightGroup) -> None:
 def _check_types(g: GGUFFile, tensors) -> None:
     """Layer matrices need the decode GEMV and the prefill GEMM; the embedding table the
     lookup (and the GEMV when it is the tied output); output.weight the GEMV."""
-    from genie_rt.quant import embed, gemv, mmq
+    from genie_rt.quant import embed, gemv, mmq_plan as MP
     for name, t in tensors.items():
         if len(t.shape) != 2:
             continue
         if name.startswith("blk."):
-            need = {"GEMV": gemv.SUPPORTED, "GEMM": mmq.SUPPORTED}
+            need = {"GEMV": gemv.SUPPORTED, "GEMM": MP.SUPPORTED}
         elif name == "token_embd.weight":
             need = {"embedding": embed.SUPPORTED, "GEMV": gemv.SUPPORTED}
         else:
@@ -147,7 +147,7 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
     from genie_rt.kvcache.attention import plan_decode
     from genie_rt.kvcache.attention_prefill import plan_prefill
     from genie_rt.kvcache.device_pool import DeviceKVPool
-    from genie_rt.quant import gemv, mmq
+    from genie_rt.quant import gemv, mmq_plan as MP
 
     spec = architecture(cfg.arch, g.path)
     tensors = check_tensors(g, cfg, spec)
@@ -238,7 +238,7 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
                     for mode in ("store", "add", "swiglu"):
                         if mode == "swiglu" and grp.rows % 2:
                             continue
-                        mmq_ws = max(mmq_ws, mmq.workspace_bytes(shell, n, mode))
+                        mmq_ws = max(mmq_ws, MP.workspace_bytes(shell, n, mode))
     L.add("ws.mmq", (max(mmq_ws, 16),), np.uint8)
     gpu_sampling.workspace_layout(L, cfg.vocab_size, prefix="sampler.", ring_capacity=max(n_ctx, 64),
                                   max_bias=MAX_BIAS)

@@ -5,7 +5,7 @@ Order of work (nothing is timed before it matches the reference):
   2. prepare_x: validate, time;
   3. the Qwen3-4B layer shapes at N = 18, 33, 128, 512, 2048 with the default plan:
      validate a sample of output rows against numpy (float64 X @ dequantize(W).T, with
-     the bound of mmq.error_bound), then time;
+     the bound of mmq_reference.error_bound), then time;
   4. tile configs and split-K choices compared on the FFN shapes at N = 33 and 512;
   5. one layer's seven matrices at N = 33 (and with gate/up fused as SwiGLU), timed as
      one CUDA graph, plus the sum of the single-GEMM medians;
@@ -30,7 +30,10 @@ from dataclasses import replace
 
 from . import mmq
 from . import mmq_kernels as K
+from . import mmq_plan as MP
 from . import mmq_prep as P
+from . import mmq_reference as MR
+from .layout import PackedWeight
 
 HIDDEN, Q_DIM, KV_DIM, FFN = 2560, 4096, 1024, 9728
 # (name, rows, cols, qtype, mode): one Qwen3-4B layer (Q4_K_M: V and down are Q6_K in
@@ -73,7 +76,7 @@ class Timer:
 
 
 def mma_peak_tflops(cuda, timer):
-    sms, _ = mmq.device_limits()
+    sms, _ = MP.device_limits()
     blocks, threads, iters = sms * 8, 256, 4096
     out = cuda.device_array(blocks * threads, np.float32)
     fn = lambda: P.mma_peak_kernel[blocks, threads, timer.stream](out, iters)  # noqa: E731
@@ -101,7 +104,7 @@ def bandwidth_gbs(cuda, timer):
     n = 1 << 28                              # 1 GiB of uint32
     a = cuda.device_array(n, np.uint32)
     out = cuda.device_array(1, np.uint32)
-    sms, _ = mmq.device_limits()
+    sms, _ = MP.device_limits()
     fn = lambda: read_kernel[sms * 16, 256, timer.stream](a, out)  # noqa: E731
     us = timer.time_us(fn, reps=3, samples=5)
     return 4 * n / us / 1e3
@@ -112,8 +115,8 @@ class Case:
 
     def __init__(self, cuda, name, rows, cols, qtype, mode, n_max, rng):
         self.name, self.rows, self.cols, self.qtype, self.mode = name, rows, cols, qtype, mode
-        self.host = mmq.random_weight(qtype, rows, cols, rng)
-        self.w = mmq.PackedWeight(self.host.qtype, rows, cols,
+        self.host = MR.random_weight(qtype, rows, cols, rng)
+        self.w = PackedWeight(self.host.qtype, rows, cols,
                                   {k: cuda.to_device(v) for k, v in self.host.planes.items()})
         self.rows_out = rows // 2 if mode == "swiglu" else rows
         self.bytes = self.host.nbytes
@@ -125,7 +128,7 @@ def run(args):
     stream = cuda.stream()
     timer = Timer(cuda, stream)
     dev = cuda.get_current_device()
-    sms, smem = mmq.device_limits()
+    sms, smem = MP.device_limits()
     records = {"device": dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name),
                "cc": list(dev.compute_capability), "sms": sms, "smem_optin": smem,
                "date": time.strftime("%Y-%m-%d %H:%M"), "gemm": [], "configs": [], "layer": {}}
@@ -149,7 +152,7 @@ def run(args):
     ws_bytes = 1 << 20
     for c in cases:
         for n in n_values:
-            ws_bytes = max(ws_bytes, mmq.workspace_bytes(c.w, n, c.mode))
+            ws_bytes = max(ws_bytes, MP.workspace_bytes(c.w, n, c.mode))
     ws_bytes = max(ws_bytes, 256 << 20)     # room for the sweep's split-K variants too
     ws = cuda.to_device(np.zeros(ws_bytes, np.uint8))
 
@@ -164,7 +167,7 @@ def run(args):
             for tag, wv in (("plain", None), ("rmsnorm", norm_d)):
                 mmq.prepare_x(xv, hv, sv, stream, norm_weight=wv)
                 stream.synchronize()
-                want16, want_s = mmq.prepare_x_reference(x_host[cols][:n], None if wv is None else norm_w)
+                want16, want_s = MR.prepare_x_reference(x_host[cols][:n], None if wv is None else norm_w)
                 got = hv.copy_to_host().astype(np.float32)
                 ok = bool(np.all(sv.copy_to_host() == want_s) and np.allclose(
                     got, want16.astype(np.float32), rtol=2 ** -10, atol=0))
@@ -194,8 +197,8 @@ def run(args):
         stream.synchronize()
         out = yv.copy_to_host()[:, rows]
         x = x_host[c.cols][:n]
-        ref = mmq.reference(c.host, x, c.mode, y0, rows)
-        bound = mmq.error_bound(c.host, x, c.mode, y0, rows)
+        ref = MR.reference(c.host, x, c.mode, y0, rows)
+        bound = MR.error_bound(c.host, x, c.mode, y0, rows)
         err = np.abs(out.astype(np.float64) - ref)
         ratio = float(np.max(err / bound))
         dev_part = ref - (y0[:, rows] if c.mode == "add" else 0)
@@ -204,7 +207,7 @@ def run(args):
         return ok, ratio, rms
 
     def measure(c, n, config=None, splits=None, tag="default"):
-        p = mmq.plan(c.w.qtype, c.rows_out, c.cols, n, c.mode, config, splits)
+        p = MP.plan(c.w.qtype, c.rows_out, c.cols, n, c.mode, config, splits)
         t0 = time.time()
         ok, ratio, rms = validate(c, n, config, splits)
         t_compile_validate = time.time() - t0
@@ -235,14 +238,14 @@ def run(args):
         print("tile configs and split-K (gate Q4_K, down Q6_K)")
         for n in [v for v in (33, 512) if v in n_values]:
             if n <= 64:
-                base = mmq.small_config(n)
+                base = MP.small_config(n)
                 variants = [(base, 1, "no split"), (base, 2, "2 splits"), (base, 64, "max split"),
                             (replace(base, stages=4), None, "4 stages"),
-                            (mmq.TileConfig(wm=4, wn=1, mt=1, nt=base.nt, stages=4), None, "bm 64")]
+                            (MP.TileConfig(wm=4, wn=1, mt=1, nt=base.nt, stages=4), None, "bm 64")]
             else:
-                variants = [(mmq.LARGE, 1, "128x128 s3"), (replace(mmq.LARGE, stages=2), 1, "128x128 s2"),
-                            (mmq.TileConfig(wm=2, wn=2, mt=4, nt=8, stages=3), None, "4 warps 64x64"),
-                            (mmq.TileConfig(wm=4, wn=1, mt=2, nt=16, stages=3), None, "4 warps 32x128")]
+                variants = [(MP.LARGE, 1, "128x128 s3"), (replace(MP.LARGE, stages=2), 1, "128x128 s2"),
+                            (MP.TileConfig(wm=2, wn=2, mt=4, nt=8, stages=3), None, "4 warps 64x64"),
+                            (MP.TileConfig(wm=4, wn=1, mt=2, nt=16, stages=3), None, "4 warps 32x128")]
             for name in ("gate", "down_q6k"):
                 c = by_name[name]
                 for cfg, splits, tag in variants:

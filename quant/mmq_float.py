@@ -29,7 +29,7 @@ from .ptx import SIMULATOR, bits_to_f32, pack_half2
 U = np.uint32
 U64 = np.uint64
 
-# Format codes, after mmq_kernels' Q4_K = 0, Q6_K = 1, Q8_0 = 2, mmq_legacy's 3..7, Q5_K = 8
+# Format codes, after mmq_kquants' Q4_K = 0, Q6_K = 1, Q8_0 = 2, mmq_legacy's 3..7, Q5_K = 8
 F16, BF16 = 9, 10
 FLOAT = (F16, BF16)
 NAMES = {F16: "F16", BF16: "BF16"}

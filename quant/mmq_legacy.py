@@ -26,7 +26,8 @@ weights 4t, 4t+2 (a0/a1) or 4t+1, 4t+3 (a2/a3) of a k16 group):
     w16 = fp16((1024 + u) - (1024 + OFF)) * d + m    (u unsigned; the first result is exact)
 with OFF = 8 (Q4_0), 16 (Q5_0), 128 (Q8_0, the int8 biased by 128), 0 (Q4_1, Q5_1; m added).
 
-The numpy reference and the error bound are mmq.py's (dequantize, then a float64 GEMM).
+The numpy reference and the error bound are mmq_reference.py's (dequantize, then a float64
+GEMM).
 """
 import numpy as np
 from numba import cuda, uint32
@@ -35,7 +36,7 @@ from .ptx import SIMULATOR, cp_async16_zfill, hfma2
 
 U = np.uint32
 
-# Format codes, after mmq_kernels' Q4_K = 0, Q6_K = 1, Q8_0 = 2 (its Q8_0 needs K % 256 == 0)
+# Format codes, after mmq_kquants' Q4_K = 0, Q6_K = 1, Q8_0 = 2 (its Q8_0 needs K % 256 == 0)
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0L = 3, 4, 5, 6, 7
 LEGACY = (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0L)
 NAMES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0L: "Q8_0"}

@@ -1,6 +1,6 @@
 """MMQ helper kernels: prepare_x (activations -> fp16 in MMQ order) and the mma.sync
 peak probe used by the benchmark. The GEMM itself is in mmq_kernels.py; the launchers
-and the numpy twins are in mmq.py.
+are in mmq.py, the numpy twins in mmq_reference.py.
 """
 import math
 

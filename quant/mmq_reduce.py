@@ -4,17 +4,17 @@ When a GEMM (mmq_kernels.py `build_mmq_kernel`) splits K over several blocks wit
 RED_KERNEL, every block stores its raw partial sums at P[split, token, weight row] and
 exits; this kernel sums them over the splits for every output in parallel and runs the
 epilogue (x xscale, store / add / gated activation), so the reduction is spread over the
-whole GPU instead of one block per tile. The launcher and the plan are in `mmq.py`, the
-lesson in docs/kernels/mmq.md.
+whole GPU instead of one block per tile. The launcher is in `mmq.py`, the plan in
+`mmq_plan.py`, the lesson in docs/kernels/mmq.md.
 
 Deliberately not here: the RED_LAST path (inside the GEMM kernel) and the epilogue's
-activations (`_gate_act` in mmq_kernels.py, shared with the GEMM's own epilogue).
+activations (`_gate_act` in mmq_defs.py, shared with the GEMM's own epilogue).
 """
 from numba import cuda, float32, uint32
 
 from genie_rt.engine import kernel_cache
 
-from .mmq_kernels import EPI_ADD, EPI_STORE, GATED, U, _gate_act, _inline
+from .mmq_defs import EPI_ADD, EPI_STORE, GATED, U, _gate_act, _inline
 
 REDUCE_THREADS = 256
 

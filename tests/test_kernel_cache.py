@@ -187,7 +187,7 @@ _ATTACH_CHILD = """
 import importlib, json, pkgutil
 import genie_rt.engine, genie_rt.quant, genie_rt.kvcache
 from genie_rt.engine import norm, kernel_cache
-from genie_rt.quant import embed, mmq_prep, mmq_reduce, gemv_kernels as G, mmq_kernels as M
+from genie_rt.quant import embed, mmq_prep, mmq_reduce, gemv_kernels as G, mmq_defs as M
 from genie_rt.quant.formats import QType
 from genie_rt.kvcache import attention_decode_kernels, attention_prefill_kernels
 ks = []

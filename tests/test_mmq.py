@@ -8,7 +8,7 @@
 - GPU (`-m gpu`): the Qwen3-4B shapes at N = 18, 33, 128, 512, 2048 on fresh random
   blocks, split-K determinism, the workspace counters left at zero.
 
-Error bound (mmq.error_bound, per output element): with u = 2^-11 (fp16 rounding),
+Error bound (mmq_reference.error_bound, per output element): with u = 2^-11 (fp16 rounding),
     |y - ref| <= (3u + cols 2^-22) * sum_k |x_k| W_abs_k
 where W_abs = |s q| + |m| for Q4_K (the terms before cancellation) and |w| otherwise:
 one rounding of x to fp16 (the per-token power-of-two scale is exact), up to two of the
@@ -21,8 +21,12 @@ from numba import cuda
 
 from genie_rt.quant import mmq
 from genie_rt.quant import mmq_kernels as K
+from genie_rt.quant import mmq_kquants as Q
+from genie_rt.quant import mmq_plan as MP
 from genie_rt.quant import mmq_prep as P
+from genie_rt.quant import mmq_reference as MR
 from genie_rt.quant import ptx as X
+from genie_rt.quant.layout import PackedWeight
 from ptx_helpers import assert_no_f64, assert_ptx_contains, compile_in_subprocess, local_memory_bytes
 
 SIM = K.SIMULATOR
@@ -30,7 +34,7 @@ REL_RMS_MAX = 2e-3
 
 
 def to_device(w):
-    return mmq.PackedWeight(w.qtype, w.rows, w.cols, {k: cuda.to_device(v) for k, v in w.planes.items()})
+    return PackedWeight(w.qtype, w.rows, w.cols, {k: cuda.to_device(v) for k, v in w.planes.items()})
 
 
 def host_x16(x):
@@ -39,8 +43,8 @@ def host_x16(x):
 
 
 def check_close(out, w, x, mode, y0=None, rows=None, where=""):
-    ref = mmq.reference(w, x, mode, y0, rows)
-    bound = mmq.error_bound(w, x, mode, y0, rows)
+    ref = MR.reference(w, x, mode, y0, rows)
+    bound = MR.error_bound(w, x, mode, y0, rows)
     err = np.abs(out.astype(np.float64) - ref)
     ratio = err / bound
     if not (ratio <= 1).all():
@@ -59,7 +63,7 @@ def check_close(out, w, x, mode, y0=None, rows=None, where=""):
 
 def run_mmq(w, x, mode, config=None, splits=None, y0=None, use_prepare=False, reduce=None):
     n = x.shape[0]
-    rows_out = w.rows // 2 if mode in mmq.GATED else w.rows
+    rows_out = w.rows // 2 if mode in MP.GATED else w.rows
     wd = to_device(w)
     if use_prepare:
         xd = cuda.to_device(x)
@@ -70,7 +74,7 @@ def run_mmq(w, x, mode, config=None, splits=None, y0=None, use_prepare=False, re
         h16, hs = host_x16(x)
         x16, xs = cuda.to_device(h16), cuda.to_device(hs)
     y = cuda.to_device(np.zeros((n, rows_out), np.float32) if y0 is None else y0.copy())
-    p = mmq.plan(w.qtype, rows_out, w.cols, n, mode, config, splits, reduce=reduce)
+    p = MP.plan(w.qtype, rows_out, w.cols, n, mode, config, splits, reduce=reduce)
     ws = cuda.to_device(np.zeros(max(p.workspace, 16), np.uint8))
     mmq.mmq(wd, x16, xs, y, mode, workspace=ws, config=config, splits=splits, reduce=reduce)
     return y.copy_to_host(), ws.copy_to_host()[:4 * p.counters].view(np.int32), p
@@ -86,24 +90,24 @@ SMALL_CASES = [
     ("Q8_0", 16, 256, 1, "store", None, 1),         # N = 1
     ("Q4_K", 48, 256, 9, "swiglu", None, 1),        # gate/up stacked: 24 outputs
     ("Q6_K", 40, 1024, 7, "store", None, 2),        # split-K, deterministic reduction
-    ("Q4_K", 40, 512, 20, "add", mmq.TileConfig(wm=1, wn=2, mt=1, nt=1, stages=4), 2),
-    ("Q8_0", 40, 512, 33, "store", mmq.TileConfig(wm=1, wn=2, mt=2, nt=1, stages=2), 1),
-    ("Q6_K", 40, 512, 33, "swiglu", mmq.TileConfig(wm=1, wn=2, mt=2, nt=1, stages=3), 2),
+    ("Q4_K", 40, 512, 20, "add", MP.TileConfig(wm=1, wn=2, mt=1, nt=1, stages=4), 2),
+    ("Q8_0", 40, 512, 33, "store", MP.TileConfig(wm=1, wn=2, mt=2, nt=1, stages=2), 1),
+    ("Q6_K", 40, 512, 33, "swiglu", MP.TileConfig(wm=1, wn=2, mt=2, nt=1, stages=3), 2),
     ("Q4_K", 48, 256, 9, "geglu", None, 1),         # Gemma's gated FFN (gelu, tanh form)
-    ("Q8_0", 32, 512, 5, "geglu", mmq.TileConfig(wm=1, wn=1, mt=2, nt=1, stages=2), 2),
+    ("Q8_0", 32, 512, 5, "geglu", MP.TileConfig(wm=1, wn=1, mt=2, nt=1, stages=2), 2),
     # the 32-weight formats (mmq_legacy.py) at K a multiple of 32 but not of 128: the last
     # stage is partial (SmolLM2's 576 = 4.5 stages, Gemma 3 270M's 640 = 5, 96 < 1 stage)
-    ("Q4_1", 40, 576, 9, "store", mmq.TileConfig(wm=1, wn=2, mt=1, nt=1, stages=2), 1),
-    ("Q4_1", 32, 576, 5, "swiglu", mmq.TileConfig(wm=1, wn=1, mt=2, nt=1, stages=3), 2),
-    ("Q5_0", 24, 640, 7, "add", mmq.TileConfig(wm=1, wn=1, mt=2, nt=1, stages=2), 1),
-    ("Q5_0", 32, 640, 3, "geglu", mmq.TileConfig(wm=1, wn=1, mt=2, nt=1, stages=2), 2),
-    ("Q8_0", 20, 640, 5, "store", mmq.TileConfig(wm=1, wn=1, mt=1, nt=1, stages=3), 1),
-    ("Q4_0", 20, 96, 3, "store", mmq.TileConfig(wm=1, wn=1, mt=1, nt=1, stages=2), 1),
-    ("Q5_1", 24, 576, 9, "add", mmq.TileConfig(wm=1, wn=2, mt=1, nt=1, stages=2), 2),
+    ("Q4_1", 40, 576, 9, "store", MP.TileConfig(wm=1, wn=2, mt=1, nt=1, stages=2), 1),
+    ("Q4_1", 32, 576, 5, "swiglu", MP.TileConfig(wm=1, wn=1, mt=2, nt=1, stages=3), 2),
+    ("Q5_0", 24, 640, 7, "add", MP.TileConfig(wm=1, wn=1, mt=2, nt=1, stages=2), 1),
+    ("Q5_0", 32, 640, 3, "geglu", MP.TileConfig(wm=1, wn=1, mt=2, nt=1, stages=2), 2),
+    ("Q8_0", 20, 640, 5, "store", MP.TileConfig(wm=1, wn=1, mt=1, nt=1, stages=3), 1),
+    ("Q4_0", 20, 96, 3, "store", MP.TileConfig(wm=1, wn=1, mt=1, nt=1, stages=2), 1),
+    ("Q5_1", 24, 576, 9, "add", MP.TileConfig(wm=1, wn=2, mt=1, nt=1, stages=2), 2),
 ]
 
 
-# every split-K case runs with both reductions (mmq_kernels.RED_LAST / RED_KERNEL)
+# every split-K case runs with both reductions (mmq_defs.RED_LAST / RED_KERNEL)
 CASES_RED = [c + (r,) for c in SMALL_CASES for r in (("last", "kernel") if c[6] > 1 else (None,))]
 
 
@@ -112,9 +116,9 @@ CASES_RED = [c + (r,) for c in SMALL_CASES for r in (("last", "kernel") if c[6] 
                               + (f"-{c[7]}" if c[7] else "") for c in CASES_RED])
 def test_mmq_matches_reference(qtype, rows, cols, n, mode, config, splits, reduce):
     rng = np.random.default_rng(rows * 1000 + n)
-    w = mmq.random_weight(qtype, rows, cols, rng)
+    w = MR.random_weight(qtype, rows, cols, rng)
     x = rng.standard_normal((n, cols)).astype(np.float32)
-    rows_out = rows // 2 if mode in mmq.GATED else rows
+    rows_out = rows // 2 if mode in MP.GATED else rows
     y0 = rng.standard_normal((n, rows_out)).astype(np.float32) if mode == "add" else None
     if mode == "geglu":
         x *= 3                                      # reach gelu's curved part
@@ -129,14 +133,14 @@ def test_one_workspace_serves_launches_of_different_plans():
     with more split-K counters than the previous launch must still find its counters at
     zero (the previous launch's partial sums may not land where they live)."""
     rng = np.random.default_rng(11)
-    cfg = mmq.TileConfig(wm=1, wn=1, mt=1, nt=1, stages=2)            # 16 rows x 8 tokens a tile
-    small = mmq.random_weight("Q4_K", 16, 512, rng)                    # 1 row tile: 4 counters
-    large = mmq.random_weight("Q4_K", 80, 512, rng)                    # 5 row tiles: 8 counters
+    cfg = MP.TileConfig(wm=1, wn=1, mt=1, nt=1, stages=2)            # 16 rows x 8 tokens a tile
+    small = MR.random_weight("Q4_K", 16, 512, rng)                    # 1 row tile: 4 counters
+    large = MR.random_weight("Q4_K", 80, 512, rng)                    # 5 row tiles: 8 counters
     x = rng.standard_normal((3, 512)).astype(np.float32)
     h16, hs = host_x16(x)
     x16, xs = cuda.to_device(h16), cuda.to_device(hs)
-    size = max(mmq.plan(w.qtype, w.rows, w.cols, 3, "store", cfg, 2, reduce=r).workspace
-               for w in (small, large) for r in mmq.REDUCTIONS)
+    size = max(MP.plan(w.qtype, w.rows, w.cols, 3, "store", cfg, 2, reduce=r).workspace
+               for w in (small, large) for r in MP.REDUCTIONS)
     ws = cuda.to_device(np.zeros(size, np.uint8))
     for w, r in ((small, "last"), (large, "last"), (small, "kernel"), (large, "last"), (small, "last")):
         y = cuda.to_device(np.zeros((3, w.rows), np.float32))
@@ -153,7 +157,7 @@ def test_prepare_x_order_and_scale():
     x16 = cuda.device_array(x.shape, np.float16)
     xs = cuda.device_array(3, np.float32)
     mmq.prepare_x(xd, x16, xs)
-    want16, want_scale = mmq.prepare_x_reference(x)
+    want16, want_scale = MR.prepare_x_reference(x)
     np.testing.assert_array_equal(xs.copy_to_host(), [1.0, 8.0, 1.0])
     np.testing.assert_array_equal(want_scale, [1.0, 8.0, 1.0])
     np.testing.assert_array_equal(x16.copy_to_host(), want16)
@@ -166,7 +170,7 @@ def test_prepare_x_fused_rmsnorm():
     x16 = cuda.device_array(x.shape, np.float16)
     xs = cuda.device_array(2, np.float32)
     mmq.prepare_x(cuda.to_device(x), x16, xs, norm_weight=cuda.to_device(w), eps=1e-6)
-    want16, want_scale = mmq.prepare_x_reference(x, w, 1e-6)
+    want16, want_scale = MR.prepare_x_reference(x, w, 1e-6)
     got = x16.copy_to_host().astype(np.float32)
     np.testing.assert_array_equal(xs.copy_to_host(), want_scale)
     # float32 rsqrt vs float64 in numpy: at most one fp16 rounding step apart
@@ -186,11 +190,11 @@ def test_prepare_x_register_resident_and_wide_rows(cols):
     x16 = cuda.device_array(x.shape, np.float16)
     xs = cuda.device_array(2, np.float32)
     mmq.prepare_x(cuda.to_device(x), x16, xs)
-    want16, want_scale = mmq.prepare_x_reference(x)
+    want16, want_scale = MR.prepare_x_reference(x)
     np.testing.assert_array_equal(xs.copy_to_host(), want_scale)
     np.testing.assert_array_equal(x16.copy_to_host(), want16)
     mmq.prepare_x(cuda.to_device(x), x16, xs, norm_weight=cuda.to_device(w), eps=1e-6)
-    want16, want_scale = mmq.prepare_x_reference(x, w, 1e-6)
+    want16, want_scale = MR.prepare_x_reference(x, w, 1e-6)
     np.testing.assert_array_equal(xs.copy_to_host(), want_scale)
     np.testing.assert_allclose(x16.copy_to_host().astype(np.float32), want16.astype(np.float32),
                                rtol=2 ** -10, atol=0)
@@ -199,7 +203,7 @@ def test_prepare_x_register_resident_and_wide_rows(cols):
 def test_prepare_x_then_mmq_with_large_activations():
     # a token row beyond fp16 range goes through the per-token scale and comes back exact
     rng = np.random.default_rng(5)
-    w = mmq.random_weight("Q8_0", 16, 256, rng)
+    w = MR.random_weight("Q8_0", 16, 256, rng)
     x = rng.standard_normal((2, 256)).astype(np.float32)
     x[0] *= 3e5
     out, _, _ = run_mmq(w, x, "store", use_prepare=True)
@@ -216,7 +220,7 @@ def test_hfma2_matches_reference():
     # the dequantization identity the kernels rely on: (1024 + q) * 1 - 1024 = q exactly
     q = np.arange(256, dtype=np.uint32)
     h = (q | 0x6400) | ((q | 0x6400) << 16)
-    r = X.hfma2_reference(h, np.full(256, K.ONE2, np.uint32), np.full(256, K.NEG1024, np.uint32))
+    r = X.hfma2_reference(h, np.full(256, Q.ONE2, np.uint32), np.full(256, Q.NEG1024, np.uint32))
     np.testing.assert_array_equal(r.view(np.float16)[0::2], q.astype(np.float16))
 
 
@@ -234,18 +238,18 @@ def test_mmq_order_pairs_match_weight_bytes():
 # Plans, checks, the error bound (CPU only)
 # =====================================================================================
 def test_plan_picks_by_n_and_splits_k_when_rows_run_out():
-    small = mmq.plan("Q4_K", 9728, 2560, 33, num_sms=132, smem_limit=227 * 1024)
+    small = MP.plan("Q4_K", 9728, 2560, 33, num_sms=132, smem_limit=227 * 1024)
     assert small.config.bn == 40 and small.config.wn == 1
-    big = mmq.plan("Q4_K", 9728, 2560, 512, num_sms=132, smem_limit=227 * 1024)
-    assert big.config == mmq.LARGE and big.splits == 1 and big.grid == (76, 4, 1)
-    kv = mmq.plan("Q4_K", 1024, 2560, 33, num_sms=132, smem_limit=227 * 1024)
+    big = MP.plan("Q4_K", 9728, 2560, 512, num_sms=132, smem_limit=227 * 1024)
+    assert big.config == MP.LARGE and big.splits == 1 and big.grid == (76, 4, 1)
+    kv = MP.plan("Q4_K", 1024, 2560, 33, num_sms=132, smem_limit=227 * 1024)
     assert kv.splits > 1 and kv.stages_per_split % 2 == 0
     assert kv.splits * kv.stages_per_split >= kv.n_stages > (kv.splits - 1) * kv.stages_per_split
     assert kv.workspace > 0
     # a device with less shared memory gets fewer stages, never a failure
-    orin = mmq.plan("Q8_0", 4096, 2560, 512, num_sms=16, smem_limit=163 * 1024)
+    orin = MP.plan("Q8_0", 4096, 2560, 512, num_sms=16, smem_limit=163 * 1024)
     assert orin.smem <= 163 * 1024
-    tight = mmq.plan("Q8_0", 4096, 2560, 512, num_sms=16, smem_limit=120 * 1024)
+    tight = MP.plan("Q8_0", 4096, 2560, 512, num_sms=16, smem_limit=120 * 1024)
     assert tight.smem <= 120 * 1024 and tight.config.stages == 2
 
 
@@ -253,30 +257,30 @@ def test_format_routing_and_k_multiples():
     """Q8_0 keeps its cp.async-staged d path when K is whole super-blocks, else the
     32-weight path; the 32-weight formats take any K that is whole blocks."""
     from genie_rt.quant import mmq_legacy as L
-    assert mmq.kernel_format("Q8_0", 2560) == K.Q8_0 and mmq.kernel_format("Q8_0", 640) == L.Q8_0L
-    assert mmq.plan("Q4_1", 1536, 576, 33).n_stages == 5
+    assert MP.kernel_format("Q8_0", 2560) == Q.Q8_0 and MP.kernel_format("Q8_0", 640) == L.Q8_0L
+    assert MP.plan("Q4_1", 1536, 576, 33).n_stages == 5
     with pytest.raises(ValueError, match="multiple of 32"):
-        mmq.plan("Q4_1", 64, 80, 8)
+        MP.plan("Q4_1", 64, 80, 8)
 
 
 def test_launcher_refuses_what_it_cannot_do():
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="not supported"):
-        mmq.plan("F32", 256, 256, 8)
+        MP.plan("F32", 256, 256, 8)
     with pytest.raises(ValueError, match="multiple of 256"):
-        mmq.plan("Q4_K", 256, 320, 8)
+        MP.plan("Q4_K", 256, 320, 8)
     with pytest.raises(ValueError, match="mode"):
-        mmq.plan("Q4_K", 256, 256, 8, mode="gelu")
+        MP.plan("Q4_K", 256, 256, 8, mode="gelu")
     with pytest.raises(ValueError, match="reduce"):
-        mmq.plan("Q4_K", 256, 256, 8, reduce="atomic")
-    w = to_device(mmq.random_weight("Q4_K", 31, 256, rng))
+        MP.plan("Q4_K", 256, 256, 8, reduce="atomic")
+    w = to_device(MR.random_weight("Q4_K", 31, 256, rng))
     x16 = cuda.to_device(np.zeros((4, 256), np.float16))
     xs = cuda.to_device(np.ones(4, np.float32))
     with pytest.raises(ValueError, match="even"):
         mmq.mmq(w, x16, xs, cuda.to_device(np.zeros((4, 15), np.float32)), mode="swiglu")
     with pytest.raises(ValueError, match="y must be"):
         mmq.mmq(w, x16, xs, cuda.to_device(np.zeros((4, 30), np.float32)))
-    w2 = to_device(mmq.random_weight("Q4_K", 16, 1024, rng))
+    w2 = to_device(MR.random_weight("Q4_K", 16, 1024, rng))
     with pytest.raises(ValueError, match="workspace"):
         mmq.mmq(w2, cuda.to_device(np.zeros((4, 1024), np.float16)), xs,
                 cuda.to_device(np.zeros((4, 16), np.float32)), splits=2)
@@ -288,63 +292,63 @@ def test_launcher_refuses_what_it_cannot_do():
 def test_error_bound_catches_a_wrong_sub_block():
     # the bound is tight enough to see one Q4_K sub-block with the wrong scale
     rng = np.random.default_rng(2)
-    w = mmq.random_weight("Q4_K", 8, 256, rng)
+    w = MR.random_weight("Q4_K", 8, 256, rng)
     x = rng.standard_normal((4, 256)).astype(np.float32)
-    bad = mmq.PackedWeight(w.qtype, w.rows, w.cols, {k: v.copy() for k, v in w.planes.items()})
+    bad = PackedWeight(w.qtype, w.rows, w.cols, {k: v.copy() for k, v in w.planes.items()})
     bad.planes["hdr"][:, 4] ^= 0x20                  # bit 5 of the 6-bit scale of sub-block 0
-    err = np.abs(mmq.reference(bad, x) - mmq.reference(w, x))
-    assert (err > mmq.error_bound(w, x)).mean() > 0.9
+    err = np.abs(MR.reference(bad, x) - MR.reference(w, x))
+    assert (err > MR.error_bound(w, x)).mean() > 0.9
 
 
 def test_workspace_bytes_and_stack_rows():
     rng = np.random.default_rng(4)
-    g = mmq.random_weight("Q4_K", 16, 512, rng)
-    u = mmq.random_weight("Q4_K", 16, 512, rng)
-    gu = mmq.stack_rows(g, u)
+    g = MR.random_weight("Q4_K", 16, 512, rng)
+    u = MR.random_weight("Q4_K", 16, 512, rng)
+    gu = MR.stack_rows(g, u)
     assert gu.rows == 32 and gu.planes["qs"].shape == (32, 256)
-    np.testing.assert_array_equal(mmq.dequantize_weight(gu)[16:], mmq.dequantize_weight(u))
-    assert mmq.workspace_bytes(gu, 33, "swiglu") == mmq.plan("Q4_K", 16, 512, 33, "swiglu").workspace
+    np.testing.assert_array_equal(MR.dequantize_weight(gu)[16:], MR.dequantize_weight(u))
+    assert MP.workspace_bytes(gu, 33, "swiglu") == MP.plan("Q4_K", 16, 512, 33, "swiglu").workspace
 
 
 # =====================================================================================
 # PTX for sm_87 and sm_90
 # =====================================================================================
 PTX_SOURCE = """
-from genie_rt.quant import mmq, mmq_kernels as K
-small, large = mmq.small_config(33), mmq.LARGE
-q4k_small_store = mmq._kernel(K.Q4_K, small, K.EPI_STORE)
-q4k_small_swiglu = mmq._kernel(K.Q4_K, small, K.EPI_SWIGLU)
-q4k_small_geglu = mmq._kernel(K.Q4_K, small, K.EPI_GEGLU)
-q4k_large_store = mmq._kernel(K.Q4_K, large, K.EPI_STORE)
-q4k_large_add = mmq._kernel(K.Q4_K, large, K.EPI_ADD)
-q6k_small_add = mmq._kernel(K.Q6_K, small, K.EPI_ADD)
-q6k_large_store = mmq._kernel(K.Q6_K, large, K.EPI_STORE)
-q8_0_small_store = mmq._kernel(K.Q8_0, small, K.EPI_STORE)
-q8_0_large_store = mmq._kernel(K.Q8_0, large, K.EPI_STORE)
+from genie_rt.quant import mmq, mmq_defs as D, mmq_kquants as Q, mmq_plan as MP
+small, large = MP.small_config(33), MP.LARGE
+q4k_small_store = mmq._kernel(Q.Q4_K, small, D.EPI_STORE)
+q4k_small_swiglu = mmq._kernel(Q.Q4_K, small, D.EPI_SWIGLU)
+q4k_small_geglu = mmq._kernel(Q.Q4_K, small, D.EPI_GEGLU)
+q4k_large_store = mmq._kernel(Q.Q4_K, large, D.EPI_STORE)
+q4k_large_add = mmq._kernel(Q.Q4_K, large, D.EPI_ADD)
+q6k_small_add = mmq._kernel(Q.Q6_K, small, D.EPI_ADD)
+q6k_large_store = mmq._kernel(Q.Q6_K, large, D.EPI_STORE)
+q8_0_small_store = mmq._kernel(Q.Q8_0, small, D.EPI_STORE)
+q8_0_large_store = mmq._kernel(Q.Q8_0, large, D.EPI_STORE)
 from genie_rt.quant import mmq_legacy as L
-q4_1_small_store = mmq._kernel(L.Q4_1, small, K.EPI_STORE)
-q4_1_large_swiglu = mmq._kernel(L.Q4_1, large, K.EPI_SWIGLU)
-q5_0_small_geglu = mmq._kernel(L.Q5_0, small, K.EPI_GEGLU)
-q5_0_large_add = mmq._kernel(L.Q5_0, large, K.EPI_ADD)
-q5_1_small_add_redk = mmq._kernel(L.Q5_1, small, K.EPI_ADD, K.RED_KERNEL)
-q4_0_large_store = mmq._kernel(L.Q4_0, large, K.EPI_STORE)
-q8_0l_small_store = mmq._kernel(L.Q8_0L, small, K.EPI_STORE)
-q4k_small_swiglu_redk = mmq._kernel(K.Q4_K, small, K.EPI_SWIGLU, K.RED_KERNEL)
-q6k_small_add_redk = mmq._kernel(K.Q6_K, small, K.EPI_ADD, K.RED_KERNEL)
-reduce_store = mmq._reduce_kernel(K.EPI_STORE)
-reduce_add = mmq._reduce_kernel(K.EPI_ADD)
-reduce_swiglu = mmq._reduce_kernel(K.EPI_SWIGLU)
-reduce_geglu = mmq._reduce_kernel(K.EPI_GEGLU)
+q4_1_small_store = mmq._kernel(L.Q4_1, small, D.EPI_STORE)
+q4_1_large_swiglu = mmq._kernel(L.Q4_1, large, D.EPI_SWIGLU)
+q5_0_small_geglu = mmq._kernel(L.Q5_0, small, D.EPI_GEGLU)
+q5_0_large_add = mmq._kernel(L.Q5_0, large, D.EPI_ADD)
+q5_1_small_add_redk = mmq._kernel(L.Q5_1, small, D.EPI_ADD, D.RED_KERNEL)
+q4_0_large_store = mmq._kernel(L.Q4_0, large, D.EPI_STORE)
+q8_0l_small_store = mmq._kernel(L.Q8_0L, small, D.EPI_STORE)
+q4k_small_swiglu_redk = mmq._kernel(Q.Q4_K, small, D.EPI_SWIGLU, D.RED_KERNEL)
+q6k_small_add_redk = mmq._kernel(Q.Q6_K, small, D.EPI_ADD, D.RED_KERNEL)
+reduce_store = mmq._reduce_kernel(D.EPI_STORE)
+reduce_add = mmq._reduce_kernel(D.EPI_ADD)
+reduce_swiglu = mmq._reduce_kernel(D.EPI_SWIGLU)
+reduce_geglu = mmq._reduce_kernel(D.EPI_GEGLU)
 from genie_rt.quant import mmq_prep as P
 prepare_x_kernel = P.prepare_x_kernel
 prepare_x_resident_10 = P.prepare_x_kernel_for(2 * 512 * 10)
 mma_peak_kernel = P.mma_peak_kernel
 """
 MMQ_KERNELS = {
-    "q4k_small_store": K.Q4_K, "q4k_small_swiglu": K.Q4_K, "q4k_small_geglu": K.Q4_K, "q4k_large_store": K.Q4_K,
-    "q4k_large_add": K.Q4_K, "q6k_small_add": K.Q6_K, "q6k_large_store": K.Q6_K,
-    "q8_0_small_store": K.Q8_0, "q8_0_large_store": K.Q8_0,
-    "q4k_small_swiglu_redk": K.Q4_K, "q6k_small_add_redk": K.Q6_K,
+    "q4k_small_store": Q.Q4_K, "q4k_small_swiglu": Q.Q4_K, "q4k_small_geglu": Q.Q4_K, "q4k_large_store": Q.Q4_K,
+    "q4k_large_add": Q.Q4_K, "q6k_small_add": Q.Q6_K, "q6k_large_store": Q.Q6_K,
+    "q8_0_small_store": Q.Q8_0, "q8_0_large_store": Q.Q8_0,
+    "q4k_small_swiglu_redk": Q.Q4_K, "q6k_small_add_redk": Q.Q6_K,
     "q4_1_small_store": 4, "q4_1_large_swiglu": 4, "q5_0_small_geglu": 5, "q5_0_large_add": 5,
     "q5_1_small_add_redk": 6, "q4_0_large_store": 3, "q8_0l_small_store": 7,     # mmq_legacy codes
 }
@@ -414,7 +418,7 @@ QWEN3_4B = [
 @pytest.fixture(scope="module")
 def gpu_weights():
     rng = np.random.default_rng(7)
-    return {name: (mmq.random_weight(qt, rows, cols, rng), mode)
+    return {name: (MR.random_weight(qt, rows, cols, rng), mode)
             for name, rows, cols, qt, mode in QWEN3_4B}
 
 
@@ -436,7 +440,7 @@ def test_gpu_qwen3_shapes(gpu_weights, name, n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("reduce", sorted(mmq.REDUCTIONS))
+@pytest.mark.parametrize("reduce", sorted(MP.REDUCTIONS))
 def test_gpu_split_k_is_deterministic(gpu_weights, reduce):
     w, _ = gpu_weights["down"]
     x = np.random.default_rng(9).standard_normal((33, w.cols)).astype(np.float32)
@@ -457,7 +461,7 @@ def test_gpu_both_reductions_at_small_n(gpu_weights, name):
         rows_out = w.rows // 2 if mode == "swiglu" else w.rows
         y0 = rng.standard_normal((n, rows_out)).astype(np.float32) if mode == "add" else None
         rows = np.sort(rng.choice(rows_out, 256, replace=False))
-        for reduce in mmq.REDUCTIONS:
+        for reduce in MP.REDUCTIONS:
             out, _, p = run_mmq(w, x, mode, y0=y0, use_prepare=True, reduce=reduce)
             check_close(out[:, rows], w, x, mode, y0, rows,
                         where=f"{name} N={n} {p.config.name} split {p.splits} reduce={reduce}")
@@ -486,9 +490,9 @@ def test_gpu_model_shapes(name, rows, cols, qtype, mode, n):
 def check_gpu_shape(name, rows, cols, qtype, mode, n):
     """One real-shape GEMM on the GPU against numpy (256 sampled columns) with its error bound."""
     rng = np.random.default_rng(rows + n)
-    w = mmq.random_weight(qtype, rows, cols, rng)
+    w = MR.random_weight(qtype, rows, cols, rng)
     x = rng.standard_normal((n, cols)).astype(np.float32)
-    rows_out = rows // 2 if mode in mmq.GATED else rows
+    rows_out = rows // 2 if mode in MP.GATED else rows
     y0 = rng.standard_normal((n, rows_out)).astype(np.float32) if mode == "add" else None
     out, counters, p = run_mmq(w, x, mode, y0=y0, use_prepare=True)
     sel = np.sort(rng.choice(rows_out, min(rows_out, 256), replace=False))

@@ -1,5 +1,6 @@
 """MMQ (the prefill GEMM) for Q5_K, F16 and BF16 weights, the way tests/test_mmq.py tests
-the other formats (its helpers: run_mmq, check_close, the error bound of mmq.error_bound):
+the other formats (its helpers: run_mmq, check_close, the error bound of
+mmq_reference.error_bound):
 
 - simulator (on a GPU machine: the device): tiny awkward shapes against the float64 numpy
   reference - rows not a multiple of the tile, K at the smallest legal multiple (Q5_K 256,
@@ -15,14 +16,16 @@ from numba import cuda
 
 from genie_rt.quant import mmq
 from genie_rt.quant import mmq_float as F
-from genie_rt.quant import mmq_kernels as K
+from genie_rt.quant import mmq_kquants as Q
+from genie_rt.quant import mmq_plan as MP
+from genie_rt.quant import mmq_reference as MR
 from genie_rt.quant.formats import QType
-from genie_rt.quant.layout import pack
+from genie_rt.quant.layout import PackedWeight, pack
 from genie_rt.quant.quantize import quantize_bf16
 from ptx_helpers import assert_no_f64, assert_ptx_contains, compile_in_subprocess, local_memory_bytes
 from test_mmq import check_close, check_gpu_shape, run_mmq
 
-T = mmq.TileConfig
+T = MP.TileConfig
 CASES = [
     # qtype, rows, cols, N, mode, config, splits
     ("Q5_K", 40, 512, 9, "store", None, 1),                         # rows not a multiple of 16
@@ -47,11 +50,11 @@ CASES_RED = [c + (r,) for c in CASES for r in (("last", "kernel") if c[6] > 1 el
                               + (f"-{c[7]}" if c[7] else "") for c in CASES_RED])
 def test_mmq_matches_reference(qtype, rows, cols, n, mode, config, splits, reduce):
     rng = np.random.default_rng(rows * 1000 + cols + n)
-    w = mmq.random_weight(qtype, rows, cols, rng)
+    w = MR.random_weight(qtype, rows, cols, rng)
     x = rng.standard_normal((n, cols)).astype(np.float32)
-    rows_out = rows // 2 if mode in mmq.GATED else rows
+    rows_out = rows // 2 if mode in MP.GATED else rows
     y0 = rng.standard_normal((n, rows_out)).astype(np.float32) if mode == "add" else None
-    if mode in mmq.GATED:
+    if mode in MP.GATED:
         x *= 30                                     # the random weights are ~0.02: reach the curve
     out, counters, p = run_mmq(w, x, mode, config, splits, y0, reduce=reduce)
     assert p.splits == splits
@@ -89,18 +92,18 @@ def test_bf16_range_check_names_the_tensor():
 
 
 def test_plan_and_refusals_for_the_new_types():
-    assert mmq.plan("Q5_K", 256, 2560, 33).fmt == K.Q5_K
-    assert mmq.plan("F16", 640, 576, 33).n_stages == 5         # 4.5 stages: the last one partial
-    assert mmq.plan("BF16", 64, 16, 8).n_stages == 1
+    assert MP.plan("Q5_K", 256, 2560, 33).fmt == Q.Q5_K
+    assert MP.plan("F16", 640, 576, 33).n_stages == 5         # 4.5 stages: the last one partial
+    assert MP.plan("BF16", 64, 16, 8).n_stages == 1
     with pytest.raises(ValueError, match="multiple of 256"):
-        mmq.plan("Q5_K", 64, 576, 8)
+        MP.plan("Q5_K", 64, 576, 8)
     with pytest.raises(ValueError, match="multiple of 16"):
-        mmq.plan("F16", 64, 40, 8)
+        MP.plan("F16", 64, 40, 8)
     with pytest.raises(ValueError, match="not supported"):
-        mmq.plan("F32", 64, 64, 8)
+        MP.plan("F32", 64, 64, 8)
     # a plane of the wrong type is refused by name
-    w = mmq.random_weight("F16", 16, 64, np.random.default_rng(0))
-    bad = mmq.PackedWeight(w.qtype, w.rows, w.cols, {"w": cuda.to_device(w.planes["w"].astype(np.float32))})
+    w = MR.random_weight("F16", 16, 64, np.random.default_rng(0))
+    bad = PackedWeight(w.qtype, w.rows, w.cols, {"w": cuda.to_device(w.planes["w"].astype(np.float32))})
     with pytest.raises(ValueError, match="plane 'w'"):
         mmq.mmq(bad, cuda.to_device(np.zeros((2, 64), np.float16)), cuda.to_device(np.ones(2, np.float32)),
                 cuda.to_device(np.zeros((2, 16), np.float32)))
@@ -110,34 +113,34 @@ def test_error_bound_sees_a_wrong_fifth_bit_plane():
     """The Q5_K reference reads the qh plane: flipping one bit plane moves the result by far
     more than the bound (so the simulator tests above would catch a kernel ignoring it)."""
     rng = np.random.default_rng(3)
-    w = mmq.random_weight("Q5_K", 8, 256, rng)
+    w = MR.random_weight("Q5_K", 8, 256, rng)
     x = rng.standard_normal((4, 256)).astype(np.float32)
-    bad = mmq.PackedWeight(w.qtype, w.rows, w.cols, {k: v.copy() for k, v in w.planes.items()})
+    bad = PackedWeight(w.qtype, w.rows, w.cols, {k: v.copy() for k, v in w.planes.items()})
     bad.planes["qh"][:] ^= 0x10                       # the fifth bits of sub-block 4
-    err = np.abs(mmq.reference(bad, x) - mmq.reference(w, x))
-    assert (err > mmq.error_bound(w, x)).mean() > 0.9
+    err = np.abs(MR.reference(bad, x) - MR.reference(w, x))
+    assert (err > MR.error_bound(w, x)).mean() > 0.9
 
 
 # =====================================================================================
 # PTX for sm_87 and sm_90
 # =====================================================================================
 PTX_SOURCE = """
-from genie_rt.quant import mmq, mmq_kernels as K, mmq_float as F
-small, large = mmq.small_config(33), mmq.LARGE
-q5k_small_store = mmq._kernel(K.Q5_K, small, K.EPI_STORE)
-q5k_large_swiglu = mmq._kernel(K.Q5_K, large, K.EPI_SWIGLU)
-q5k_small_add_redk = mmq._kernel(K.Q5_K, small, K.EPI_ADD, K.RED_KERNEL)
-f16_small_store = mmq._kernel(F.F16, small, K.EPI_STORE)
-f16_large_add = mmq._kernel(F.F16, large, K.EPI_ADD)
-f16_small_geglu_redk = mmq._kernel(F.F16, small, K.EPI_GEGLU, K.RED_KERNEL)
-bf16_small_swiglu = mmq._kernel(F.BF16, small, K.EPI_SWIGLU)
-bf16_large_store = mmq._kernel(F.BF16, large, K.EPI_STORE)
+from genie_rt.quant import mmq, mmq_defs as D, mmq_float as F, mmq_kquants as Q, mmq_plan as MP
+small, large = MP.small_config(33), MP.LARGE
+q5k_small_store = mmq._kernel(Q.Q5_K, small, D.EPI_STORE)
+q5k_large_swiglu = mmq._kernel(Q.Q5_K, large, D.EPI_SWIGLU)
+q5k_small_add_redk = mmq._kernel(Q.Q5_K, small, D.EPI_ADD, D.RED_KERNEL)
+f16_small_store = mmq._kernel(F.F16, small, D.EPI_STORE)
+f16_large_add = mmq._kernel(F.F16, large, D.EPI_ADD)
+f16_small_geglu_redk = mmq._kernel(F.F16, small, D.EPI_GEGLU, D.RED_KERNEL)
+bf16_small_swiglu = mmq._kernel(F.BF16, small, D.EPI_SWIGLU)
+bf16_large_store = mmq._kernel(F.BF16, large, D.EPI_STORE)
 """
-KERNELS = {"q5k_small_store": K.Q5_K, "q5k_large_swiglu": K.Q5_K, "q5k_small_add_redk": K.Q5_K,
+KERNELS = {"q5k_small_store": Q.Q5_K, "q5k_large_swiglu": Q.Q5_K, "q5k_small_add_redk": Q.Q5_K,
            "f16_small_store": F.F16, "f16_large_add": F.F16, "f16_small_geglu_redk": F.F16,
            "bf16_small_swiglu": F.BF16, "bf16_large_store": F.BF16}
 # what each format's dequantization must compile to, beside mma/ldmatrix/cp.async
-FORMAT_PTX = {K.Q5_K: ("fma.rn.f16x2",), F.F16: ("ld.shared.u64",),
+FORMAT_PTX = {Q.Q5_K: ("fma.rn.f16x2",), F.F16: ("ld.shared.u64",),
               F.BF16: ("ld.shared.u64", "cvt.rn.f16x2.f32")}
 
 

@@ -5,7 +5,7 @@ side by side in one process (and, with --ncu, launch each once for Nsight Comput
 What it compares (Qwen3-4B shapes, fresh random weights, every result checked against
 numpy before it is timed):
 
-  MMQ at N = 16 and 33   small-N policies (mmq.SMALL_*, DEFAULT_REDUCE): split-K summed by
+  MMQ at N = 16 and 33   small-N policies (mmq_plan.SMALL_*, DEFAULT_REDUCE): split-K summed by
                          the last block of each tile ("last") or by a reduction launch
                          ("kernel"), 2 or 3 stages, the fewest stages per split (the
                          two-warp-group variant is tools/mmq_variants/v3); each shape, then one
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
 
     from genie_rt.engine.cuda_graph import time_us
     from genie_rt.quant import gemv as G
-    from genie_rt.quant import mmq
+    from genie_rt.quant import mmq, mmq_plan as MP, mmq_reference as MR
     from genie_rt.quant.mmq_bench import Case as MMQCase
     from genie_rt.quant.formats import QType
     from genie_rt.quant.gemv_bench import measure_bandwidth, random_weight as g_random, rows_of
@@ -90,18 +90,18 @@ def main(argv=None) -> int:
         s.synchronize()
         out = yv(c, n).copy_to_host()[:, rows].astype(np.float64)
         x = xh[c.cols][:n]
-        ref = mmq.reference(c.host, x, c.mode, y0, rows)
-        bound = mmq.error_bound(c.host, x, c.mode, y0, rows)
+        ref = MR.reference(c.host, x, c.mode, y0, rows)
+        bound = MR.error_bound(c.host, x, c.mode, y0, rows)
         return float(np.max(np.abs(out - ref) / bound))
 
     # Small-N policies: (name, reduce, stages, min stages per split); the package default last
     POLICIES = [("old", "last", 3, 4), ("k-s3", "kernel", 3, 2),
-                ("default", mmq.DEFAULT_REDUCE, mmq.SMALL_STAGES, mmq.SMALL_MIN_STAGES_PER_SPLIT)]
+                ("default", MP.DEFAULT_REDUCE, MP.SMALL_STAGES, MP.SMALL_MIN_STAGES_PER_SPLIT)]
 
     def set_policy(pol):
         _, red, st, sps = pol
-        mmq.DEFAULT_REDUCE, mmq.SMALL_STAGES, mmq.SMALL_MIN_STAGES_PER_SPLIT = red, st, sps
-        mmq.plan.cache_clear()
+        MP.DEFAULT_REDUCE, MP.SMALL_STAGES, MP.SMALL_MIN_STAGES_PER_SPLIT = red, st, sps
+        MP.plan.cache_clear()
 
     if "mmq" not in skip and not args.ncu:
         for spec in [("qkv", Q_DIM + 2 * KV_DIM, HIDDEN, "Q4_K", "store"), ("k", KV_DIM, HIDDEN, "Q4_K", "store"),
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
                 for name in ("qkv", "k", "o", "gate_up", "down", "down_q6k"):
                     c = cases[name]
                     try:
-                        p = mmq.plan(c.qtype, c.rows_out, c.cols, n, c.mode)
+                        p = MP.plan(c.qtype, c.rows_out, c.cols, n, c.mode)
                         fn = launcher(c, n)
                         err = validate(c, n, fn)
                         us = time_us(fn, s, per=20, reps=7)
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
                     xr = rng.standard_normal((512, c.cols)).astype(np.float32)
                     mmq.prepare_x(cuda.to_device(xr), xs_[c.cols], xsc_, s)
                     ybig = cuda.device_array((512, c.rows_out), np.float32)
-                    p = mmq.plan(c.qtype, c.rows_out, c.cols, n, c.mode, reduce=red)
+                    p = MP.plan(c.qtype, c.rows_out, c.cols, n, c.mode, reduce=red)
                     fn = (lambda c=c, red=red, ybig=ybig, xs_=xs_, xsc_=xsc_:
                           mmq.mmq(c.w, xs_[c.cols], xsc_, ybig, c.mode, workspace=ws, stream=s, reduce=red))
                     y0 = rng.standard_normal((512, c.rows_out)).astype(np.float32)
@@ -157,8 +157,8 @@ def main(argv=None) -> int:
                     s.synchronize()
                     rows = np.sort(rng.choice(c.rows_out, 64, replace=False))
                     out = ybig.copy_to_host()[:, rows].astype(np.float64)
-                    ref = mmq.reference(c.host, xr, c.mode, y0, rows)
-                    err = float(np.max(np.abs(out - ref) / mmq.error_bound(c.host, xr, c.mode, y0, rows)))
+                    ref = MR.reference(c.host, xr, c.mode, y0, rows)
+                    err = float(np.max(np.abs(out - ref) / MR.error_bound(c.host, xr, c.mode, y0, rows)))
                     us = time_us(fn, s, per=5, reps=7)
                 except Exception as exc:                          # noqa: BLE001
                     print(f"  N=512 {name} {red}: FAILED {exc}", flush=True)

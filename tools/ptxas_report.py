@@ -27,16 +27,18 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 
 SOURCE = '''
 from dataclasses import replace
-from genie_rt.quant import mmq, mmq_kernels as K, gemv_kernels as GK
+from genie_rt.quant import mmq, mmq_defs as D, mmq_kquants as KQ, mmq_plan as MP
+from genie_rt.quant import gemv_kernels as GK
 from genie_rt.quant.formats import QType as Q
-_small = {n: mmq.small_config(n) for n in (16, 40)}
+_small = {n: MP.small_config(n) for n in (16, 40)}
 KERNELS = {}
 for _n, _c in _small.items():
-    for _fmt, _epi in ((K.Q4_K, K.EPI_STORE), (K.Q4_K, K.EPI_ADD), (K.Q4_K, K.EPI_SWIGLU), (K.Q6_K, K.EPI_ADD)):
+    for _fmt, _epi in ((KQ.Q4_K, D.EPI_STORE), (KQ.Q4_K, D.EPI_ADD), (KQ.Q4_K, D.EPI_SWIGLU),
+                       (KQ.Q6_K, D.EPI_ADD)):
         for _st in (2, 3):
             _cfg2 = replace(_c, stages=_st)
-            _name = f"mmq_{K.FORMAT_NAMES[_fmt]}_{K.EPI_NAMES[_epi]}_n{_n}_s{_st}"
-            globals()[_name] = mmq._kernel(_fmt, _cfg2, _epi, K.RED_KERNEL)
+            _name = f"mmq_{D.FORMAT_NAMES[_fmt]}_{D.EPI_NAMES[_epi]}_n{_n}_s{_st}"
+            globals()[_name] = mmq._kernel(_fmt, _cfg2, _epi, D.RED_KERNEL)
             KERNELS[_name] = (_fmt, _cfg2, _epi)
 gemv_q6k_lpr32 = GK.gemv_kernel(Q.Q6_K, "dp4a", 1, 1, False, 32)
 gemv_q6k_lpr16 = GK.gemv_kernel(Q.Q6_K, "dp4a", 1, 1, False, 16)
@@ -57,7 +59,7 @@ def main(argv=None) -> int:
     from ptx_helpers import compile_in_subprocess
     from genie_rt.quant import gemv as G
     from genie_rt.quant import mmq
-    from genie_rt.quant import mmq_kernels as K
+    from genie_rt.quant import mmq_defs as D
 
     ns: dict = {}
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"          # only to build the table of names here
@@ -68,7 +70,7 @@ def main(argv=None) -> int:
     for name, (fmt, cfg, epi) in ns["KERNELS"].items():
         if pat.search(name):
             sigs[name] = mmq.kernel_signature(fmt)
-            caps[name] = K.register_capped(cfg.mt, cfg.nt, cfg.threads, epi)
+            caps[name] = D.register_capped(cfg.mt, cfg.nt, cfg.threads, epi)
     for name, sig in (("gemv_q6k_lpr32", G.SIG_GEMV), ("gemv_q6k_lpr16", G.SIG_GEMV),
                       ("gemv_q4k_lpr32", G.SIG_GEMV), ("swiglu_q4k_lpr16", G.SIG_SWIGLU)):
         if pat.search(name):
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
                 f.write_text(text)
                 cmd = [ptxas, "-v", f"--gpu-name=sm_{cc[0]}{cc[1]}", str(f), "-o", os.devnull]
                 if caps[name]:
-                    cmd.append(f"-maxrregcount={K.MAX_REGISTERS}")
+                    cmd.append(f"-maxrregcount={D.MAX_REGISTERS}")
                 r = subprocess.run(cmd, capture_output=True, text=True)
                 regs = re.search(r"Used (\d+) registers", r.stderr)
                 spill = re.search(r"(\d+) bytes spill stores", r.stderr)

@@ -24,14 +24,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from numba import cuda  # noqa: E402
 
 import v2_s8_q4k as V2  # noqa: E402
-from genie_rt.quant import mmq, mmq_kernels as K  # noqa: E402
+from genie_rt.quant import mmq, mmq_kernels as K, mmq_plan as MP, mmq_reference as MR  # noqa: E402
+from genie_rt.quant.layout import PackedWeight  # noqa: E402
 
 SHAPES = [("gate", 9728, 2560), ("down", 2560, 9728)]
 V2_CONFIGS = {33: (4, 2, 6, 3), 512: (4, 2, 16, 2)}       # wm, mt, nt, stages
 
 
 def to_device(w):
-    return mmq.PackedWeight(w.qtype, w.rows, w.cols, {k: cuda.to_device(v) for k, v in w.planes.items()})
+    return PackedWeight(w.qtype, w.rows, w.cols, {k: cuda.to_device(v) for k, v in w.planes.items()})
 
 
 def run_v2(kern, w_dev, x, stream=0):
@@ -52,7 +53,7 @@ def run_v2(kern, w_dev, x, stream=0):
 
 def check_v2(w, x, y, rows=None):
     rows = np.arange(w.rows) if rows is None else rows
-    wd = mmq.dequantize_weight(w, rows)
+    wd = MR.dequantize_weight(w, rows)
     ref = x.astype(np.float64) @ wd.T
     bound = V2.q8_error_bound(wd, x)
     err = np.abs(y[:, rows] - ref)
@@ -63,7 +64,7 @@ def check_v2(w, x, y, rows=None):
 
 def selftest():
     rng = np.random.default_rng(0)
-    w = mmq.random_weight("Q4_K", 32, 512, rng)
+    w = MR.random_weight("Q4_K", 32, 512, rng)
     x = rng.standard_normal((7, 512)).astype(np.float32)
     kern = V2.build_s8_kernel(wm=1, mt=2, nt=2, stages=3)
     y, go = run_v2(kern, to_device(w), x)
@@ -89,14 +90,14 @@ def gpu(args):
     rng = np.random.default_rng(42)
     out = {"date": time.strftime("%Y-%m-%d %H:%M"), "runs": []}
     peak16 = mma_peak_tflops(cuda, timer)
-    sms, _ = mmq.device_limits()
+    sms, _ = MP.device_limits()
     o = cuda.device_array(sms * 8 * 256, np.int32)
     us = timer.time_us(lambda: V2.mma_s8_peak_kernel[sms * 8, 256, stream](o, 4096), reps=3, samples=5)
     peak8 = sms * 8 * 8 * 4096 * 8 * 2 * 16 * 8 * 32 / us / 1e6
     out.update(f16_peak_tflops=peak16, s8_peak_tops=peak8)
     print(f"mma.sync peaks (probe): f16->f32 {peak16:.0f} TFLOP/s, s8->s32 {peak8:.0f} TOP/s")
     for name, rows, cols in SHAPES:
-        w = mmq.random_weight("Q4_K", rows, cols, rng)
+        w = MR.random_weight("Q4_K", rows, cols, rng)
         wd = to_device(w)
         for n in (33, 512):
             x = rng.standard_normal((n, cols)).astype(np.float32)
@@ -108,14 +109,14 @@ def gpu(args):
             xs = cuda.device_array(n, np.float32)
             mmq.prepare_x(xd, x16, xs, stream)
             y1 = cuda.device_array((n, rows), np.float32)
-            ws = cuda.to_device(np.zeros(max(mmq.workspace_bytes(wd, n), 16), np.uint8))
+            ws = cuda.to_device(np.zeros(max(MP.workspace_bytes(wd, n), 16), np.uint8))
             for tag, splits in (("v1 default", None), ("v1 no split", 1)):
                 def go1(splits=splits):
                     mmq.mmq(wd, x16, xs, y1, workspace=ws, stream=stream, splits=splits)
                 go1()
                 stream.synchronize()
-                ref = mmq.reference(w, x, rows=sample)
-                bound = mmq.error_bound(w, x, rows=sample)
+                ref = MR.reference(w, x, rows=sample)
+                bound = MR.error_bound(w, x, rows=sample)
                 ratio = float((np.abs(y1.copy_to_host()[:, sample] - ref) / bound).max())
                 t = timer.time_us(go1)
                 rec = dict(variant=tag, shape=name, n=n, us=t, tflops=flops / t / 1e6, err_over_bound=ratio)

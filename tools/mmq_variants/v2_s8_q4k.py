@@ -21,8 +21,8 @@ import math
 import numpy as np
 from numba import cuda, float32, int32, uint32
 
-from genie_rt.quant import mmq_kernels as K
-from genie_rt.quant.mmq_kernels import U, _inline, _wait_group
+from genie_rt.quant import mmq_defs as D
+from genie_rt.quant.mmq_defs import U, _inline, _wait_group
 from genie_rt.quant.ptx import (cp_async16_zfill, cp_async_commit, f16_bits_to_f32,
                                 ldmatrix_x4, mma_s8_s32)
 
@@ -308,4 +308,4 @@ def launch(kern, w, xq, dx, sx, y, stream=0):
     n = xq.shape[0]
     grid = (-(-w.rows // kern.meta["bm"]), -(-n // kern.meta["bn"]))
     kern[grid, kern.meta["threads"], stream, kern.meta["smem"]](
-        w.planes["qs"], w.planes["hdr"], xq, dx, sx, y, n, w.rows, w.cols // K.STAGE_K)
+        w.planes["qs"], w.planes["hdr"], xq, dx, sx, y, n, w.rows, w.cols // D.STAGE_K)
