@@ -65,3 +65,19 @@ def test_a_discarded_capture_is_counted_in_the_load_log():
     assert GraphSteps._capture_only(b, ("prefill", 16, (1,)), None) is False
     n, _, seconds, _ = b.capture_stats["discarded prefill (error)"]
     assert n == 1 and seconds >= 0
+
+
+def test_overlap_load_is_off_by_default_and_the_cli_turns_it_on():
+    import argparse
+
+    import pytest
+
+    from genie_rt.engine.cli import _add_model_args, _engine_config
+    from genie_rt.engine.config import EngineConfig
+    assert EngineConfig().overlap_load is False              # until a GPU run has checked it
+    with pytest.raises(ValueError, match="overlap_load"):
+        EngineConfig(overlap_load="yes")
+    p = argparse.ArgumentParser()
+    _add_model_args(p)
+    assert _engine_config(p.parse_args([])).overlap_load is False
+    assert _engine_config(p.parse_args(["--overlap-load"])).overlap_load is True
