@@ -10,7 +10,7 @@ layer of every short prompt (2026-12-03, H200: pp18 -6 %, pp33 -8 %).
 
 `merge_prepare_x` is both in one launch, one block per token row (prepare_x's grid): with
 one split it is prepare_x of the attention output; with more it merges each value as
-prefill_merge does (the same operations in the same order, so the same float32 bits),
+prefill_merge does (its device functions merge_weights / merge_value, so the same float32 bits),
 writes it to the attention output (which then holds what the merge would have written) and
 converts it. The engine uses it when the next op after the attention is the GEMM that reads
 its output (engine/cuda_ops.py `PrefillOps`); anything else gets the merge launch.
@@ -20,8 +20,6 @@ bits under the simulator).
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import cuda, float32
 
@@ -29,7 +27,7 @@ from genie_rt.engine import kernel_cache
 from genie_rt.quant.mmq_prep import PREP_THREADS, _norm_and_scale, _pair_pos
 from genie_rt.quant.ptx import pack_half2
 
-from .attention_decode_kernels import NEG_INF
+from .attention_prefill_kernels import merge_value, merge_weights
 
 MAX_HEADS = 128                       # query heads per token row (shared memory per block)
 
@@ -55,16 +53,8 @@ def merge_prepare_x_kernel(part_o, part_ml, n_splits, state, splits_at, x, out16
         count = min(max(state[splits_at], 1), n_splits)
     if count > 1:                               # block-uniform
         h = tid
-        while h < n_head:                       # prefill_merge's max and denominator, per head
-            row = tok * n_head + h
-            mx = NEG_INF
-            for s in range(count):
-                mx = max(mx, part_ml[s, row, 0])
-            den = float32(0)
-            for s in range(count):
-                den += math.exp2(part_ml[s, row, 0] - mx) * part_ml[s, row, 1]
-            mx_h[h] = mx
-            inv_h[h] = float32(1) / den
+        while h < n_head:                       # prefill_merge's weights, per head
+            mx_h[h], inv_h[h] = merge_weights(part_ml, count, tok * n_head + h)
             h += PREP_THREADS
         cuda.syncthreads()
     m = float32(0.0)
@@ -72,13 +62,7 @@ def merge_prepare_x_kernel(part_o, part_ml, n_splits, state, splits_at, x, out16
     while k < cols:
         if count > 1:
             h = k // hd
-            d = k - h * hd
-            row = tok * n_head + h
-            mx = mx_h[h]
-            acc = float32(0)
-            for s in range(count):
-                acc += math.exp2(part_ml[s, row, 0] - mx) * part_o[s, row, d]
-            v = acc * inv_h[h]
+            v = merge_value(part_o, part_ml, count, tok * n_head + h, k - h * hd, mx_h[h], inv_h[h])
             x[tok, k] = v
         else:
             v = x[tok, k]

@@ -477,6 +477,28 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window
     return kernel_cache.attach(kernel)
 
 
+@cuda.jit(device=True)
+def merge_weights(part_ml, n_splits, row):
+    """(the largest running max m_s, 1 / sum_s 2^(m_s - max) l_s) of one query row's split
+    partials: split s's O weighs 2^(m_s - max) / that sum (flash-decoding's merge)."""
+    mx = NEG_INF
+    for s in range(n_splits):
+        mx = max(mx, part_ml[s, row, 0])
+    den = float32(0)
+    for s in range(n_splits):
+        den += math.exp2(part_ml[s, row, 0] - mx) * part_ml[s, row, 1]
+    return mx, float32(1) / den
+
+
+@cuda.jit(device=True)
+def merge_value(part_o, part_ml, n_splits, row, d, mx, inv):
+    """Column d of one query row's merged output, from merge_weights' (mx, inv)."""
+    acc = float32(0)
+    for s in range(n_splits):
+        acc += math.exp2(part_ml[s, row, 0] - mx) * part_o[s, row, d]
+    return acc * inv
+
+
 @cuda.jit
 def prefill_merge(part_o, part_ml, n_splits, state, splits_at, out):
     # part_o  f32 [S, >= n*n_head, hd]; part_ml f32 [S, >= n*n_head, 2]
@@ -493,18 +515,9 @@ def prefill_merge(part_o, part_ml, n_splits, state, splits_at, out):
     n_head = out.shape[1] // hd
     tok = row // n_head
     head = row - tok * n_head
-    mx = NEG_INF
-    for s in range(n_splits):
-        mx = max(mx, part_ml[s, row, 0])
-    den = float32(0)
-    for s in range(n_splits):
-        den += math.exp2(part_ml[s, row, 0] - mx) * part_ml[s, row, 1]
-    inv = float32(1) / den
+    mx, inv = merge_weights(part_ml, n_splits, row)
     for d in range(cuda.threadIdx.x, hd, cuda.blockDim.x):
-        acc = float32(0)
-        for s in range(n_splits):
-            acc += math.exp2(part_ml[s, row, 0] - mx) * part_o[s, row, d]
-        out[tok, head * hd + d] = acc * inv
+        out[tok, head * hd + d] = merge_value(part_o, part_ml, n_splits, row, d, mx, inv)
 
 
 PREFILL_SIGNATURE = ("void(float32[:, :, ::1], uint32[::1], uint32[::1], float32[:, ::1], "

@@ -100,6 +100,33 @@ def q8_store(v, xq, xs, r, i):
         xs[r, b + 3] = dq * float32(t + t_hi)
 
 
+@_inline
+def _virtual_warp_sum(ss, sh, v, lane):
+    """block_sum's first stage for virtual thread v (whose lane is `lane`; the whole warp
+    calls): the butterfly over its virtual warp; lane 0 stores the sum in sh[v >> 5]."""
+    off = 16
+    while off > 0:
+        ss += cuda.shfl_xor_sync(FULL, ss, off)
+        off >>= 1
+    if lane == 0:
+        sh[v >> 5] = ss
+
+
+@_inline
+def _virtual_total(sh, vb, lane):
+    """block_sum's second stage as a block of vb threads runs it: the vb / 32 warp sums in sh
+    reduced by one more butterfly (at vb = 32, sh[0] itself). The whole warp calls."""
+    nw = vb >> 5
+    if nw == 1:
+        return sh[0]
+    tot = sh[lane] if lane < nw else float32(0)
+    off = 16
+    while off > 0:
+        tot += cuda.shfl_xor_sync(FULL, tot, off)
+        off >>= 1
+    return tot
+
+
 STAGED_MAX_D = 4096                  # widest row the staged tail holds in shared memory
 STAGED_MAX_VALUES = 32                # most values of y one thread holds in registers there
 
@@ -155,25 +182,10 @@ def _make_staged_tail(B: int, WRITE_H: bool, D: int, VB: int):
         cuda.syncthreads()
         v = tid
         while v < VB:                              # 3. warp-uniform (VB % 32 == 0)
-            ss = sv[v]
-            off = 16
-            while off > 0:
-                ss += cuda.shfl_xor_sync(FULL, ss, off)
-                off >>= 1
-            if lane == 0:
-                sh[v >> 5] = ss
+            _virtual_warp_sum(sv[v], sh, v, lane)
             v += B
         cuda.syncthreads()
-        nw = VB >> 5
-        if nw == 1:
-            tot = sh[0]
-        else:
-            tot = sh[lane] if lane < nw else float32(0)
-            off = 16
-            while off > 0:
-                tot += cuda.shfl_xor_sync(FULL, tot, off)
-                off >>= 1
-        s = math.sqrt(tot / float32(D) + eps)
+        s = math.sqrt(_virtual_total(sh, VB, lane) / float32(D) + eps)
         for j in range(J):                         # 4. rmsnorm's value, op for op
             for k in range(K):
                 v = tid + j * B
@@ -216,24 +228,10 @@ def _make_loop_tail(B: int, WRITE_H: bool):
             for i in range(v, d, vb):
                 a = ptx.ld_relaxed_f32(y, i)
                 ss += a * a
-            off = 16
-            while off > 0:
-                ss += cuda.shfl_xor_sync(FULL, ss, off)
-                off >>= 1
-            if lane == 0:
-                sh[v >> 5] = ss
+            _virtual_warp_sum(ss, sh, v, lane)
             v += B
         cuda.syncthreads()
-        nw = vb >> 5
-        if nw == 1:
-            tot = sh[0]
-        else:
-            tot = sh[lane] if lane < nw else float32(0)
-            off = 16
-            while off > 0:
-                tot += cuda.shfl_xor_sync(FULL, tot, off)
-                off >>= 1
-        s = math.sqrt(tot / float32(d) + eps)
+        s = math.sqrt(_virtual_total(sh, vb, lane) / float32(d) + eps)
         for i in range(tid, d, B):                # warp k: 32 consecutive values, one q8 block
             hv = float32(ptx.ld_relaxed_f32(y, i) / s * w[i])    # rmsnorm's value, op for op
             if WRITE_H:
