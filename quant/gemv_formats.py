@@ -23,7 +23,7 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from . import gemv_units as U
-from .gemv_units import dot16 as _dot16, spread4 as _spread4
+from .gemv_units import dot16 as _dot16
 from . import ptx
 from .formats import QType
 
@@ -304,22 +304,12 @@ def _q5_0_dp4a(NT):
     def mul(v, blk, p, xf, xq, xs, cols, acc, ao):
         q, qh, dbits = v
         d = ptx.f16_bits_to_f32(uint32(dbits))
-        # unsigned q in 0..31: weight j < 16 = low nibble of byte j + bit j of qh,
-        # weight 16 + j = high nibble of byte j + bit 16 + j
-        a0 = (q[0] & LO4) | _spread4(qh & 15)
-        a1 = (q[1] & LO4) | _spread4((qh >> 4) & 15)
-        a2 = (q[2] & LO4) | _spread4((qh >> 8) & 15)
-        a3 = (q[3] & LO4) | _spread4((qh >> 12) & 15)
-        b0 = ((q[0] >> 4) & LO4) | _spread4((qh >> 16) & 15)
-        b1 = ((q[1] >> 4) & LO4) | _spread4((qh >> 20) & 15)
-        b2 = ((q[2] >> 4) & LO4) | _spread4((qh >> 24) & 15)
-        b3 = ((q[3] >> 4) & LO4) | _spread4((qh >> 28) & 15)
+        a0, a1, a2, a3, b0, b1, b2, b3 = U.q5_words(q, qh)     # unsigned q in 0..31
         pa = blk * 32
         for t in range(NT):
             o = t * cols + pa
             z = ptx.ldg_v4(xs, (o >> 5) * 4)
-            s = _dot16(a0, a1, a2, a3, ptx.ldg_v4(xq, o >> 2))
-            s = s + _dot16(b0, b1, b2, b3, ptx.ldg_v4(xq, (o + 16) >> 2))
+            s = U._block_dot(a0, a1, a2, a3, b0, b1, b2, b3, xq, o)
             # w = d (q - 16): sum w x = d (xd sum(q xq) - 16 xd sum(xq))
             acc[ao + t] += d * (z[0] * float32(s) - F16_ * z[3])
     return mul

@@ -100,6 +100,17 @@ def _nibbles(q):
 
 
 @_dev
+def q5_words(q, qh):
+    """The 32 unsigned 5-bit quants of a Q5_0 / Q5_1 block as 8 words of 4 bytes: weight j <
+    16 is the low nibble of byte j plus bit j of qh, weight 16 + j the high nibble plus bit
+    16 + j (a0..a3: weights 0..15, b0..b3: 16..31)."""
+    return ((q[0] & LO4) | spread4(qh & 15), (q[1] & LO4) | spread4((qh >> 4) & 15),
+            (q[2] & LO4) | spread4((qh >> 8) & 15), (q[3] & LO4) | spread4((qh >> 12) & 15),
+            ((q[0] >> 4) & LO4) | spread4((qh >> 16) & 15), ((q[1] >> 4) & LO4) | spread4((qh >> 20) & 15),
+            ((q[2] >> 4) & LO4) | spread4((qh >> 24) & 15), ((q[3] >> 4) & LO4) | spread4((qh >> 28) & 15))
+
+
+@_dev
 def _block_dot(a0, a1, a2, a3, b0, b1, b2, b3, xq, o):
     """sum(q xq) over one 32-weight block at column o of the flat activations."""
     s = dot16(a0, a1, a2, a3, ptx.ldg_v4(xq, o >> 2))
@@ -142,14 +153,7 @@ def _q5_1_dp4a(NT):
         q, qh, dm = v
         d, m = ptx.unpack_half2(dm)
         # weight j < 16: low nibble of byte j + bit j of qh; 16 + j: high nibble + bit 16 + j
-        a0 = (q[0] & LO4) | spread4(qh & 15)
-        a1 = (q[1] & LO4) | spread4((qh >> 4) & 15)
-        a2 = (q[2] & LO4) | spread4((qh >> 8) & 15)
-        a3 = (q[3] & LO4) | spread4((qh >> 12) & 15)
-        b0 = ((q[0] >> 4) & LO4) | spread4((qh >> 16) & 15)
-        b1 = ((q[1] >> 4) & LO4) | spread4((qh >> 20) & 15)
-        b2 = ((q[2] >> 4) & LO4) | spread4((qh >> 24) & 15)
-        b3 = ((q[3] >> 4) & LO4) | spread4((qh >> 28) & 15)
+        a0, a1, a2, a3, b0, b1, b2, b3 = q5_words(q, qh)
         pa = blk * 32
         for t in range(NT):
             o = t * cols + pa
