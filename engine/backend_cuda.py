@@ -135,15 +135,9 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         self.load_seconds = time.perf_counter() - t0
         self.compile_seconds = 0.0
         if warm and not self.simulator:
-            if overlap:                   # nothing above reads a weight; warm_up joins it
+            if overlap:                   # nothing above reads a weight; warm_up joins it, on every path
                 self._upload = cuda_weights.BackgroundUpload(A, lay, g)
-            try:
-                self.warm_up(progress)
-                self._weights_ready(progress)
-            except BaseException:
-                if self._upload is not None:      # no thread may go on writing the arena
-                    self._upload.join()
-                raise
+            self.warm_up(progress)
 
     # -- load helpers --------------------------------------------------------------------
     def _matrices(self):

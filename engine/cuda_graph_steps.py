@@ -158,7 +158,7 @@ class GraphSteps:
         if self._upload is not None:        # the weights in (or the upload's error raised) before a run
             t0 = time.perf_counter()
             self._upload.wait()             # silently: the step is shown after the warm-up's
-            self._waited = getattr(self, "_waited", 0.0) + time.perf_counter() - t0
+            self._waited += time.perf_counter() - t0
         self._run(key, record)
 
     def _weights_ready(self, progress: Progress = NO_PROGRESS) -> None:

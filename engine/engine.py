@@ -46,7 +46,7 @@ from .sampling import Sampler
 from .tokenizer import Tokenizer
 
 log = logging.getLogger("genie_rt")
-_LOADS: list = []       # models loaded in this process: only the first load's timeline counts the start
+_loaded_once = False    # a model was loaded in this process: a later load's timeline has no "start"
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
@@ -110,10 +110,11 @@ class Engine:
         """Check, budget, read the weights, compile the kernels (the CPU's by a short warm-up
         forward, the GPU's with their graphs). `progress` (engine/progress.py) is told each
         long step; by default nothing is printed."""
+        global _loaded_once
         from .load_report import process_age_s, timeline
         ecfg = ecfg or EngineConfig()
         t0 = time.perf_counter()
-        age = process_age_s() if not _LOADS else None     # a later load: not a start
+        age = process_age_s() if not _loaded_once else None
         marks = [("process start to load", age)] if age is not None else []
         g = open_gguf(path)
         cfg = ModelConfig.from_gguf(g)
@@ -151,7 +152,7 @@ class Engine:
         marks += [("file, tokenizer, template", t_files - t0), ("device query", t1 - t_files),
                   ("memory plan", t2 - t1), ("back-end", time.perf_counter() - t2)]
         log.info("load timeline: %s", timeline(marks, backend))
-        _LOADS.append(path)
+        _loaded_once = True
         engine.guard = make_guard(ecfg, bool(getattr(backend, "integrated", False)))
         if ecfg.kv_cache_dir:
             from genie_rt.kvcache.persist import KVStore

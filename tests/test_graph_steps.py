@@ -24,6 +24,7 @@ class _Stub(GraphSteps):
         self.use_graphs = True
         self._upload = _Upload(self.log) if upload else None
         self.upload_seconds = None
+        self._waited = 0.0                  # warm_up's count of seconds waited for the upload
         self._captures = iter(captures)
 
     def _capture_only(self, key, record):
