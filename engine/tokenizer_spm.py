@@ -115,6 +115,10 @@ class SPMModel:
         bounds = [0, *(np.flatnonzero(free) + 1).tolist(), len(text)]
         return [text[a:b] for a, b in zip(bounds, bounds[1:])]
 
+    def prepare(self) -> None:
+        """Build the pair table now rather than on the first long text."""
+        self._pair_table()
+
     def _pair_table(self) -> np.ndarray:
         if self._pairs is None:
             with self._pairs_lock:

@@ -116,6 +116,7 @@ def create_app(engine_or_loader, settings: ServerSettings | None = None) -> Star
     @contextlib.asynccontextmanager
     async def lifespan(app):
         state.start()
+        await run_in_threadpool(int)   # the thread pool's first use (its imports) before any request
         try:
             yield
         finally:
@@ -139,6 +140,18 @@ def warm_up(engine) -> None:
     prompt = engine.raw_prompt("Hello") or [0]
     for _ in engine.generate(GenerationRequest(prompt=prompt, params=SamplingParams(temperature=0), max_tokens=2)):
         pass
+    # the prompt path's one-time costs, which the first request would otherwise wait for (0.7 s
+    # for Gemma 3's vocabulary on the first request, 2026-12-03): the vocabulary's longest piece
+    # (prompt_limits), SentencePiece's pair table, the chat template's first render
+    engine.tokenizer.prepare()
+    from .jobs import render_chat
+    try:
+        text, _ = render_chat(engine.template, [{"role": "system", "content": "You are a home assistant."},
+                                                {"role": "user", "content": "Turn the kitchen lights down."}], None, {})
+    except Exception as exc:      # a template that needs more than this: requests show its error
+        log.debug("chat template warm-up: %s", exc)
+        text = "Turn the kitchen lights down.\n"
+    engine.tokenizer.encode(text, add_special=True, parse_special=True)
     # constrained output's vocabulary (engine/constrain.py): seconds for a large vocabulary,
     # holding the GIL, so now rather than inside the first JSON-schema request
     from genie_rt.engine import constrain

@@ -39,11 +39,7 @@ class TextBudget:
     """Facts about a vocabulary that bound a text's token count from its length."""
 
     def __init__(self, tokenizer):
-        longest = 1
-        for i in range(tokenizer.vocab_size):
-            piece = tokenizer.token_to_piece(i)
-            longest = max(longest, len(piece))
-        self.max_token_chars = longest
+        self.max_token_chars = tokenizer.max_piece_bytes
         specials = [tokenizer.token_text(i) for i in getattr(tokenizer, "special_ids", ())]
         self.can_slice = not any("\n" in s for s in specials)
 

@@ -598,3 +598,20 @@ def test_error_messages_do_not_echo_huge_values(server, fields, needle):
 
 def test_rejected_too_large_series_is_exported(server):
     assert 'genie_rt_requests_rejected_total{reason="too_large"}' in metric_values(server.get("/metrics").text)
+
+
+def test_serve_warm_up_leaves_the_prompt_path_nothing_to_build(fixture_gguf, monkeypatch):
+    """`genie-rt serve` warms the prompt path before it says ready: the first request's
+    length bound (prompt_limits.TextBudget) must not walk the vocabulary (0.7 s for Gemma 3's,
+    2026-12-03)."""
+    from genie_rt.engine.tokenizer import Tokenizer
+    from genie_rt.server.app import warm_up
+    from genie_rt.server.prompt_limits import TextBudget
+    engine = Engine.load(fixture_gguf, EngineConfig(backend="cpu", n_ctx=N_CTX))
+    assert engine.tokenizer._max_piece is None
+    warm_up(engine)
+    assert engine.tokenizer._max_piece is not None
+    walked = []
+    monkeypatch.setattr(Tokenizer, "_piece", lambda self, i: walked.append(i))
+    monkeypatch.setattr(Tokenizer, "token_to_piece", lambda self, i: walked.append(i))
+    assert TextBudget(engine.tokenizer).max_token_chars > 1 and not walked

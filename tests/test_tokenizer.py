@@ -12,7 +12,7 @@ import gguf
 import numpy as np
 import pytest
 
-from genie_rt.engine.tokenizer import TOKEN_CONTROL, TOKEN_USER_DEFINED, StreamDecoder, Tokenizer
+from genie_rt.engine.tokenizer import TOKEN_CONTROL, TOKEN_NORMAL, TOKEN_USER_DEFINED, StreamDecoder, Tokenizer
 
 
 def gguf_metadata(path) -> dict:
@@ -433,3 +433,12 @@ def test_byte_tokens_decode_to_their_byte(meta):
 def test_more_malformed_metadata_is_refused(meta, changes, match):
     with pytest.raises(ValueError, match=match):
         Tokenizer.from_gguf_metadata(with_keys(meta, **changes))
+
+
+def test_max_piece_bytes_is_the_longest_piece(tok, meta):
+    assert tok.max_piece_bytes == max(len(tok.token_to_piece(i)) for i in range(tok.vocab_size))
+    # a byte-level entry's characters are one byte each ("Ġ" is a space), not their UTF-8 length
+    changed = Tokenizer.from_gguf_metadata(with_keys(
+        meta, tokenizer__ggml__tokens=list(meta["tokenizer.ggml.tokens"]) + ["Ġ" * 70],
+        tokenizer__ggml__token_type=list(meta["tokenizer.ggml.token_type"]) + [TOKEN_NORMAL]))
+    assert changed.max_piece_bytes == 70 == len(changed.token_to_piece(changed.vocab_size - 1))

@@ -277,3 +277,20 @@ def test_empty_token_texts_are_renamed_like_llamacpp():
     meta["tokenizer.ggml.tokens"][N_FIXED] = ""
     tok = Tokenizer.from_gguf_metadata(meta)
     assert tok.token_text(N_FIXED) == f"[EMPTY_{N_FIXED}]"
+
+
+def test_max_piece_bytes_is_the_longest_piece():
+    # "▁▁▁" is 9 bytes of text but 3 bytes of piece; the control token's text counts whole
+    tok = build({"▁▁▁": -1, "ab": -1, "üü": -1}, extra=[("<start_of_turn>", TOKEN_CONTROL, 0.0)])
+    assert tok.max_piece_bytes == max(len(tok.token_to_piece(i)) for i in range(tok.vocab_size)) == 15
+    tok = build({"▁▁▁▁": -1, "ab": -1, "üüüü": -1})      # 4 spaces (4 bytes), 4 ü (8 bytes)
+    assert tok.max_piece_bytes == 8
+
+
+def test_prepare_builds_the_pair_table_the_first_long_text_would():
+    tok = build({"▁▁▁": -1, "ab": -1})
+    assert tok._model._pairs is None
+    tok.prepare()
+    assert tok._model._pairs is not None and tok._max_piece is not None
+    assert tok.encode("ab ab ab " * 20, add_special=False) == build({"▁▁▁": -1, "ab": -1}).encode(
+        "ab ab ab " * 20, add_special=False)
