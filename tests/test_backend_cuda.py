@@ -342,14 +342,19 @@ def test_simulated_decode_folds_each_norm_into_its_residual_gemv(tmp_path, monke
     np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
 
 
+REPLAYS = 25
+
+
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason="known bug (H200, 2026-12-03): the PDL decode graph's replays give "
-                   "wrong logits while its run on the stream is right; decode_pdl stays a lab switch "
-                   "(tools/pdl_probe.py)")
 def test_pdl_decode_graph_gives_the_same_bits(tmp_path, prompts):
     """EngineConfig.decode_pdl (quant/pdl.py, sm_90+): the decode graph's GEMVs launched by
     programmatic dependent launch, each starting its weight reads before the kernel before it
-    has finished, give the plain graph's logits bit for bit, replay after replay."""
+    has finished, give the plain graph's logits bit for bit, replay after replay.
+    History: the replays gave wrong logits on the H200 in one run (2026-12-03, afternoon; the
+    stream run was right) and the plain graph's bits in the next (evening, after the decode
+    norm's staged tail and the prefill merge changes; tools/pdl_probe.py's chains all right);
+    the cause was not found, so decode_pdl stays off and each capture is replayed many times
+    here to catch a race."""
     import dataclasses
 
     from genie_rt.quant import pdl
@@ -366,8 +371,8 @@ def test_pdl_decode_graph_gives_the_same_bits(tmp_path, prompts):
         gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_pdl=use)
         for key in [k for k in gpu._graphs if k[0] == "decode"]:
             gpu._graphs.pop(key).close()                 # captured again with this setting
-        got.append((use, gpu.decode(11, 40), gpu.decode(11, 40)))   # capture + run, then a replay
-    ref = got[0][1].view(np.int32)
-    for use, first, replay in got:
-        np.testing.assert_array_equal(first.view(np.int32), ref, err_msg=f"decode_pdl={use}")
-        np.testing.assert_array_equal(replay.view(np.int32), ref, err_msg=f"decode_pdl={use}, replay")
+        got.append((use, [gpu.decode(11, 40) for _ in range(REPLAYS)]))   # capture + run, then replays
+    ref = got[0][1][0].view(np.int32)
+    for use, runs in got:
+        for k, logits in enumerate(runs):
+            np.testing.assert_array_equal(logits.view(np.int32), ref, err_msg=f"decode_pdl={use}, run {k}")

@@ -37,7 +37,7 @@ class _Stub(GraphSteps):
 
 
 def test_with_a_background_upload_nothing_runs_before_the_weights_are_in():
-    b = _Stub(True, [False, True])                 # the first try loaded kernels: discarded
+    b = _Stub(True, [False, True])                 # the first try compiled kernels: discarded
     b._warm_one(("prefill", 16, (1,)), None, first_try_capture=False)
     assert b.log == [("capture-only", ("prefill", 16, (1,)), False), ("capture-only", ("prefill", 16, (1,)), True)]
     b = _Stub(True, [False, False])                # cannot be captured without a run
@@ -68,17 +68,64 @@ def test_a_discarded_capture_is_counted_in_the_load_log():
     assert n == 1 and seconds >= 0
 
 
-def test_overlap_load_is_off_by_default_and_the_cli_turns_it_on():
+def test_overlap_load_is_on_by_default_and_the_cli_turns_it_off():
     import argparse
 
     import pytest
 
     from genie_rt.engine.cli import _add_model_args, _engine_config
     from genie_rt.engine.config import EngineConfig
-    assert EngineConfig().overlap_load is False              # until a GPU run has checked it
+    assert EngineConfig().overlap_load is True
     with pytest.raises(ValueError, match="overlap_load"):
         EngineConfig(overlap_load="yes")
     p = argparse.ArgumentParser()
     _add_model_args(p)
-    assert _engine_config(p.parse_args([])).overlap_load is False
+    assert _engine_config(p.parse_args([])).overlap_load is True
+    assert _engine_config(p.parse_args(["--no-overlap-load"])).overlap_load is False
     assert _engine_config(p.parse_args(["--overlap-load"])).overlap_load is True
+
+
+def test_a_capture_that_only_loaded_cached_kernels_is_kept_one_that_compiled_is_not(monkeypatch):
+    """_capture_only keeps a capture during which the kernel cache only hit (a cubin loaded into
+    the context, nothing compiled) and discards one during which anything compiled."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from genie_rt.engine import cuda_graph
+    from genie_rt.engine.kernel_store import STATS
+
+    closed = []
+
+    class FakeGraph:
+        n_nodes = 3
+
+        def __init__(self, stream):
+            pass
+
+        @contextlib.contextmanager
+        def capture(self):
+            yield
+
+        def close(self):
+            closed.append(self)
+
+    monkeypatch.setattr(cuda_graph, "CUDAGraph", FakeGraph)
+
+    def hit():
+        STATS.lookups += 1
+        STATS.hits += 1
+
+    def miss():
+        STATS.lookups += 1
+        STATS.misses += 1
+
+    b = SimpleNamespace(stream=SimpleNamespace(synchronize=lambda: None), capture_stats={}, _graphs={},
+                        pending_launch=None)
+    for name in ("_recorded", "_keep_graph", "_discarded"):
+        setattr(b, name, getattr(GraphSteps, name).__get__(b))
+    assert GraphSteps._capture_only(b, ("prefill", 16, (1,)), lambda: (hit(), hit())) is True
+    assert ("prefill", 16, (1,)) in b._graphs and not closed
+    assert GraphSteps._capture_only(b, ("prefill", 32, (1,)), lambda: (hit(), miss())) is False
+    assert ("prefill", 32, (1,)) not in b._graphs and len(closed) == 1
+    assert b.capture_stats["discarded prefill (compiled kernels)"][0] == 1
+    assert b.capture_stats["prefill"][0] == 1

@@ -447,30 +447,41 @@ def test_gpu_garbled_entries_are_rebuilt(tmp_path):
 
 
 _ENGINE_CHILD = """
-import json, logging, sys
+import dataclasses, hashlib, json, logging, sys
+import numpy as np
 logging.basicConfig(level=logging.INFO)
 from genie_rt.engine.config import EngineConfig
 from genie_rt.engine.engine import Engine
 from genie_rt.engine.generate import GenerationRequest
 from genie_rt.engine.sampling import SamplingParams
 from genie_rt.engine.kernel_store import STATS
-e = Engine.load(sys.argv[1], EngineConfig(backend="cuda", n_ctx=256))
-req = GenerationRequest(prompt=e.raw_prompt("The kernel cache"), params=SamplingParams(temperature=0), max_tokens=12)
+e = Engine.load(sys.argv[1], EngineConfig(backend="cuda", n_ctx=256, overlap_load=sys.argv[2] == "overlap"))
+prompt = e.raw_prompt("The kernel cache")
+req = GenerationRequest(prompt=prompt, params=SamplingParams(temperature=0), max_tokens=12)
 res = list(e.generate(req))[-1].result
-print(json.dumps({"tokens": [int(t) for t in res.tokens], "hits": STATS.hits, "misses": STATS.misses}))
+logits = [e.backend.prefill(np.asarray(prompt, np.int32), 0), e.backend.decode(int(res.tokens[0]), len(prompt))]
+bits = hashlib.sha256(b"".join(np.ascontiguousarray(x, np.float32).tobytes() for x in logits)).hexdigest()
+print(json.dumps({"tokens": [int(t) for t in res.tokens], "hits": STATS.hits, "misses": STATS.misses,
+                  "logits": bits, "graphs": e.backend.capture_stats}))
 """
 
 
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_gpu_engine_loads_from_the_cache_with_the_same_tokens(tmp_path):
+    """A warm start gives the cold start's bits, both when it loads its cached kernels inside
+    the captures of an overlapped load (the default) and when it reads the weights first."""
     cache = tmp_path / "kc"
 
-    def load():
-        out = subprocess.run([sys.executable, "-c", _ENGINE_CHILD, str(MODEL)], capture_output=True, text=True,
+    def load(mode):
+        out = subprocess.run([sys.executable, "-c", _ENGINE_CHILD, str(MODEL), mode], capture_output=True, text=True,
                              env=child_env(GENIE_RT_KERNEL_CACHE=str(cache)), timeout=1200)
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout.strip().splitlines()[-1])
-    cold, warm = load(), load()
+    cold, warm, serial = load("overlap"), load("overlap"), load("serial")
     assert cold["misses"] > 20 and warm["misses"] == 0 and warm["hits"] == cold["misses"]
-    assert warm["tokens"] == cold["tokens"]
+    assert serial["misses"] == 0
+    assert warm["tokens"] == cold["tokens"] == serial["tokens"]
+    assert warm["logits"] == cold["logits"] == serial["logits"]
+    # the warm start kept the captures that loaded cached kernels: none discarded
+    assert not [k for k in warm["graphs"] if k.startswith("discarded")], warm["graphs"]

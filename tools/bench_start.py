@@ -123,7 +123,7 @@ def folder_size(folder: Path) -> tuple[int, int]:
     return len(files), sum(p.stat().st_size for p in files)
 
 
-PHASE_ARGS = {"cold": [], "warm": [], "warm-overlap": ["--overlap-load"]}   # phase -> more serve arguments
+PHASE_ARGS = {"cold": [], "warm": [], "warm-serial": ["--no-overlap-load"]}   # phase -> more serve arguments
 
 
 def run_phase(name: str, args, cache: Path, logs: Path) -> dict:
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", required=True)
     ap.add_argument("--phases", default="cold,warm",
-                    help="comma separated: cold, warm, warm-overlap (a warm start with --overlap-load); "
+                    help="comma separated: cold, warm, warm-serial (a warm start with --no-overlap-load); "
                          "default cold,warm")
     ap.add_argument("--cache-dir", default=None, help="kernel cache folder (default: a temporary one)")
     ap.add_argument("--keep-cache", action="store_true", help="do not delete the temporary cache folder")
