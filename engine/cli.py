@@ -58,9 +58,10 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--fuse-norm", action="store_true",
                    help="CUDA decode: fold each norm into the residual GEMV before it instead of its own "
                         "launch (same results; slower on the H200 today: for benchmarks)")
-    p.add_argument("--overlap-load", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--overlap-load", action="store_true",
                    help="CUDA, discrete GPU: read the weights on a thread while the kernels load and the "
-                        "graphs are captured (a faster start; --no-overlap-load reads them first)")
+                        "graphs are captured (same bits; no faster on the H200 since the warm-up "
+                        "stopped capturing twice: docs/kernel-cache.md)")
     p.add_argument("--dry-run", action="store_true",
                    help="print what the load would do (back-end, memory budget, context) and exit: 0 fits, 1 not")
     add_kernel_cache_args(p)

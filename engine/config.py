@@ -236,11 +236,11 @@ class EngineConfig:
     decode_pdl: bool = False            # lab: decode GEMVs by programmatic dependent launch (sm_90+,
                                         # quant/pdl.py). WRONG logits when the decode graph is replayed
                                         # (H200, 2026-12-03): no CLI flag; tools/pdl_probe.py narrows it
-    overlap_load: bool = True           # CUDA, discrete GPU: read the weights on a thread while the
+    overlap_load: bool = False          # CUDA, discrete GPU: read the weights on a thread while the
                                         # kernels load and the graphs are captured (cuda_weights.
-                                        # BackgroundUpload; --no-overlap-load reads them first). H200,
-                                        # 2026-12-03: the same bits (gpu test), warm start 6.0-6.5 s
-                                        # to /health instead of 7.0-7.3
+                                        # BackgroundUpload; --overlap-load). H200, 2026-12-03: the
+                                        # same bits; back-end 3.4-3.6 s vs 3.5 s reading first (the
+                                        # thread and the captures share the GIL), so off: simpler
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):

@@ -109,6 +109,7 @@ class GraphSteps:
         the 8 buckets 1.9 s, the 38 captures 6.7 s."""
         t0 = time.perf_counter()
         self._waited = 0.0                  # seconds spent waiting for a background upload
+        used0 = _device_used()
         try:
             keys = self.prefill_keys()
             modes = (None, "greedy", "full")
@@ -139,9 +140,12 @@ class GraphSteps:
             progress.done(summary)
             log.info("CUDA kernels compiled and %d graphs captured in %.1f s; %s", len(self._graphs),
                      self.compile_seconds, summary)
-            log.info("graphs by kind: %s", "; ".join(
+            used1 = _device_used()
+            held = "" if used0 is None or used1 is None else \
+                f"; modules and graphs hold {max(0, used1 - used0) / 2**20:.1f} MiB of device memory"
+            log.info("graphs by kind: %s%s", "; ".join(
                 f"{kind} {n} (first runs {a:.2f} s, captures {b:.2f} s, {nodes} nodes)"
-                for kind, (n, a, b, nodes) in self.capture_stats.items()))
+                for kind, (n, a, b, nodes) in self.capture_stats.items()), held)
         except BaseException:
             if self._upload is not None:          # nothing may write the arena once this raises
                 self._upload.join()
@@ -190,3 +194,14 @@ class GraphSteps:
             self._max_splits_of[n] = got
         return got
 
+
+def _device_used() -> int | None:
+    """Device memory in use (cuMemGetInfo total - free), or None where it cannot be asked (the
+    simulator): the warm-up's difference is what its kernel modules and graphs hold (the arena
+    is allocated before it)."""
+    try:
+        from numba import cuda
+        free, total = cuda.current_context().get_memory_info()
+        return int(total) - int(free)
+    except Exception:       # noqa: BLE001 - only a log figure
+        return None

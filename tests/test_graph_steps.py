@@ -68,20 +68,19 @@ def test_a_discarded_capture_is_counted_in_the_load_log():
     assert n == 1 and seconds >= 0
 
 
-def test_overlap_load_is_on_by_default_and_the_cli_turns_it_off():
+def test_overlap_load_is_off_by_default_and_the_cli_turns_it_on():
     import argparse
 
     import pytest
 
     from genie_rt.engine.cli import _add_model_args, _engine_config
     from genie_rt.engine.config import EngineConfig
-    assert EngineConfig().overlap_load is True
+    assert EngineConfig().overlap_load is False
     with pytest.raises(ValueError, match="overlap_load"):
         EngineConfig(overlap_load="yes")
     p = argparse.ArgumentParser()
     _add_model_args(p)
-    assert _engine_config(p.parse_args([])).overlap_load is True
-    assert _engine_config(p.parse_args(["--no-overlap-load"])).overlap_load is False
+    assert _engine_config(p.parse_args([])).overlap_load is False
     assert _engine_config(p.parse_args(["--overlap-load"])).overlap_load is True
 
 

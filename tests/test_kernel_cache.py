@@ -470,7 +470,7 @@ print(json.dumps({"tokens": [int(t) for t in res.tokens], "hits": STATS.hits, "m
 @pytest.mark.slow
 def test_gpu_engine_loads_from_the_cache_with_the_same_tokens(tmp_path):
     """A warm start gives the cold start's bits, both when it loads its cached kernels inside
-    the captures of an overlapped load (the default) and when it reads the weights first."""
+    the captures of an overlapped load (--overlap-load) and when it reads the weights first."""
     cache = tmp_path / "kc"
 
     def load(mode):

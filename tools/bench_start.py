@@ -28,6 +28,7 @@ import datetime
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -123,7 +124,7 @@ def folder_size(folder: Path) -> tuple[int, int]:
     return len(files), sum(p.stat().st_size for p in files)
 
 
-PHASE_ARGS = {"cold": [], "warm": [], "warm-serial": ["--no-overlap-load"]}   # phase -> more serve arguments
+PHASE_ARGS = {"cold": [], "warm": [], "warm-overlap": ["--overlap-load"]}   # phase -> more serve arguments
 
 
 def run_phase(name: str, args, cache: Path, logs: Path) -> dict:
@@ -187,12 +188,45 @@ def print_table(runs: list[dict]) -> None:
           "timings.prompt_ms")
 
 
+def _timeline(run: dict) -> dict[str, float]:
+    """The serve log's "load timeline" line as {phase: seconds}."""
+    line = next((l for l in run.get("load_log", []) if "load timeline" in l), "")
+    out = {}
+    for part in line.split("load timeline:", 1)[-1].split(";"):
+        m = re.match(r"\s*\(?(?:of which )?(.+?) ([0-9.]+) s\)?\s*$", part)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+def markdown(path: str) -> str:
+    """A docs table from a saved --json file (docs numbers are regenerated, not typed)."""
+    d = json.loads(Path(path).read_text())
+    rows = ["| phase | /health 200 | first token, ms (prefill ms), requests 1 / 2 / 3 | warm-up | back-end | "
+            "before the back-end |", "|---|---|---|---|---|---|"]
+    for r in d["runs"]:
+        t = _timeline(r)
+        ttft = " / ".join(f"{q['ttft_ms']:.0f} ({q['prompt_ms']:.0f})" for q in r["requests"])
+        before = sum(v for k, v in t.items() if k in ("process start to load", "file, tokenizer, template",
+                                                      "device query", "memory plan"))
+        rows.append(f"| {r['phase']} | {r['health_s']:.1f} s | {ttft} | {t.get('warm-up', float('nan')):.1f} s | "
+                    f"{t.get('back-end', float('nan')):.1f} s | {before:.1f} s |")
+    return "\n".join(rows)
+
+
 def main(argv=None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--markdown"]:
+        if len(argv) != 2:
+            raise SystemExit("usage: bench_start.py --markdown RESULT.json")
+        print(markdown(argv[1]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--model", required=True)
     ap.add_argument("--phases", default="cold,warm",
-                    help="comma separated: cold, warm, warm-serial (a warm start with --no-overlap-load); "
+                    help="comma separated: cold, warm, warm-overlap (a warm start with --overlap-load); "
                          "default cold,warm")
     ap.add_argument("--cache-dir", default=None, help="kernel cache folder (default: a temporary one)")
     ap.add_argument("--keep-cache", action="store_true", help="do not delete the temporary cache folder")

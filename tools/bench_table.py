@@ -25,7 +25,7 @@ def read(path: str) -> tuple[str, str, str, str, str, dict]:
                 r0["type_k"], r0["test_time"][:10], res)
     info = d["info"]
     return (Path(info["model"]).stem, "genie-rt", info["device"], info["kv_dtype"], info["date"][:10],
-            {r["test"]: r["avg_ts"] for r in d["results"]})
+            {r["test"] + (f"@d{r['n_depth']}" if r.get("n_depth") else ""): r["avg_ts"] for r in d["results"]})
 
 
 def main(paths: list[str]) -> int:

@@ -34,7 +34,7 @@
 #             on the same files in the same run
 #   pending   what the code of 2026-12-03 (second evening session) owes a GPU, in one call: the
 #             PDL decode graph's bits test (25 replays a capture), serve's cold start then warm
-#             starts (overlapped load, the default) and one with --no-overlap-load (start.json:
+#             starts (weights read first, the default) and one with --overlap-load (start.json:
 #             /health, first requests, load timelines); genie-rt bench pp18/33/512 and tg128 at
 #             depth 0 and 4096 (bench.json); tools/bench_prefix.py (500 shared tokens + 8 new)
 #   pdlprobe  tools/pdl_probe.py: a chain of dependent GEMVs, plain or PDL build x launch path x
@@ -212,11 +212,12 @@ for s in "$@"; do
       stage pending
       # what the code of 2026-12-03 (second evening session) owes a GPU, in one call (~300 s)
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      timeout ${PDLT:-200} $PY -m pytest -q -p no:cacheprovider tests/test_backend_cuda.py -k pdl_decode 2>&1 \
+      # its own kernel cache: the cold start below needs an empty default one
+      GENIE_RT_KERNEL_CACHE=/tmp/kc-pdl timeout ${PDLT:-200} $PY -m pytest -q -p no:cacheprovider tests/test_backend_cuda.py -k pdl_decode 2>&1 \
         | tee "$OUT/pdl-test.txt" | tail -3
       KC=${KCACHE:-$HOME/.cache/genie-rt/kernels}    # bench's default cache: it reuses what start compiled
       timeout ${STT:-330} $PY tools/bench_start.py -m $MODEL4B --json "$OUT/start.json" --cache-dir $KC --keep-cache \
-        --phases ${PHASES:-cold,warm,warm-serial,warm} 2>&1 | tail -12
+        --phases ${PHASES:-cold,warm,warm-overlap,warm} 2>&1 | tail -12
       timeout ${BT:-200} $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 --kv int8 \
         --ctx 8192 --kernel-cache $KC --json > "$OUT/bench.json" 2> "$OUT/bench.log"; tail -4 "$OUT/bench.log"
       $PY -c "import json,sys; [print(r['test'], round(r['avg_ts'],1)) for r in json.load(open(sys.argv[1]))['results']]" "$OUT/bench.json"
