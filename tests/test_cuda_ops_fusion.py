@@ -20,9 +20,14 @@ from genie_rt.quant import embed, gemv
 N_LAYERS = 3
 
 
+class _View(SimpleNamespace):
+    def __getitem__(self, key):     # xq.h[:rows]: the same buffer here
+        return self
+
+
 class _Arena(dict):
     def __missing__(self, key):
-        v = self[key] = SimpleNamespace(name=key)
+        v = self[key] = _View(name=key)
         return v
 
 
