@@ -38,7 +38,7 @@ from .arena import Arena
 from .config import EngineConfig, ModelConfig
 from .cuda_constrained import ConstrainedSteps
 from .cuda_graph_steps import GraphSteps
-from .cuda_layout import GEMV_BUCKET, MAX_BIAS, is_integrated, plan_layout, prefill_buckets, rope_keys
+from .cuda_layout import BUCKETS, MAX_BIAS, is_integrated, plan_layout, rope_keys
 from .device_state import MAX_PLANS, N_SLOTS, S_LAST, S_POS, S_SPLIT, S_TOKEN
 from .gguf_file import GGUFFile
 from .h2d import pinned_like, upload
@@ -214,12 +214,11 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
     def _record_prefill(self, n: int, n_splits: tuple) -> None:
         """Layer-major prefill of n rows (ids[:n]) at start = state[S_POS]; x_last <- x[state[S_LAST]]."""
         from .copy_kernels import gather_row
-        from .cuda_ops import GemvPrefillOps, PrefillOps
+        from .cuda_ops import PrefillOps
         s = self._prefill_scratch.get(n)
         if s is None:
             s = self._prefill_scratch[n] = self._scratch(n, self.arena["ids"][:n])
-        kind = GemvPrefillOps if self.ecfg.gemv_prefill and n <= GEMV_BUCKET else PrefillOps
-        ops = kind(self, n, n_splits, splits_at=S_SPLIT)
+        ops = PrefillOps(self, n, n_splits, splits_at=S_SPLIT)
         ops.bind_scratch(s)
         self.spec.body(ops, self.weights, self.attn, s, self.cfg)
         ops.finish()
@@ -334,7 +333,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
             part = tokens[c0:c0 + chunk]
             n = len(part)
             pos = start + c0
-            bucket = next((b for b in prefill_buckets(self.ecfg) if b >= n and b <= chunk), n)
+            bucket = next((b for b in BUCKETS if b >= n and b <= chunk), n)
             if pos + bucket > self.n_ctx:
                 bucket = n            # never pad past the pool
             self.stream.synchronize()  # the pinned ids buffer is about to be rewritten

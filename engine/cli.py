@@ -58,10 +58,6 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--fuse-norm", action="store_true",
                    help="CUDA decode: fold each norm into the residual GEMV before it instead of its own "
                         "launch (same results; slower on the H200 today: for benchmarks)")
-    p.add_argument("--gemv-prefill", action="store_true",
-                   help="CUDA: prompt chunks of up to 8 tokens (a chat turn after a cached prefix) through "
-                        "the decode GEMVs instead of the GEMMs (same results within rounding; not yet "
-                        "measured on a GPU)")
     p.add_argument("--overlap-load", action="store_true",
                    help="CUDA, discrete GPU: read the weights on a thread while the kernels load and the "
                         "graphs are captured (same bits; no faster on the H200 since the warm-up "
@@ -109,8 +105,7 @@ def _engine_config(args):
                         threads=args.threads,
                         min_headroom_bytes=None if args.min_headroom_mb is None else args.min_headroom_mb << 20,
                         thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory,
-                        fuse_decode_norm=args.fuse_norm, overlap_load=args.overlap_load,
-                        gemv_prefill=args.gemv_prefill)
+                        fuse_decode_norm=args.fuse_norm, overlap_load=args.overlap_load)
 
 
 def resolve_model_arg(args) -> None:

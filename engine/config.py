@@ -230,9 +230,9 @@ class EngineConfig:
     mapped_memory: bool = False         # CUDA: the arena in mapped host memory (an integrated GPU's placement)
     fuse_decode_norm: bool = False      # CUDA decode: the norm after a residual GEMV folded into
                                         # that GEMV's launch (cuda_ops.DecodeOps; same bits either way).
-                                        # Off: slower on the H200 (2026-12-03: step 3.46 ms vs 2.54 ms with
-                                        # the staged tail, docs/forward-pass.md); kept for the work that
-                                        # finds where a fused launch's ~13 us go
+                                        # Off: slower on the H200 (2026-12-03: step 3.70 ms vs 2.56 ms,
+                                        # docs/forward-pass.md); kept for the work that makes its tail fast
+                                        # (the staged tail of 2026-12-03 evening: not yet measured)
     decode_pdl: bool = False            # lab: decode GEMVs by programmatic dependent launch (sm_90+,
                                         # quant/pdl.py). WRONG logits when the decode graph is replayed
                                         # (H200, 2026-12-03): no CLI flag; tools/pdl_probe.py narrows it
@@ -241,12 +241,6 @@ class EngineConfig:
                                         # BackgroundUpload; --overlap-load). H200, 2026-12-03: the
                                         # same bits; back-end 3.4-3.6 s vs 3.5 s reading first (the
                                         # thread and the captures share the GIL), so off: simpler
-    gemv_prefill: bool = False          # CUDA: a prompt chunk of up to 8 tokens (a chat turn after a
-                                        # cached prefix, a tool result) as an 8-row prefill whose matrix
-                                        # products are the decode GEMVs on 8 rows (the weights read once,
-                                        # as in a decode step) instead of the tensor-core GEMMs
-                                        # (cuda_ops.GemvPrefillOps; --gemv-prefill). Off until measured on
-                                        # a GPU (written 2026-12-03: CPU and simulator only)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -265,8 +259,6 @@ class EngineConfig:
             raise ValueError(f"prefill_chunk must be an integer >= 1, got {self.prefill_chunk!r}")
         if not isinstance(self.fuse_decode_norm, bool):
             raise ValueError(f"fuse_decode_norm must be True or False, got {self.fuse_decode_norm!r}")
-        if not isinstance(self.gemv_prefill, bool):
-            raise ValueError(f"gemv_prefill must be True or False, got {self.gemv_prefill!r}")
         if not isinstance(self.overlap_load, bool):
             raise ValueError(f"overlap_load must be True or False, got {self.overlap_load!r}")
         if not isinstance(self.decode_pdl, bool):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from .cuda_layout import prefill_buckets
+from .cuda_layout import BUCKETS
 from .progress import NO_PROGRESS, Progress
 
 log = logging.getLogger("genie_rt.cuda")
@@ -180,8 +180,7 @@ class GraphSteps:
         """(bucket, most attention splits per plan, a start position) of every bucket's one
         graph: all are captured at load, so no chunk compiles or captures on its first use,
         whatever its start (the split count in use is device state)."""
-        return [(n, self._max_splits(n), 0) for n in prefill_buckets(self.ecfg)
-                if n <= self.lay.chunk and n <= self.n_ctx]
+        return [(n, self._max_splits(n), 0) for n in BUCKETS if n <= self.lay.chunk and n <= self.n_ctx]
 
     def _max_splits(self, n: int) -> tuple:
         """The most context splits of each plan for a chunk of n rows at any start: the

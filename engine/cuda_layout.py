@@ -44,20 +44,6 @@ MiB = 1 << 20
 # bucket costs compile and capture time at load (~25 s on the H200 for a new tile width),
 # which is why 24 (pp18: +3.5 %) is not one.
 BUCKETS = (16, 32, 40, 48, 64, 128, 256, 512)
-# EngineConfig.gemv_prefill: chunks of up to this many rows run as one bucket whose matrix
-# products are the decode GEMVs on n rows (quant/gemv.py MAX_TOKENS), not the GEMMs.
-GEMV_BUCKET = 8
-
-
-def prefill_buckets(ecfg) -> tuple[int, ...]:
-    """The prefill chunk sizes that get a CUDA graph (each chunk is padded to the next)."""
-    return ((GEMV_BUCKET,) if getattr(ecfg, "gemv_prefill", False) else ()) + BUCKETS
-
-
-def gemv_rows(ecfg) -> int:
-    """Rows of the 8-bit activation buffers (xq.*, xs.*): one for decode, GEMV_BUCKET with
-    EngineConfig.gemv_prefill."""
-    return GEMV_BUCKET if getattr(ecfg, "gemv_prefill", False) else 1
 # Runtime overhead: what a process holds on the device beside the arena - the CUDA context,
 # modules, graphs, numba's and the driver's allocations. The context reserves local memory
 # (the per-thread stack, 1 KiB by default) for every thread the GPU can hold at once, so that
@@ -226,8 +212,8 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
     L.add("split_up", (N, cfg.n_ff), np.float32)
     for name in Q8_SOURCES:
         cols = widths[name]
-        L.add(f"xq.{name}", (gemv_rows(ecfg), cols), np.int8)
-        L.add(f"xs.{name}", (gemv_rows(ecfg), cols // gemv.Q8_BLOCK * gemv.Q8_FLOATS), np.float32)
+        L.add(f"xq.{name}", (1, cols), np.int8)
+        L.add(f"xs.{name}", (1, cols // gemv.Q8_BLOCK * gemv.Q8_FLOATS), np.float32)
     L.add("logits", (1, cfg.vocab_size), np.float32)
     # one attention plan per kind of layer (global, or windowed with its W); the workspaces
     # are carved for the largest and shared (DecodePlan.fits)

@@ -146,7 +146,7 @@ class DecodeOps(_Ops):
 
     def _q8_views(self, buf):
         name = self._name(buf)
-        return self.A[f"xq.{name}"][:self.rows], self.A[f"xs.{name}"][:self.rows]
+        return self.A[f"xq.{name}"], self.A[f"xs.{name}"]
 
     def _prepared(self, x, weights):
         """(xq, xs) holding x's 8-bit blocks if any weight reads them (quantized here if the
@@ -390,30 +390,3 @@ class PrefillOps(_Ops):
     def head(self, x, norm_w, w, logits, softcap: float | None = None) -> None:
         raise AssertionError("the prefill graph ends at the hidden state; the head runs on one row")
 
-
-class GemvPrefillOps(PrefillOps):
-    """A chunk of up to 8 rows (EngineConfig.gemv_prefill): its norms and matrix products are
-    the decode step's (rmsnorm_q8, quantize_q8 and the dp4a GEMVs, which take 1..8 tokens and
-    read each weight once for all of them), its attention is PrefillOps' (causal, split over
-    the context, the merge launched before the O projection's quantize_q8). For the few rows
-    of a chat turn after a cached prefix this reads the weights as a decode step does, where
-    the tensor-core GEMM's smallest tile computes 16 rows at a fraction of the bandwidth."""
-
-    def __init__(self, rt, n: int, n_splits: tuple, splits_at: int | None = None):
-        from genie_rt.quant import gemv
-        assert 1 <= n <= gemv.MAX_TOKENS, f"GemvPrefillOps: {n} rows (the GEMV takes 1..{gemv.MAX_TOKENS})"
-        super().__init__(rt, n, n_splits, splits_at)
-        self._q8_fresh = set()      # as DecodeOps
-        self._pending = None        # no residual GEMV is kept for a norm fold here
-        self.fuse_norm = False
-        self.pdl = False
-
-    def _invalidate(self, name: str) -> None:
-        self._q8_fresh.discard(name)
-        super()._invalidate(name)
-
-    _q8_views = DecodeOps._q8_views
-    _prepared = DecodeOps._prepared            # (x, weights) -> x's 8-bit blocks
-    norm = _flushing(DecodeOps.norm)
-    linear = DecodeOps.linear
-    gated = DecodeOps.gated

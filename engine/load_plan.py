@@ -205,8 +205,8 @@ def make_plan(path: str | Path, ecfg: EngineConfig | None = None) -> LoadPlan:
         error = str(exc)
     graphs = []
     if backend == "cuda":
-        from .cuda_layout import prefill_buckets
-        graphs = [n for n in prefill_buckets(ecfg) if n <= ecfg.prefill_chunk]
+        from .cuda_layout import BUCKETS
+        graphs = [n for n in BUCKETS if n <= ecfg.prefill_chunk]
     return LoadPlan(model=str(path), arch=cfg.arch, backend=backend, backend_reason=why, kv_dtype=ecfg.kv_dtype,
                     prefill_chunk=ecfg.prefill_chunk, requested_ctx=ecfg.n_ctx, n_ctx_train=cfg.n_ctx_train,
                     weights_by_type=weights_by_type(g, cfg), budget=budget, max_ctx=budget.max_ctx(), plan=plan,

@@ -30,11 +30,11 @@ def cosine_rows(a, b):
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
-def make_backends(path, kv="f16", n_ctx=128, chunk=512, gemv_mode="dp4a", warm=True, **more):
+def make_backends(path, kv="f16", n_ctx=128, chunk=512, gemv_mode="dp4a", warm=True):
     from genie_rt.engine.backend_cuda import CUDABackend
     g = open_gguf(path)
     cfg = ModelConfig.from_gguf(g)
-    ecfg = EngineConfig(backend="cuda", n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=chunk, gemv_mode=gemv_mode, **more)
+    ecfg = EngineConfig(backend="cuda", n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=chunk, gemv_mode=gemv_mode)
     plan = MemoryPlan(n_ctx, 0, 0, 0, 0, 0, 1 << 50, "test")
     return CUDABackend(g, cfg, ecfg, plan, warm=warm), CPUBackend(g, cfg, n_ctx, kv), cfg
 
@@ -96,39 +96,6 @@ def test_simulated_forward_matches_cpu(tmp_path):
     assert cosine_rows(got, ref)[0] >= 0.999 and got.argmax() == ref.argmax()
     got, ref = gpu.decode(77, 7), cpu.decode(77, 7)
     assert cosine_rows(got, ref)[0] >= 0.999
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU test_gpu_gemv_prefill_matches_cpu covers this)")
-def test_simulated_gemv_prefill_matches_cpu(tmp_path):
-    """EngineConfig.gemv_prefill: a chunk of up to 8 tokens runs the decode GEMVs on its rows
-    (cuda_ops.GemvPrefillOps) - a first chunk, then a short turn after it (the attention split
-    in two over the context, its merge before the O projection)."""
-    path = tmp_path / "tiny.gguf"
-    write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
-                                     vocab=300, text_tokens=274), seed=0, exact=True)
-    gpu, cpu, _ = make_backends(path, "f16", n_ctx=512, chunk=16, warm=False, gemv_prefill=True)
-    assert gpu.arena["xq.h"].shape[0] == 8                         # the 8-bit activations of 8 rows
-    first, turn = np.array([5, 17, 100, 3, 250, 9, 42], np.int32), np.array([7, 200, 31], np.int32)
-    got, ref = gpu.prefill(first, 0), cpu.prefill(first, 0)       # 7 tokens: the GEMV bucket of 8
-    assert cosine_rows(got, ref)[0] >= 0.999 and got.argmax() == ref.argmax()
-    got, ref = gpu.prefill(turn, 7), cpu.prefill(turn, 7)
-    assert cosine_rows(got, ref)[0] >= 0.999 and got.argmax() == ref.argmax()
-
-
-@pytest.mark.gpu
-def test_gpu_gemv_prefill_matches_cpu(fixture_gguf, prompts):
-    """EngineConfig.gemv_prefill on the fixture: short turns after a prefix (chunks of 1-8
-    tokens through the GEMVs) give the CPU back-end's logits, and the GEMM path's."""
-    gpu, cpu, _ = make_backends(fixture_gguf, "f16", n_ctx=256, gemv_prefill=True)
-    tokens = np.concatenate(prompts)[:60]
-    gpu.prefill(tokens[:40], 0)
-    cpu.prefill(tokens[:40], 0)
-    start = 40
-    for n in (1, 3, 8):
-        got, ref = gpu.prefill(tokens[start:start + n], start), cpu.prefill(tokens[start:start + n], start)
-        assert cosine_rows(got, ref)[0] >= 0.999, f"{n} tokens at {start}"
-        start += n
 
 
 @pytest.mark.slow
@@ -330,18 +297,16 @@ def test_one_prefill_graph_per_bucket_serves_every_start_position():
     windowed layers have their own plan, so a key holds one count per plan."""
     from types import MethodType, SimpleNamespace
 
-    from genie_rt.engine.backend_cuda import CUDABackend
-    from genie_rt.engine.cuda_layout import BUCKETS
+    from genie_rt.engine.backend_cuda import BUCKETS, CUDABackend
     from genie_rt.kvcache.attention_prefill import plan_prefill, prefill_splits
-    for plans, gemv_prefill in (([plan_prefill(32, 8, 128, "int8", 512)], False),
-                                ([plan_prefill(4, 1, 256, "int8", 512, window=512), plan_prefill(4, 1, 256, "int8", 512)],
-                                 True)):
+    for plans in ([plan_prefill(32, 8, 128, "int8", 512)],
+                  [plan_prefill(4, 1, 256, "int8", 512, window=512), plan_prefill(4, 1, 256, "int8", 512)]):
         be = SimpleNamespace(lay=SimpleNamespace(prefill_plans=plans * 2, chunk=512), n_ctx=8192,
-                             _max_splits_of={}, ecfg=EngineConfig(gemv_prefill=gemv_prefill))
+                             _max_splits_of={})
         for name in ("_plans", "_splits", "_max_splits", "prefill_keys"):
             setattr(be, name, MethodType(getattr(CUDABackend, name), be))
         keys = be.prefill_keys()
-        assert [n for n, _, _ in keys] == [8] * gemv_prefill + [n for n in BUCKETS if n <= 512]
+        assert [n for n, _, _ in keys] == [n for n in BUCKETS if n <= 512]
         for n, most, start in keys:
             want = tuple(max(prefill_splits(p, n, s) for s in range(0, 8192 - n + 1)) for p in plans)
             assert most == want and start == 0

@@ -128,23 +128,3 @@ def test_a_capture_that_only_loaded_cached_kernels_is_kept_one_that_compiled_is_
     assert ("prefill", 32, (1,)) not in b._graphs and len(closed) == 1
     assert b.capture_stats["discarded prefill (compiled kernels)"][0] == 1
     assert b.capture_stats["prefill"][0] == 1
-
-
-def test_gemv_prefill_is_off_by_default_and_the_cli_turns_it_on():
-    import argparse
-
-    import pytest
-
-    from genie_rt.engine.cli import _add_model_args, _engine_config
-    from genie_rt.engine.config import EngineConfig
-    from genie_rt.engine.cuda_layout import BUCKETS, gemv_rows, prefill_buckets
-    assert EngineConfig().gemv_prefill is False and prefill_buckets(EngineConfig()) == BUCKETS
-    assert gemv_rows(EngineConfig()) == 1
-    on = EngineConfig(gemv_prefill=True)
-    assert prefill_buckets(on) == (8,) + BUCKETS and gemv_rows(on) == 8
-    with pytest.raises(ValueError, match="gemv_prefill"):
-        EngineConfig(gemv_prefill=1)
-    p = argparse.ArgumentParser()
-    _add_model_args(p)
-    assert _engine_config(p.parse_args([])).gemv_prefill is False
-    assert _engine_config(p.parse_args(["--gemv-prefill"])).gemv_prefill is True
