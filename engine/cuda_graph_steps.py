@@ -142,7 +142,8 @@ class GraphSteps:
                      self.compile_seconds, summary)
             used1 = _device_used()
             held = "" if used0 is None or used1 is None else \
-                f"; modules and graphs hold {max(0, used1 - used0) / 2**20:.1f} MiB of device memory"
+                f"; device memory in use grew by {max(0, used1 - used0) / 2**20:.1f} MiB during the warm-up " \
+                "(its kernel modules and graphs; device-wide, so another process's use would show too)"
             log.info("graphs by kind: %s%s", "; ".join(
                 f"{kind} {n} (first runs {a:.2f} s, captures {b:.2f} s, {nodes} nodes)"
                 for kind, (n, a, b, nodes) in self.capture_stats.items()), held)
@@ -197,8 +198,8 @@ class GraphSteps:
 
 def _device_used() -> int | None:
     """Device memory in use (cuMemGetInfo total - free), or None where it cannot be asked (the
-    simulator): the warm-up's difference is what its kernel modules and graphs hold (the arena
-    is allocated before it)."""
+    simulator's context reports infinite memory: int() of it raises, caught below). The
+    warm-up's difference is mostly its kernel modules and graphs: the arena is allocated before."""
     try:
         from numba import cuda
         free, total = cuda.current_context().get_memory_info()

@@ -115,8 +115,8 @@ def create_app(engine_or_loader, settings: ServerSettings | None = None) -> Star
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        state.start()
         await run_in_threadpool(int)   # the thread pool's first use (its imports) before any request
+        state.start()
         try:
             yield
         finally:

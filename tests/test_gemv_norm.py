@@ -226,11 +226,10 @@ def test_gpu_fused_norm_at_qwen3_4b_shapes_bit_for_bit(qtype, cols):
             assert int(counter.copy_to_host()[0]) == 0, f"launch {step}: counter not reset"
 
 
-def test_the_norm_fold_lab_validates_before_it_times():
+def test_the_norm_fold_lab_validates_before_it_times(monkeypatch):
     """tools/norm_fold_lab.py (the GPU lab that times the fold's parts) checks the fused launch
     against gemv + rmsnorm_q8 first; here at small shapes, without timing."""
-    import sys
     from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "tools"))
     import norm_fold_lab
     assert norm_fold_lab.main(["--tiny", "--check"]) == 0

@@ -109,6 +109,8 @@ def test_a_capture_that_only_loaded_cached_kernels_is_kept_one_that_compiled_is_
             closed.append(self)
 
     monkeypatch.setattr(cuda_graph, "CUDAGraph", FakeGraph)
+    for field in ("lookups", "hits", "misses"):       # the counters are put back afterwards
+        monkeypatch.setattr(STATS, field, getattr(STATS, field))
 
     def hit():
         STATS.lookups += 1

@@ -204,13 +204,18 @@ def markdown(path: str) -> str:
     d = json.loads(Path(path).read_text())
     rows = ["| phase | /health 200 | first token, ms (prefill ms), requests 1 / 2 / 3 | warm-up | back-end | "
             "before the back-end |", "|---|---|---|---|---|---|"]
+    def ms(v):
+        return "-" if v is None else f"{v:.0f}"
+
+    def sec(v):
+        return "-" if v is None else f"{v:.1f} s"
     for r in d["runs"]:
         t = _timeline(r)
-        ttft = " / ".join(f"{q['ttft_ms']:.0f} ({q['prompt_ms']:.0f})" for q in r["requests"])
-        before = sum(v for k, v in t.items() if k in ("process start to load", "file, tokenizer, template",
-                                                      "device query", "memory plan"))
-        rows.append(f"| {r['phase']} | {r['health_s']:.1f} s | {ttft} | {t.get('warm-up', float('nan')):.1f} s | "
-                    f"{t.get('back-end', float('nan')):.1f} s | {before:.1f} s |")
+        ttft = " / ".join(f"{ms(q['ttft_ms'])} ({ms(q['prompt_ms'])})" for q in r["requests"])
+        parts = [t[k] for k in ("process start to load", "file, tokenizer, template", "device query", "memory plan")
+                 if k in t]
+        rows.append(f"| {r['phase']} | {r['health_s']:.1f} s | {ttft} | {sec(t.get('warm-up'))} | "
+                    f"{sec(t.get('back-end'))} | {sec(sum(parts) if parts else None)} |")
     return "\n".join(rows)
 
 
