@@ -27,8 +27,6 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-import numpy as np
-
 from .models.ops import AttnLayer
 
 ROPE_NAMES = {"neox": "neox", "norm": "normal"}     # ModelConfig.rope_style -> rope_write's name
@@ -285,12 +283,11 @@ class PrefillOps(_Ops):
         m = self._merge
         if m is None:
             return
-        from genie_rt.kvcache.attention_prefill_kernels import prefill_merge
+        from genie_rt.kvcache.attention_prefill_kernels import launch_merge
         self._merge = None
         self.rt.pending_launch = None
-        pws, n_head = self.rt.pws, self.cfg.n_head
-        prefill_merge[self.n * n_head, 128, self.stream](pws.part_o, pws.part_ml, np.int32(m.most), self.rt.state,
-                                                         np.int32(-1 if m.at is None else m.at), m.out)
+        launch_merge(self.rt.pws.part_o, self.rt.pws.part_ml, m.most, self.rt.state, m.at, m.out, self.cfg.n_head,
+                     self.stream)
 
     def _reads_float(self, *bufs) -> None:
         if self._merge is not None and any(b is self._merge.out for b in bufs):

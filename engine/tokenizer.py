@@ -124,18 +124,18 @@ class Tokenizer:
         """llama.cpp token_to_piece(special=true) of a valid id."""
         piece = self._pieces[i]
         if piece is None:
-            text, ttype = self._tokens[i], self._types[i]
-            if ttype in SPECIAL_TYPES:
-                piece = text.encode("utf-8")
-            elif ttype == TOKEN_NORMAL:
-                piece = (text.replace(SPACE, " ").encode("utf-8") if self._spm
-                         else byte_level_to_bytes(text))
-            elif ttype == TOKEN_BYTE and (m := _BYTE_TOKEN.fullmatch(text)):
-                piece = bytes([int(m.group(1), 16)])
-            else:  # UNUSED, UNDEFINED (and a BYTE token not written <0xNN>): nothing
-                piece = b""
-            self._pieces[i] = piece
+            piece = self._pieces[i] = self._piece_of(self._tokens[i], self._types[i])
         return piece
+
+    def _piece_of(self, text: str, ttype: int) -> bytes:
+        """The bytes an entry of this text and type stands for (uncached)."""
+        if ttype in SPECIAL_TYPES:
+            return text.encode("utf-8")
+        if ttype == TOKEN_NORMAL:
+            return text.replace(SPACE, " ").encode("utf-8") if self._spm else byte_level_to_bytes(text)
+        if ttype == TOKEN_BYTE and (m := _BYTE_TOKEN.fullmatch(text)):
+            return bytes([int(m.group(1), 16)])
+        return b""      # UNUSED, UNDEFINED (and a BYTE token not written <0xNN>): nothing
 
     # --- construction from GGUF metadata -------------------------------------------------------
     @classmethod
@@ -263,21 +263,10 @@ class Tokenizer:
     @property
     def max_piece_bytes(self) -> int:
         """Bytes of the longest piece (token_to_piece) in the vocabulary: a text of C characters
-        has at least C / this many tokens. Computed once from the entries' text, without building
-        every piece (a per-id loop over Gemma's 262k entries took 0.7 s on the first request)."""
+        has at least C / this many tokens. Computed once, without filling the piece cache or
+        checking each id (token_to_piece over Gemma's 262k entries took 0.7 s on the first request)."""
         if self._max_piece is None:
-            longest = 1
-            for text, ttype in zip(self._tokens, self._types):
-                if ttype == TOKEN_NORMAL:       # as _piece
-                    n = (len(text.encode("utf-8")) - 2 * text.count(SPACE) if self._spm
-                         else len(text) if text.isascii() else len(byte_level_to_bytes(text)))
-                elif ttype in SPECIAL_TYPES:
-                    n = len(text.encode("utf-8"))
-                else:                           # BYTE: one byte; UNUSED, UNDEFINED: none
-                    n = 1
-                if n > longest:
-                    longest = n
-            self._max_piece = longest
+            self._max_piece = max(1, max(map(len, map(self._piece_of, self._tokens, self._types)), default=0))
         return self._max_piece
 
     def prepare(self) -> None:

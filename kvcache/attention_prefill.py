@@ -30,7 +30,7 @@ from numba import cuda
 from genie_rt.quant.ptx import SIMULATOR
 
 from .attention import KV_DTYPES, attention_window_reference
-from .attention_prefill_kernels import (BM, MERGE_SIGNATURE, PREFILL_SIGNATURE, THREADS, block_n,
+from .attention_prefill_kernels import (BM, MERGE_SIGNATURE, PREFILL_SIGNATURE, THREADS, block_n, launch_merge,
                                         o_splits, prefill_kernel, prefill_merge)
 from .device_pool import KVLayer
 
@@ -234,5 +234,4 @@ def prefill_attention(q, layer: KVLayer, state, out, ws: PrefillWorkspace, n_spl
     p.kernel()[grid, THREADS, stream](q, layer.k_words, layer.v_words, layer.k_scale,
                                       layer.v_scale, state, out, ws.part_o, ws.part_ml, at)
     if n_splits > 1 and merge:
-        prefill_merge[n * p.n_head, 128, stream](ws.part_o, ws.part_ml, np.int32(n_splits),
-                                                 state, at, out)
+        launch_merge(ws.part_o, ws.part_ml, n_splits, state, splits_at, out, p.n_head, stream)

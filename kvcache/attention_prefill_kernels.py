@@ -53,6 +53,7 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
 from numba import cuda, float32, uint32
 
 from genie_rt.engine import kernel_cache
@@ -518,6 +519,14 @@ def prefill_merge(part_o, part_ml, n_splits, state, splits_at, out):
     mx, inv = merge_weights(part_ml, n_splits, row)
     for d in range(cuda.threadIdx.x, hd, cuda.blockDim.x):
         out[tok, head * hd + d] = merge_value(part_o, part_ml, n_splits, row, d, mx, inv)
+
+
+def launch_merge(part_o, part_ml, n_splits: int, state, splits_at, out, n_head: int, stream=0) -> None:
+    """prefill_merge of a split launch's partials into out float32 [n, n_head * hd]: one block
+    of 128 threads per (token, head) row; splits_at None merges n_splits splits, a state slot
+    reads the count in use there."""
+    prefill_merge[out.shape[0] * n_head, 128, stream](part_o, part_ml, np.int32(n_splits), state,
+                                                      np.int32(-1 if splits_at is None else splits_at), out)
 
 
 PREFILL_SIGNATURE = ("void(float32[:, :, ::1], uint32[::1], uint32[::1], float32[:, ::1], "

@@ -171,13 +171,15 @@ def run_phase(name: str, args, cache: Path, logs: Path) -> dict:
             "cache_entries": entries, "cache_bytes": nbytes, "log": str(log_path)}
 
 
+def _ms(v) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
 def print_table(runs: list[dict]) -> None:
-    def ms(v):
-        return "-" if v is None else f"{v:.0f}"
     print(f"{'phase':6s} {'/health 200':>12s} {'first token, ms (prefill ms)':>40s} {'entries':>8s} {'MiB':>7s}"
           "  compile log")
     for r in runs:
-        ttft = " / ".join(f"{ms(q['ttft_ms'])} ({ms(q['prompt_ms'])})" for q in r["requests"])
+        ttft = " / ".join(f"{_ms(q['ttft_ms'])} ({_ms(q['prompt_ms'])})" for q in r["requests"])
         print(f"{r['phase']:6s} {r['health_s']:10.1f} s {ttft:>40s} {r['cache_entries']:8d} "
               f"{r['cache_bytes'] / 2**20:7.1f}  {r['compile_log'] or '(no CUDA compile line: CPU back-end?)'}")
     for i, q in enumerate(runs[0]["requests"] if runs else []):
@@ -204,14 +206,12 @@ def markdown(path: str) -> str:
     d = json.loads(Path(path).read_text())
     rows = ["| phase | /health 200 | first token, ms (prefill ms), requests 1 / 2 / 3 | warm-up | back-end | "
             "before the back-end |", "|---|---|---|---|---|---|"]
-    def ms(v):
-        return "-" if v is None else f"{v:.0f}"
 
     def sec(v):
         return "-" if v is None else f"{v:.1f} s"
     for r in d["runs"]:
         t = _timeline(r)
-        ttft = " / ".join(f"{ms(q['ttft_ms'])} ({ms(q['prompt_ms'])})" for q in r["requests"])
+        ttft = " / ".join(f"{_ms(q['ttft_ms'])} ({_ms(q['prompt_ms'])})" for q in r["requests"])
         parts = [t[k] for k in ("process start to load", "file, tokenizer, template", "device query", "memory plan")
                  if k in t]
         rows.append(f"| {r['phase']} | {r['health_s']:.1f} s | {ttft} | {sec(t.get('warm-up'))} | "
