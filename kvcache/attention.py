@@ -41,6 +41,15 @@ from .attention_decode_kernels import DECODE_SIGNATURE, MAX_SPLITS, decode_kerne
 from .device_pool import KVLayer
 
 _ALIGN = 256
+# Query heads of one KV head a decode block takes by default. Fewer heads a block means more
+# blocks, each with a shorter chain of dependent instructions (a q slice and accumulators per
+# head, the final reduction, the merge) and fewer registers; the K/V rows are then read
+# group / heads_per_block times, from L2. Measured on the H200 (2026-12-03, `python -m
+# genie_rt.kvcache.attention`, Qwen3-4B shapes, int8 cache; us per launch at ctx 512 / 1024 /
+# 4096 / 16384): 4 heads (33 splits) 11.65 / 14.16 / 21.24 / 38.24; 2 heads (16 splits)
+# 8.97 / 10.25 / 16.73 / 42.10; 1 head (8 splits) 7.70 / 9.40 / 20.06 / 65.33.
+# docs/kernels/attention.md has the whole table.
+DEFAULT_HEADS_PER_BLOCK = 2
 KV_DTYPES = {np.dtype(np.int8): "int8", np.dtype(np.float16): "f16"}
 
 
@@ -147,9 +156,11 @@ class DecodePlan:
 def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int,
                 n_splits: int | None = None, sm_count: int | None = None,
                 warps: int = 4, rows_per_thread: int = 4, window: int | None = None,
-                scale: float | None = None) -> DecodePlan:
+                scale: float | None = None, heads_per_block: int | None = None) -> DecodePlan:
     """Choose the split count for a pool of n_ctx positions (default: about 2 blocks per
-    SM at full context, at least one tile per split, at most MAX_SPLITS). window: None or
+    SM at full context, at least one tile per split, at most MAX_SPLITS). heads_per_block:
+    query heads of one KV head a block takes (default: the largest divisor of the group up to
+    DEFAULT_HEADS_PER_BLOCK; at most what fits in registers). window: None or
     0 for a global layer, W >= 1 for a sliding-window layer (keys pos - W + 1 .. pos; the
     splits then cover W keys, not n_ctx). scale: the attention scale (None: 1/sqrt(hd))."""
     if kv_dtype not in ("int8", "f16"):
@@ -166,6 +177,14 @@ def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int
         raise ValueError(f"attention scale {scale} must be finite and > 0")
     group = n_head // n_kv
     max_gh = 64 // vec                           # registers: q slice + accumulators <= 2 x 64
+    if heads_per_block is None:
+        heads_per_block = next(h for h in range(min(group, DEFAULT_HEADS_PER_BLOCK), 0, -1)
+                               if group % h == 0)
+    if heads_per_block is not None:
+        if not (1 <= heads_per_block <= min(group, max_gh) and group % heads_per_block == 0):
+            raise ValueError(f"heads_per_block {heads_per_block} must divide the group of "
+                             f"{group} query heads per KV head and be <= {max_gh}")
+        max_gh = heads_per_block
     n_sub = next(s for s in range(1, group + 1) if group % s == 0 and group // s <= max_gh)
     plan = DecodePlan(n_head, n_kv, head_dim, kv_dtype, 1, n_sub, warps, rows_per_thread)
     keys = min(n_ctx, window) if window else n_ctx

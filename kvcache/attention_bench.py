@@ -114,13 +114,19 @@ def _bench_shape(shape, kv_dtype, H, KV, HD, n_ctx, W, R, ctxs, cases, n_max, sm
                                  window=W),
                      plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, warps=8,
                                  rows_per_thread=2, window=W)]
+        for gh in (1, 2):                                 # fewer heads a block: shorter chains
+            if gh < base.heads_per_block and (H // KV) % gh == 0:
+                variants += [plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, window=W,
+                                         heads_per_block=gh),
+                             plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, window=W,
+                                         heads_per_block=gh, rows_per_thread=2)]
     where = f"{shape} ({H} / {KV} heads, hd {HD}{f', window {W}, ring {R}' if W else ''})"
     print(f"\ndecode attention, {where}, {kv_dtype} cache, pool {n_ctx} positions")
     for plan in variants:
         compile_decode(plan)
         ws = DecodeWorkspace(plan, stream=stream)
         name = (f"{kv_dtype} splits={plan.n_splits} warps={plan.warps} "
-                f"rows/thread={plan.rows_per_thread} tile={plan.tile}")
+                f"rows/thread={plan.rows_per_thread} tile={plan.tile} heads={plan.heads_per_block}")
         for ctx in ctxs:
             pool, kd, vd = pool_for(ctx)
             layer = pool.layer(0)
@@ -140,7 +146,8 @@ def _bench_shape(shape, kv_dtype, H, KV, HD, n_ctx, W, R, ctxs, cases, n_max, sm
                   f"{gbs / HBM_TBS / 10:5.1f} % of {HBM_TBS} TB/s")
             results.append(dict(kernel="decode", shape=shape, window=W, kv_dtype=kv_dtype,
                                 ctx=ctx, n_splits=plan.n_splits, warps=plan.warps,
-                                rows_per_thread=plan.rows_per_thread, us=us, gb_s=gbs,
+                                rows_per_thread=plan.rows_per_thread,
+                                heads_per_block=plan.heads_per_block, us=us, gb_s=gbs,
                                 frac_hbm=gbs / HBM_TBS / 1e3))
 
     print(f"\nprefill attention, {where}, {kv_dtype} cache")

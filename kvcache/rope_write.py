@@ -60,6 +60,8 @@ from .pool import quantize_rows_int8
 
 NW = 4              # warps per block, one head row each
 MAX_HD = 256        # shared staging row
+NV = MAX_HD // 32   # row values a lane holds (registers; guarded past head_dim)
+NP = MAX_HD // 64   # rotation pairs a lane holds
 FULL = 0xFFFFFFFF
 _MAGIC = float32(12582912.0)   # 1.5 * 2^23: (x + M) - M == rint(x) for |x| < 2^22 in f32
 
@@ -188,54 +190,76 @@ def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool):
         n_slots = k_cache.shape[0]
         pos = state[0] + t
         buf = cuda.shared.array((NW, MAX_HD), float32)
-        active = row < n_head + 2 * n_kv and pos < cos.shape[0]   # no table row: no work
+        row_ok = row < n_head + 2 * n_kv
         is_q = row < n_head
         is_v = row >= n_head + n_kv
         base = row * hd                          # q | k | v are consecutive head rows
+        # Every load is issued before the first use (the loops below have constant trip
+        # counts, so they unroll and the arrays live in registers): the row, then the norm
+        # weights and the table row of the position. A decode step's launch (one token) then
+        # waits on memory twice (state, then the tables) instead of once per loop trip.
+        xv = cuda.local.array(NV, float32)
+        for j in range(NV):                      # coalesced row load
+            d = lane + 32 * j
+            xv[j] = qkv[t, base + d] if row_ok and d < hd else float32(0)
+        active = row_ok and pos < cos.shape[0]   # no table row: no work
+        rot = active and not is_v
+        wa = cuda.local.array(NP, float32)
+        wb = cuda.local.array(NP, float32)
+        cs = cuda.local.array(NP, float32)
+        sn = cuda.local.array(NP, float32)
+        for p in range(NP):
+            i = lane + 32 * p
+            wa[p] = float32(1)
+            wb[p] = float32(1)
+            cs[p] = float32(0)
+            sn[p] = float32(0)
+            if rot and i < half:
+                if NEOX:
+                    ia = i                       # pair (i, i + hd/2)
+                    ib = i + half
+                else:
+                    ia = 2 * i                   # pair (2i, 2i + 1)
+                    ib = ia + 1
+                if QK_NORM:
+                    if is_q:
+                        wa[p] = q_norm[ia]
+                        wb[p] = q_norm[ib]
+                    else:
+                        wa[p] = k_norm[ia]
+                        wb[p] = k_norm[ib]
+                cs[p] = cos[pos, i]
+                sn[p] = sin[pos, i]
         inv_rms = float32(0)
         if active:
             ss = float32(0)
-            for d in range(lane, hd, 32):        # coalesced row load, staged for the rotation
-                x = qkv[t, base + d]
-                buf[warp, d] = x
-                ss += x * x
+            for j in range(NV):                  # staged for the rotation, summed in load order
+                d = lane + 32 * j
+                if d < hd:
+                    x = xv[j]
+                    buf[warp, d] = x
+                    ss += x * x
             if QK_NORM:
                 ss = _warp_sum(ss)
                 inv_rms = float32(1) / math.sqrt(ss / float32(hd) + eps)
         cuda.syncthreads()                       # the rotation reads other lanes' elements
-        if active and not is_v:
-            for i in range(lane, half, 32):
-                if NEOX and QK_NORM:             # Qwen3 / Gemma 3: pair (i, i + hd/2)
-                    if is_q:
-                        w1 = q_norm[i]
-                        w2 = q_norm[i + half]
-                    else:
-                        w1 = k_norm[i]
-                        w2 = k_norm[i + half]
-                    x1 = buf[warp, i] * inv_rms * w1
-                    x2 = buf[warp, i + half] * inv_rms * w2
-                    c = cos[pos, i]
-                    s = sin[pos, i]
-                    buf[warp, i] = x1 * c - x2 * s
-                    buf[warp, i + half] = x2 * c + x1 * s
-                else:
+        if rot:
+            for p in range(NP):
+                i = lane + 32 * p
+                if i < half:
                     if NEOX:
-                        ia = i                   # pair (i, i + hd/2)
+                        ia = i
                         ib = i + half
                     else:
-                        ia = 2 * i               # pair (2i, 2i + 1)
+                        ia = 2 * i
                         ib = ia + 1
                     x1 = buf[warp, ia]
                     x2 = buf[warp, ib]
                     if QK_NORM:
-                        if is_q:
-                            x1 = x1 * inv_rms * q_norm[ia]
-                            x2 = x2 * inv_rms * q_norm[ib]
-                        else:
-                            x1 = x1 * inv_rms * k_norm[ia]
-                            x2 = x2 * inv_rms * k_norm[ib]
-                    c = cos[pos, i]
-                    s = sin[pos, i]
+                        x1 = x1 * inv_rms * wa[p]
+                        x2 = x2 * inv_rms * wb[p]
+                    c = cs[p]
+                    s = sn[p]
                     buf[warp, ia] = x1 * c - x2 * s
                     buf[warp, ib] = x2 * c + x1 * s
         cuda.syncthreads()

@@ -58,8 +58,11 @@ def test_decode_head_dim_64_group_3_and_a_scale():
     # SmolLM2's shape: 9 q heads over 3 kv heads; Gemma 3 27B's kind of explicit scale
     pool, kd, vd = make_pool(3, 64, 32, "int8", 32, layers=1, seed=4)
     plan = run_decode_w(pool, kd, vd, 9, 29, 20, scale=0.07, n_splits=2, warps=1,
-                        rows_per_thread=2)          # keys 10 .. 29: two 16-row tiles
+                        rows_per_thread=2, heads_per_block=3)   # keys 10 .. 29: two 16-row tiles
     assert (plan.heads_per_block, plan.n_sub, plan.n_splits) == (3, 1, 2)
+    plan = run_decode_w(pool, kd, vd, 9, 29, 20, scale=0.07, n_splits=2, warps=1,
+                        rows_per_thread=2)          # the default: one head a block
+    assert (plan.heads_per_block, plan.n_sub, plan.n_splits) == (1, 3, 2)
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])

@@ -570,5 +570,9 @@ def test_gpu_post_norm_gemma3_270m_bit_identical(n):
     gu_h = (rng := np.random.default_rng(n)).standard_normal((n, 2 * n_ff)).astype(np.float32) * 3
     h = cuda.device_array((n, n_ff), np.float32)
     norm.geglu_fused(cuda.to_device(gu_h), h)
-    np.testing.assert_allclose(h.copy_to_host(), norm.geglu_reference(gu_h[:, :n_ff], gu_h[:, n_ff:]),
-                               rtol=1e-5, atol=1e-6)
+    # libdevice's tanhf is a few ulp from numpy's: near gelu(g) = 0 the product's error is that
+    # of 0.5 * g * u (~1e-6 absolute at |g u| ~ 10, seen on the H200 2026-12-03), so the bound
+    # is on the products' scale, not 1e-6 absolute
+    ref = norm.geglu_reference(gu_h[:, :n_ff], gu_h[:, n_ff:])
+    scale = float(np.abs(gu_h[:, :n_ff] * gu_h[:, n_ff:]).max())
+    np.testing.assert_allclose(h.copy_to_host(), ref, rtol=1e-5, atol=1e-7 * scale)

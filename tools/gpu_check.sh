@@ -35,6 +35,10 @@
 #   pending   what issue 14 owes a GPU after 2026-12-03: tools/norm_fold_lab.py (the fold's parts
 #             timed, then Nsight Compute on plain vs fused), the PDL decode graph's bits test
 #             (25 replays a capture), the decode profile (norm-fold.json, profile.json)
+#   trace     the decode step under Nsight Systems (tools/profile_decode.py --trace, graph nodes
+#             traced one by one; tools/trace_report.py: each kernel's time and the gaps between
+#             them, depth TDEPTHS, default "512 4096"), then its first NCUK (default 14) kernels
+#             under Nsight Compute (stall reasons, occupancy; trace.json, trace-*.txt, ncu.txt)
 #   pdlprobe  tools/pdl_probe.py: a chain of dependent GEMVs, plain or PDL build x launch path x
 #             stream or graph replay (the PDL decode graph gave wrong logits on 2026-12-03)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
@@ -223,6 +227,26 @@ for s in "$@"; do
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       timeout ${PRT:-200} $PY tools/profile_decode.py -m $MODEL4B --json "$OUT/profile.json" 2>&1 \
         | grep -v "^INFO numba" | tee "$OUT/profile.txt" | head -8 ;;
+    trace)
+      stage trace
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      NSYS=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/bin/nsys /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu /usr/local/cuda/nsight-compute*/ncu 2>/dev/null | head -1)
+      echo "nsys: ${NSYS:-none}  ncu: ${NCU:-none}"
+      for d in ${TDEPTHS:-512 4096}; do
+        if [ -n "$NSYS" ]; then
+          timeout ${TRT:-300} "$NSYS" profile -f true --cuda-graph-trace=node --capture-range=cudaProfilerApi \
+            -o /tmp/step$d $PY tools/profile_decode.py -m $MODEL4B --ctx 8192 --depth $d --trace 10 2>&1 | grep -v "^INFO numba" | tail -3
+          "$NSYS" stats -q -r cuda_gpu_trace -f csv -o /tmp/step$d /tmp/step$d.nsys-rep >/dev/null 2>&1
+          $PY tools/trace_report.py /tmp/step${d}_cuda_gpu_trace.csv --json "$OUT/trace-$d.json" --first 30 | tee "$OUT/trace-$d.txt" | head -50
+        fi
+      done
+      if [ -n "$NCU" ]; then
+        timeout ${NT:-240} "$NCU" --graph-profiling node --profile-from-start off --launch-count ${NCUK:-14} \
+          --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+          $PY tools/profile_decode.py -m $MODEL4B --ctx 8192 --depth 512 --trace 1 > "$OUT/ncu.txt" 2>&1
+        grep -E "^  [A-Za-z_].*\(|Duration|Registers Per|Achieved Occupancy|DRAM Throughput|Stall" "$OUT/ncu.txt" | head -80
+      fi ;;
     pdlprobe)
       stage pdlprobe
       # programmatic dependent launch: which of build / launch path / stream-vs-graph goes wrong

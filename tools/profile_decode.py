@@ -1,6 +1,12 @@
 """Where a CUDA decode step spends its time, by kernel family (GPU only).
 
     python tools/profile_decode.py -m MODEL.gguf [--ctx 2048] [--depth 512] [--json PATH] [--fuse-norm] [--pdl]
+    nsys profile --cuda-graph-trace=node --capture-range=cudaProfilerApi -o step \
+        python tools/profile_decode.py -m MODEL.gguf --trace 10     # then tools/trace_report.py
+
+--trace N replays the captured decode graph N times between cuProfilerStart/Stop and exits
+(no ablation): under Nsight Systems each kernel node's own duration and the gaps between
+them; under Nsight Compute (--graph-profiling node) each kernel's stall reasons.
 
 Times the captured decode graph (greedy sampling included), then, for each launcher the
 step calls, a graph recorded with that launcher replaced by a no-op: the difference is
@@ -68,6 +74,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--fuse-norm", action="store_true", help="profile with the decode norms folded into the GEMVs")
     p.add_argument("--pdl", action="store_true", help="profile with programmatic dependent launch (sm_90+)")
+    p.add_argument("--trace", type=int, default=0, metavar="N",
+                   help="replay the decode graph N times inside cuProfilerStart/Stop and exit (for nsys / ncu)")
     args = p.parse_args(argv)
     import dataclasses
     from genie_rt.engine.config import EngineConfig
@@ -85,6 +93,25 @@ def main(argv=None) -> int:
     be.prefill_sample(prompt, 0, sampler, list(prompt))
     be._set_state(pos=args.depth)
     from genie_rt.quant import pdl
+    if args.trace:
+        from numba import cuda
+        from genie_rt.engine.cuda_graph import CUDAGraph
+        be._record_decode("greedy")                 # compiled already; once more outside capture
+        be.stream.synchronize()
+        graph = CUDAGraph(be.stream)
+        with graph.capture():
+            be._record_decode("greedy")
+        for _ in range(3):
+            graph.replay()
+        be.stream.synchronize()
+        cuda.profile_start()
+        for _ in range(args.trace):
+            be._set_state(pos=args.depth)
+            graph.replay()
+            be.stream.synchronize()                 # one replay at a time: clean step boundaries
+        cuda.profile_stop()
+        print(f"traced {args.trace} decode steps at depth {args.depth}")
+        return 0
     full = time_step(be)
     fused, use_pdl = be.ecfg.fuse_decode_norm, be.ecfg.decode_pdl
     settings = {}
