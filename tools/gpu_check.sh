@@ -39,6 +39,11 @@
 #             traced one by one; tools/trace_report.py: each kernel's time and the gaps between
 #             them, depth TDEPTHS, default "512 4096"), then its first NCUK (default 14) kernels
 #             under Nsight Compute (stall reasons, occupancy; trace.json, trace-*.txt, ncu.txt)
+#   decode14  issue 14's whole check in one call: llama.cpp's build started in the background,
+#             then (one kernel cache) genie-rt bench -p 18,33,512 -n 128 -d 0,4096 on the 4B
+#             (bench.json), the decode profile (profile.json), the prefix-reuse bench (prefix.txt),
+#             the back-end's GPU tests (CPU parity, greedy text, real shapes, PDL bits; tests.txt),
+#             then llama-bench on the same file (llama-bench.md) if it built in time
 #   pdlprobe  tools/pdl_probe.py: a chain of dependent GEMVs, plain or PDL build x launch path x
 #             stream or graph replay (the PDL decode graph gave wrong logits on 2026-12-03)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
@@ -246,6 +251,25 @@ for s in "$@"; do
           --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
           $PY tools/profile_decode.py -m $MODEL4B --ctx 8192 --depth 512 --trace 1 > "$OUT/ncu.txt" 2>&1
         grep -E "^  [A-Za-z_].*\(|Duration|Registers Per|Achieved Occupancy|DRAM Throughput|Stall" "$OUT/ncu.txt" | head -80
+      fi ;;
+    decode14)
+      stage decode14
+      "$0" lcpp > /dev/null
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      timeout ${BT:-300} $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 \
+        --kv int8 --ctx 8192 --json > "$OUT/bench.json" 2> "$OUT/bench.log"; tail -4 "$OUT/bench.log"
+      $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print(r['test'] + '@d' + str(r['n_depth']), round(r['avg_ts'],1), '+-', round(r['stddev_ts'],1)) for r in d['results']]" "$OUT/bench.json"
+      timeout ${PRT:-150} $PY tools/profile_decode.py -m $MODEL4B --json "$OUT/profile.json" 2>&1 | grep -v "^INFO numba" | head -20
+      timeout ${PXT:-120} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" | tee "$OUT/prefix.txt" | tail -6
+      timeout ${TT:-200} $PY -m pytest -q -m gpu -n ${NW:-4} -p no:cacheprovider -rfEs \
+        ${GTESTS:-tests/test_attention_gpu.py tests/test_backend_cuda.py} > "$OUT/tests.txt" 2>&1
+      echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -20
+      LB=/tmp/lcpp-cuda/b/bin/llama-bench
+      for i in $(seq ${LCPP_WAIT:-60}); do [ -x $LB ] && grep -q BUILD-OK /tmp/lcpp-cuda/build.log && break; sleep 1; done
+      if [ -x $LB ]; then
+        timeout 150 $LB -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 -ngl 99 -o md 2>/dev/null | tee "$OUT/llama-bench.md"
+      else
+        echo "llama.cpp build not ready:"; tail -3 /tmp/lcpp-cuda/build.log
       fi ;;
     pdlprobe)
       stage pdlprobe
