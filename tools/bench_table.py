@@ -3,17 +3,39 @@
 
     python tools/bench_table.py docs/bench/h200-2026-12-03-*.json docs/bench/llama-bench-h200-2026-12-03-*.json
 
-Takes `genie-rt bench --json` files and llama-bench `-o json` files (a list of results) alike;
+Takes `genie-rt bench --json` files and llama-bench `-o json` files (a list of results) alike,
+and llama-bench `-o md` tables (*.md: no device in them - `--md-device NAME` names it, else the
+backend column; KV llama-bench's default f16; the date the YYYY-MM-DD in the file's name);
 one row per file, named by the model file and the engine. When both engines ran the same
 model file, a third row gives genie-rt's speed as a multiple of llama.cpp's.
 """
 import json
+import re
 import sys
 from pathlib import Path
 
 
-def read(path: str) -> tuple[str, str, str, str, str, dict]:
-    """(model, engine, device, KV type, date, {test: tokens/s}) of one JSON file."""
+def read_md(path: str, device: str = "") -> tuple[str, str, str, str, str, dict]:
+    """A llama-bench `-o md` table: | model | size | params | backend | ngl | test | t/s |."""
+    res, backend = {}, ""
+    for line in Path(path).read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 7 or cells[0] in ("model", "") or set(cells[0]) <= {"-", ":"}:
+            continue
+        test, ts = cells[-2].replace(" ", ""), cells[-1].split()[0]
+        res[test] = float(ts)
+        backend = cells[3]
+    if not res:
+        raise SystemExit(f"{path}: no llama-bench rows")
+    date = re.search(r"\d{4}-\d{2}-\d{2}", Path(path).name)
+    model = re.sub(r"^llama-bench-[a-z0-9]+-\d{4}-\d{2}-\d{2}[a-z]?-", "", Path(path).stem)
+    return model, "llama.cpp", device or backend, "f16", date.group(0) if date else "", res
+
+
+def read(path: str, md_device: str = "") -> tuple[str, str, str, str, str, dict]:
+    """(model, engine, device, KV type, date, {test: tokens/s}) of one JSON or md file."""
+    if path.endswith(".md"):
+        return read_md(path, md_device)
     d = json.loads(Path(path).read_text())
     if isinstance(d, list):                              # llama-bench -o json
         if not d:
@@ -28,8 +50,13 @@ def read(path: str) -> tuple[str, str, str, str, str, dict]:
             {r["test"] + (f"@d{r['n_depth']}" if r.get("n_depth") else ""): r["avg_ts"] for r in d["results"]})
 
 
-def main(paths: list[str]) -> int:
-    rows = [read(p) for p in paths]
+def main(args: list[str]) -> int:
+    md_device = ""
+    if "--md-device" in args:
+        i = args.index("--md-device")
+        md_device = args[i + 1]
+        args = args[:i] + args[i + 2:]
+    rows = [read(p, md_device) for p in args]
     tests: list[str] = []
     for row in rows:
         tests += [t for t in row[5] if t not in tests]

@@ -38,7 +38,8 @@
 #   trace     the decode step under Nsight Systems (tools/profile_decode.py --trace, graph nodes
 #             traced one by one; tools/trace_report.py: each kernel's time and the gaps between
 #             them, depth TDEPTHS, default "512 4096"), then its first NCUK (default 14) kernels
-#             under Nsight Compute (stall reasons, occupancy; trace.json, trace-*.txt, ncu.txt)
+#             under Nsight Compute (stall reasons, occupancy; trace.json, trace-*.txt, ncu.txt).
+#             The lent H200 had ncu but no nsys on 2026-12-03: only the ncu part ran there
 #   decode14  issue 14's whole check in one call: llama.cpp's build started in the background,
 #             then (one kernel cache) genie-rt bench -p 18,33,512 -n 128 -d 0,4096 on the 4B
 #             (bench.json), the decode profile (profile.json), the prefix-reuse bench (prefix.txt),
