@@ -230,12 +230,17 @@ class EngineConfig:
     mapped_memory: bool = False         # CUDA: the arena in mapped host memory (an integrated GPU's placement)
     fuse_decode_norm: bool = False      # CUDA decode: the norm after a residual GEMV folded into
                                         # that GEMV's launch (cuda_ops.DecodeOps; same bits either way).
-                                        # Off: slower on the H200 (2026-12-03: step 3.70 ms vs 2.56 ms,
-                                        # docs/forward-pass.md); kept for the work that makes its tail fast
-                                        # (the staged tail of 2026-12-03 evening: not yet measured)
+                                        # Off: slower on the H200 (2026-12-03 night: step 3.25 ms vs
+                                        # 2.15 ms, docs/forward-pass.md), the staged tail too
     decode_pdl: bool = False            # lab: decode GEMVs by programmatic dependent launch (sm_90+,
-                                        # quant/pdl.py). WRONG logits when the decode graph is replayed
-                                        # (H200, 2026-12-03): no CLI flag; tools/pdl_probe.py narrows it
+                                        # quant/pdl.py; -6 % a step on the H200). Gave wrong logits in one
+                                        # replayed-graph test on 2026-12-03 afternoon, the plain bits in
+                                        # three runs since; unexplained, so no CLI flag and off
+    decode_attention_q8: bool = False   # lab: the decode attention launch also writes the q8 blocks of
+                                        # its output (kvcache/attention.py xq=, xs=; same bits as
+                                        # quantize_q8, checked in the simulator), one launch fewer a
+                                        # layer. Not yet run on a GPU (built 2026-12-03 after the last
+                                        # lease); tools/profile_decode.py times the step both ways
     overlap_load: bool = False          # CUDA, discrete GPU: read the weights on a thread while the
                                         # kernels load and the graphs are captured (cuda_weights.
                                         # BackgroundUpload; --overlap-load). H200, 2026-12-03: the
@@ -263,6 +268,8 @@ class EngineConfig:
             raise ValueError(f"overlap_load must be True or False, got {self.overlap_load!r}")
         if not isinstance(self.decode_pdl, bool):
             raise ValueError(f"decode_pdl must be True or False, got {self.decode_pdl!r}")
+        if not isinstance(self.decode_attention_q8, bool):
+            raise ValueError(f"decode_attention_q8 must be True or False, got {self.decode_attention_q8!r}")
         if self.gemv_mode not in ("dp4a", "f32"):
             raise ValueError(f"gemv_mode must be 'dp4a' or 'f32', got {self.gemv_mode!r}")
         if self.threads is not None and (not integer(self.threads) or self.threads < 1):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
+from .cuda_layout import Q8_SOURCES
 from .models.ops import AttnLayer
 
 ROPE_NAMES = {"neox": "neox", "norm": "normal"}     # ModelConfig.rope_style -> rope_write's name
@@ -125,6 +126,8 @@ class DecodeOps(_Ops):
         # programmatic dependent launch of the GEMVs (and the trigger in quantize_q8 before
         # two of them): asked for and the device has it (quant/pdl.py)
         self.pdl = bool(getattr(rt.ecfg, "decode_pdl", False)) and _pdl_available()
+        # attention writes its output's q8 blocks itself (EngineConfig.decode_attention_q8, lab)
+        self.attention_q8 = bool(getattr(rt.ecfg, "decode_attention_q8", False)) and rt.q8_inputs
 
     embed = _flushing(_Ops.embed)
     rope_write = _flushing(_Ops.rope_write)
@@ -233,11 +236,19 @@ class DecodeOps(_Ops):
 
     @_flushing
     def attention(self, q, a: AttnLayer, out) -> None:
+        """Decode attention; with attention_q8 (and GEMVs that read 8-bit input) its launch also
+        writes out's q8 blocks (the same bits as quantize_q8 on out), so the output projection
+        quantizes nothing."""
         from genie_rt.kvcache.attention import decode_attention
         self._reads_float(q)
+        xq = xs = None
+        if self.attention_q8 and self._name(out) in Q8_SOURCES:
+            xq, xs = self._q8_views(out)
         decode_attention(q, self.rt.kv_layers[a.index], self.rt.state, out, self.rt.dws, stream=self.stream,
-                         plan=self.rt.lay.decode_plans[a.index])
+                         plan=self.rt.lay.decode_plans[a.index], xq=xq, xs=xs)
         self._wrote(out)
+        if xq is not None:
+            self._q8_fresh.add(self._name(out))
 
     def head(self, x, norm_w, w, logits, softcap: float | None = None) -> None:
         h = self.s.h

@@ -37,7 +37,7 @@ from numba import cuda
 from genie_rt.engine.models.reference import attention as attention_reference
 from genie_rt.quant.ptx import SIMULATOR
 
-from .attention_decode_kernels import DECODE_SIGNATURE, MAX_SPLITS, decode_kernel
+from .attention_decode_kernels import DECODE_SIGNATURE, DECODE_SIGNATURE_Q8, MAX_SPLITS, decode_kernel
 from .device_pool import KVLayer
 
 _ALIGN = 256
@@ -134,9 +134,9 @@ class DecodePlan:
         lpr = self.head_dim // (16 if self.kv_dtype == "int8" else 8)
         return self.warps * (32 // lpr) * self.rows_per_thread
 
-    def kernel(self):
+    def kernel(self, q8: bool = False):
         return decode_kernel(self.head_dim, self.heads_per_block, self.kv_dtype, self.warps,
-                             self.rows_per_thread, self.window, self.scale)
+                             self.rows_per_thread, self.window, self.scale, q8)
 
     @property
     def workspace_bytes(self) -> int:
@@ -220,10 +220,11 @@ class DecodeWorkspace:
         self.tickets.copy_to_device(np.zeros(plan.n_kv * plan.n_sub, np.int32), stream=stream)
 
 
-def compile_decode(plan: DecodePlan) -> None:
-    """Compile the plan's kernel now (at load), not on the first token."""
+def compile_decode(plan: DecodePlan, q8: bool = False) -> None:
+    """Compile the plan's kernel now (at load), not on the first token; q8: the variant that
+    also writes out's q8 activations (decode_attention(..., xq=, xs=))."""
     if not SIMULATOR:
-        plan.kernel().compile(DECODE_SIGNATURE)
+        plan.kernel(q8).compile(DECODE_SIGNATURE_Q8 if q8 else DECODE_SIGNATURE)
 
 
 def _flat(a, n, what):
@@ -234,7 +235,7 @@ def _flat(a, n, what):
 
 
 def decode_attention(q, layer: KVLayer, state, out, ws: DecodeWorkspace, stream=0,
-                     plan: DecodePlan | None = None):
+                     plan: DecodePlan | None = None, xq=None, xs=None):
     """out = attention of the query at position state[0] over cache positions 0..state[0]
     (a windowed plan: max(0, state[0] - W + 1) .. state[0], read through a ring's slots).
 
@@ -245,6 +246,9 @@ def decode_attention(q, layer: KVLayer, state, out, ws: DecodeWorkspace, stream=
     out    float32 [n_head * hd] (or any shape of that size, C-contiguous)
     ws     DecodeWorkspace (of `plan`, or of a plan it fits: see DecodePlan.fits)
     plan   the layer's plan; None: ws.plan
+    xq, xs int8 [n_head * hd], float32 [n_head * hd / 8] (or any shapes of those sizes), or
+           both None: when given, out's q8 activations are written too (quant/gemv.py's
+           quantize_q8 layout and bits), by the same launch
     No allocation, no synchronization."""
     p = ws.plan if plan is None else plan
     if plan is not None and not plan.fits(ws.plan):
@@ -266,9 +270,22 @@ def decode_attention(q, layer: KVLayer, state, out, ws: DecodeWorkspace, stream=
     if state.dtype != np.int32 or state.ndim != 1:
         raise ValueError("decode_attention: state must be a 1-d int32 device array")
     n = p.n_head * p.head_dim
-    p.kernel()[(p.n_splits, p.n_kv, p.n_sub), 32 * p.warps, stream](
-        _flat(q, n, "q"), layer.k_words, layer.v_words, layer.k_scale, layer.v_scale, state,
-        _flat(out, n, "out"), ws.part_o, ws.part_ml, ws.tickets)
+    if (xq is None) != (xs is None):
+        raise ValueError("decode_attention: pass both xq and xs (out's q8 activations), or neither")
+    args = (_flat(q, n, "q"), layer.k_words, layer.v_words, layer.k_scale, layer.v_scale, state,
+            _flat(out, n, "out"), ws.part_o, ws.part_ml, ws.tickets)
+    grid = (p.n_splits, p.n_kv, p.n_sub)
+    if xq is None:
+        p.kernel()[grid, 32 * p.warps, stream](*args)
+        return
+    if (p.heads_per_block * p.head_dim) % 32:
+        raise ValueError(f"decode_attention: q8 output needs heads_per_block * head_dim "
+                         f"({p.heads_per_block} * {p.head_dim}) to be a multiple of 32")
+    if xq.dtype != np.int8 or xq.size != n:
+        raise ValueError(f"decode_attention: xq must be int8 with {n} elements, got {xq.dtype} "
+                         f"{tuple(xq.shape)}")
+    p.kernel(True)[grid, 32 * p.warps, stream](
+        *args, xq if xq.ndim == 1 else xq.reshape(n), _flat(xs, n // 8, "xs"))
 
 
 if __name__ == "__main__":       # python -m genie_rt.kvcache.attention [--json PATH] [--quick]

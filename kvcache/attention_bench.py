@@ -114,12 +114,12 @@ def _bench_shape(shape, kv_dtype, H, KV, HD, n_ctx, W, R, ctxs, cases, n_max, sm
                                  window=W),
                      plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, warps=8,
                                  rows_per_thread=2, window=W)]
-        for gh in (1, 2):                                 # fewer heads a block: shorter chains
-            if gh < base.heads_per_block and (H // KV) % gh == 0:
+        for gh in (1, 2, 4):                              # heads a block: chains vs re-reads
+            if gh != base.heads_per_block and (H // KV) % gh == 0 and gh * (16 if kv_dtype == "int8" else 8) <= 64:
                 variants += [plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, window=W,
-                                         heads_per_block=gh),
-                             plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, window=W,
-                                         heads_per_block=gh, rows_per_thread=2)]
+                                         heads_per_block=gh)]
+        variants += [plan_decode(H, KV, HD, kv_dtype, n_ctx, n_splits=ns, window=W,
+                                 heads_per_block=1) for ns in (16, 33)]   # one head, more splits
     where = f"{shape} ({H} / {KV} heads, hd {HD}{f', window {W}, ring {R}' if W else ''})"
     print(f"\ndecode attention, {where}, {kv_dtype} cache, pool {n_ctx} positions")
     for plan in variants:
@@ -149,6 +149,30 @@ def _bench_shape(shape, kv_dtype, H, KV, HD, n_ctx, W, R, ctxs, cases, n_max, sm
                                 rows_per_thread=plan.rows_per_thread,
                                 heads_per_block=plan.heads_per_block, us=us, gb_s=gbs,
                                 frac_hbm=gbs / HBM_TBS / 1e3))
+
+    if not quick:                   # the engine's decode: out's q8 by the attention launch
+        from genie_rt.quant import gemv
+        n = H * HD
+        xq, xs = cuda.device_array((1, n), np.int8), cuda.device_array((1, n // 8), np.float32)
+        compile_decode(base, q8=True)
+        ws = DecodeWorkspace(base, stream=stream)
+        out2 = out.reshape(1, n)
+        for ctx in ctxs:
+            pool, kd, vd = pool_for(ctx)
+            layer = pool.layer(0)
+            state.copy_to_device(np.array([ctx - 1], np.int32), stream=stream)
+
+            def two(s):
+                decode_attention(qd, layer, state, out, ws, s)
+                gemv.quantize_q8(out2, xq, xs, stream=s)
+
+            def one(s):
+                decode_attention(qd, layer, state, out, ws, s, xq=xq, xs=xs)
+            t2, t1 = _TIMER(two, stream), _TIMER(one, stream)
+            print(f"  {kv_dtype} default plan ctx {ctx:6d}: attention + quantize_q8 {t2:7.2f} us, "
+                  f"attention writing q8 {t1:7.2f} us")
+            results.append(dict(kernel="decode+q8", shape=shape, kv_dtype=kv_dtype, ctx=ctx,
+                                heads_per_block=base.heads_per_block, us_two=t2, us_fused=t1))
 
     print(f"\nprefill attention, {where}, {kv_dtype} cache")
     plan = P.plan_prefill(H, KV, HD, kv_dtype, n_max=n_max, max_splits=8, window=W)

@@ -39,10 +39,11 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, uint32
+from numba import cuda, float32, int8, int32, uint32
 
 from genie_rt.engine import kernel_cache
 from genie_rt.quant import ptx
+from genie_rt.quant.norm_q8_device import q8_of_warp   # quantize_q8_kernel's own
 from genie_rt.quant.ptx import SIMULATOR
 
 FULL = 0xFFFFFFFF
@@ -76,14 +77,40 @@ else:
         return libdevice.int_as_float(bits) - MAGIC_I8
 
 
+if SIMULATOR:
+    _dev = cuda.jit(device=True)
+else:
+    _dev = cuda.jit(device=True, forceinline=True)
+
+
+@_dev
+def _q8_put(v, col, xq, xs):
+    """The q8 of out[col] = v, the whole warp together (32 consecutive columns, col % 32 ==
+    lane): quant/gemv.py's quantize_q8_kernel's operations, so the same bits as that launch."""
+    qv, d, t, t_hi = q8_of_warp(v)
+    xq[col] = int8(qv)
+    if (col & 31) == 0:
+        b = (col >> 5) * 4
+        xs[b] = d
+        xs[b + 1] = d * float32(t)
+        xs[b + 2] = d * float32(t_hi)
+        xs[b + 3] = d * float32(t + t_hi)
+
+
 @functools.lru_cache(maxsize=None)
 def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int = 4,
-                  rows_per_thread: int = 4, window: int = 0, scale: float | None = None):
+                  rows_per_thread: int = 4, window: int = 0, scale: float | None = None,
+                  q8: bool = False):
     """The decode kernel specialised on its compile-time constants (one per model shape
     and layer kind). window 0: keys 0 .. pos, slot = position; window W > 0: keys
     max(0, pos - W + 1) .. pos, slot = position % R (R = the layer's slots; a ring when
-    R < n_ctx). scale: the attention scale (None: 1 / sqrt(head_dim))."""
+    R < n_ctx). scale: the attention scale (None: 1 / sqrt(head_dim)). q8: the kernel also
+    writes the q8 activations of out (xq int8 [n_head * hd], xs float32 [n_head * hd / 8],
+    two more arguments: DECODE_SIGNATURE_Q8) for the dp4a GEMV of the output projection,
+    the same bits as quantize_q8 on out - one launch fewer a layer."""
     HD, GH, NW, RPT = head_dim, heads_per_block, warps, rows_per_thread
+    Q8 = bool(q8)
+    assert not Q8 or (GH * HD) % 32 == 0, "q8 output needs whole 32-value blocks per block"
     WIN = int(window)
     I8 = kv_dtype == "int8"
     VEC = 16 if I8 else 8            # values per 16-byte load
@@ -100,8 +127,8 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     NKW = RPT * 4                    # K (and V) words held per thread per tile
     QSCALE = float32(LOG2E / math.sqrt(HD) if scale is None else LOG2E * float(scale))
 
-    @cuda.jit
-    def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets):
+    @_dev
+    def body(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets, xq, xs):
         # q        f32 [n_head * HD]          query of the current token (normed, roped)
         # k_words  u32 [R * n_kv * WPR]       this layer's K cache (R slots) as 32-bit words
         # v_words  u32 [R * n_kv * WPR]
@@ -112,6 +139,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
         # part_o   f32 [n_splits, n_head*HD]  per-split unnormalised accumulators
         # part_ml  f32 [n_splits, 2*n_head]   per-split (max, sum) in the log2 domain
         # tickets  i32 [n_kv * n_sub]         zero between launches
+        # xq, xs   i8 [n_head * HD], f32 [n_head * HD / 8]: q8 of out (Q8 only; else unused)
         split = cuda.blockIdx.x
         n_splits = cuda.gridDim.x
         kvh = cuda.blockIdx.y
@@ -288,8 +316,11 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
             for w in range(NW):
                 v += s_red[w, idx]
             h = idx // HD
-            if n_active == 1:
-                out[head0 * HD + idx] = v / s_l[h]
+            if n_active == 1:                    # block-uniform; NRED, NT multiples of 32
+                o = v / s_l[h]
+                out[head0 * HD + idx] = o
+                if Q8:
+                    _q8_put(o, head0 * HD + idx, xq, xs)
             else:
                 part_o[split, head0 * HD + idx] = v
         if n_active == 1:
@@ -341,9 +372,25 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
             while s < n_active:
                 a0 += s_w[h, s] * part_o[s, col]
                 s += 1
-            out[col] = (a0 + a1 + a2 + a3) / s_alpha[h]
+            o = (a0 + a1 + a2 + a3) / s_alpha[h]
+            out[col] = o
+            if Q8:
+                _q8_put(o, col, xq, xs)
         if tid == 0:
             tickets[kvh * n_sub + sub] = 0       # ready for the next launch (graph replay)
+
+    if Q8:
+        @cuda.jit
+        def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets,
+                   xq, xs):
+            body(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets,
+                 xq, xs)
+    else:
+        @cuda.jit
+        def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets):
+            # xq, xs are never touched without Q8: any arrays of the right kinds stand in
+            body(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets,
+                 tickets, out)
 
     kernel.tile = TILE
     return kernel_cache.attach(kernel)
@@ -352,3 +399,4 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
 DECODE_SIGNATURE = ("void(float32[::1], uint32[::1], uint32[::1], float32[:, ::1], "
                     "float32[:, ::1], int32[::1], float32[::1], float32[:, ::1], "
                     "float32[:, ::1], int32[::1])")
+DECODE_SIGNATURE_Q8 = DECODE_SIGNATURE[:-1] + ", int8[::1], float32[::1])"

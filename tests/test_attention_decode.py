@@ -61,6 +61,40 @@ def test_decode_head_dim_32_and_group_4():
     run_decode(pool, kd, vd, 4, 31, n_splits=2, warps=1, rows_per_thread=2)
 
 
+@pytest.mark.parametrize("kv_dtype,pos,n_splits,gh", [
+    ("int8", 40, 1, 2),          # one split: the block writes out (and its q8) itself
+    ("int8", 63, 4, 1),          # the merge block writes them
+    ("f16", 30, 3, 2),
+    ("f16", 29, 2, 1)])
+def test_decode_q8_output_is_quantize_q8_of_out(kv_dtype, pos, n_splits, gh):
+    # xq / xs written by the attention launch: bit for bit what quantize_q8 makes of out,
+    # and out itself the same bits as without them
+    from genie_rt.quant import gemv
+    pool, kd, vd = make_pool(2, 64, 64, kv_dtype, 64, seed=pos)
+    plan = plan_decode(4, 2, 64, kv_dtype, 64, n_splits=n_splits, warps=1, rows_per_thread=1,
+                       heads_per_block=gh)
+    ws = DecodeWorkspace(plan)
+    q = cuda.to_device(np.random.default_rng(pos).standard_normal((4, 64)).astype(np.float32))
+    state = cuda.to_device(np.array([pos], np.int32))
+    out, out2 = (cuda.device_array(4 * 64, np.float32) for _ in range(2))
+    xq = cuda.to_device(np.full(4 * 64, 99, np.int8))
+    xs = cuda.to_device(np.full(4 * 64 // 8, np.nan, np.float32))
+    decode_attention(q, pool.layer(0), state, out, ws, xq=xq, xs=xs)
+    decode_attention(q, pool.layer(0), state, out2, ws)
+    rq, rs = cuda.device_array((1, 4 * 64), np.int8), cuda.device_array((1, 4 * 64 // 8), np.float32)
+    gemv.quantize_q8(out2.reshape(1, 4 * 64), rq, rs)
+    assert np.array_equal(out.copy_to_host().view(np.int32), out2.copy_to_host().view(np.int32))
+    assert np.array_equal(xq.copy_to_host(), rq.copy_to_host()[0])
+    assert np.array_equal(xs.copy_to_host().view(np.int32), rs.copy_to_host()[0].view(np.int32))
+    assert not ws.tickets.copy_to_host().any()
+    ref = decode_reference(q.copy_to_host(), kd[0], vd[0], pos)
+    assert_close(out.copy_to_host(), ref, 2e-5 * np.abs(vd[0]).max(), 1e-5, "out")
+    with pytest.raises(ValueError, match="both xq and xs"):
+        decode_attention(q, pool.layer(0), state, out, ws, xq=xq)
+    with pytest.raises(ValueError, match="xq must be int8"):
+        decode_attention(q, pool.layer(0), state, out, ws, xq=xs, xs=xs)
+
+
 def test_decode_graph_style_replay_reuses_workspace():
     # the same workspace and launch at growing positions (what a replayed graph does)
     pool, kd, vd = make_pool(2, 64, 64, "int8", 64, seed=5)

@@ -38,6 +38,35 @@ def test_gpu_decode_qwen3_4b(pool_4b, pos):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pos", [0, 100, 4095])
+def test_gpu_decode_q8_output_is_quantize_q8_of_out(pool_4b, pos):
+    """The engine's decode (q8 of out written by the attention launch, one split and the
+    merge) against the plain launch + quantize_q8: the same bits, compiled for the GPU."""
+    from genie_rt.kvcache.attention import compile_decode
+    from genie_rt.quant import gemv
+    pool, kd, vd = pool_4b
+    n = 32 * 128
+    for n_splits in (1, None):
+        plan = plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx, n_splits=n_splits)
+        compile_decode(plan, q8=True)
+        ws = DecodeWorkspace(plan)
+        q = cuda.to_device(np.random.default_rng(pos).standard_normal(n).astype(np.float32))
+        state = cuda.to_device(np.array([pos], np.int32))
+        out, out2 = cuda.device_array(n, np.float32), cuda.device_array((1, n), np.float32)
+        xq, xs = cuda.device_array(n, np.int8), cuda.device_array(n // 8, np.float32)
+        rq, rs = cuda.device_array((1, n), np.int8), cuda.device_array((1, n // 8), np.float32)
+        decode_attention(q, pool.layer(0), state, out, ws, xq=xq, xs=xs)
+        decode_attention(q, pool.layer(0), state, out2, ws)
+        gemv.quantize_q8(out2, rq, rs)
+        cuda.synchronize()
+        where = f"pos {pos} splits {plan.n_splits}"
+        assert np.array_equal(out.copy_to_host().view(np.int32), out2.copy_to_host()[0].view(np.int32)), where
+        assert np.array_equal(xq.copy_to_host(), rq.copy_to_host()[0]), where
+        assert np.array_equal(xs.copy_to_host().view(np.int32), rs.copy_to_host()[0].view(np.int32)), where
+        assert len(plan.kernel(True).overloads) == 1, "a launch recompiled: signature mismatch"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("n,start", [(33, 0), (33, 1000), (33, 4000), (512, 0), (512, 3000)])
 def test_gpu_prefill_qwen3_4b(pool_4b, n, start):
     from genie_rt.kvcache.attention_prefill import compile_prefill

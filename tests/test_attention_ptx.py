@@ -16,6 +16,7 @@ from genie_rt.kvcache.attention_prefill_kernels import prefill_kernel, prefill_m
 from genie_rt.kvcache.attention_merge import merge_prepare_x_kernel
 decode_int8 = decode_kernel(128, 4, "int8")
 decode_f16 = decode_kernel(128, 8, "f16")
+decode_q8_int8 = decode_kernel(128, 2, "int8", q8=True)   # the engine's Qwen3-4B decode (2 heads a block, q8 out)
 prefill_int8 = prefill_kernel(128, 4, "int8")
 prefill_f16 = prefill_kernel(128, 4, "f16")
 # Gemma 3 270M (4 / 1 heads, head_dim 256, window 512) and SmolLM2 (9 / 3 heads, hd 64)
@@ -28,16 +29,16 @@ prefill_smol_int8 = prefill_kernel(64, 3, "int8")
 """
 # the quick suite compiles Qwen3's kernels and one of each new kind (window + hd 256 +
 # one KV head, group 3); the f16 twins and SmolLM2's decode (~10 s more) are `slow`
-_QUICK = ("decode_int8", "decode_f16", "decode_gemma_int8", "prefill_int8", "prefill_f16",
+_QUICK = ("decode_int8", "decode_f16", "decode_q8_int8", "decode_gemma_int8", "prefill_int8", "prefill_f16",
           "prefill_gemma_int8", "prefill_smol_int8")
 _MORE = ("decode_gemma_f16", "decode_smol_int8", "prefill_gemma_f16")
 
 
 def _compile_ptx(names, merge):
-    from genie_rt.kvcache.attention_decode_kernels import DECODE_SIGNATURE
+    from genie_rt.kvcache.attention_decode_kernels import DECODE_SIGNATURE, DECODE_SIGNATURE_Q8
     from genie_rt.kvcache.attention_prefill_kernels import MERGE_SIGNATURE, PREFILL_SIGNATURE
-    kernels = {name: DECODE_SIGNATURE if name.startswith("decode") else PREFILL_SIGNATURE
-               for name in names}
+    kernels = {name: (DECODE_SIGNATURE_Q8 if "_q8" in name else DECODE_SIGNATURE)
+               if name.startswith("decode") else PREFILL_SIGNATURE for name in names}
     if merge:
         from genie_rt.kvcache.attention_merge import MERGE_PREPARE_SIGNATURE
         kernels["prefill_merge"] = MERGE_SIGNATURE
@@ -62,6 +63,8 @@ def _check_ptx(ptx_text):
             if name.startswith("decode"):
                 assert_ptx_contains(text, "ld.global.nc.v4.u32", "atom.global.add", "membar.gl",
                                     where=where)
+                if "_q8" in name:                       # out's q8 blocks: int8 stores, amax shuffles
+                    assert_ptx_contains(text, "st.global.u8", "shfl.sync.bfly.b32", where=where)
             elif name == "merge_prepare_x_kernel":     # the merge's exp2 and prepare_x's fp16 pairs
                 assert_ptx_contains(text, "ex2.approx", "cvt.rn.f16x2.f32", where=where)
             elif name.startswith("prefill_") and name != "prefill_merge":

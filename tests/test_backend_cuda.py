@@ -342,6 +342,48 @@ def test_simulated_decode_folds_each_norm_into_its_residual_gemv(tmp_path, monke
     np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: test_gpu_decode_attention_q8_same_bits)")
+def test_simulated_decode_attention_writes_its_q8(tmp_path, monkeypatch):
+    """EngineConfig.decode_attention_q8: the attention launch writes its output's q8 blocks, so
+    the decode step quantizes only the FFN's hidden state (one quantize_q8 a layer instead of
+    two), and the logits are the same bits as with the separate launch."""
+    import dataclasses
+
+    from genie_rt.quant import gemv
+    path = tmp_path / "tiny2.gguf"
+    write_synthetic_qwen3(path, dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
+                                     vocab=300, text_tokens=274), seed=1, exact=True)
+    gpu, _, cfg = make_backends(path, "int8", n_ctx=64, chunk=16, warm=False)
+    calls = []
+    real = gemv.quantize_q8
+    monkeypatch.setattr(gemv, "quantize_q8", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    got = {}
+    for on in (True, False):
+        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_attention_q8=on)
+        calls.clear()
+        got[on] = gpu.decode(77, 5)                  # the same token at the same position
+        assert len(calls) == (1 if on else 2) * cfg.n_layers, f"attention_q8={on}: {len(calls)} quantize_q8"
+    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
+
+
+@pytest.mark.gpu
+def test_gpu_decode_attention_q8_same_bits(tmp_path, prompts):
+    """The same on the GPU, through the captured decode graph: greedy tokens and logits bits
+    with and without EngineConfig.decode_attention_q8."""
+    import dataclasses
+    path = tmp_path / "tiny2.gguf"
+    write_synthetic_qwen3(path, dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
+                                     vocab=300, text_tokens=274), seed=1, exact=True)
+    gpu, _, _ = make_backends(path, "int8", n_ctx=64, chunk=16)
+    got = {}
+    for on in (False, True):
+        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_attention_q8=on)
+        gpu._graphs.clear()                          # record the decode graph anew
+        got[on] = gpu.decode(77, 5)
+    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
+
+
 REPLAYS = 25
 
 

@@ -15,7 +15,8 @@ values are garbage in the ablated graphs; the timing of the remaining kernels do
 depend on them. Each time is the median of several replays, measured with CUDA events.
 The step is also timed with every setting of EngineConfig.fuse_decode_norm (the norm
 after each residual GEMV folded into that GEMV's launch, or launched on its own) and, on an
-sm_90+ device, of EngineConfig.decode_pdl (programmatic dependent launch, quant/pdl.py);
+sm_90+ device, of EngineConfig.decode_pdl (programmatic dependent launch, quant/pdl.py), and
+with EngineConfig.decode_attention_q8 flipped (the attention launch writing its output's q8);
 the families are then taken apart for the configured one. With the fusion on, removing
 `gemv` removes those norms too.
 """
@@ -119,9 +120,14 @@ def main(argv=None) -> int:
         for d in ((False, True) if pdl.available() else (False,)):
             be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=f, decode_pdl=d)   # read by each recording
             settings[(f, d)] = time_step(be)
-    be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=fused, decode_pdl=use_pdl)
+    be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=fused, decode_pdl=use_pdl,
+                                  decode_attention_q8=not be.ecfg.decode_attention_q8)
+    settings[("attention_q8", be.ecfg.decode_attention_q8)] = time_step(be)   # the lab switch flipped
+    be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=fused, decode_pdl=use_pdl,
+                                  decode_attention_q8=not be.ecfg.decode_attention_q8)
     rows = [("whole step", full, 100.0)]
-    rows += [(f"whole step, fuse_decode_norm={f}, decode_pdl={d}", ms, 100 * ms / full)
+    rows += [(f"whole step, decode_attention_q8={d}" if f == "attention_q8"
+              else f"whole step, fuse_decode_norm={f}, decode_pdl={d}", ms, 100 * ms / full)
              for (f, d), ms in settings.items()]
     n_settings = len(settings)
     for module, name in FAMILIES:
