@@ -44,7 +44,8 @@
 #             then (one kernel cache) genie-rt bench -p 18,33,512 -n 128 -d 0,4096 on the 4B
 #             (bench.json), the decode profile (profile.json), the prefix-reuse bench (prefix.txt),
 #             the back-end's GPU tests (CPU parity, greedy text, real shapes, PDL bits; tests.txt),
-#             then llama-bench on the same file (llama-bench.md) if it built in time
+#             then llama-bench on the same file (llama-bench.md) if it built in time, then the
+#             attention microbenchmark (attention.json: heads per block, the q8-output launch)
 #   pdlprobe  tools/pdl_probe.py: a chain of dependent GEMVs, plain or PDL build x launch path x
 #             stream or graph replay (the PDL decode graph gave wrong logits on 2026-12-03)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
@@ -271,7 +272,9 @@ for s in "$@"; do
         timeout 150 $LB -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 -ngl 99 -o md 2>/dev/null | tee "$OUT/llama-bench.md"
       else
         echo "llama.cpp build not ready:"; tail -3 /tmp/lcpp-cuda/build.log
-      fi ;;
+      fi
+      timeout ${AMT:-150} $PY -m genie_rt.kvcache.attention --json "$OUT/attention.json" 2>&1 \
+        | grep -E "default plan ctx|FAILED|measurements" | head -20 ;;
     pdlprobe)
       stage pdlprobe
       # programmatic dependent launch: which of build / launch path / stream-vs-graph goes wrong

@@ -15,9 +15,11 @@ The model (per token of decode; per prompt of N tokens for prefill):
     e_gemv   fraction of it the GEMVs reach: 0.34 (low: the whole decode step's GEMVs on the
              H200, 37 % of the 4.37 TB/s measured there, which is 91 % of its datasheet) to 0.64
              (high: the output projection's 70 % there) - docs/kernels/gemv.md, 2026-12-01
-    t_small  the rest of a step per layer (norms, RoPE, attention at short depth, q8): 35.8 us
-             on the H200 (2.81 ms step - 1.52 ms of GEMVs, 36 layers; docs/forward-pass.md,
-             2026-11-29), latency-bound, so scaled by the clock ratio 1.98 / 1.02 GHz (Super)
+    t_small  the rest of a step per layer (norms, RoPE, attention at short depth, q8), read
+             from the H200's decode profile (PROFILE: tools/profile_decode.py's JSON, depth 512):
+             the whole step minus what removing the GEMV families saves, over 36 layers - 23.1 us
+             on 2026-12-03 night (2.154 ms - 1.322 ms; 35.8 us on 2026-11-29), latency-bound, so
+             scaled by the clock ratio 1.98 / 1.02 GHz (Super)
     TC       fp16 tensor-core peak: 32 tensor cores x 256 FMA/clock x 2 x 1.02 GHz = 16.7 TFLOP/s
              (Super; 0.625 GHz classic: 10.2)
     e_mma    0.07-0.32 of that peak: low, what a layer's seven GEMMs reach at N = 33 on the H200
@@ -35,6 +37,8 @@ training context (Gemma's sliding-window layers keep rings, so its KV is smaller
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -53,7 +57,17 @@ MODELS = {
 BOARDS = {"super": dict(bw=102e9, clock=1.02e9, name="Orin Nano 8 GB Super (MAXN_SUPER)"),
           "classic": dict(bw=68e9, clock=0.625e9, name="Orin Nano 8 GB (15 W)")}
 H200_CLOCK = 1.98e9
-T_SMALL_H200 = 35.8e-6
+PROFILE = Path(__file__).resolve().parent.parent / "docs/bench/profile-decode-h200-2026-12-03c.json"
+GEMV_FAMILIES = ("gemv.gemv_qkv", "gemv.gemv", "gemv.gemv_swiglu")
+
+
+def t_small_h200(path: Path = PROFILE, layers: int = 36) -> float:
+    """Seconds a layer of the H200's decode step spends outside the GEMVs (see t_small above)."""
+    rows = {r["family"]: r["ms"] for r in json.loads(path.read_text())}
+    return (rows["whole step"] - sum(rows[f] for f in GEMV_FAMILIES)) / layers / 1e3
+
+
+T_SMALL_H200 = t_small_h200()
 E_GEMV = (0.34, 0.64)
 E_MMA = (0.07, 0.32)
 OVERHEAD, RESERVE = 512 * MiB, 1536 * MiB
