@@ -45,7 +45,8 @@
 #             (bench.json), the decode profile (profile.json), the prefix-reuse bench (prefix.txt),
 #             the back-end's GPU tests (CPU parity, greedy text, real shapes, PDL bits; tests.txt),
 #             then llama-bench on the same file (llama-bench.md) if it built in time, then the
-#             attention microbenchmark (attention.json: heads per block, the q8-output launch)
+#             attention microbenchmark (attention.json: heads per block, the q8-output launch) and
+#             the int8 tensor-core GEMV for 1-8 tokens against the dp4a GEMV (gemv-mma.json)
 #   pdlprobe  tools/pdl_probe.py: a chain of dependent GEMVs, plain or PDL build x launch path x
 #             stream or graph replay (the PDL decode graph gave wrong logits on 2026-12-03)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
@@ -274,7 +275,8 @@ for s in "$@"; do
         echo "llama.cpp build not ready:"; tail -3 /tmp/lcpp-cuda/build.log
       fi
       timeout ${AMT:-150} $PY -m genie_rt.kvcache.attention --json "$OUT/attention.json" 2>&1 \
-        | grep -E "default plan ctx|FAILED|measurements" | head -20 ;;
+        | grep -E "default plan ctx|FAILED|measurements" | head -20
+      timeout ${GMT:-150} $PY -m genie_rt.quant.gemv_mma --json "$OUT/gemv-mma.json" 2>&1 | grep -v "^INFO numba" | tail -20 ;;
     pdlprobe)
       stage pdlprobe
       # programmatic dependent launch: which of build / launch path / stream-vs-graph goes wrong
