@@ -225,16 +225,14 @@ def _make_rmsnorm_q8_resident(write_h: bool, J: int):
             vals[j] = x[r, i] if i < d else float32(0)
         mine = tid + jb * bdim                   # the value this thread quantizes
         wv = w[mine] if mine < d else float32(0)
+        xv = x[r, mine] if mine < d else float32(0)    # = vals[jb], read again (an L1 hit):
+        # picking vals[jb] out of the registers by a run-time jb put vals in local memory
         ss = float32(0)
         for j in range(J):
             if tid + j * bdim < d:
                 ss += vals[j] * vals[j]
         ss = _block_sum(ss, sh)
         s = math.sqrt(ss / float32(d) + eps)
-        xv = vals[0]
-        for j in range(1, J):                    # vals[jb] without a dynamic register index
-            if j == jb:
-                xv = vals[j]
         if mine < d:                             # warp-uniform: d and bdim are multiples of 32
             v = float32(xv / s * wv)
             if write_h:
@@ -374,6 +372,11 @@ def add_rmsnorm(x, delta, w, out, eps: float, stream=0, block: int | None = None
     _add_rmsnorm_kernel[n, block or norm_block(d), stream](x, delta, w, out, np.float32(eps))
 
 
+def _address(a) -> int:
+    cai = getattr(a, "__cuda_array_interface__", None)      # the simulator's arrays have none
+    return int(cai["data"][0]) if cai is not None else int(a.ctypes.data)
+
+
 def rmsnorm_q8(x, w, xq, xs, eps: float, stream=0, out=None, block: int | None = None) -> None:
     """q8 activations of h = rmsnorm(x) * w in one launch: xq int8 [n, d], xs float32
     [n, d // 8] (quant/gemv.py's quantize_q8 layout, bit-identical to rmsnorm followed by
@@ -393,6 +396,9 @@ def rmsnorm_q8(x, w, xq, xs, eps: float, stream=0, out=None, block: int | None =
         raise ValueError(f"rmsnorm_q8: block = {bdim} must be a multiple of 32 in 32..1024")
     if n == 0:
         return
+    if out is not None and _address(out) == _address(x):
+        raise ValueError("rmsnorm_q8: out must not be x (the row's blocks read x while others "
+                         "write h)")
     kern = _rmsnorm_q8_for(out is not None, d, bdim)
     j = -(-d // bdim)
     grid = (n, j) if j <= RESIDENT_MAX else n          # the resident kernel: J blocks a row

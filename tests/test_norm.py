@@ -253,6 +253,8 @@ def test_rmsnorm_q8_refuses_bad_arguments():
         norm.rmsnorm_q8(x, w, xq, xs, EPS, block=48)
     with pytest.raises(TypeError, match="device array"):
         norm.rmsnorm_q8(x, w, np.zeros((2, 64), np.int8), xs, EPS)
+    with pytest.raises(ValueError, match="out must not be x"):      # J blocks of a row: a race
+        norm.rmsnorm_q8(x, w, xq, xs, EPS, out=x)
 
 
 def test_block_size_choice():
@@ -422,6 +424,15 @@ def test_kernels_compile_without_f64(ptx):
             assert_no_f64(text, where=f"{name}[{j}] sm_{cc[0]}{cc[1]}")
     assert "cvt.rn.f16.f32" in ptx[("_rmsnorm_kernel", 1)][(9, 0)]
     assert "sqrt.rn.f32" in ptx[("_rmsnorm_kernel", 0)][(9, 0)]
+
+
+def test_decode_norms_keep_their_values_in_registers(ptx):
+    # the resident kernels' point: a value picked by a run-time index (the block's jb) once put
+    # the array in local memory (2026-12-03 review), a round trip in a latency-bound kernel
+    from ptx_helpers import local_memory_bytes
+    for name in ("_rmsnorm_q8_r4_kernel", "_rmsnorm_q8_h_r4_kernel"):
+        for cc, text in ptx[(name, 0)].items():
+            assert local_memory_bytes(text) == 0, f"{name} sm_{cc[0]}{cc[1]}: local memory used"
 
 
 # quantize_q8's rounding as NVVM emits it: v * inv + RINT contracted into one fma (one

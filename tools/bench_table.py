@@ -54,6 +54,8 @@ def main(args: list[str]) -> int:
     md_device = ""
     if "--md-device" in args:
         i = args.index("--md-device")
+        if i + 1 >= len(args):
+            raise SystemExit("bench_table: --md-device needs a name (e.g. \"NVIDIA H200\")")
         md_device = args[i + 1]
         args = args[:i] + args[i + 2:]
     rows = [read(p, md_device) for p in args]

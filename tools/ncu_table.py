@@ -40,11 +40,14 @@ def parse(text: str) -> list[dict]:
             continue
         for label, key in _METRICS.items():
             if line.strip().startswith(label + " ") and key not in rows[-1]:
-                value = line.split()[-1].replace(",", "")
+                parts = line.split()
                 try:
-                    rows[-1][key] = float(value)
+                    value = float(parts[-1].replace(",", ""))
                 except ValueError:
-                    pass
+                    continue
+                if key == "us":                       # ncu picks the unit: ns, us, ms
+                    value *= {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}.get(parts[-2], 1.0)
+                rows[-1][key] = value
     for r in rows:
         blocks = r["grid"][0] * r["grid"][1] * r["grid"][2]
         if "sm_active_cycles" in r and "sms" in r:

@@ -34,8 +34,8 @@ def family(name: str) -> str:
     """A readable family from a numba kernel's (mangled or demangled) name."""
     n = name
     m = re.findall(r"(?:genie_rt[:._]+)?([a-z_]+)(?:[:._]+|::)(?:<locals>[:._]+)?([A-Za-z_][A-Za-z0-9_]*)", n)
-    for pat in ("rmsnorm_q8", "rope_write", "decode_kernel", "qkv", "swiglu", "gemv_norm", "gemv",
-                "quantize_q8", "embed", "sample_greedy", "advance_state", "greedy", "argmax"):
+    for pat in ("rmsnorm_q8", "rope_write", "decode_kernel", "quantize_q8", "qkv", "swiglu", "gemv_norm",
+                "gemv", "embed", "sample_greedy", "advance_state", "greedy", "argmax"):
         if pat in n:
             return pat
     return m[-1][1] if m else n[:60]
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     ap.add_argument("--first", type=int, default=24, help="list the first N kernels of the median step")
     args = ap.parse_args(argv)
     steps = steps_of(load(args.csv), args.split)
-    n_k = statistics.median(len(s) for s in steps)
+    n_k = statistics.median_low(len(s) for s in steps)
     steps = [s for s in steps if len(s) == n_k]          # whole steps only
     if not steps:
         print("no steps found", file=sys.stderr)
