@@ -43,7 +43,8 @@
 #   decode14  issue 14's whole check in one call: llama.cpp's build started in the background,
 #             then (one kernel cache) genie-rt bench -p 18,33,512 -n 128 -d 0,4096 on the 4B
 #             (bench.json), the decode profile (profile.json), the prefix-reuse bench (prefix.txt),
-#             the back-end's GPU tests (CPU parity, greedy text, real shapes, PDL bits; tests.txt),
+#             the GPU tests of the back-end (CPU parity, greedy text, real shapes, PDL bits), attention,
+#             norms and rope_write (tests.txt),
 #             then llama-bench on the same file (llama-bench.md) if it built in time, then the
 #             attention microbenchmark (attention.json: heads per block, the q8-output launch) and
 #             the int8 tensor-core GEMV for 1-8 tokens against the dp4a GEMV (gemv-mma.json)
@@ -260,12 +261,12 @@ for s in "$@"; do
       "$0" lcpp > /dev/null
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       timeout ${BT:-300} $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 \
-        --kv int8 --ctx 8192 --json > "$OUT/bench.json" 2> "$OUT/bench.log"; tail -4 "$OUT/bench.log"
+        --kv int8 --ctx 8192 --json > "$OUT/bench.json" 2> /tmp/bench.log; tail -4 /tmp/bench.log   # $OUT: at most 8 files come back
       $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print(r['test'] + '@d' + str(r['n_depth']), round(r['avg_ts'],1), '+-', round(r['stddev_ts'],1)) for r in d['results']]" "$OUT/bench.json"
       timeout ${PRT:-150} $PY tools/profile_decode.py -m $MODEL4B --json "$OUT/profile.json" 2>&1 | grep -v "^INFO numba" | head -20
       timeout ${PXT:-120} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" | tee "$OUT/prefix.txt" | tail -6
       timeout ${TT:-200} $PY -m pytest -q -m gpu -n ${NW:-4} -p no:cacheprovider -rfEs \
-        ${GTESTS:-tests/test_attention_gpu.py tests/test_backend_cuda.py} > "$OUT/tests.txt" 2>&1
+        ${GTESTS:-tests/test_attention_gpu.py tests/test_backend_cuda.py tests/test_norm.py tests/test_rope_write.py} > "$OUT/tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -20
       LB=/tmp/lcpp-cuda/b/bin/llama-bench
       for i in $(seq ${LCPP_WAIT:-60}); do [ -x $LB ] && grep -q BUILD-OK /tmp/lcpp-cuda/build.log && break; sleep 1; done
