@@ -372,11 +372,6 @@ def add_rmsnorm(x, delta, w, out, eps: float, stream=0, block: int | None = None
     _add_rmsnorm_kernel[n, block or norm_block(d), stream](x, delta, w, out, np.float32(eps))
 
 
-def _address(a) -> int:
-    cai = getattr(a, "__cuda_array_interface__", None)      # the simulator's arrays have none
-    return int(cai["data"][0]) if cai is not None else int(a.ctypes.data)
-
-
 def rmsnorm_q8(x, w, xq, xs, eps: float, stream=0, out=None, block: int | None = None) -> None:
     """q8 activations of h = rmsnorm(x) * w in one launch: xq int8 [n, d], xs float32
     [n, d // 8] (quant/gemv.py's quantize_q8 layout, bit-identical to rmsnorm followed by
@@ -396,7 +391,7 @@ def rmsnorm_q8(x, w, xq, xs, eps: float, stream=0, out=None, block: int | None =
         raise ValueError(f"rmsnorm_q8: block = {bdim} must be a multiple of 32 in 32..1024")
     if n == 0:
         return
-    if out is not None and _address(out) == _address(x):
+    if out is not None and ptx.device_address(out) == ptx.device_address(x):
         raise ValueError("rmsnorm_q8: out must not be x (the row's blocks read x while others "
                          "write h)")
     kern = _rmsnorm_q8_for(out is not None, d, bdim)

@@ -180,12 +180,10 @@ def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int
     if heads_per_block is None:
         heads_per_block = next(h for h in range(min(group, DEFAULT_HEADS_PER_BLOCK), 0, -1)
                                if group % h == 0)
-    if heads_per_block is not None:
-        if not (1 <= heads_per_block <= min(group, max_gh) and group % heads_per_block == 0):
-            raise ValueError(f"heads_per_block {heads_per_block} must divide the group of "
-                             f"{group} query heads per KV head and be <= {max_gh}")
-        max_gh = heads_per_block
-    n_sub = next(s for s in range(1, group + 1) if group % s == 0 and group // s <= max_gh)
+    if not (1 <= heads_per_block <= min(group, max_gh) and group % heads_per_block == 0):
+        raise ValueError(f"heads_per_block {heads_per_block} must divide the group of "
+                         f"{group} query heads per KV head and be <= {max_gh}")
+    n_sub = group // heads_per_block
     plan = DecodePlan(n_head, n_kv, head_dim, kv_dtype, 1, n_sub, warps, rows_per_thread)
     keys = min(n_ctx, window) if window else n_ctx
     tiles = -(-keys // plan.tile)
@@ -227,9 +225,9 @@ def compile_decode(plan: DecodePlan, q8: bool = False) -> None:
         plan.kernel(q8).compile(DECODE_SIGNATURE_Q8 if q8 else DECODE_SIGNATURE)
 
 
-def _flat(a, n, what):
-    if a.dtype != np.float32 or a.size != n:
-        raise ValueError(f"decode_attention: {what} must be float32 with {n} elements, got "
+def _flat(a, n, what, dtype=np.float32):
+    if a.dtype != dtype or a.size != n:
+        raise ValueError(f"decode_attention: {what} must be {np.dtype(dtype).name} with {n} elements, got "
                          f"{a.dtype} {tuple(a.shape)}")
     return a if a.ndim == 1 else a.reshape(n)
 
@@ -281,11 +279,7 @@ def decode_attention(q, layer: KVLayer, state, out, ws: DecodeWorkspace, stream=
     if (p.heads_per_block * p.head_dim) % 32:
         raise ValueError(f"decode_attention: q8 output needs heads_per_block * head_dim "
                          f"({p.heads_per_block} * {p.head_dim}) to be a multiple of 32")
-    if xq.dtype != np.int8 or xq.size != n:
-        raise ValueError(f"decode_attention: xq must be int8 with {n} elements, got {xq.dtype} "
-                         f"{tuple(xq.shape)}")
-    p.kernel(True)[grid, 32 * p.warps, stream](
-        *args, xq if xq.ndim == 1 else xq.reshape(n), _flat(xs, n // 8, "xs"))
+    p.kernel(True)[grid, 32 * p.warps, stream](*args, _flat(xq, n, "xq", np.int8), _flat(xs, n // 8, "xs"))
 
 
 if __name__ == "__main__":       # python -m genie_rt.kvcache.attention [--json PATH] [--quick]

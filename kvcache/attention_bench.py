@@ -114,12 +114,15 @@ def _bench_shape(shape, kv_dtype, H, KV, HD, n_ctx, W, R, ctxs, cases, n_max, sm
                                  window=W),
                      plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, warps=8,
                                  rows_per_thread=2, window=W)]
-        for gh in (1, 2, 4):                              # heads a block: chains vs re-reads
-            if gh != base.heads_per_block and (H // KV) % gh == 0 and gh * (16 if kv_dtype == "int8" else 8) <= 64:
-                variants += [plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, window=W,
-                                         heads_per_block=gh)]
+        for gh in range(1, H // KV + 1):                  # heads a block: chains vs re-reads
+            try:                                          # plan_decode says which fit
+                variants.append(plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, window=W,
+                                            heads_per_block=gh))
+            except ValueError:
+                pass
         variants += [plan_decode(H, KV, HD, kv_dtype, n_ctx, n_splits=ns, window=W,
                                  heads_per_block=1) for ns in (16, 33)]   # one head, more splits
+        variants = list(dict.fromkeys(variants))
     where = f"{shape} ({H} / {KV} heads, hd {HD}{f', window {W}, ring {R}' if W else ''})"
     print(f"\ndecode attention, {where}, {kv_dtype} cache, pool {n_ctx} positions")
     for plan in variants:

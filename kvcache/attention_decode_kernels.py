@@ -39,11 +39,11 @@ import functools
 import math
 
 import numpy as np
-from numba import cuda, float32, int8, int32, uint32
+from numba import cuda, float32, int32, uint32
 
 from genie_rt.engine import kernel_cache
 from genie_rt.quant import ptx
-from genie_rt.quant.norm_q8_device import q8_of_warp   # quantize_q8_kernel's own
+from genie_rt.quant.norm_q8_device import q8_put   # quantize_q8_kernel's own store
 from genie_rt.quant.ptx import SIMULATOR
 
 FULL = 0xFFFFFFFF
@@ -81,20 +81,6 @@ if SIMULATOR:
     _dev = cuda.jit(device=True)
 else:
     _dev = cuda.jit(device=True, forceinline=True)
-
-
-@_dev
-def _q8_put(v, col, xq, xs):
-    """The q8 of out[col] = v, the whole warp together (32 consecutive columns, col % 32 ==
-    lane): quant/gemv.py's quantize_q8_kernel's operations, so the same bits as that launch."""
-    qv, d, t, t_hi = q8_of_warp(v)
-    xq[col] = int8(qv)
-    if (col & 31) == 0:
-        b = (col >> 5) * 4
-        xs[b] = d
-        xs[b + 1] = d * float32(t)
-        xs[b + 2] = d * float32(t_hi)
-        xs[b + 3] = d * float32(t + t_hi)
 
 
 @functools.lru_cache(maxsize=None)
@@ -320,7 +306,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
                 o = v / s_l[h]
                 out[head0 * HD + idx] = o
                 if Q8:
-                    _q8_put(o, head0 * HD + idx, xq, xs)
+                    q8_put(o, head0 * HD + idx, xq, xs)
             else:
                 part_o[split, head0 * HD + idx] = v
         if n_active == 1:
@@ -375,7 +361,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
             o = (a0 + a1 + a2 + a3) / s_alpha[h]
             out[col] = o
             if Q8:
-                _q8_put(o, col, xq, xs)
+                q8_put(o, col, xq, xs)
         if tid == 0:
             tickets[kvh * n_sub + sub] = 0       # ready for the next launch (graph replay)
 

@@ -168,6 +168,13 @@ def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool):
     int8_cache = kv_dtype == "int8"
     NEOX, QK_NORM, RING = bool(neox), bool(qk_norm), bool(ring)
 
+    @cuda.jit(device=True, inline=True)
+    def pair(i, half):
+        """The elements rotation pair i turns: (i, i + hd/2) for NeoX, (2i, 2i + 1) normal."""
+        if NEOX:
+            return i, i + half
+        return 2 * i, 2 * i + 1
+
     @cuda.jit
     def kernel(qkv, q_norm, k_norm, eps, cos, sin, state, q_out, k_cache, v_cache,
                k_scale, v_scale):
@@ -215,12 +222,7 @@ def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool):
             cs[p] = float32(0)
             sn[p] = float32(0)
             if rot and i < half:
-                if NEOX:
-                    ia = i                       # pair (i, i + hd/2)
-                    ib = i + half
-                else:
-                    ia = 2 * i                   # pair (2i, 2i + 1)
-                    ib = ia + 1
+                ia, ib = pair(i, half)
                 if QK_NORM:
                     if is_q:
                         wa[p] = q_norm[ia]
@@ -247,12 +249,7 @@ def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool):
             for p in range(NP):
                 i = lane + 32 * p
                 if i < half:
-                    if NEOX:
-                        ia = i
-                        ib = i + half
-                    else:
-                        ia = 2 * i
-                        ib = ia + 1
+                    ia, ib = pair(i, half)
                     x1 = buf[warp, ia]
                     x2 = buf[warp, ib]
                     if QK_NORM:

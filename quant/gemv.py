@@ -88,11 +88,7 @@ class GemvWeight:
 
 
 _is_device = K.ptx.is_device_array
-
-
-def _address(a) -> int:
-    cai = getattr(a, "__cuda_array_interface__", None)
-    return int(cai["data"][0]) if cai is not None else int(a.ctypes.data)
+_address = K.ptx.device_address
 
 
 def _flat(a, dtype=None):

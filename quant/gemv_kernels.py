@@ -44,13 +44,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, int32, int8
+from numba import cuda, float32, int32
 
 from genie_rt.engine import kernel_cache
 
 from . import ptx
 from .gemv_formats import LOADERS, MODES, MULTIPLIERS, UNIT_SHIFT, UNIT_WEIGHTS  # noqa: F401
-from .norm_q8_device import make_norm_q8_tail, q8_of_warp   # q8_of_warp: quantize_q8_kernel's
+from .norm_q8_device import make_norm_q8_tail, q8_of_warp, q8_write   # quantize_q8_kernel's
 
 WARPS = 4                 # warps per block
 BLOCK = 32 * WARPS        # threads per block
@@ -379,13 +379,7 @@ def _make_quantize_q8(PDL):
             v = x[i]
         q, d, s, s_hi = q8_of_warp(v)
         if i < n:
-            xq[i] = int8(q)
-            if (i & 31) == 0:
-                b = (i >> 5) * 4
-                xs[b] = d
-                xs[b + 1] = d * float32(s)
-                xs[b + 2] = d * float32(s_hi)
-                xs[b + 3] = d * float32(s + s_hi)
+            q8_write(q, d, s, s_hi, i, xq, xs)
     return kernel_cache.attach(quantize_q8_kernel)   # compiled kernels persist on disk
 
 

@@ -151,58 +151,44 @@ def mma_q4k_kernel(KSPLIT: int = 4):
         okb = g < n_tok
         ok_t0 = t0 < n_tok
         ok_t1 = t1 < n_tok
-        q8w = cols >> 2                              # q8 words a token
         sxw = cols >> 3                              # xs floats a token
-        acc00 = float32(0)                           # (row g, token 2t)
-        acc01 = float32(0)                           # (row g, token 2t + 1)
-        acc10 = float32(0)                           # (row g + 8, token 2t)
-        acc11 = float32(0)
+        ta = t0 if ok_t0 else 0                      # clamped tokens: loads stay in bounds
+        tc = t1 if ok_t1 else 0
+        # acc[k]: row g + 8 * (k >> 1), token 2t + (k & 1) (the mma's D layout)
+        acc = cuda.local.array(4, float32)
+        for k in range(4):
+            acc[k] = float32(0)
         ch = c_lo
         while ch < c_hi:                             # the same trips for every lane of the warp
             # two chunks a trip, every load of both issued before the first multiply (past the
             # end of the range the second re-reads the last chunk and is not added)
-            v = _loads(wa, wb, xq, xs, nu, nblk, rr0, rr1, t, tb, okb, t0 if ok_t0 else 0,
-                       t1 if ok_t1 else 0, cols, sxw, ch)
-            w = _loads(wa, wb, xq, xs, nu, nblk, rr0, rr1, t, tb, okb, t0 if ok_t0 else 0,
-                       t1 if ok_t1 else 0, cols, sxw, min(ch + 1, c_hi - 1))
-            p00, p01, p10, p11 = _math(v, ch & 3)
-            acc00 += p00
-            acc01 += p01
-            acc10 += p10
-            acc11 += p11
+            v0 = _loads(wa, wb, xq, xs, nu, nblk, rr0, rr1, t, tb, okb, ta, tc, cols, sxw, ch)
+            v1 = _loads(wa, wb, xq, xs, nu, nblk, rr0, rr1, t, tb, okb, ta, tc, cols, sxw,
+                        min(ch + 1, c_hi - 1))
+            p = _math(v0, ch & 3)
+            for k in range(4):
+                acc[k] += p[k]
             if ch + 1 < c_hi:                        # warp-uniform
-                p00, p01, p10, p11 = _math(w, (ch + 1) & 3)
-                acc00 += p00
-                acc01 += p01
-                acc10 += p10
-                acc11 += p11
+                p = _math(v1, (ch + 1) & 3)
+                for k in range(4):
+                    acc[k] += p[k]
             ch += 2
         if NW > 1:                                   # the warps' k-ranges meet in shared memory
             red = cuda.shared.array((NW, 32, 4), float32)
-            red[warp, lane, 0] = acc00
-            red[warp, lane, 1] = acc01
-            red[warp, lane, 2] = acc10
-            red[warp, lane, 3] = acc11
+            for k in range(4):
+                red[warp, lane, k] = acc[k]
             cuda.syncthreads()
             if warp != 0:
                 return
-            for w in range(1, NW):
-                acc00 += red[w, lane, 0]
-                acc01 += red[w, lane, 1]
-                acc10 += red[w, lane, 2]
-                acc11 += red[w, lane, 3]
-        if ok0 and ok_t0:
-            i = t0 * rows + r0
-            y[i] = acc00 + res[i] if resid != 0 else acc00
-        if ok0 and ok_t1:
-            i = t1 * rows + r0
-            y[i] = acc01 + res[i] if resid != 0 else acc01
-        if ok1 and ok_t0:
-            i = t0 * rows + r1
-            y[i] = acc10 + res[i] if resid != 0 else acc10
-        if ok1 and ok_t1:
-            i = t1 * rows + r1
-            y[i] = acc11 + res[i] if resid != 0 else acc11
+            for other in range(1, NW):
+                for k in range(4):
+                    acc[k] += red[other, lane, k]
+        for k in range(4):
+            r = r0 + 8 * (k >> 1)
+            tk = t0 + (k & 1)
+            if r < rows and tk < n_tok:
+                i = tk * rows + r
+                y[i] = acc[k] + res[i] if resid != 0 else acc[k]
     return kernel_cache.attach(kernel)
 
 

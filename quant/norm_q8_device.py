@@ -12,7 +12,8 @@ They must give the same bits, so they share these device functions:
 - `block_sum`: a block-wide float32 sum (warp butterflies, then across warps through
   shared memory) - its order of additions fixes the rounding of the sum of squares, so
   rmsnorm_q8 is bit-identical to rmsnorm + quantize_q8 only at the same block size;
-- `q8_store`: q8 of h[r, i] by a whole warp, xq / xs in quantize_q8_kernel's layout;
+- `q8_write`, `q8_put`, `q8_store`: the store of a warp's q8 block (flat xq / xs), q8_of_warp
+  then that store, and the same into row r of 2-D xq / xs (quantize_q8_kernel's layout);
 - `make_norm_q8_tail`: rmsnorm_q8 of one row by a block of any size B, computing the sum of
   squares in the order a block of VB threads would (VB a runtime argument): B = 128 (the
   GEMV's block) reproduces rmsnorm_q8(block=VB) bit for bit, whatever VB.
@@ -84,6 +85,28 @@ def block_sum(v, sh):
         off >>= 1
     cuda.syncthreads()                 # sh may be reused right after
     return v
+
+
+@cuda.jit(device=True)
+def q8_write(q, d, s, s_hi, i, xq, xs):
+    """Store q8_of_warp's (q, d, s, s_hi) of x[i] into flat xq int8 [n] / xs float32 [n / 8]:
+    the lane's quant, and lane 0 of the block its 4 floats (quantize_q8_kernel's layout)."""
+    xq[i] = int8(q)
+    if (i & 31) == 0:
+        b = (i >> 5) * 4
+        xs[b] = d
+        xs[b + 1] = d * float32(s)
+        xs[b + 2] = d * float32(s_hi)
+        xs[b + 3] = d * float32(s + s_hi)
+
+
+@cuda.jit(device=True)
+def q8_put(v, i, xq, xs):
+    """q8 of x[i] = v by the whole warp (one q8 block, i % 32 == the lane's place in it) into
+    flat xq / xs: the decode attention writes its output's q8 with it, as quantize_q8_kernel
+    (q8_of_warp, then q8_write) would."""
+    q, d, s, s_hi = q8_of_warp(v)
+    q8_write(q, d, s, s_hi, i, xq, xs)
 
 
 @cuda.jit(device=True)

@@ -30,7 +30,7 @@ numba-cuda already provides (`cuda.shfl_*_sync`, atomics, `cuda.fp16`).
 import os
 
 __all__ = [
-    "SIMULATOR",
+    "SIMULATOR", "is_device_array", "device_address",
     # tensor cores
     "mma_f16_f32", "mma_s8_s32",
     "ldmatrix_x1", "ldmatrix_x2", "ldmatrix_x4",
@@ -76,6 +76,13 @@ def is_device_array(a) -> bool:
     simulator's stand-in. Launchers use it to refuse host arrays, which numba would
     silently copy on every launch."""
     return hasattr(a, "__cuda_array_interface__") or type(a).__name__ == "FakeCUDAArray"
+
+
+def device_address(a) -> int:
+    """Address of a device array's first element (the simulator's arrays: their host memory's),
+    for alignment and aliasing checks in launchers."""
+    cai = getattr(a, "__cuda_array_interface__", None)      # the simulator's arrays have none
+    return int(cai["data"][0]) if cai is not None else int(a.ctypes.data)
 
 
 # the numpy references and host-side fragment packing: always

@@ -313,6 +313,15 @@ def test_one_prefill_graph_per_bucket_serves_every_start_position():
         assert max(max(m) for _, m, _ in keys) > 1           # some bucket does split
 
 
+def _tiny_decode_backends(tmp_path, kv, warm=True):
+    """(CUDA back-end, CPU back-end, config) of a 2-layer synthetic Qwen3 small enough for the
+    simulator's decode step, for the tests that decode one token with a switch on and off."""
+    path = tmp_path / "tiny2.gguf"
+    write_synthetic_qwen3(path, dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
+                                     vocab=300, text_tokens=274), seed=1, exact=True)
+    return make_backends(path, kv, n_ctx=64, chunk=16, warm=warm)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not SIM, reason="simulator test (on a GPU the gpu tests cover this)")
 def test_simulated_decode_folds_each_norm_into_its_residual_gemv(tmp_path, monkeypatch):
@@ -324,10 +333,7 @@ def test_simulated_decode_folds_each_norm_into_its_residual_gemv(tmp_path, monke
     import dataclasses
 
     from genie_rt.engine import norm
-    path = tmp_path / "tiny2.gguf"
-    write_synthetic_qwen3(path, dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
-                                     vocab=300, text_tokens=274), seed=1, exact=True)
-    gpu, _, cfg = make_backends(path, "f16", n_ctx=64, chunk=16, warm=False)
+    gpu, _, cfg = _tiny_decode_backends(tmp_path, "f16", warm=False)
     assert not gpu.use_graphs                                  # each decode records anew
     calls = []
     real = norm.rmsnorm_q8
@@ -351,10 +357,7 @@ def test_simulated_decode_attention_writes_its_q8(tmp_path, monkeypatch):
     import dataclasses
 
     from genie_rt.quant import gemv
-    path = tmp_path / "tiny2.gguf"
-    write_synthetic_qwen3(path, dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
-                                     vocab=300, text_tokens=274), seed=1, exact=True)
-    gpu, _, cfg = make_backends(path, "int8", n_ctx=64, chunk=16, warm=False)
+    gpu, _, cfg = _tiny_decode_backends(tmp_path, "int8", warm=False)
     calls = []
     real = gemv.quantize_q8
     monkeypatch.setattr(gemv, "quantize_q8", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
@@ -368,14 +371,11 @@ def test_simulated_decode_attention_writes_its_q8(tmp_path, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_gpu_decode_attention_q8_same_bits(tmp_path, prompts):
-    """The same on the GPU, through the captured decode graph: greedy tokens and logits bits
-    with and without EngineConfig.decode_attention_q8."""
+def test_gpu_decode_attention_q8_same_bits(tmp_path):
+    """The same on the GPU, through the captured decode graph: the logits' bits with and
+    without EngineConfig.decode_attention_q8."""
     import dataclasses
-    path = tmp_path / "tiny2.gguf"
-    write_synthetic_qwen3(path, dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
-                                     vocab=300, text_tokens=274), seed=1, exact=True)
-    gpu, _, _ = make_backends(path, "int8", n_ctx=64, chunk=16)
+    gpu, _, _ = _tiny_decode_backends(tmp_path, "int8")
     got = {}
     for on in (False, True):
         gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_attention_q8=on)

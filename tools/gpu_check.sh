@@ -76,6 +76,17 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,nohea
 date -u | tee -a "$OUT/gpu.txt"
 
 stage() { echo; echo "===== $1 ($(date -u +%T))"; }
+# Nsight Compute's path, or nothing
+ncu_path() { command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu \
+  /usr/local/cuda/nsight-compute*/ncu 2>/dev/null | head -1; }
+# llama-bench from the `lcpp` stage's background build: waits up to $1 s for it, prints its
+# path, or says why not (on stderr) and prints nothing
+lcpp_bench() {
+  local LB=/tmp/lcpp-cuda/b/bin/llama-bench
+  [ -f /tmp/lcpp-cuda/build.log ] || { echo "no llama.cpp build was started (stage lcpp)" >&2; return 0; }
+  for i in $(seq "$1"); do [ -x $LB ] && grep -q BUILD-OK /tmp/lcpp-cuda/build.log && break; sleep 1; done
+  if [ -x $LB ]; then echo $LB; else echo "llama.cpp build not ready:" >&2; tail -5 /tmp/lcpp-cuda/build.log >&2; fi
+}
 MODEL4B=/tmp/qwen3-4b-q4km.gguf
 
 for s in "$@"; do
@@ -137,7 +148,7 @@ for s in "$@"; do
       stage lab
       timeout ${LT:-420} $PY tools/gpu_lab.py --json "$OUT/lab.json" --skip "${LABSKIP:-}" 2>&1 \
         | grep -v "^INFO numba" | tee "$OUT/lab.txt" | tail -${LABTAIL:-40}
-      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+      NCU=$(ncu_path)
       if [ -z "${NO_NCU:-}" ] && [ -n "$NCU" ]; then
         stage ncu
         timeout ${NT:-240} "$NCU" --clock-control none --profile-from-start off --section SpeedOfLight \
@@ -159,11 +170,7 @@ for s in "$@"; do
       fi ;;
     arch)
       stage arch
-      LB=/tmp/lcpp-cuda/b/bin/llama-bench
-      if [ -z "${LLAMA_BENCH:-}" ] && [ -f /tmp/lcpp-cuda/build.log ]; then
-        for i in $(seq ${LCPP_WAIT:-300}); do [ -x $LB ] && grep -q BUILD-OK /tmp/lcpp-cuda/build.log && break; sleep 1; done
-        [ -x $LB ] && LLAMA_BENCH=$LB || { echo "llama.cpp build not ready:"; tail -5 /tmp/lcpp-cuda/build.log; }
-      fi
+      [ -n "${LLAMA_BENCH:-}" ] || LLAMA_BENCH=$(lcpp_bench ${LCPP_WAIT:-300})
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
       for m in gemma3-270m smollm2-135m; do
         [ -f /tmp/$m.gguf ] || $PY tools/synth_arch.py --preset $m -o /tmp/$m.gguf | tail -1
@@ -225,7 +232,7 @@ for s in "$@"; do
       # a launch go (tools/norm_fold_lab.py: plain / norm / two / fused, then one launch each
       # under Nsight Compute), the PDL decode graph's bits again, the decode profile
       timeout ${NLT:-240} $PY tools/norm_fold_lab.py --json "$OUT/norm-fold.json" 2>&1 | grep -v "^INFO numba" | tail -4
-      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+      NCU=$(ncu_path)
       if [ -n "$NCU" ]; then
         timeout ${NT:-240} "$NCU" --profile-from-start off --section SpeedOfLight --section LaunchStats \
           --section Occupancy --section WarpStateStats $PY tools/norm_fold_lab.py --ncu > "$OUT/norm-fold-ncu.txt" 2>&1
@@ -240,7 +247,7 @@ for s in "$@"; do
       stage trace
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       NSYS=$(command -v nsys || ls /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda/bin/nsys /usr/local/cuda/nsight-systems*/bin/nsys 2>/dev/null | head -1)
-      NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu /usr/local/cuda/nsight-compute*/ncu 2>/dev/null | head -1)
+      NCU=$(ncu_path)
       echo "nsys: ${NSYS:-none}  ncu: ${NCU:-none}"
       for d in ${TDEPTHS:-512 4096}; do
         if [ -n "$NSYS" ]; then
@@ -268,13 +275,9 @@ for s in "$@"; do
       timeout ${TT:-200} $PY -m pytest -q -m gpu -n ${NW:-4} -p no:cacheprovider -rfEs \
         ${GTESTS:-tests/test_attention_gpu.py tests/test_backend_cuda.py tests/test_norm.py tests/test_rope_write.py} > "$OUT/tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -20
-      LB=/tmp/lcpp-cuda/b/bin/llama-bench
-      for i in $(seq ${LCPP_WAIT:-60}); do [ -x $LB ] && grep -q BUILD-OK /tmp/lcpp-cuda/build.log && break; sleep 1; done
-      if [ -x $LB ]; then
-        timeout 150 $LB -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 -ngl 99 -o md 2>/dev/null | tee "$OUT/llama-bench.md"
-      else
-        echo "llama.cpp build not ready:"; tail -3 /tmp/lcpp-cuda/build.log
-      fi
+      LB=$(lcpp_bench ${LCPP_WAIT:-60})
+      [ -z "$LB" ] || timeout 150 $LB -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 -ngl 99 -o md 2>/dev/null \
+        | tee "$OUT/llama-bench.md"
       timeout ${AMT:-150} $PY -m genie_rt.kvcache.attention --json "$OUT/attention.json" 2>&1 \
         | grep -E "default plan ctx|FAILED|measurements" | head -20
       timeout ${GMT:-150} $PY -m genie_rt.quant.gemv_mma --json "$OUT/gemv-mma.json" 2>&1 | grep -v "^INFO numba" | tail -20 ;;

@@ -37,6 +37,7 @@ training context (Gemma's sliding-window layers keep rings, so its KV is smaller
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -61,13 +62,13 @@ PROFILE = Path(__file__).resolve().parent.parent / "docs/bench/profile-decode-h2
 GEMV_FAMILIES = ("gemv.gemv_qkv", "gemv.gemv", "gemv.gemv_swiglu")
 
 
+@functools.lru_cache(maxsize=None)
 def t_small_h200(path: Path = PROFILE, layers: int = 36) -> float:
     """Seconds a layer of the H200's decode step spends outside the GEMVs (see t_small above)."""
     rows = {r["family"]: r["ms"] for r in json.loads(path.read_text())}
     return (rows["whole step"] - sum(rows[f] for f in GEMV_FAMILIES)) / layers / 1e3
 
 
-T_SMALL_H200 = t_small_h200()
 E_GEMV = (0.34, 0.64)
 E_MMA = (0.07, 0.32)
 OVERHEAD, RESERVE = 512 * MiB, 1536 * MiB
@@ -84,7 +85,7 @@ def shapes(m: dict) -> tuple[float, float, float]:
 def predict(m: dict, board: dict, n_prompt: int, available: float) -> dict:
     per_layer, layer_bytes, out_bytes = shapes(m)
     B = layer_bytes + out_bytes
-    t_small = T_SMALL_H200 * H200_CLOCK / board["clock"]
+    t_small = t_small_h200() * H200_CLOCK / board["clock"]
     tc = 32 * 256 * 2 * board["clock"]
     out = {"bytes": B, "roofline": board["bw"] / B}
     for tag, e_g, e_m in (("low", E_GEMV[0], E_MMA[0]), ("high", E_GEMV[1], E_MMA[1])):
