@@ -241,6 +241,10 @@ class EngineConfig:
                                         # quantize_q8, checked in the simulator), one launch fewer a
                                         # layer. Not yet run on a GPU (built 2026-12-03 after the last
                                         # lease); tools/profile_decode.py times the step both ways
+    decode_fused_ffn: bool = False      # lab: a decode layer's attn_output GEMV, ffn norm, gate/up, q8 of
+                                        # the activation, down GEMV and the next norm in ONE persistent
+                                        # launch with grid barriers (quant/ffn_fused.py; the same bits,
+                                        # checked in the simulator). Measured by tools/profile_decode.py
     overlap_load: bool = False          # CUDA, discrete GPU: read the weights on a thread while the
                                         # kernels load and the graphs are captured (cuda_weights.
                                         # BackgroundUpload; --overlap-load). H200, 2026-12-03: the
@@ -270,6 +274,8 @@ class EngineConfig:
             raise ValueError(f"decode_pdl must be True or False, got {self.decode_pdl!r}")
         if not isinstance(self.decode_attention_q8, bool):
             raise ValueError(f"decode_attention_q8 must be True or False, got {self.decode_attention_q8!r}")
+        if not isinstance(self.decode_fused_ffn, bool):
+            raise ValueError(f"decode_fused_ffn must be True or False, got {self.decode_fused_ffn!r}")
         if self.gemv_mode not in ("dp4a", "f32"):
             raise ValueError(f"gemv_mode must be 'dp4a' or 'f32', got {self.gemv_mode!r}")
         if self.threads is not None and (not integer(self.threads) or self.threads < 1):

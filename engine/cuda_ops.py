@@ -43,6 +43,21 @@ def _flushing(op):
     return run
 
 
+def _chained(op):
+    """A DecodeOps op the FFN chain may keep (engine/cuda_ffn_chain.py) instead of running."""
+    @functools.wraps(op)
+    def run(self, x, w, out, *rest, **kw):
+        chain = self.ffn_chain
+        if chain is not None:
+            from .cuda_ffn_chain import Call
+            extra = None if op.__name__ == "norm" else (rest[0] if rest else kw.get(
+                "add" if op.__name__ == "linear" else "act", False))
+            if chain.take(Call(op.__name__, x, w, out, extra)):
+                return
+        return op(self, x, w, out, *rest, **kw)
+    return run
+
+
 class _Ops:
     def __init__(self, rt, rows: int):
         self.rt, self.A, self.stream, self.cfg = rt, rt.arena, rt.stream, rt.cfg
@@ -128,12 +143,21 @@ class DecodeOps(_Ops):
         self.pdl = bool(getattr(rt.ecfg, "decode_pdl", False)) and _pdl_available()
         # attention writes its output's q8 blocks itself (EngineConfig.decode_attention_q8, lab)
         self.attention_q8 = bool(getattr(rt.ecfg, "decode_attention_q8", False)) and rt.q8_inputs
+        # a layer's FFN half as one persistent launch (EngineConfig.decode_fused_ffn, lab): only
+        # where every GEMV reads q8 (the launch writes no float h)
+        self.ffn_chain = None
+        if getattr(rt.ecfg, "decode_fused_ffn", False) and rt.q8_inputs and not rt.float_inputs:
+            from .cuda_ffn_chain import FFNChain
+            self.ffn_chain = FFNChain(self)
+            self.fuse_norm = False
 
     embed = _flushing(_Ops.embed)
     rope_write = _flushing(_Ops.rope_write)
     post_norm_add = _flushing(_Ops.post_norm_add)
 
     def _flush(self) -> None:
+        if self.ffn_chain is not None and self.ffn_chain.calls:
+            self.ffn_chain.flush()
         p = self._pending
         if p is None:
             return
@@ -162,6 +186,7 @@ class DecodeOps(_Ops):
             self._q8_fresh.add(self._name(x))
         return xq, xs
 
+    @_chained
     def norm(self, x, w, out) -> None:
         """out = rmsnorm(x) * w, and its 8-bit blocks in one launch (rmsnorm_q8 is bit-identical
         to rmsnorm + quantize_q8); the float out only if some matrix reads float input. The
@@ -199,6 +224,7 @@ class DecodeOps(_Ops):
             self._no_float.add(self._name(out))
         self._q8_fresh.add(self._name(out))
 
+    @_chained
     @_flushing
     def linear(self, x, w, out, add: bool = False) -> None:
         from genie_rt.quant import gemv
@@ -225,6 +251,7 @@ class DecodeOps(_Ops):
                 c += m.rows
         self._wrote(out)
 
+    @_chained
     @_flushing
     def gated(self, x, w, out, act: str) -> None:
         from genie_rt.quant import gemv

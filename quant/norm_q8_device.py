@@ -163,32 +163,33 @@ def make_norm_q8_tail(B: int, WRITE_H: bool, D: int = 0, VB: int = 0):
     return _make_loop_tail(B, WRITE_H)
 
 
-def _make_staged_tail(B: int, WRITE_H: bool, D: int, VB: int):
-    """tail(y, w, eps, d, vb, xq, xs, h) with d == D and vb == VB: make_norm_q8_tail's result
-    in stages, so that no load of y waits for another and nothing spills:
+def norm_scale_values(B: int, D: int, VB: int) -> int:
+    """Length of make_norm_scale's `vals` array: the values of y one of B threads holds."""
+    return -(-VB // B) * -(-D // VB)
 
-    1. every load of this thread's values of y (virtual threads t + B j, elements v + VB k),
-       issued together into registers (loops without shuffles: unrolled, so the array is
-       registers; the PTX tests refuse local memory);
+
+def make_norm_scale(B: int, D: int, VB: int):
+    """scale(y, eps, vals) -> s = sqrt(sum(y^2) / D + eps), every thread of a block of B
+    (the whole block calls), the sum in rmsnorm_q8's order at block VB - so h = y / s * w
+    is rmsnorm_q8's value bit for bit. y float32 [D] flat, read with ld.relaxed.gpu (other
+    blocks of the same launch may have written it). vals: a local float32 array of
+    norm_scale_values(B, D, VB) that receives this thread's values of y (virtual thread
+    v = t + B j, element v + VB k at [j * K + k]; 0 past D), for a caller that needs them.
+
+    1. every load of this thread's values, issued together into registers (loops without
+       shuffles: unrolled, so the array is registers; the PTX tests refuse local memory);
     2. each virtual thread's sum of squares, in rmsnorm_q8's order, into shared memory;
-    3. the butterflies of each virtual warp, from shared memory, as the loop tail does;
-    4. h = y / s * w from the registers into shared memory (and h itself if WRITE_H);
-    5. q8 of h per warp from shared memory (q8_store).
-    The H200 (2026-12-03) measured the loop tail at ~16 us a launch: about 40 dependent L2
-    round trips per thread for the 4B's 2,560 values; here there is one."""
+    3. the butterflies of each virtual warp, from shared memory, as block_sum does."""
     assert B % 32 == 0 and D % 32 == 0 and VB % 32 == 0
     J = -(-VB // B)                   # virtual threads per physical thread
     K = -(-D // VB)                   # values per virtual thread
-    N = J * K
 
     @_inline
-    def tail(y, w, eps, d, vb, xq, xs, h):
+    def scale(y, eps, vals):
         sh = cuda.shared.array(32, float32)
         sv = cuda.shared.array(VB, float32)
-        hs = cuda.shared.array(D, float32)
         tid = cuda.threadIdx.x
         lane = tid & 31
-        vals = cuda.local.array(N, float32)
         for j in range(J):                         # 1. all loads in flight together
             for k in range(K):
                 v = tid + j * B
@@ -208,7 +209,29 @@ def _make_staged_tail(B: int, WRITE_H: bool, D: int, VB: int):
             _virtual_warp_sum(sv[v], sh, v, lane)
             v += B
         cuda.syncthreads()
-        s = math.sqrt(_virtual_total(sh, VB, lane) / float32(D) + eps)
+        return math.sqrt(_virtual_total(sh, VB, lane) / float32(D) + eps)
+    return scale
+
+
+def _make_staged_tail(B: int, WRITE_H: bool, D: int, VB: int):
+    """tail(y, w, eps, d, vb, xq, xs, h) with d == D and vb == VB: make_norm_q8_tail's result
+    in stages, so that no load of y waits for another and nothing spills: steps 1-3 are
+    make_norm_scale's (the loads, the sum of squares in rmsnorm_q8's order), then
+    4. h = y / s * w from the registers into shared memory (and h itself if WRITE_H);
+    5. q8 of h per warp from shared memory (q8_store).
+    The H200 (2026-12-03) measured the loop tail at ~16 us a launch: about 40 dependent L2
+    round trips per thread for the 4B's 2,560 values; here there is one."""
+    J = -(-VB // B)
+    K = -(-D // VB)
+    N = J * K
+    scale = make_norm_scale(B, D, VB)
+
+    @_inline
+    def tail(y, w, eps, d, vb, xq, xs, h):
+        hs = cuda.shared.array(D, float32)
+        tid = cuda.threadIdx.x
+        vals = cuda.local.array(N, float32)
+        s = scale(y, eps, vals)                    # 1-3.
         for j in range(J):                         # 4. rmsnorm's value, op for op
             for k in range(K):
                 v = tid + j * B

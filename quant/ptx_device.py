@@ -281,6 +281,21 @@ def ld_relaxed_f32(typingctx, arr, idx):
     return types.float32(arr, idx), codegen
 
 
+@intrinsic
+def ld_relaxed_i32(typingctx, arr, idx):
+    """arr[idx] (int32) by ld.relaxed.gpu.global: ld_relaxed_f32's load for a counter that
+    other blocks of the same launch advance with atomics (a grid barrier's spin)."""
+    _check_index("ld_relaxed_i32", arr, idx)
+    if arr.dtype != types.int32:
+        raise TypingError(f"ld_relaxed_i32: array dtype must be int32, got {arr.dtype}")
+
+    def codegen(context, builder, sig, args):
+        p = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        return _asm(builder, _i32, [_i64], "ld.relaxed.gpu.global.s32 $0, [$1];", "=r,l,~{memory}",
+                    [_global_addr64(builder, p)], side_effect=True)
+    return types.int32(arr, idx), codegen
+
+
 # ---- integer dot product -------------------------------------------------------
 @intrinsic
 def dp4a(typingctx, a, b, c):

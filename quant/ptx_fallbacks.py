@@ -153,6 +153,15 @@ def ld_relaxed_f32(arr, idx):
     return a[idx]
 
 
+def ld_relaxed_i32(arr, idx):
+    """Simulator: a plain load (the simulator's memory is coherent)."""
+    _check_space("ld_relaxed_i32", "arr", arr, shared=False)
+    a = _np(arr)
+    if a.dtype != np.int32:
+        raise TypeError(f"ld_relaxed_i32: needs an int32 array, got {a.dtype}")
+    return a[idx]
+
+
 # ---- scalar --------------------------------------------------------------------
 def dp4a(a, b, c):
     """Simulator: c + dot(int8x4(a), int8x4(b)), wrapped to int32."""

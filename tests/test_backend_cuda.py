@@ -384,6 +384,53 @@ def test_gpu_decode_attention_q8_same_bits(tmp_path):
     np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: test_gpu_decode_fused_ffn_same_bits)")
+def test_simulated_decode_fused_ffn(tmp_path, monkeypatch):
+    """EngineConfig.decode_fused_ffn (engine/cuda_ffn_chain.py, quant/ffn_fused.py): each layer's
+    attn_output GEMV .. ffn_down GEMV and the next norm (the head's for the last layer) are one
+    launch, so the only rmsnorm_q8 left is layer 0's attn_norm; the logits are the same bits."""
+    import dataclasses
+
+    from genie_rt.engine import norm
+    from genie_rt.quant import ffn_fused
+    gpu, _, cfg = _tiny_decode_backends(tmp_path, "int8", warm=False)
+    norms, fused = [], []
+    real_n, real_f = norm.rmsnorm_q8, ffn_fused.ffn_fused
+    monkeypatch.setattr(norm, "rmsnorm_q8", lambda *a, **k: (norms.append(1), real_n(*a, **k))[1])
+    monkeypatch.setattr(ffn_fused, "ffn_fused", lambda *a, **k: (fused.append(k["next_norm"] is not None),
+                                                                 real_f(*a, **k))[1])
+    got = {}
+    for on in (True, False):
+        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_fused_ffn=on)
+        norms.clear()
+        fused.clear()
+        got[on] = gpu.decode(77, 5)                  # the same token at the same position
+        assert len(norms) == (1 if on else 2 * cfg.n_layers + 1), f"fused={on}: {len(norms)} norms"
+        assert fused == ([True] * cfg.n_layers if on else [])
+        assert not gpu.ffn_counters.copy_to_host().any()
+    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
+
+
+@pytest.mark.gpu
+def test_gpu_decode_fused_ffn_same_bits(tmp_path):
+    """The same on the GPU, on a full grid of resident blocks, through the captured decode graph
+    replayed REPLAYS times (a missed barrier would be a race: different bits on some replay)."""
+    import dataclasses
+
+    from genie_rt.quant import ffn_fused
+    gpu, _, _ = _tiny_decode_backends(tmp_path, "int8")
+    got = {}
+    for on in (False, True):
+        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_fused_ffn=on)
+        gpu._graphs.clear()                          # record the decode graph anew
+        got[on] = [gpu.decode(77, 5) for _ in range(REPLAYS if on else 1)]
+    for i, g in enumerate(got[True]):
+        np.testing.assert_array_equal(g.view(np.int32), got[False][0].view(np.int32), err_msg=f"replay {i}")
+    assert not ffn_fused.failed(gpu.ffn_counters)
+    assert not gpu.ffn_counters.copy_to_host().any()
+
+
 REPLAYS = 25
 
 

@@ -48,6 +48,9 @@
 #             then llama-bench on the same file (llama-bench.md) if it built in time, then the
 #             attention microbenchmark (attention.json: heads per block, the q8-output launch) and
 #             the int8 tensor-core GEMV for 1-8 tokens against the dp4a GEMV (gemv-mma.json)
+#   fusedffn  the fused FFN launch (quant/ffn_fused.py): its GPU tests (bits against the separate
+#             launches, 25 graph replays) beside tools/profile_decode.py (the 4B's logits both
+#             ways, the step at 2/4/8 blocks an SM, with PDL and the attention's q8)
 #   pdlprobe  tools/pdl_probe.py: a chain of dependent GEMVs, plain or PDL build x launch path x
 #             stream or graph replay (the PDL decode graph gave wrong logits on 2026-12-03)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
@@ -263,6 +266,16 @@ for s in "$@"; do
           $PY tools/profile_decode.py -m $MODEL4B --ctx 8192 --depth 512 --trace 1 > "$OUT/ncu.txt" 2>&1
         grep -E "^  [A-Za-z_].*\(|Duration|Registers Per|Achieved Occupancy|DRAM Throughput|Stall" "$OUT/ncu.txt" | head -80
       fi ;;
+    fusedffn)
+      stage fusedffn
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      (timeout ${TT:-300} $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs \
+        ${GTESTS:-tests/test_backend_cuda.py -k "fused_ffn or attention_q8"} > "$OUT/tests-ffn.txt" 2>&1;
+       echo "pytest exit $?" >> "$OUT/tests-ffn.txt") &
+      timeout ${PRT:-300} $PY tools/profile_decode.py -m $MODEL4B --json "$OUT/profile-ffn.json" 2>&1 \
+        | grep -v "^INFO numba" | head -40
+      timeout ${FBT:-240} $PY tools/bench_ffn_fused.py --json "$OUT/bench-ffn.json" 2>&1 | grep -v "^INFO numba" | tail -30
+      wait; grep -E "^(FAILED|ERROR)|passed|failed|exit" "$OUT/tests-ffn.txt" | cut -c1-300 | tail -20 ;;
     decode14)
       stage decode14
       "$0" lcpp > /dev/null

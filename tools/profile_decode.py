@@ -124,6 +124,7 @@ def main(argv=None) -> int:
     be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=fused, decode_pdl=use_pdl, decode_attention_q8=q8)
     settings[f"decode_attention_q8={q8}"] = time_step(be)
     be.ecfg = dataclasses.replace(be.ecfg, decode_attention_q8=not q8)
+    settings.update(fused_ffn_settings(be, pdl.available()))
     rows = [("whole step", full, 100.0)]
     rows += [(f"whole step, {label}", ms, 100 * ms / full) for label, ms in settings.items()]
     n_settings = len(settings)
@@ -143,6 +144,50 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump([dict(family=l, ms=ms, percent=pct) for l, ms, pct in rows], f, indent=2)
     return 0
+
+
+def fused_ffn_settings(be, pdl_ok: bool) -> dict:
+    """The step with EngineConfig.decode_fused_ffn (quant/ffn_fused.py) at 2, 4 and 8 resident
+    blocks an SM (ffn_fused.MAX_BLOCKS_PER_SM), then at the default with decode_pdl too where
+    the device has it; the configuration is restored after."""
+    import dataclasses
+
+    from genie_rt.quant import ffn_fused
+    base, default = be.ecfg, ffn_fused.MAX_BLOCKS_PER_SM
+    out = {}
+    try:
+        pos = int(be.state.copy_to_host()[0])
+        logits = {}
+        for on in (False, True):                  # one step both ways: the bits must agree
+            be.ecfg = dataclasses.replace(base, decode_fused_ffn=on)
+            be._graphs.clear()
+            logits[on] = be.decode(77, pos)
+        be._graphs.clear()
+        be._set_state(pos=pos)
+        diff = float(np.max(np.abs(logits[True] - logits[False])))
+        same = np.array_equal(logits[True].view(np.int32), logits[False].view(np.int32))
+        print(f"  fused FFN logits vs the separate launches: {'the same bits' if same else 'DIFFERENT'}"
+              f" (max |diff| {diff:.3g}), grid {ffn_fused.grid_blocks(next(iter(ffn_fused._kernels.values())))}"
+              f" blocks", flush=True)
+        for bps in (2, 4, 8):
+            ffn_fused.MAX_BLOCKS_PER_SM = bps
+            ffn_fused._grids.clear()
+            be.ecfg = dataclasses.replace(base, decode_fused_ffn=True)
+            out[f"decode_fused_ffn=True, {bps} blocks/SM"] = time_step(be)
+            print(f"  fused FFN, {bps} blocks/SM: {out[f'decode_fused_ffn=True, {bps} blocks/SM']:.3f} ms",
+                  flush=True)
+        ffn_fused.MAX_BLOCKS_PER_SM = default
+        ffn_fused._grids.clear()
+        for q8 in (False, True):
+            be.ecfg = dataclasses.replace(base, decode_fused_ffn=True, decode_attention_q8=q8,
+                                          decode_pdl=pdl_ok)
+            out[f"decode_fused_ffn=True, decode_attention_q8={q8}, decode_pdl={pdl_ok}"] = time_step(be)
+        assert not ffn_fused.failed(be.ffn_counters), "a fused FFN barrier gave up"
+    finally:
+        ffn_fused.MAX_BLOCKS_PER_SM = default
+        ffn_fused._grids.clear()
+        be.ecfg = base
+    return out
 
 
 if __name__ == "__main__":

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Where the fused FFN launch's time goes (quant/ffn_fused.py), against the six launches it replaces.
+
+At Qwen3-4B's shapes (Wo 2560x4096, Wg/Wu 9728x2560 Q4_K, Wd 2560x9728 Q6_K; random weights),
+each timed as a CUDA graph of 20 launches (engine/cuda_graph.time_us, microseconds a launch):
+
+    separate       gemv(Wo, residual), rmsnorm_q8, gemv_swiglu, quantize_q8, gemv(Wd, residual),
+                   rmsnorm_q8 - today's decode step, and each of them alone
+    fused          the one launch at 2, 4 and 8 resident blocks an SM; with gate and up one after
+                   the other (PAIR=0), with thread 0 alone fencing (FENCE_ALL=0), with the waiters
+                   polling a flag the last arrival raises (FLAG=1), with 100 ns between polls
+    barriers       the launch with no phase (PHASES=0): five grid barriers and the exit
+    phase p        the launch with phase p only (its cost: this minus "barriers")
+
+    python tools/bench_ffn_fused.py --json ffn.json          (needs a CUDA GPU)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    import numpy as np
+    from numba import cuda
+
+    from genie_rt.engine import norm as N
+    from genie_rt.engine.cuda_graph import time_us
+    from genie_rt.quant import ffn_fused as F
+    from genie_rt.quant import gemv as G
+    from genie_rt.quant.formats import QType
+    from genie_rt.quant.gemv_bench import random_weight
+
+    D, NFF, QD = 2560, 9728, 4096
+    rng = np.random.default_rng(0)
+
+    def w(q, rows, cols):
+        return G.prepare_weight(G.to_device(random_weight(q, rows, cols, rng)), "dp4a")
+    wo, wg, wu, wd = w(QType.Q4_K, D, QD), w(QType.Q4_K, NFF, D), w(QType.Q4_K, NFF, D), w(QType.Q6_K, D, NFF)
+    stream = cuda.stream()
+
+    def dev(a):
+        return cuda.to_device(np.ascontiguousarray(a), stream=stream)
+    attn = dev(rng.standard_normal((1, QD)).astype(np.float32))
+    aq, as_ = dev(np.zeros((1, QD), np.int8)), dev(np.zeros((1, QD // 8), np.float32))
+    G.quantize_q8(attn, aq, as_, stream=stream)
+    x = dev((rng.standard_normal((1, D)) * 4).astype(np.float32))
+    fw, nw = dev(np.ones(D, np.float32)), dev(np.ones(D, np.float32))
+    h = dev(np.zeros((1, D), np.float32))
+    hq, hs = dev(np.zeros((1, D), np.int8)), dev(np.zeros((1, D // 8), np.float32))
+    f = dev(np.zeros((1, NFF), np.float32))
+    fq, fs = dev(np.zeros((1, NFF), np.int8)), dev(np.zeros((1, NFF // 8), np.float32))
+    ctr = dev(np.zeros(F.N_COUNTERS, np.int32))
+    eps = 1e-6
+    rows = []
+
+    def record(name, fn, **extra):
+        us = time_us(fn, stream)
+        rows.append(dict(name=name, us=us, **extra))
+        print(f"  {name:<44} {us:8.2f} us", flush=True)
+
+    name = cuda.get_current_device().name
+    device = name.decode() if isinstance(name, bytes) else str(name)
+    print(f"fused FFN vs separate launches, {device}, Qwen3-4B shapes")
+    parts = {
+        "gemv attn_output (residual)": lambda: G.gemv(wo, attn, x, xq=aq, xs=as_, residual=x, stream=stream),
+        "rmsnorm_q8": lambda: N.rmsnorm_q8(x, fw, hq, hs, eps, stream=stream),
+        "gemv_swiglu": lambda: G.gemv_swiglu(wg, wu, h, f, xq=hq, xs=hs, stream=stream),
+        "quantize_q8 (f)": lambda: G.quantize_q8(f, fq, fs, stream=stream),
+        "gemv ffn_down (residual)": lambda: G.gemv(wd, f, x, xq=fq, xs=fs, residual=x, stream=stream),
+    }
+    for name, fn in parts.items():
+        record(name, fn)
+
+    def separate():
+        for name in parts:
+            parts[name]()
+        N.rmsnorm_q8(x, nw, hq, hs, eps, stream=stream)
+    record("separate: the six launches", separate)
+
+    def fused(bps=F.MAX_BLOCKS_PER_SM, **variant):
+        kern = F._kernel((wo.qtype, wg.qtype, wu.qtype, wd.qtype), D, N.norm_block(D), "silu", True,
+                         tuple(sorted(variant.items())))
+        grid = F.grid_blocks(kern, bps)
+        F._grids.pop(id(kern), None)                  # the next call may ask another count
+        return grid, lambda: F.ffn_fused(wo, wg, wu, wd, aq, as_, x, fw, eps, hq, hs, f, fq, fs, ctr,
+                                         next_norm=nw, grid=grid, stream=stream, **variant)
+    for bps in (2, 4, 8):
+        grid, fn = fused(bps)
+        record(f"fused, {bps} blocks/SM ({grid} blocks)", fn, blocks=grid)
+    for name, variant in (("fused, PAIR=0", dict(PAIR=False)), ("fused, FENCE_ALL=0", dict(FENCE_ALL=False)),
+                          ("fused, FLAG=1", dict(FLAG=True)),
+                          ("fused, FLAG=1, FENCE_ALL=0", dict(FLAG=True, FENCE_ALL=False)),
+                          ("fused, SLEEP=100", dict(SLEEP=100)),
+                          ("barriers only (PHASES=0)", dict(PHASES=0)),
+                          ("barriers only, FENCE_ALL=0", dict(PHASES=0, FENCE_ALL=False)),
+                          ("barriers only, FLAG=1", dict(PHASES=0, FLAG=True)),
+                          ("barriers only, SLEEP=100", dict(PHASES=0, SLEEP=100))):
+        grid, fn = fused(**variant)
+        record(name, fn, blocks=grid)
+    for ph in range(6):
+        grid, fn = fused(PHASES=1 << ph)
+        record(f"phase {ph + 1} only", fn, blocks=grid)
+    assert not F.failed(ctr), "a barrier gave up"
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(device=device, rows=rows), fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
