@@ -111,7 +111,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         self.gemv_counter.copy_to_device(np.zeros(1, np.int32), stream=self.stream)
         # the fused FFN launches' barrier counters (quant/ffn_fused.py: each launch leaves them 0)
         self.ffn_counters = A["ffn_counters"]
-        self.ffn_counters.copy_to_device(np.zeros(16, np.int32), stream=self.stream)
+        self.ffn_counters.copy_to_device(np.zeros(8, np.int32), stream=self.stream)
         self.dws = DecodeWorkspace(lay.decode_plan, A["ws.decode"], stream=self.stream)
         self.pws = PrefillWorkspace(lay.prefill_plan, A["ws.prefill"] if lay.prefill_plan.workspace_bytes else None)
         A["ws.mmq"].copy_to_device(np.zeros(A["ws.mmq"].shape, np.uint8), stream=self.stream)

@@ -238,13 +238,14 @@ class EngineConfig:
                                         # three runs since; unexplained, so no CLI flag and off
     decode_attention_q8: bool = False   # lab: the decode attention launch also writes the q8 blocks of
                                         # its output (kvcache/attention.py xq=, xs=; same bits as
-                                        # quantize_q8, checked in the simulator), one launch fewer a
-                                        # layer. Not yet run on a GPU (built 2026-12-03 after the last
-                                        # lease); tools/profile_decode.py times the step both ways
+                                        # quantize_q8), one launch fewer a layer. H200, 2026-12-03
+                                        # 23:25 and 23:44 UTC: the step 2.188 / 2.180 ms against
+                                        # 2.166 / 2.168 without (tools/profile_decode.py): off
     decode_fused_ffn: bool = False      # lab: a decode layer's attn_output GEMV, ffn norm, gate/up, q8 of
                                         # the activation, down GEMV and the next norm in ONE persistent
-                                        # launch with grid barriers (quant/ffn_fused.py; the same bits,
-                                        # checked in the simulator). Measured by tools/profile_decode.py
+                                        # launch with grid barriers (quant/ffn_fused.py; the same bits).
+                                        # H200, 2026-12-04: the step 2.727 ms against 2.167 (a barrier
+                                        # costs what the kernel boundary did; docs/kernels/ffn-fused.md): off
     overlap_load: bool = False          # CUDA, discrete GPU: read the weights on a thread while the
                                         # kernels load and the graphs are captured (cuda_weights.
                                         # BackgroundUpload; --overlap-load). H200, 2026-12-03: the

@@ -59,8 +59,7 @@ WARPS = K.WARPS
 N_BARRIERS = 5                  # after 1, 2, 3, 4, 5 (the last only with the next norm)
 EXIT = N_BARRIERS               # ctr[EXIT]: blocks that have left
 ERROR = N_BARRIERS + 1          # ctr[ERROR]: 1 once a spin gave up (never reset by the kernel)
-FLAG0 = 8                       # ctr[8 + k]: barrier k's flag (the FLAG variant)
-N_COUNTERS = 16                 # ctr[7], ctr[13..15] spare (engine/cuda_layout.py's ffn_counters)
+N_COUNTERS = 8                  # ctr[7] spare (engine/cuda_layout.py's ffn_counters)
 SPIN_LIMIT = 1 << 23            # polls (~0.3 us each) before a barrier gives up: seconds
 ACTS = K.ACTS
 
@@ -70,13 +69,13 @@ else:
     _dev = cuda.jit(device=True, forceinline=True)
 
 
-def _make_barrier(FENCE_ALL: bool, FLAG: bool = False, SLEEP: int = 0):
+def _make_barrier(FENCE_ALL: bool):
     """barrier(ctr, k): grid barrier k (see the module docstring); the whole block calls.
     FENCE_ALL: every thread fences its own stores before the block syncs (as the fused
     GEMV + norm does); else thread 0 alone fences after the sync (cooperative groups'
     grid sync: bar.sync orders the block's stores before thread 0's cumulative fence).
-    FLAG: the last block to arrive raises ctr[FLAG0 + k] and the others poll that word, not
-    the counter the arrivals add to; SLEEP: nanoseconds between polls (0: none)."""
+    Measured (docs/kernels/ffn-fused.md): ~2 us a barrier at 528 blocks either way; polling a
+    flag the last arrival raises, or sleeping between polls, did not change it (removed)."""
     @_dev
     def barrier(ctr, k):
         if FENCE_ALL:
@@ -86,16 +85,9 @@ def _make_barrier(FENCE_ALL: bool, FLAG: bool = False, SLEEP: int = 0):
             if not FENCE_ALL:
                 cuda.threadfence()
             nb = cuda.gridDim.x
-            old = cuda.atomic.add(ctr, k, 1)
-            w = FLAG0 + k if FLAG else k
-            want = 1 if FLAG else nb
-            if FLAG and old == nb - 1:      # the last one in: everyone's stores are visible
-                cuda.threadfence()
-                cuda.atomic.exch(ctr, w, 1)
+            cuda.atomic.add(ctr, k, 1)
             n = 0
-            while ptx.ld_relaxed_i32(ctr, w) < want:
-                if SLEEP:
-                    cuda.nanosleep(SLEEP)
+            while ptx.ld_relaxed_i32(ctr, k) < nb:
                 n += 1
                 if n >= SPIN_LIMIT:
                     ctr[ERROR] = 1          # not every block is resident: give up, say so
@@ -107,30 +99,29 @@ def _make_barrier(FENCE_ALL: bool, FLAG: bool = False, SLEEP: int = 0):
 
 @_dev
 def _leave(ctr):
-    """The last block out resets the barrier counters and flags (all others have passed
-    every spin)."""
+    """The last block out resets the barrier counters (all others have passed every spin)."""
     if cuda.threadIdx.x == 0:
         done = cuda.atomic.add(ctr, EXIT, 1)
         if done == cuda.gridDim.x - 1:
-            for k in range(N_BARRIERS):
+            for k in range(EXIT + 1):
                 ctr[k] = 0
-                ctr[FLAG0 + k] = 0
-            ctr[EXIT] = 0
 
 
 def _make_pair_dot(qa, qb):
-    """pair_dot(Wa, Wb, nu, row, u, step, xf, xq, xs, cols, acc): gemv_kernels' row_dot of row
-    `row` of two weights of the same width at once - each trip issues both weights' three
-    16-byte loads before the first multiply, so a warp waits for memory once a trip, not
-    twice. acc[0] gets Wa's units and acc[1] Wb's in row_dot's order: the same bits."""
+    """pair_dot(Wa, Wb, nu, row, row_b, u, step, xf, xq, xs, cols, acc): gemv_kernels' row_dot
+    of row `row` of Wa and row `row_b` of Wb (two weights of the same width, or one weight
+    twice) at once - each trip issues both rows' three 16-byte loads before the first
+    multiply, so a warp waits for memory once a trip, not twice. acc[0] gets Wa's units and
+    acc[1] Wb's in row_dot's order: the same bits as two row_dot calls."""
     load_a, load_b = K.LOADERS[qa], K.LOADERS[qb]
     mul_a, mul_b = K.MULTIPLIERS[(qa, "dp4a")](1), K.MULTIPLIERS[(qb, "dp4a")](1)
     SA, SB = K.UNIT_SHIFT[qa], K.UNIT_SHIFT[qb]
     MA, MB = (1 << SA) - 1, (1 << SB) - 1
 
     @_dev
-    def pair_dot(aa, ab, ac, ad, ba, bb, bc, bd, nu, row, u, step, xf, xq, xs, cols, acc):
+    def pair_dot(aa, ab, ac, ad, ba, bb, bc, bd, nu, row, row_b, u, step, xf, xq, xs, cols, acc):
         base = row * nu
+        off_b = (row_b - row) * nu                # Wb's row row_b (= row for gate / up)
         last = nu - 1
         pa, pb = u & MA, u & MB
         ka, kb = u >> SA, u >> SB
@@ -142,9 +133,9 @@ def _make_pair_dot(qa, qb):
             a0 = load_a(aa, ab, ac, ad, base + u)
             a1 = load_a(aa, ab, ac, ad, i1)
             a2 = load_a(aa, ab, ac, ad, i2)
-            b0 = load_b(ba, bb, bc, bd, base + u)
-            b1 = load_b(ba, bb, bc, bd, i1)
-            b2 = load_b(ba, bb, bc, bd, i2)
+            b0 = load_b(ba, bb, bc, bd, base + u + off_b)
+            b1 = load_b(ba, bb, bc, bd, i1 + off_b)
+            b2 = load_b(ba, bb, bc, bd, i2 + off_b)
             mul_a(a0, ka, pa, xf, xq, xs, cols, acc, 0)
             if u1 < nu:
                 mul_a(a1, ka + sa, pa, xf, xq, xs, cols, acc, 0)
@@ -166,7 +157,7 @@ ALL_PHASES = 0b111111
 
 def ffn_kernel(o_q, g_q, u_q, d_q, D: int, VB: int, ACT: str = "silu", NEXT: bool = True,
                PHASES: int = ALL_PHASES, FENCE_ALL: bool = True, PAIR: bool = True,
-               FLAG: bool = False, SLEEP: int = 0):
+               ROWS2: bool = True):
     """The kernel for weights of formats o_q (Wo), g_q, u_q (Wg, Wu), d_q (Wd), all dp4a;
     D = n_embd (the norms' width), VB the norms' block (rmsnorm_q8's bits at that block);
     NEXT: also phase 6. Arguments (flat, C-contiguous):
@@ -182,13 +173,12 @@ def ffn_kernel(o_q, g_q, u_q, d_q, D: int, VB: int, ACT: str = "silu", NEXT: boo
       fq8, fq, fs      int8 [nff] and its uint32 view, float32 [nff / 8]: q8 of f
       nw               float32 [D] the next layer's attn_norm (any float32 [D] if not NEXT)
       ctr              int32 [N_COUNTERS], 0 but ctr[ERROR] before the launch; left so
-    PHASES (bit p-1: phase p runs; the barriers always do), FENCE_ALL / FLAG / SLEEP
-    (_make_barrier) and PAIR
+    PHASES (bit p-1: phase p runs; the barriers always do), FENCE_ALL (_make_barrier), ROWS2 (a warp's two rows of Wo / Wd by _make_pair_dot) and PAIR
     (gate and up by _make_pair_dot, else one after the other as gemv_swiglu does) are for
     tools/bench_ffn_fused.py, which times the parts; the engine runs every phase."""
     assert ACT in ACTS and D % 32 == 0 and VB % 32 == 0
     GELU = ACT == "gelu"
-    _barrier = _make_barrier(FENCE_ALL, FLAG, SLEEP)
+    _barrier = _make_barrier(FENCE_ALL)
     P1, P2, P3, P4, P5, P6 = (bool(PHASES >> i & 1) for i in range(6))
     PAIR = PAIR and K.UNIT_WEIGHTS[g_q] == K.UNIT_WEIGHTS[u_q]       # one unit count for both
     pair = _make_pair_dot(g_q, u_q)
@@ -201,17 +191,29 @@ def ffn_kernel(o_q, g_q, u_q, d_q, D: int, VB: int, ACT: str = "silu", NEXT: boo
     NV = norm_scale_values(BLOCK, D, VB)
     NQ = D // 32                                  # q8 blocks of h
 
-    def make_residual(dot):
+    def make_residual(dot, q):
+        pair_rows = _make_pair_dot(q, q)
+
         @_dev
         def residual(wa, wb, wc, wd, nu, xq, xs, cols, x, gw, nwarps, lane, warp, acc):
             row = gw                              # x[row] += W[row] . a, one warp a row
             while row < D:                        # (warp-uniform: no barrier inside)
                 acc[0] = float32(0)
-                dot(wa, wb, wc, wd, nu, row, lane, 32, xs, xq, xs, cols, acc, 0)
-                reduce1(acc, warp, lane, 0)
-                if lane == 0:
-                    x[row] = acc[0] + x[row]
-                row += nwarps
+                acc[1] = float32(0)
+                r2 = row + nwarps
+                if ROWS2 and r2 < D:              # this warp's next row too, loads together
+                    pair_rows(wa, wb, wc, wd, wa, wb, wc, wd, nu, row, r2, lane, 32, xs, xq, xs, cols, acc)
+                    reduce2(acc, warp, lane, 0)
+                    if lane == 0:
+                        x[row] = acc[0] + x[row]
+                        x[r2] = acc[1] + x[r2]
+                    row = r2 + nwarps
+                else:
+                    dot(wa, wb, wc, wd, nu, row, lane, 32, xs, xq, xs, cols, acc, 0)
+                    reduce1(acc, warp, lane, 0)
+                    if lane == 0:
+                        x[row] = acc[0] + x[row]
+                    row += nwarps
         return residual
 
     def make_norm_q8(scale):
@@ -225,7 +227,7 @@ def ffn_kernel(o_q, g_q, u_q, d_q, D: int, VB: int, ACT: str = "silu", NEXT: boo
                 j += nwarps
         return norm_q8
 
-    residual_o, residual_d = make_residual(dot_o), make_residual(dot_d)
+    residual_o, residual_d = make_residual(dot_o, o_q), make_residual(dot_d, d_q)
     norm_a = make_norm_q8(make_norm_scale(BLOCK, D, VB))   # two call sites: two sets of shared
     norm_b = make_norm_q8(make_norm_scale(BLOCK, D, VB))   # arrays, no barrier between uses
 
@@ -252,7 +254,7 @@ def ffn_kernel(o_q, g_q, u_q, d_q, D: int, VB: int, ACT: str = "silu", NEXT: boo
             acc[0] = float32(0)
             acc[1] = float32(0)
             if PAIR:
-                pair(ga, gb, gc, gd, ua, ub, uc, ud, gnu, row, lane, 32, hs, hq, hs, D, acc)
+                pair(ga, gb, gc, gd, ua, ub, uc, ud, gnu, row, row, lane, 32, hs, hq, hs, D, acc)
             else:
                 dot_g(ga, gb, gc, gd, gnu, row, lane, 32, hs, hq, hs, D, acc, 0)
                 dot_u(ua, ub, uc, ud, unu, row, lane, 32, hs, hq, hs, D, acc, 1)

@@ -5,14 +5,16 @@ At Qwen3-4B's shapes (Wo 2560x4096, Wg/Wu 9728x2560 Q4_K, Wd 2560x9728 Q6_K; ran
 each timed as a CUDA graph of 20 launches (engine/cuda_graph.time_us, microseconds a launch):
 
     separate       gemv(Wo, residual), rmsnorm_q8, gemv_swiglu, quantize_q8, gemv(Wd, residual),
-                   rmsnorm_q8 - today's decode step, and each of them alone
+                   rmsnorm_q8 - today's decode step - and each of them alone
     fused          the one launch at 2, 4 and 8 resident blocks an SM; with gate and up one after
-                   the other (PAIR=0), with thread 0 alone fencing (FENCE_ALL=0), with the waiters
-                   polling a flag the last arrival raises (FLAG=1), with 100 ns between polls
+                   the other (PAIR=0), a warp's rows of Wo / Wd one at a time (ROWS2=0), thread 0
+                   alone fencing at a barrier (FENCE_ALL=0)
     barriers       the launch with no phase (PHASES=0): five grid barriers and the exit
     phase p        the launch with phase p only (its cost: this minus "barriers")
 
     python tools/bench_ffn_fused.py --json ffn.json          (needs a CUDA GPU)
+
+Results: docs/kernels/ffn-fused.md (docs/bench/bench-ffn-h200-*.json).
 """
 from __future__ import annotations
 
@@ -57,14 +59,14 @@ def main(argv=None) -> int:
     ctr = dev(np.zeros(F.N_COUNTERS, np.int32))
     eps = 1e-6
     rows = []
-
-    def record(name, fn, **extra):
-        us = time_us(fn, stream)
-        rows.append(dict(name=name, us=us, **extra))
-        print(f"  {name:<44} {us:8.2f} us", flush=True)
-
     name = cuda.get_current_device().name
     device = name.decode() if isinstance(name, bytes) else str(name)
+
+    def record(label, fn, **extra):
+        us = time_us(fn, stream)
+        rows.append(dict(name=label, us=us, **extra))
+        print(f"  {label:<44} {us:8.2f} us", flush=True)
+
     print(f"fused FFN vs separate launches, {device}, Qwen3-4B shapes")
     parts = {
         "gemv attn_output (residual)": lambda: G.gemv(wo, attn, x, xq=aq, xs=as_, residual=x, stream=stream),
@@ -73,12 +75,12 @@ def main(argv=None) -> int:
         "quantize_q8 (f)": lambda: G.quantize_q8(f, fq, fs, stream=stream),
         "gemv ffn_down (residual)": lambda: G.gemv(wd, f, x, xq=fq, xs=fs, residual=x, stream=stream),
     }
-    for name, fn in parts.items():
-        record(name, fn)
+    for label, fn in parts.items():
+        record(label, fn)
 
     def separate():
-        for name in parts:
-            parts[name]()
+        for fn in parts.values():
+            fn()
         N.rmsnorm_q8(x, nw, hq, hs, eps, stream=stream)
     record("separate: the six launches", separate)
 
@@ -92,16 +94,13 @@ def main(argv=None) -> int:
     for bps in (2, 4, 8):
         grid, fn = fused(bps)
         record(f"fused, {bps} blocks/SM ({grid} blocks)", fn, blocks=grid)
-    for name, variant in (("fused, PAIR=0", dict(PAIR=False)), ("fused, FENCE_ALL=0", dict(FENCE_ALL=False)),
-                          ("fused, FLAG=1", dict(FLAG=True)),
-                          ("fused, FLAG=1, FENCE_ALL=0", dict(FLAG=True, FENCE_ALL=False)),
-                          ("fused, SLEEP=100", dict(SLEEP=100)),
-                          ("barriers only (PHASES=0)", dict(PHASES=0)),
-                          ("barriers only, FENCE_ALL=0", dict(PHASES=0, FENCE_ALL=False)),
-                          ("barriers only, FLAG=1", dict(PHASES=0, FLAG=True)),
-                          ("barriers only, SLEEP=100", dict(PHASES=0, SLEEP=100))):
+    for label, variant in (("fused, PAIR=0", dict(PAIR=False)), ("fused, ROWS2=0", dict(ROWS2=False)),
+                           ("fused, PAIR=0, ROWS2=0", dict(PAIR=False, ROWS2=False)),
+                           ("fused, FENCE_ALL=0", dict(FENCE_ALL=False)),
+                           ("barriers only (PHASES=0)", dict(PHASES=0)),
+                           ("barriers only, FENCE_ALL=0", dict(PHASES=0, FENCE_ALL=False))):
         grid, fn = fused(**variant)
-        record(name, fn, blocks=grid)
+        record(label, fn, blocks=grid)
     for ph in range(6):
         grid, fn = fused(PHASES=1 << ph)
         record(f"phase {ph + 1} only", fn, blocks=grid)
