@@ -51,6 +51,7 @@ from genie_rt.engine import kernel_cache
 
 from . import gemv_kernels as K
 from . import ptx
+from .gemv import _flat, _w_args
 from .norm_q8_device import make_norm_scale, norm_block, norm_scale_values, q8_put
 
 log = logging.getLogger("genie_rt.cuda")
@@ -173,9 +174,10 @@ def ffn_kernel(o_q, g_q, u_q, d_q, D: int, VB: int, ACT: str = "silu", NEXT: boo
       fq8, fq, fs      int8 [nff] and its uint32 view, float32 [nff / 8]: q8 of f
       nw               float32 [D] the next layer's attn_norm (any float32 [D] if not NEXT)
       ctr              int32 [N_COUNTERS], 0 but ctr[ERROR] before the launch; left so
-    PHASES (bit p-1: phase p runs; the barriers always do), FENCE_ALL (_make_barrier), ROWS2 (a warp's two rows of Wo / Wd by _make_pair_dot) and PAIR
-    (gate and up by _make_pair_dot, else one after the other as gemv_swiglu does) are for
-    tools/bench_ffn_fused.py, which times the parts; the engine runs every phase."""
+    PHASES (bit p-1: phase p runs; the barriers always do), FENCE_ALL (_make_barrier), ROWS2
+    (a warp's two rows of Wo / Wd by _make_pair_dot) and PAIR (gate and up by _make_pair_dot,
+    else one after the other as gemv_swiglu does) are for tools/bench_ffn_fused.py, which
+    times the parts; the engine runs every phase."""
     assert ACT in ACTS and D % 32 == 0 and VB % 32 == 0
     GELU = ACT == "gelu"
     _barrier = _make_barrier(FENCE_ALL)
@@ -329,15 +331,6 @@ def grid_blocks(kern, max_per_sm: int = MAX_BLOCKS_PER_SM) -> int:
     return _grids[key]
 
 
-def _w(w):
-    return (w.wa, w.wb, w.wc, w.wd, w.units)
-
-
-def _flat(a, dtype=None):
-    a = a.reshape(a.size)
-    return a if dtype is None else a.view(dtype)
-
-
 def _check(name, a, dtype, n):
     if not ptx.is_device_array(a):
         raise TypeError(f"ffn_fused: {name} must be a device array, got {type(a).__name__}")
@@ -369,7 +362,7 @@ def ffn_fused(wo, wg, wu, wd, aq, as_, x, ffn_norm, eps: float, hq, hs, f, fq, f
     f float32 [1, n_ff] scratch; fq int8 [1, n_ff], fs float32 [1, n_ff / 8]; ctr int32
     [N_COUNTERS] zeros (the launch leaves them zero). norm_blk: the block of the rmsnorm_q8
     to reproduce (default engine/norm.py's). grid: blocks (default grid_blocks: all resident).
-    variant: ffn_kernel's PHASES / FENCE_ALL / PAIR (tools/bench_ffn_fused.py).
+    variant: ffn_kernel's PHASES / FENCE_ALL / PAIR / ROWS2 (tools/bench_ffn_fused.py).
     Nothing is allocated: graph-capturable once compiled."""
     why = supported(wo, wg, wu, wd)
     if why:
@@ -393,19 +386,10 @@ def ffn_fused(wo, wg, wu, wd, aq, as_, x, ffn_norm, eps: float, hq, hs, f, fq, f
         raise ValueError("ffn_fused: the simulator runs blocks one after another; a grid barrier "
                          "needs them all at once: grid must be 1 there")
     hq8, fq8 = _flat(hq), _flat(fq)
-    kern[nb, BLOCK, stream](*_w(wo), *_w(wg), *_w(wu), *_w(wd), acols, _flat(aq, np.uint32), _flat(as_),
-                            _flat(x), ffn_norm, np.float32(eps), hq8, hq8.view(np.uint32), _flat(hs),
+    kern[nb, BLOCK, stream](*_w_args(wo), *_w_args(wg), *_w_args(wu), *_w_args(wd), acols,
+                            _flat(aq, np.uint32), _flat(as_), _flat(x), ffn_norm, np.float32(eps), hq8, hq8.view(np.uint32), _flat(hs),
                             nff, _flat(f), fq8, fq8.view(np.uint32), _flat(fs),
                             ffn_norm if next_norm is None else next_norm, ctr)
-
-
-def compile_ffn(wo, wg, wu, wd, act="silu", nxt=True, norm_blk=None):
-    """Compile (or load from the kernel cache) the kernel a layer's launch will use."""
-    kern = _kernel((wo.qtype, wg.qtype, wu.qtype, wd.qtype), wo.rows, norm_blk or norm_block(wo.rows),
-                   act, nxt)
-    if not ptx.SIMULATOR:
-        kern.compile(SIG)
-    return kern
 
 
 def failed(ctr) -> bool:
@@ -413,5 +397,4 @@ def failed(ctr) -> bool:
     return bool(ctr.copy_to_host()[ERROR])
 
 
-__all__ = ["ffn_fused", "ffn_kernel", "supported", "grid_blocks", "compile_ffn", "failed",
-           "N_COUNTERS"]
+__all__ = ["ffn_fused", "ffn_kernel", "supported", "grid_blocks", "failed", "N_COUNTERS"]

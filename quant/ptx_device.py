@@ -263,37 +263,34 @@ def ldg_v4(typingctx, arr, idx):
 
 
 # ---- coherent scalar load -------------------------------------------------------
-@intrinsic
-def ld_relaxed_f32(typingctx, arr, idx):
-    """arr[idx] (float32) by ld.relaxed.gpu.global: a load that sees what other blocks of the
-    same launch stored and made visible with a fence (threadfence before an atomic the
-    reader observed), bypassing the SM's non-coherent L1. Emitted as volatile asm with a
-    memory clobber, so the compiler keeps it after the barrier and atomic that precede it
-    and never merges it with an earlier load."""
-    _check_index("ld_relaxed_f32", arr, idx)
-    if arr.dtype != types.float32:
-        raise TypingError(f"ld_relaxed_f32: array dtype must be float32, got {arr.dtype}")
+def _ld_relaxed(name: str, nb_type, ir_type, ptx_type: str, letter: str):
+    """The intrinsic `name(arr, idx)`: arr[idx] of an nb_type array by one
+    ld.relaxed.gpu.global.<ptx_type>, volatile asm with a memory clobber."""
+    text = f"ld.relaxed.gpu.global.{ptx_type} $0, [$1];"
 
-    def codegen(context, builder, sig, args):
-        p = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        return _asm(builder, _f32, [_i64], "ld.relaxed.gpu.global.f32 $0, [$1];", "=f,l,~{memory}",
-                    [_global_addr64(builder, p)], side_effect=True)
-    return types.float32(arr, idx), codegen
+    def ld_relaxed(typingctx, arr, idx):
+        _check_index(name, arr, idx)
+        if arr.dtype != nb_type:
+            raise TypingError(f"{name}: array dtype must be {nb_type}, got {arr.dtype}")
+
+        def codegen(context, builder, sig, args):
+            p = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            return _asm(builder, ir_type, [_i64], text, f"={letter},l,~{{memory}}",
+                        [_global_addr64(builder, p)], side_effect=True)
+        return nb_type(arr, idx), codegen
+    ld_relaxed.__name__ = ld_relaxed.__qualname__ = name
+    return ld_relaxed
 
 
-@intrinsic
-def ld_relaxed_i32(typingctx, arr, idx):
-    """arr[idx] (int32) by ld.relaxed.gpu.global: ld_relaxed_f32's load for a counter that
-    other blocks of the same launch advance with atomics (a grid barrier's spin)."""
-    _check_index("ld_relaxed_i32", arr, idx)
-    if arr.dtype != types.int32:
-        raise TypingError(f"ld_relaxed_i32: array dtype must be int32, got {arr.dtype}")
-
-    def codegen(context, builder, sig, args):
-        p = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        return _asm(builder, _i32, [_i64], "ld.relaxed.gpu.global.s32 $0, [$1];", "=r,l,~{memory}",
-                    [_global_addr64(builder, p)], side_effect=True)
-    return types.int32(arr, idx), codegen
+ld_relaxed_f32 = intrinsic(_ld_relaxed("ld_relaxed_f32", types.float32, _f32, "f32", "f"))
+ld_relaxed_f32.__doc__ = """arr[idx] (float32) by ld.relaxed.gpu.global: a load that sees what other blocks of the
+same launch stored and made visible with a fence (threadfence before an atomic the
+reader observed), bypassing the SM's non-coherent L1. Emitted as volatile asm with a
+memory clobber, so the compiler keeps it after the barrier and atomic that precede it
+and never merges it with an earlier load."""
+ld_relaxed_i32 = intrinsic(_ld_relaxed("ld_relaxed_i32", types.int32, _i32, "s32", "r"))
+ld_relaxed_i32.__doc__ = """arr[idx] (int32) by ld.relaxed.gpu.global: ld_relaxed_f32's load for a counter that
+other blocks of the same launch advance with atomics (a grid barrier's spin)."""
 
 
 # ---- integer dot product -------------------------------------------------------

@@ -144,22 +144,23 @@ def ldg_v4(arr, idx):
     return (v[0], v[1], v[2], v[3])
 
 
+def _ld_relaxed(name, arr, idx, dtype):
+    """Simulator: a plain load (the simulator's memory is coherent)."""
+    _check_space(name, "arr", arr, shared=False)
+    a = _np(arr)
+    if a.dtype != dtype:
+        raise TypeError(f"{name}: needs a {np.dtype(dtype).name} array, got {a.dtype}")
+    return a[idx]
+
+
 def ld_relaxed_f32(arr, idx):
     """Simulator: a plain load (the simulator's memory is coherent)."""
-    _check_space("ld_relaxed_f32", "arr", arr, shared=False)
-    a = _np(arr)
-    if a.dtype != np.float32:
-        raise TypeError(f"ld_relaxed_f32: needs a float32 array, got {a.dtype}")
-    return a[idx]
+    return _ld_relaxed("ld_relaxed_f32", arr, idx, np.float32)
 
 
 def ld_relaxed_i32(arr, idx):
     """Simulator: a plain load (the simulator's memory is coherent)."""
-    _check_space("ld_relaxed_i32", "arr", arr, shared=False)
-    a = _np(arr)
-    if a.dtype != np.int32:
-        raise TypeError(f"ld_relaxed_i32: needs an int32 array, got {a.dtype}")
-    return a[idx]
+    return _ld_relaxed("ld_relaxed_i32", arr, idx, np.int32)
 
 
 # ---- scalar --------------------------------------------------------------------
