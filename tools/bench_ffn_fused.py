@@ -14,6 +14,8 @@ each timed as a CUDA graph of 20 launches (engine/cuda_graph.time_us, microsecon
 
     python tools/bench_ffn_fused.py --json ffn.json          (needs a CUDA GPU)
 
+Before timing, one fused launch is checked against the six launches, bit for bit.
+
 Results: docs/kernels/ffn-fused.md (docs/bench/bench-ffn-h200-*.json).
 """
 from __future__ import annotations
@@ -21,6 +23,34 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+
+
+def check_same_bits(F, G, N, wo, wg, wu, wd, attn, aq, as_, x, fw, nw, h, eps, stream, dev) -> None:
+    """Validate before timing: one fused launch (on a full grid) against the six launches, on
+    copies of x - the residual stream and the next norm's q8 must be the same bits."""
+    import numpy as np
+    out = {}
+    for fused in (False, True):
+        xc = dev(x.copy_to_host())
+        hq, hs = dev(np.zeros((1, wo.rows), np.int8)), dev(np.zeros((1, wo.rows // 8), np.float32))
+        f = dev(np.zeros((1, wg.rows), np.float32))
+        fq, fs = dev(np.zeros((1, wg.rows), np.int8)), dev(np.zeros((1, wg.rows // 8), np.float32))
+        if fused:
+            F.ffn_fused(wo, wg, wu, wd, aq, as_, xc, fw, eps, hq, hs, f, fq, fs,
+                        dev(np.zeros(F.N_COUNTERS, np.int32)), next_norm=nw, stream=stream)
+        else:
+            G.gemv(wo, attn, xc, xq=aq, xs=as_, residual=xc, stream=stream)
+            N.rmsnorm_q8(xc, fw, hq, hs, eps, stream=stream)
+            G.gemv_swiglu(wg, wu, h, f, xq=hq, xs=hs, stream=stream)
+            G.quantize_q8(f, fq, fs, stream=stream)
+            G.gemv(wd, f, xc, xq=fq, xs=fs, residual=xc, stream=stream)
+            N.rmsnorm_q8(xc, nw, hq, hs, eps, stream=stream)
+        stream.synchronize()
+        out[fused] = [a.copy_to_host() for a in (xc, f, hq, hs)]
+    for name, a, b in zip(("x", "f", "hq", "hs"), out[True], out[False]):
+        if not np.array_equal(a.view(np.uint8), b.view(np.uint8)):
+            raise SystemExit(f"fused FFN: {name} differs from the six launches; not timing it")
+    print("  fused launch = the six launches, bit for bit (x, f, q8 of f's input and of the next h)")
 
 
 def main(argv=None) -> int:
@@ -68,6 +98,7 @@ def main(argv=None) -> int:
         print(f"  {label:<44} {us:8.2f} us", flush=True)
 
     print(f"fused FFN vs separate launches, {device}, Qwen3-4B shapes")
+    check_same_bits(F, G, N, wo, wg, wu, wd, attn, aq, as_, x, fw, nw, h, eps, stream, dev)
     parts = {
         "gemv attn_output (residual)": lambda: G.gemv(wo, attn, x, xq=aq, xs=as_, residual=x, stream=stream),
         "rmsnorm_q8": lambda: N.rmsnorm_q8(x, fw, hq, hs, eps, stream=stream),
