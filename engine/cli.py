@@ -58,6 +58,9 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--fuse-norm", action="store_true",
                    help="CUDA decode: fold each norm into the residual GEMV before it instead of its own "
                         "launch (same results; slower on the H200 today: for benchmarks)")
+    p.add_argument("--no-pdl", dest="pdl", action="store_false",
+                   help="CUDA decode on sm_90+: launch each kernel only after the one before has finished "
+                        "(no programmatic dependent launch; same results, slower: for comparisons)")
     p.add_argument("--overlap-load", action="store_true",
                    help="CUDA, discrete GPU: read the weights on a thread while the kernels load and the "
                         "graphs are captured (same bits; no faster on the H200 since the warm-up "
@@ -105,7 +108,7 @@ def _engine_config(args):
                         threads=args.threads,
                         min_headroom_bytes=None if args.min_headroom_mb is None else args.min_headroom_mb << 20,
                         thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory,
-                        fuse_decode_norm=args.fuse_norm, overlap_load=args.overlap_load)
+                        fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl, overlap_load=args.overlap_load)
 
 
 def resolve_model_arg(args) -> None:

@@ -232,10 +232,11 @@ class EngineConfig:
                                         # that GEMV's launch (cuda_ops.DecodeOps; same bits either way).
                                         # Off: slower on the H200 (2026-12-03 night: step 3.25 ms vs
                                         # 2.15 ms, docs/forward-pass.md), the staged tail too
-    decode_pdl: bool = False            # lab: decode GEMVs by programmatic dependent launch (sm_90+,
-                                        # quant/pdl.py; -6 % a step on the H200). Gave wrong logits in one
-                                        # replayed-graph test on 2026-12-03 afternoon, the plain bits in
-                                        # three runs since; unexplained, so no CLI flag and off
+    decode_pdl: bool = True             # CUDA decode on sm_90+ (Hopper, Blackwell): every kernel of the
+                                        # step launched by programmatic dependent launch (quant/pdl.py:
+                                        # it starts while the one before runs and waits on the device;
+                                        # the same bits). sm_80/87 (the Jetson) run the plain kernels
+                                        # whatever this says. --no-pdl turns it off
     decode_attention_q8: bool = False   # lab: the decode attention launch also writes the q8 blocks of
                                         # its output (kvcache/attention.py xq=, xs=; same bits as
                                         # quantize_q8), one launch fewer a layer. H200, 2026-12-03

@@ -62,6 +62,8 @@ class _Ops:
     def __init__(self, rt, rows: int):
         self.rt, self.A, self.stream, self.cfg = rt, rt.arena, rt.stream, rt.cfg
         self.rows = rows
+        # the kernel kinds launched by programmatic dependent launch (quant/pdl.py; DecodeOps only)
+        self.pdl_kinds = frozenset()
         self._names = {}            # id(buffer view) -> scratch name (for the preparation tracking)
         self._no_float = set()      # buffers whose float values were not written (prefill norm)
 
@@ -106,7 +108,7 @@ class _Ops:
         cos, sin = rt.rope_table(a)
         q3 = q_out.reshape(self.rows, cfg.n_head, cfg.head_dim)
         rope_write(qkv, a.q_norm, a.k_norm, cfg.rms_eps, cos, sin, rt.state, q3, rt.kv_layers[a.index],
-                   stream=self.stream, rope=ROPE_NAMES[cfg.rope_style])
+                   stream=self.stream, rope=ROPE_NAMES[cfg.rope_style], pdl="rope" in self.pdl_kinds)
         self._wrote(q_out)
 
     def post_norm_add(self, x, y, w) -> None:
@@ -119,6 +121,14 @@ class _Ops:
 def _pdl_available() -> bool:
     from genie_rt.quant import pdl
     return pdl.available()
+
+
+# The decode kernels EngineConfig.decode_pdl launches by programmatic dependent launch: every
+# kind of a layer, so each kernel launches while the one before runs and waits for it on the
+# device. A lab knob (tools/profile_decode.py times subsets, e.g. {"gemv", "q8"}: the GEMVs
+# and quantize_q8 alone, the form measured on 2026-12-03).
+PDL_ALL = frozenset({"gemv", "q8", "norm", "rope", "attention"})
+PDL_KINDS = PDL_ALL
 
 
 class _PendingGemv(NamedTuple):
@@ -138,9 +148,11 @@ class DecodeOps(_Ops):
         self._q8_fresh = set()      # buffers whose xq.<name>, xs.<name> hold their current values
         self._pending: _PendingGemv | None = None
         self.fuse_norm = bool(rt.ecfg.fuse_decode_norm) and rt.q8_inputs
-        # programmatic dependent launch of the GEMVs (and the trigger in quantize_q8 before
-        # two of them): asked for and the device has it (quant/pdl.py)
-        self.pdl = bool(getattr(rt.ecfg, "decode_pdl", False)) and _pdl_available()
+        # programmatic dependent launch (quant/pdl.py): asked for and the device has it
+        on = bool(getattr(rt.ecfg, "decode_pdl", False)) and _pdl_available()
+        assert PDL_KINDS <= PDL_ALL, PDL_KINDS
+        self.pdl_kinds = PDL_KINDS if on else frozenset()
+        self.pdl = "gemv" in self.pdl_kinds            # the GEMV launchers' pdl=
         # attention writes its output's q8 blocks itself (EngineConfig.decode_attention_q8, lab)
         self.attention_q8 = bool(getattr(rt.ecfg, "decode_attention_q8", False)) and rt.q8_inputs
         # a layer's FFN half as one persistent launch (EngineConfig.decode_fused_ffn, lab): only
@@ -182,7 +194,7 @@ class DecodeOps(_Ops):
         xq, xs = self._q8_views(x)
         if self._name(x) not in self._q8_fresh:
             self._reads_float(x)
-            gemv.quantize_q8(x, xq, xs, stream=self.stream, pdl=self.pdl)
+            gemv.quantize_q8(x, xq, xs, stream=self.stream, pdl="q8" in self.pdl_kinds)
             self._q8_fresh.add(self._name(x))
         return xq, xs
 
@@ -204,7 +216,7 @@ class DecodeOps(_Ops):
             return
         xq, xs = self._q8_views(out)
         norm.rmsnorm_q8(x, w, xq, xs, self.cfg.rms_eps, stream=self.stream,
-                        out=out if self.rt.float_inputs else None)
+                        out=out if self.rt.float_inputs else None, pdl="norm" in self.pdl_kinds)
         if not self.rt.float_inputs:
             self._no_float.add(self._name(out))
         self._q8_fresh.add(self._name(out))
@@ -272,7 +284,7 @@ class DecodeOps(_Ops):
         if self.attention_q8 and self._name(out) in Q8_SOURCES:
             xq, xs = self._q8_views(out)
         decode_attention(q, self.rt.kv_layers[a.index], self.rt.state, out, self.rt.dws, stream=self.stream,
-                         plan=self.rt.lay.decode_plans[a.index], xq=xq, xs=xs)
+                         plan=self.rt.lay.decode_plans[a.index], xq=xq, xs=xs, pdl="attention" in self.pdl_kinds)
         self._wrote(out)
         if xq is not None:
             self._q8_fresh.add(self._name(out))

@@ -57,6 +57,7 @@ from genie_rt.quant import ptx   # simulator: installs warp shuffles
 from genie_rt.quant.norm_q8_device import block_sum as _block_sum
 from genie_rt.quant.norm_q8_device import norm_block
 from genie_rt.quant.norm_q8_device import q8_store as _q8_store
+from genie_rt.quant.pdl import launch_or_plain
 
 from . import kernel_cache
 
@@ -207,24 +208,32 @@ _rmsnorm_q8_h_kernel = _make_rmsnorm_q8_kernel(True)
 RESIDENT_MAX = 16
 
 
-def _make_rmsnorm_q8_resident(write_h: bool, J: int):
+def _make_rmsnorm_q8_resident(write_h: bool, J: int, PDL: bool = False):
+    if PDL:                                      # sm_90+ only (quant/pdl.py)
+        wait, launch_dependents = ptx.griddep_wait, ptx.griddep_launch_dependents
+    else:
+        wait = launch_dependents = _no_op
+
     @cuda.jit
     def kernel(x, w, out, xq, xs, eps):
         """_make_rmsnorm_q8_kernel's kernel (same arguments), J values per thread; grid
         (n, J): block (r, j) computes row r's sum of squares and h, xq, xs of the values
-        t + j * blockDim."""
+        t + j * blockDim. PDL: the next kernel may launch at once; the weight is read before
+        waiting for the kernel before (x is its output)."""
+        launch_dependents()
         sh = cuda.shared.array(32, float32)
         r = cuda.blockIdx.x
         jb = cuda.blockIdx.y
         tid = cuda.threadIdx.x
         bdim = cuda.blockDim.x
         d = x.shape[1]
+        mine = tid + jb * bdim                   # the value this thread quantizes
+        wv = w[mine] if mine < d else float32(0)
+        wait()
         vals = cuda.local.array(J, float32)
         for j in range(J):                       # every load first
             i = tid + j * bdim
             vals[j] = x[r, i] if i < d else float32(0)
-        mine = tid + jb * bdim                   # the value this thread quantizes
-        wv = w[mine] if mine < d else float32(0)
         xv = x[r, mine] if mine < d else float32(0)    # = vals[jb], read again (an L1 hit):
         # picking vals[jb] out of the registers by a run-time jb put vals in local memory
         ss = float32(0)
@@ -241,18 +250,25 @@ def _make_rmsnorm_q8_resident(write_h: bool, J: int):
     return kernel_cache.attach(kernel)
 
 
+@cuda.jit(device=True, inline=True)
+def _no_op():
+    pass
+
+
 _rmsnorm_q8_r4_kernel = _make_rmsnorm_q8_resident(False, 4)      # d = 4 * block: 1024-4096
 _rmsnorm_q8_h_r4_kernel = _make_rmsnorm_q8_resident(True, 4)
-_RESIDENT = {(False, 4): _rmsnorm_q8_r4_kernel, (True, 4): _rmsnorm_q8_h_r4_kernel}
+_RESIDENT = {(False, 4, False): _rmsnorm_q8_r4_kernel, (True, 4, False): _rmsnorm_q8_h_r4_kernel}
 
 
-def _rmsnorm_q8_for(write_h: bool, d: int, block: int):
+def _rmsnorm_q8_for(write_h: bool, d: int, block: int, pdl: bool = False):
+    """The kernel for rows of d values at this block size: the register-resident one (a PDL
+    build when asked) up to RESIDENT_MAX values a thread, else the loop kernel (never PDL)."""
     j = -(-d // block)
     if j > RESIDENT_MAX:
         return _rmsnorm_q8_h_kernel if write_h else _rmsnorm_q8_kernel
-    k = _RESIDENT.get((write_h, j))
+    k = _RESIDENT.get((write_h, j, pdl))
     if k is None:
-        k = _RESIDENT[(write_h, j)] = _make_rmsnorm_q8_resident(write_h, j)
+        k = _RESIDENT[(write_h, j, pdl)] = _make_rmsnorm_q8_resident(write_h, j, pdl)
     return k
 
 
@@ -372,11 +388,14 @@ def add_rmsnorm(x, delta, w, out, eps: float, stream=0, block: int | None = None
     _add_rmsnorm_kernel[n, block or norm_block(d), stream](x, delta, w, out, np.float32(eps))
 
 
-def rmsnorm_q8(x, w, xq, xs, eps: float, stream=0, out=None, block: int | None = None) -> None:
+def rmsnorm_q8(x, w, xq, xs, eps: float, stream=0, out=None, block: int | None = None,
+               pdl: bool = False) -> None:
     """q8 activations of h = rmsnorm(x) * w in one launch: xq int8 [n, d], xs float32
     [n, d // 8] (quant/gemv.py's quantize_q8 layout, bit-identical to rmsnorm followed by
     quantize_q8 at the same block); out float32 [n, d] gets h too when given (for a GEMV
-    that reads float x). x float32 [n, d] with d % 32 == 0, w float32 [d]."""
+    that reads float x). x float32 [n, d] with d % 32 == 0, w float32 [d]. pdl: the
+    programmatic-dependent-launch build and launch (quant/pdl.py, sm_90+; rows of at most
+    RESIDENT_MAX values a thread, the loop kernel launches plainly); the same bits."""
     _check2d("x", x, (np.float32,))
     n, d = x.shape
     if d % Q8_BLOCK:
@@ -394,11 +413,13 @@ def rmsnorm_q8(x, w, xq, xs, eps: float, stream=0, out=None, block: int | None =
     if out is not None and ptx.device_address(out) == ptx.device_address(x):
         raise ValueError("rmsnorm_q8: out must not be x (the row's blocks read x while others "
                          "write h)")
-    kern = _rmsnorm_q8_for(out is not None, d, bdim)
     j = -(-d // bdim)
+    pdl = bool(pdl) and j <= RESIDENT_MAX
+    kern = _rmsnorm_q8_for(out is not None, d, bdim, pdl)
     grid = (n, j) if j <= RESIDENT_MAX else n          # the resident kernel: J blocks a row
     # out is not touched without write_h: x stands in for it
-    kern[grid, bdim, stream](x, w, x if out is None else out, xq, xs, np.float32(eps))
+    launch_or_plain(kern, grid, bdim, stream, KERNEL_SIGNATURES["_rmsnorm_q8_r4_kernel"][0], pdl,
+                    x, w, x if out is None else out, xq, xs, np.float32(eps))
 
 
 def _glu_launch(kernel, g, g_col, u, u_col, out, stream, block):

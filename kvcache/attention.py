@@ -35,6 +35,7 @@ import numpy as np
 from numba import cuda
 
 from genie_rt.engine.models.reference import attention as attention_reference
+from genie_rt.quant.pdl import launch_or_plain
 from genie_rt.quant.ptx import SIMULATOR
 
 from .attention_decode_kernels import DECODE_SIGNATURE, DECODE_SIGNATURE_Q8, MAX_SPLITS, decode_kernel
@@ -134,9 +135,9 @@ class DecodePlan:
         lpr = self.head_dim // (16 if self.kv_dtype == "int8" else 8)
         return self.warps * (32 // lpr) * self.rows_per_thread
 
-    def kernel(self, q8: bool = False):
+    def kernel(self, q8: bool = False, pdl: bool = False):
         return decode_kernel(self.head_dim, self.heads_per_block, self.kv_dtype, self.warps,
-                             self.rows_per_thread, self.window, self.scale, q8)
+                             self.rows_per_thread, self.window, self.scale, q8, pdl)
 
     @property
     def workspace_bytes(self) -> int:
@@ -218,11 +219,12 @@ class DecodeWorkspace:
         self.tickets.copy_to_device(np.zeros(plan.n_kv * plan.n_sub, np.int32), stream=stream)
 
 
-def compile_decode(plan: DecodePlan, q8: bool = False) -> None:
+def compile_decode(plan: DecodePlan, q8: bool = False, pdl: bool = False) -> None:
     """Compile the plan's kernel now (at load), not on the first token; q8: the variant that
-    also writes out's q8 activations (decode_attention(..., xq=, xs=))."""
+    also writes out's q8 activations (decode_attention(..., xq=, xs=)); pdl: its
+    programmatic-dependent-launch build (sm_90+)."""
     if not SIMULATOR:
-        plan.kernel(q8).compile(DECODE_SIGNATURE_Q8 if q8 else DECODE_SIGNATURE)
+        plan.kernel(q8, pdl).compile(DECODE_SIGNATURE_Q8 if q8 else DECODE_SIGNATURE)
 
 
 def _flat(a, n, what, dtype=np.float32):
@@ -233,7 +235,7 @@ def _flat(a, n, what, dtype=np.float32):
 
 
 def decode_attention(q, layer: KVLayer, state, out, ws: DecodeWorkspace, stream=0,
-                     plan: DecodePlan | None = None, xq=None, xs=None):
+                     plan: DecodePlan | None = None, xq=None, xs=None, pdl: bool = False):
     """out = attention of the query at position state[0] over cache positions 0..state[0]
     (a windowed plan: max(0, state[0] - W + 1) .. state[0], read through a ring's slots).
 
@@ -247,6 +249,8 @@ def decode_attention(q, layer: KVLayer, state, out, ws: DecodeWorkspace, stream=
     xq, xs int8 [n_head * hd], float32 [n_head * hd / 8] (or any shapes of those sizes), or
            both None: when given, out's q8 activations are written too (quant/gemv.py's
            quantize_q8 layout and bits), by the same launch
+    pdl    launch the programmatic-dependent-launch build (quant/pdl.py, sm_90+): the next
+           kernel may start at once; the same bits
     No allocation, no synchronization."""
     p = ws.plan if plan is None else plan
     if plan is not None and not plan.fits(ws.plan):
@@ -274,12 +278,13 @@ def decode_attention(q, layer: KVLayer, state, out, ws: DecodeWorkspace, stream=
             _flat(out, n, "out"), ws.part_o, ws.part_ml, ws.tickets)
     grid = (p.n_splits, p.n_kv, p.n_sub)
     if xq is None:
-        p.kernel()[grid, 32 * p.warps, stream](*args)
+        launch_or_plain(p.kernel(False, pdl), grid, 32 * p.warps, stream, DECODE_SIGNATURE, pdl, *args)
         return
     if (p.heads_per_block * p.head_dim) % 32:
         raise ValueError(f"decode_attention: q8 output needs heads_per_block * head_dim "
                          f"({p.heads_per_block} * {p.head_dim}) to be a multiple of 32")
-    p.kernel(True)[grid, 32 * p.warps, stream](*args, _flat(xq, n, "xq", np.int8), _flat(xs, n // 8, "xs"))
+    launch_or_plain(p.kernel(True, pdl), grid, 32 * p.warps, stream, DECODE_SIGNATURE_Q8, pdl,
+                    *args, _flat(xq, n, "xq", np.int8), _flat(xs, n // 8, "xs"))
 
 
 if __name__ == "__main__":       # python -m genie_rt.kvcache.attention [--json PATH] [--quick]

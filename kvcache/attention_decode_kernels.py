@@ -83,17 +83,30 @@ else:
     _dev = cuda.jit(device=True, forceinline=True)
 
 
+@_dev
+def _no_op():
+    pass
+
+
 @functools.lru_cache(maxsize=None)
 def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int = 4,
                   rows_per_thread: int = 4, window: int = 0, scale: float | None = None,
-                  q8: bool = False):
+                  q8: bool = False, pdl: bool = False):
     """The decode kernel specialised on its compile-time constants (one per model shape
     and layer kind). window 0: keys 0 .. pos, slot = position; window W > 0: keys
     max(0, pos - W + 1) .. pos, slot = position % R (R = the layer's slots; a ring when
     R < n_ctx). scale: the attention scale (None: 1 / sqrt(head_dim)). q8: the kernel also
     writes the q8 activations of out (xq int8 [n_head * hd], xs float32 [n_head * hd / 8],
     two more arguments: DECODE_SIGNATURE_Q8) for the dp4a GEMV of the output projection,
-    the same bits as quantize_q8 on out - one launch fewer a layer."""
+    the same bits as quantize_q8 on out - one launch fewer a layer. pdl: the programmatic-
+    dependent-launch build (sm_90+ only, quant/pdl.py): the next kernel may launch at once,
+    and this one waits for the kernel before it (rope_write: q and the new K/V row) first."""
+    if pdl:      # rope_write may still be writing the new K/V row when this launch starts:
+        # read the cache coherently after the wait (ld_v4), not by the read-only path
+        wait, launch_dependents, ld4 = ptx.griddep_wait, ptx.griddep_launch_dependents, ptx.ld_v4
+    else:
+        wait = launch_dependents = _no_op
+        ld4 = ptx.ldg_v4
     HD, GH, NW, RPT = head_dim, heads_per_block, warps, rows_per_thread
     Q8 = bool(q8)
     assert not Q8 or (GH * HD) % 32 == 0, "q8 output needs whole 32-value blocks per block"
@@ -193,8 +206,8 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
                         if r >= n_ctx:
                             r -= n_ctx
                     wi = (r * n_kv + kvh) * WPR + c * 4
-                    w4 = ptx.ldg_v4(k_words, wi)
-                    u4 = ptx.ldg_v4(v_words, wi)
+                    w4 = ld4(k_words, wi)
+                    u4 = ld4(v_words, wi)
                     for x in range(4):
                         kw[i * 4 + x] = w4[x]
                         vw[i * 4 + x] = u4[x]
@@ -369,12 +382,16 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
         @cuda.jit
         def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets,
                    xq, xs):
+            launch_dependents()
+            wait()
             body(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets,
                  xq, xs)
     else:
         @cuda.jit
         def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets):
             # xq, xs are never touched without Q8: any arrays of the right kinds stand in
+            launch_dependents()
+            wait()
             body(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets,
                  tickets, out)
 

@@ -52,7 +52,8 @@ from numba import cuda, float32, int32
 
 from genie_rt.engine import kernel_cache
 from genie_rt.engine.models.reference import rmsnorm, rope_neox, rope_tables
-from genie_rt.quant import ptx  # noqa: F401  (installs warp shuffles in the simulator)
+from genie_rt.quant import ptx  # installs warp shuffles in the simulator; griddepcontrol
+from genie_rt.quant.pdl import launch_or_plain
 from genie_rt.quant.ptx import SIMULATOR
 
 from .device_pool import KVLayer
@@ -153,20 +154,30 @@ def _warp_max(x):
 
 
 def rope_write_kernel(kv_dtype: str, neox: bool = True, qk_norm: bool = True,
-                      ring: bool = False):
+                      ring: bool = False, pdl: bool = False):
     """The kernel specialised on its compile-time constants (cache dtype "int8" | "f16",
-    NeoX or normal pairs, QK-norm or none, ring slots or not). One dispatcher per variant,
+    NeoX or normal pairs, QK-norm or none, ring slots or not; pdl: the programmatic-
+    dependent-launch build, sm_90+ only, quant/pdl.py). One dispatcher per variant,
     however the arguments are spelled (an lru_cache keys `f("int8", ring=True)` and
     `f("int8", True, True, True)` apart, which built and compiled the variant twice)."""
-    return _rope_write_kernel(kv_dtype, bool(neox), bool(qk_norm), bool(ring))
+    return _rope_write_kernel(kv_dtype, bool(neox), bool(qk_norm), bool(ring), bool(pdl))
+
+
+@cuda.jit(device=True, inline=True)
+def _no_op():
+    pass
 
 
 @functools.lru_cache(maxsize=None)
-def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool):
+def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool, pdl: bool = False):
     if kv_dtype not in ("int8", "f16"):
         raise ValueError(f"rope_write supports KV dtypes int8 and f16, not '{kv_dtype}'")
     int8_cache = kv_dtype == "int8"
     NEOX, QK_NORM, RING = bool(neox), bool(qk_norm), bool(ring)
+    if pdl:      # the next kernel may launch at once; this one waits before its first read
+        wait, launch_dependents = ptx.griddep_wait, ptx.griddep_launch_dependents
+    else:
+        wait = launch_dependents = _no_op
 
     @cuda.jit(device=True, inline=True)
     def pair(i, half):
@@ -186,6 +197,8 @@ def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool):
         # q_out   f32 [n, n_head, hd]             normed + roped queries
         # k_cache, v_cache  int8|f16 [R, n_kv, hd]   this layer's cache (R slots)
         # k_scale, v_scale  f32 [R, n_kv]         int8 row scales (placeholder for f16)
+        launch_dependents()
+        wait()
         t = cuda.blockIdx.x                      # token
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
@@ -319,18 +332,18 @@ def signature(kv_dtype: str) -> str:
             f"{cache}[:, :, ::1], {cache}[:, :, ::1], float32[:, ::1], float32[:, ::1])")
 
 
-def _kernel_for(kv_dtype: str, rope: str, qk_norm: bool, ring: bool):
+def _kernel_for(kv_dtype: str, rope: str, qk_norm: bool, ring: bool, pdl: bool = False):
     if kv_dtype not in _KERNELS:
         raise ValueError(f"rope_write supports KV dtypes {sorted(_KERNELS)}, not '{kv_dtype}'")
     if rope not in _ROPE_MODES:
         raise ValueError(f"rope_write: rope must be one of {_ROPE_MODES}, not '{rope}'")
-    return rope_write_kernel(kv_dtype, rope == "neox", bool(qk_norm), bool(ring))
+    return rope_write_kernel(kv_dtype, rope == "neox", bool(qk_norm), bool(ring), pdl)
 
 
 def compile_for(kv_dtype: str, rope: str = "neox", qk_norm: bool = True,
-                ring: bool = False) -> None:
+                ring: bool = False, pdl: bool = False) -> None:
     """Compile the kernel for this variant now (at load), not on the first token."""
-    k = _kernel_for(kv_dtype, rope, qk_norm, ring)
+    k = _kernel_for(kv_dtype, rope, qk_norm, ring, pdl)
     if not SIMULATOR:
         k.compile(signature(kv_dtype))
 
@@ -344,7 +357,7 @@ def _check(cond, msg):
 
 
 def rope_write(qkv, q_norm, k_norm, eps, cos, sin, state, q_out, layer: KVLayer, stream=0,
-               rope: str = "neox"):
+               rope: str = "neox", pdl: bool = False):
     """Norm + rope q and k of n tokens, write k, v into `layer` at positions state[0] ..
     state[0]+n-1 (slots p, or p % R for a ring layer).
 
@@ -359,6 +372,8 @@ def rope_write(qkv, q_norm, k_norm, eps, cos, sin, state, q_out, layer: KVLayer,
     layer   DeviceKVPool.layer(i)                 int8 or f16 cache; a ring layer needs
                                                  n <= its slots (distinct slots)
     rope    "neox" (pairs i, i + hd/2) or "normal" (pairs 2i, 2i + 1)
+    pdl     launch the programmatic-dependent-launch build (quant/pdl.py, sm_90+): the next
+            kernel may start at once; the same bits
     No allocation, no synchronization; `stream` is a numba stream (or 0)."""
     kv_dtype = {np.dtype(np.int8): "int8", np.dtype(np.float16): "f16"}.get(np.dtype(layer.k.dtype))
     _check(kv_dtype is not None, f"cache dtype {layer.k.dtype} is not supported (int8, float16)")
@@ -382,10 +397,11 @@ def rope_write(qkv, q_norm, k_norm, eps, cos, sin, state, q_out, layer: KVLayer,
     ring = bool(getattr(layer, "ring", False))
     _check(not ring or n <= n_slots, f"{n} tokens into a ring of {n_slots} slots would overwrite "
            "each other")
-    kern = _kernel_for(kv_dtype, rope, qk_norm, ring)
+    kern = _kernel_for(kv_dtype, rope, qk_norm, ring, pdl)
     if not qk_norm:
         q_norm = k_norm = cos[0]             # never read: any float32 [::1] stands in
     rows = n_head + 2 * n_kv
     grid = (n, (rows + NW - 1) // NW)
-    kern[grid, 32 * NW, stream](qkv, q_norm, k_norm, float32(eps), cos, sin, state, q_out,
-                                layer.k, layer.v, layer.k_scale, layer.v_scale)
+    launch_or_plain(kern, grid, 32 * NW, stream, signature(kv_dtype), pdl,
+                    qkv, q_norm, k_norm, float32(eps), cos, sin, state, q_out,
+                    layer.k, layer.v, layer.k_scale, layer.v_scale)

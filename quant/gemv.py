@@ -237,13 +237,8 @@ def _pdl(pdl) -> bool:
 
 
 def _launch(kern, grid, stream, pdl: bool, sig: str, *args):
-    if pdl:
-        from . import pdl as P
-        if not kern.overloads:
-            _compile(kern, sig)
-        P.launch(kern, grid, K.BLOCK, stream, *args)
-    else:
-        kern[grid, K.BLOCK, stream](*args)
+    from . import pdl as P
+    P.launch_or_plain(kern, grid, K.BLOCK, stream, sig, pdl, *args)
 
 
 def _get(key, make):
@@ -360,8 +355,8 @@ def _split_lanes(rows, units, ksplit, lpr):
 
 def quantize_q8(x, xq, xs, *, stream=0, pdl=None):
     """x float32 [n, cols] -> xq int8 [n, cols] + xs float32 [n, cols // 8] (q8 per 32 values:
-    the layout is quantize_q8_reference's). pdl: the build that lets the next kernel (a PDL
-    GEMV) launch at once (quantize itself is launched plainly: it waits for its input)."""
+    the layout is quantize_q8_reference's). pdl: the PDL build and launch (quant/pdl.py: it
+    lets the next kernel launch at once, and waits for the kernel before it before reading x)."""
     if not _is_device(x) or len(x.shape) != 2:
         raise TypeError("quantize_q8: x must be a 2-D float32 device array")
     n, cols = int(x.shape[0]), int(x.shape[1])
@@ -371,8 +366,9 @@ def quantize_q8(x, xq, xs, *, stream=0, pdl=None):
     _check_array(xq, "xq", np.int8, (n, cols))
     _check_array(xs, "xs", np.float32, (n, cols // Q8_BLOCK * Q8_FLOATS))
     total = n * cols
-    kern = K.quantize_q8_pdl_kernel if _pdl(pdl) else K.quantize_q8_kernel
-    kern[-(-total // K.BLOCK), K.BLOCK, stream](_flat(x), _flat(xq), _flat(xs), total)
+    pdl = _pdl(pdl)
+    kern = K.quantize_q8_pdl_kernel if pdl else K.quantize_q8_kernel
+    _launch(kern, -(-total // K.BLOCK), stream, pdl, SIG_QUANTIZE, _flat(x), _flat(xq), _flat(xs), total)
 
 
 def compile_quantize_q8(pdl=None):

@@ -141,8 +141,11 @@ LOADERS = {QType.Q4_K: load_q4k, QType.Q6_K: load_q6k, QType.Q8_0: load_q8_0,
 # Activations, flat: xf float32 [n_tok * cols]; xq uint32 words of the int8 q8 values;
 # xs float32, 4 per 32 values: (d, d * sum q[0:16], d * sum q[16:32], d * sum q[0:32]),
 # so that x ~ d * q and the sums serve the formats' offsets (Q4_K min, Q6_K -32, Q5_0 -16).
+# Each factory takes NT and xl, the activations' 16-byte load: ptx.ldg_v4 (read-only path),
+# or ptx.ld_v4 in a programmatic-dependent-launch build, whose activations the kernel before
+# may still be writing when this one starts (gemv_kernels._make_row_dot).
 # =====================================================================================
-def _q4k_dp4a(NT):
+def _q4k_dp4a(NT, xl=ptx.ldg_v4):
     @_dev
     def mul(v, blk, p, xf, xq, xs, cols, acc, ao):
         q, h = v
@@ -160,10 +163,10 @@ def _q4k_dp4a(NT):
         pa = blk * 256 + (p >> 1) * 64 + (p & 1) * 16     # column of run A; run B is 32 further
         for t in range(NT):
             o = t * cols + pa
-            xa = ptx.ldg_v4(xq, o >> 2)
-            xb = ptx.ldg_v4(xq, (o + 32) >> 2)
-            sa = ptx.ldg_v4(xs, (o >> 5) * 4)
-            sb = ptx.ldg_v4(xs, ((o + 32) >> 5) * 4)
+            xa = xl(xq, o >> 2)
+            xb = xl(xq, (o + 32) >> 2)
+            sa = xl(xs, (o >> 5) * 4)
+            sb = xl(xs, ((o + 32) >> 5) * 4)
             # w = d*sc*q - dmin*m, x ~ xd*xq: sum w x = d*sc*xd*sum(q xq) - dmin*m*xd*sum(xq)
             ra = da * sa[0] * float32(_dot16(a0, a1, a2, a3, xa)) - ma * (sa[2] if odd else sa[1])
             rb = db * sb[0] * float32(_dot16(b0, b1, b2, b3, xb)) - mb * (sb[2] if odd else sb[1])
@@ -171,7 +174,7 @@ def _q4k_dp4a(NT):
     return mul
 
 
-def _q4k_f32(NT):
+def _q4k_f32(NT, xl=ptx.ldg_v4):
     @_dev
     def mul(v, blk, p, xf, xq, xs, cols, acc, ao):
         q, h = v
@@ -193,10 +196,10 @@ def _q4k_f32(NT):
         pa = blk * 256 + (p >> 1) * 64 + (p & 1) * 16
         for t in range(NT):
             o = t * cols + pa
-            s = _dot4f(wa0, ptx.ldg_v4(xf, o)) + _dot4f(wa1, ptx.ldg_v4(xf, o + 4))
-            s += _dot4f(wa2, ptx.ldg_v4(xf, o + 8)) + _dot4f(wa3, ptx.ldg_v4(xf, o + 12))
-            s += _dot4f(wb0, ptx.ldg_v4(xf, o + 32)) + _dot4f(wb1, ptx.ldg_v4(xf, o + 36))
-            s += _dot4f(wb2, ptx.ldg_v4(xf, o + 40)) + _dot4f(wb3, ptx.ldg_v4(xf, o + 44))
+            s = _dot4f(wa0, xl(xf, o)) + _dot4f(wa1, xl(xf, o + 4))
+            s += _dot4f(wa2, xl(xf, o + 8)) + _dot4f(wa3, xl(xf, o + 12))
+            s += _dot4f(wb0, xl(xf, o + 32)) + _dot4f(wb1, xl(xf, o + 36))
+            s += _dot4f(wb2, xl(xf, o + 40)) + _dot4f(wb3, xl(xf, o + 44))
             acc[ao + t] += s
     return mul
 
@@ -235,7 +238,7 @@ def _q6k_scales(sc, p):
     return int32((int32(va) ^ 0x80) - 0x80), int32((int32(vb) ^ 0x80) - 0x80)
 
 
-def _q6k_dp4a(NT):
+def _q6k_dp4a(NT, xl=ptx.ldg_v4):
     @_dev
     def mul(v, blk, p, xf, xq, xs, cols, acc, ao):
         ql, qh, sc, dbits = v
@@ -250,10 +253,10 @@ def _q6k_dp4a(NT):
         pa = blk * 256 + (p >> 2) * 128 + ((p >> 1) & 1) * 32 + (p & 1) * 16   # run B: + 64
         for t in range(NT):
             o = t * cols + pa
-            xa = ptx.ldg_v4(xq, o >> 2)
-            xb = ptx.ldg_v4(xq, (o + 64) >> 2)
-            za = ptx.ldg_v4(xs, (o >> 5) * 4)
-            zb = ptx.ldg_v4(xs, ((o + 64) >> 5) * 4)
+            xa = xl(xq, o >> 2)
+            xb = xl(xq, (o + 64) >> 2)
+            za = xl(xs, (o >> 5) * 4)
+            zb = xl(xs, ((o + 64) >> 5) * 4)
             # w = d*sc*(q - 32): sum w x = d*sc*(xd*sum(q xq) - 32*xd*sum(xq)), q unsigned
             ra = za[0] * float32(_dot16(a0, a1, a2, a3, xa)) - F32 * (za[2] if odd else za[1])
             rb = zb[0] * float32(_dot16(b0, b1, b2, b3, xb)) - F32 * (zb[2] if odd else zb[1])
@@ -261,7 +264,7 @@ def _q6k_dp4a(NT):
     return mul
 
 
-def _q6k_f32(NT):
+def _q6k_f32(NT, xl=ptx.ldg_v4):
     @_dev
     def mul(v, blk, p, xf, xq, xs, cols, acc, ao):
         ql, qh, sc, dbits = v
@@ -278,15 +281,15 @@ def _q6k_f32(NT):
         pa = blk * 256 + (p >> 2) * 128 + ((p >> 1) & 1) * 32 + (p & 1) * 16
         for t in range(NT):
             o = t * cols + pa
-            s = _dot4f(wa0, ptx.ldg_v4(xf, o)) + _dot4f(wa1, ptx.ldg_v4(xf, o + 4))
-            s += _dot4f(wa2, ptx.ldg_v4(xf, o + 8)) + _dot4f(wa3, ptx.ldg_v4(xf, o + 12))
-            s += _dot4f(wb0, ptx.ldg_v4(xf, o + 64)) + _dot4f(wb1, ptx.ldg_v4(xf, o + 68))
-            s += _dot4f(wb2, ptx.ldg_v4(xf, o + 72)) + _dot4f(wb3, ptx.ldg_v4(xf, o + 76))
+            s = _dot4f(wa0, xl(xf, o)) + _dot4f(wa1, xl(xf, o + 4))
+            s += _dot4f(wa2, xl(xf, o + 8)) + _dot4f(wa3, xl(xf, o + 12))
+            s += _dot4f(wb0, xl(xf, o + 64)) + _dot4f(wb1, xl(xf, o + 68))
+            s += _dot4f(wb2, xl(xf, o + 72)) + _dot4f(wb3, xl(xf, o + 76))
             acc[ao + t] += s
     return mul
 
 
-def _q8_0_dp4a(NT):
+def _q8_0_dp4a(NT, xl=ptx.ldg_v4):
     @_dev
     def mul(v, blk, p, xf, xq, xs, cols, acc, ao):
         q, dbits = v
@@ -295,11 +298,13 @@ def _q8_0_dp4a(NT):
         for t in range(NT):
             o = t * cols + pa
             acc[ao + t] += d * xs[uint32((o >> 5) * 4)] * float32(
-                _dot16(q[0], q[1], q[2], q[3], ptx.ldg_v4(xq, o >> 2)))
+                _dot16(q[0], q[1], q[2], q[3], xl(xq, o >> 2)))
     return mul
 
 
-def _q5_0_dp4a(NT):
+def _q5_0_dp4a(NT, xl=ptx.ldg_v4):
+    block_dot = U._block_dot_of(xl)
+
     @_dev
     def mul(v, blk, p, xf, xq, xs, cols, acc, ao):
         q, qh, dbits = v
@@ -308,14 +313,14 @@ def _q5_0_dp4a(NT):
         pa = blk * 32
         for t in range(NT):
             o = t * cols + pa
-            z = ptx.ldg_v4(xs, (o >> 5) * 4)
-            s = U._block_dot(a0, a1, a2, a3, b0, b1, b2, b3, xq, o)
+            z = xl(xs, (o >> 5) * 4)
+            s = block_dot(a0, a1, a2, a3, b0, b1, b2, b3, xq, o)
             # w = d (q - 16): sum w x = d (xd sum(q xq) - 16 xd sum(xq))
             acc[ao + t] += d * (z[0] * float32(s) - F16_ * z[3])
     return mul
 
 
-def _f16_f32(NT):
+def _f16_f32(NT, xl=ptx.ldg_v4):
     @_dev
     def mul(v, blk, p, xf, xq, xs, cols, acc, ao):
         w01 = ptx.unpack_half2(v[0])
@@ -325,8 +330,8 @@ def _f16_f32(NT):
         pa = blk * 8
         for t in range(NT):
             o = t * cols + pa
-            xa = ptx.ldg_v4(xf, o)
-            xb = ptx.ldg_v4(xf, o + 4)
+            xa = xl(xf, o)
+            xb = xl(xf, o + 4)
             acc[ao + t] += (w01[0] * xa[0] + w01[1] * xa[1] + w23[0] * xa[2] + w23[1] * xa[3]
                             + w45[0] * xb[0] + w45[1] * xb[1] + w67[0] * xb[2] + w67[1] * xb[3])
     return mul
@@ -337,5 +342,5 @@ MULTIPLIERS = {(QType.Q4_K, "dp4a"): _q4k_dp4a, (QType.Q4_K, "f32"): _q4k_f32,
                (QType.Q8_0, "dp4a"): _q8_0_dp4a, (QType.Q5_0, "dp4a"): _q5_0_dp4a,
                (QType.F16, "f32"): _f16_f32,
                (QType.Q4_0, "dp4a"): U._q4_0_dp4a, (QType.Q4_1, "dp4a"): U._q4_1_dp4a,
-               (QType.Q5_1, "dp4a"): U._q5_1_dp4a, (QType.Q5_K, "dp4a"): lambda NT: U._q5k_dp4a(NT, _k_scales),
+               (QType.Q5_1, "dp4a"): U._q5_1_dp4a, (QType.Q5_K, "dp4a"): lambda NT, xl=ptx.ldg_v4: U._q5k_dp4a(NT, _k_scales, xl),
                (QType.BF16, "f32"): U._bf16_f32}

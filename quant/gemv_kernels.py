@@ -102,7 +102,9 @@ def _make_row_dot(qtype, mode, NT, PDL=False):
         return _row_dots[key]
     wait = _pdl_hooks(PDL)[0]
     load = LOADERS[qtype]
-    mul = MULTIPLIERS[(qtype, mode)](NT)
+    # a PDL build's activations are written by the kernel before while this one starts: read
+    # them coherently (ld_v4), not by the non-coherent path the compiler may move above the wait
+    mul = MULTIPLIERS[(qtype, mode)](NT, ptx.ld_v4 if PDL else ptx.ldg_v4)
     SH = UNIT_SHIFT[qtype]
     PM = (1 << SH) - 1
 
@@ -363,16 +365,18 @@ def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False):
 
 
 def _make_quantize_q8(PDL):
-    launch_dependents = _pdl_hooks(PDL)[1]
+    wait, launch_dependents = _pdl_hooks(PDL)
 
     @cuda.jit
     def quantize_q8_kernel(x, xq, xs, n):
         """x float32 [n] -> q8: per 32 values (one warp, one lane each) d = amax / 127 and
         q = rint(x / d) in -127..127 -> xq int8 [n]; xs float32 [n / 8] gets 4 floats per 32:
         (d, d * sum q[0:16], d * sum q[16:32], d * sum q[0:32]). n % 32 == 0.
-        Grid: ceil(n / 128) blocks of 128 threads. PDL: the next kernel (a PDL GEMV, which
-        waits for this one's output itself) may launch at once."""
+        Grid: ceil(n / 128) blocks of 128 threads. PDL: the next kernel may launch at once
+        (it waits for this one's output itself), and this one waits for the kernel before it
+        (launched with programmatic serialization it may start before x is written)."""
         launch_dependents()
+        wait()
         i = cuda.grid(1)
         v = float32(0)
         if i < n:

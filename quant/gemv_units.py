@@ -6,7 +6,8 @@ and the format tables; this file adds the other GGUF formats in the same two par
 format (read gemv_kernels.py's docstring first):
 
     load_*(wa, wb, wc, wd, g)   one 16-byte unit g of the bulk plane (+ the fields it needs)
-    _*_dp4a(NT) / _*_f32(NT)    acc[ao + t] += sum over the unit's weights of w * x[t]
+    _*_dp4a(NT, xl) / _*_f32(NT, xl)    acc[ao + t] += sum over the unit's weights of w * x[t]
+                                (x read by xl: ptx.ldg_v4, or ptx.ld_v4 in a PDL build)
 
 Slots per format (flat views made by gemv.prepare_weight; planes: quant/layout.py):
     Q4_0  wa = qs (16 B = 32 weights a unit), wd = d (fp16)
@@ -110,14 +111,24 @@ def q5_words(q, qh):
             ((q[2] >> 4) & LO4) | spread4((qh >> 24) & 15), ((q[3] >> 4) & LO4) | spread4((qh >> 28) & 15))
 
 
-@_dev
-def _block_dot(a0, a1, a2, a3, b0, b1, b2, b3, xq, o):
-    """sum(q xq) over one 32-weight block at column o of the flat activations."""
-    s = dot16(a0, a1, a2, a3, ptx.ldg_v4(xq, o >> 2))
-    return s + dot16(b0, b1, b2, b3, ptx.ldg_v4(xq, (o + 16) >> 2))
+_block_dots = {}
 
 
-def _q4_0_dp4a(NT):
+def _block_dot_of(xl):
+    """block_dot(a0..a3, b0..b3, xq, o) = sum(q xq) over one 32-weight block at column o of
+    the flat activations, read by xl (ptx.ldg_v4, or ptx.ld_v4 in a PDL build)."""
+    if xl not in _block_dots:
+        @_dev
+        def block_dot(a0, a1, a2, a3, b0, b1, b2, b3, xq, o):
+            s = dot16(a0, a1, a2, a3, xl(xq, o >> 2))
+            return s + dot16(b0, b1, b2, b3, xl(xq, (o + 16) >> 2))
+        _block_dots[xl] = block_dot
+    return _block_dots[xl]
+
+
+def _q4_0_dp4a(NT, xl=ptx.ldg_v4):
+    _block_dot = _block_dot_of(xl)
+
     @_dev
     def mul(v, blk, p, xf, xq, xs, cols, acc, ao):
         q, dbits = v
@@ -126,13 +137,15 @@ def _q4_0_dp4a(NT):
         pa = blk * 32
         for t in range(NT):
             o = t * cols + pa
-            z = ptx.ldg_v4(xs, (o >> 5) * 4)
+            z = xl(xs, (o >> 5) * 4)
             s = _block_dot(a0, a1, a2, a3, b0, b1, b2, b3, xq, o)
             acc[ao + t] += d * (z[0] * float32(s) - F8 * z[3])
     return mul
 
 
-def _q4_1_dp4a(NT):
+def _q4_1_dp4a(NT, xl=ptx.ldg_v4):
+    _block_dot = _block_dot_of(xl)
+
     @_dev
     def mul(v, blk, p, xf, xq, xs, cols, acc, ao):
         q, dm = v
@@ -141,13 +154,15 @@ def _q4_1_dp4a(NT):
         pa = blk * 32
         for t in range(NT):
             o = t * cols + pa
-            z = ptx.ldg_v4(xs, (o >> 5) * 4)
+            z = xl(xs, (o >> 5) * 4)
             s = _block_dot(a0, a1, a2, a3, b0, b1, b2, b3, xq, o)
             acc[ao + t] += d * z[0] * float32(s) + m * z[3]
     return mul
 
 
-def _q5_1_dp4a(NT):
+def _q5_1_dp4a(NT, xl=ptx.ldg_v4):
+    _block_dot = _block_dot_of(xl)
+
     @_dev
     def mul(v, blk, p, xf, xq, xs, cols, acc, ao):
         q, qh, dm = v
@@ -157,13 +172,13 @@ def _q5_1_dp4a(NT):
         pa = blk * 32
         for t in range(NT):
             o = t * cols + pa
-            z = ptx.ldg_v4(xs, (o >> 5) * 4)
+            z = xl(xs, (o >> 5) * 4)
             s = _block_dot(a0, a1, a2, a3, b0, b1, b2, b3, xq, o)
             acc[ao + t] += d * z[0] * float32(s) + m * z[3]
     return mul
 
 
-def _q5k_dp4a(NT, k_scales):
+def _q5k_dp4a(NT, k_scales, xl=ptx.ldg_v4):
     @_dev
     def mul(v, blk, p, xf, xq, xs, cols, acc, ao):
         q, h, qh = v
@@ -193,10 +208,10 @@ def _q5k_dp4a(NT, k_scales):
         pa = blk * 256 + c * 64 + (p & 1) * 16          # column of run A; run B is 32 further
         for t in range(NT):
             o = t * cols + pa
-            xa = ptx.ldg_v4(xq, o >> 2)
-            xb = ptx.ldg_v4(xq, (o + 32) >> 2)
-            sa = ptx.ldg_v4(xs, (o >> 5) * 4)
-            sb = ptx.ldg_v4(xs, ((o + 32) >> 5) * 4)
+            xa = xl(xq, o >> 2)
+            xb = xl(xq, (o + 32) >> 2)
+            sa = xl(xs, (o >> 5) * 4)
+            sb = xl(xs, ((o + 32) >> 5) * 4)
             ra = da * sa[0] * float32(dot16(a0, a1, a2, a3, xa)) - ma * (sa[2] if odd else sa[1])
             rb = db * sb[0] * float32(dot16(b0, b1, b2, b3, xb)) - mb * (sb[2] if odd else sb[1])
             acc[ao + t] += ra + rb
@@ -209,7 +224,7 @@ def _bf16_pair(v):
     return ptx.bits_to_f32(uint32(v) << 16), ptx.bits_to_f32(uint32(v) & uint32(0xFFFF0000))
 
 
-def _bf16_f32(NT):
+def _bf16_f32(NT, xl=ptx.ldg_v4):
     @_dev
     def mul(v, blk, p, xf, xq, xs, cols, acc, ao):
         w0, w1 = _bf16_pair(v[0])
@@ -219,8 +234,8 @@ def _bf16_f32(NT):
         pa = blk * 8
         for t in range(NT):
             o = t * cols + pa
-            xa = ptx.ldg_v4(xf, o)
-            xb = ptx.ldg_v4(xf, o + 4)
+            xa = xl(xf, o)
+            xb = xl(xf, o + 4)
             acc[ao + t] += (w0 * xa[0] + w1 * xa[1] + w2 * xa[2] + w3 * xa[3]
                             + w4 * xb[0] + w5 * xb[1] + w6 * xb[2] + w7 * xb[3])
     return mul

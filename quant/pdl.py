@@ -11,14 +11,22 @@ visible. A decode GEMV issues its weight loads (which depend on nothing) before 
 so they overlap the previous kernel's tail. Stream capture turns the attribute into a
 programmatic edge of the graph.
 
-Rules: a kernel is launched with the attribute only if it was built for PDL (`PDL=True` in
-its factory: every read of another kernel's output and every write comes after its wait);
-PDL builds contain sm_90 instructions and are made only for devices of compute capability
-9.0 or more (`available()`); the Jetson (sm_87) and other sm_80+ GPUs keep the plain
-kernels. Status (H200, 2026-12-03): a lab switch (quant/gemv.py `PDL`, EngineConfig.decode_pdl
-without a CLI flag). PDL launches on the stream give the plain kernels' bits; replays of a
-captured decode graph with them gave wrong logits (tests/test_backend_cuda.py, a strict xfail);
-tools/pdl_probe.py is the run that narrows it down (docs/forward-pass.md).
+Rules for a PDL build (the factories' `PDL=True` / `pdl=True`):
+1. `griddepcontrol.launch_dependents` first: the next kernel may launch at once.
+2. Before `griddepcontrol.wait` it reads only constants (weights, norm weights) and writes
+   nothing: a PDL launch may start while the kernel before it still runs.
+3. What another kernel wrote is read after the wait by ordinary (coherent) loads, never by
+   `ld.global.nc` (`ptx.ldg_v4`): a non-coherent load promises data that does not change
+   while the kernel runs, and ptxas may then schedule it above the wait. That was the wrong
+   logits of 2026-12-03 (the GEMVs read their q8 activations through ldg_v4; the failure came
+   and went with the timing) and of the first whole-chain run on 2026-12-04; with `ptx.ld_v4`
+   for activations every kind of kernel, alone and together, gives the plain graph's bits
+   (tools/profile_decode.py, tests/test_backend_cuda.py, H200 2026-12-04). tests/test_pdl_ptx.py
+   checks 1-3 on each build's PTX.
+PDL builds contain sm_90 instructions and are made only for devices of compute capability 9.0
+or more (`available()`); the Jetson (sm_87) and other sm_80+ GPUs keep the plain kernels.
+The engine launches every kernel of a decode layer this way by default there
+(EngineConfig.decode_pdl, engine/cuda_ops.py PDL_KINDS; `--no-pdl` turns it off).
 
 `launch` does what numba's own `kernel[grid, block, stream](*args)` does for a kernel with
 one compiled signature (numba-cuda 0.30: the dispatcher's overload, its argument
@@ -71,3 +79,16 @@ def launch(dispatcher, grid, block, stream, *args, programmatic: bool = True) ->
     core_launch(driver._to_core_stream(stream), config, cufunc.kernel, *kernelargs)
     for wb in retr:                 # numba's write-backs (none for device arrays)
         wb()
+
+
+def launch_or_plain(kern, grid, block, stream, sig: str, pdl: bool, *args) -> None:
+    """kern[grid, block, stream](*args), or - pdl - the same launch with programmatic stream
+    serialization (`launch`), compiling `sig` first if the kernel has no compiled signature
+    yet (it must then have exactly one). The one path every launcher of a PDL build takes."""
+    from . import ptx
+    if not pdl or ptx.SIMULATOR:    # the simulator runs a PDL build's griddepcontrol as no-ops
+        kern[grid, block, stream](*args)
+        return
+    if not kern.overloads:
+        kern.compile(sig)
+    launch(kern, grid, block, stream, *args)

@@ -242,24 +242,38 @@ _LDG_TYPES = {types.uint32: ("u32", "r"), types.int32: ("s32", "r"),
               types.float32: ("f32", "f")}
 
 
-@intrinsic
-def ldg_v4(typingctx, arr, idx):
-    """(arr[idx], arr[idx+1], arr[idx+2], arr[idx+3]) by one ld.global.nc.v4 (16-byte aligned)."""
-    _check_index("ldg_v4", arr, idx)
-    if arr.dtype not in _LDG_TYPES:
-        raise TypingError(f"ldg_v4: array dtype must be uint32, int32 or float32, got "
-                          f"{arr.dtype}; view the buffer as uint32 on the host")
-    ptx_ty, letter = _LDG_TYPES[arr.dtype]
-    text = f"ld.global.nc.v4.{ptx_ty} {{$0,$1,$2,$3}}, [$4];"
-    cons = f"={letter},={letter},={letter},={letter},l"
+def _make_ld_v4(name: str, cache: str, side_effect: bool):
+    """A 16-byte vector load intrinsic: (arr[idx], .., arr[idx+3]) by one ld.global<cache>.v4
+    (16-byte aligned; uint32, int32 or float32 arrays)."""
+    def ld_v4(typingctx, arr, idx):
+        _check_index(name, arr, idx)
+        if arr.dtype not in _LDG_TYPES:
+            raise TypingError(f"{name}: array dtype must be uint32, int32 or float32, got "
+                              f"{arr.dtype}; view the buffer as uint32 on the host")
+        ptx_ty, letter = _LDG_TYPES[arr.dtype]
+        text = f"ld.global{cache}.v4.{ptx_ty} {{$0,$1,$2,$3}}, [$4];"
+        cons = f"={letter},={letter},={letter},={letter},l"
 
-    def codegen(context, builder, sig, args):
-        p = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        lty = context.get_value_type(sig.args[0].dtype)
-        st = _asm(builder, ir.LiteralStructType([lty] * 4), [_i64], text, cons,
-                  [_global_addr64(builder, p)])
-        return _struct_to_tuple(context, builder, sig.return_type, st, 4)
-    return types.UniTuple(arr.dtype, 4)(arr, idx), codegen
+        def codegen(context, builder, sig, args):
+            p = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            lty = context.get_value_type(sig.args[0].dtype)
+            st = _asm(builder, ir.LiteralStructType([lty] * 4), [_i64], text, cons,
+                      [_global_addr64(builder, p)], side_effect=side_effect)
+            return _struct_to_tuple(context, builder, sig.return_type, st, 4)
+        return types.UniTuple(arr.dtype, 4)(arr, idx), codegen
+    ld_v4.__name__ = name
+    return intrinsic(ld_v4)
+
+
+# Read-only data (weights, and activations of a plain launch): the non-coherent path, which
+# the compiler may move freely - the data must not change while the kernel runs.
+ldg_v4 = _make_ld_v4("ldg_v4", ".nc", side_effect=False)
+# Data another kernel may still be writing when this one starts (a programmatic-dependent-
+# launch build's activations, read after griddepcontrol.wait): a coherent load, kept in its
+# place by the compilers (volatile asm: LLVM does not move it above the wait; ptxas does not
+# move an ordinary load above griddepcontrol.wait, where it may an .nc load, whose data it
+# may assume unchanging for the kernel's lifetime).
+ld_v4 = _make_ld_v4("ld_v4", "", side_effect=True)
 
 
 # ---- coherent scalar load -------------------------------------------------------

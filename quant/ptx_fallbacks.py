@@ -144,6 +144,11 @@ def ldg_v4(arr, idx):
     return (v[0], v[1], v[2], v[3])
 
 
+def ld_v4(arr, idx):
+    """Simulator: ldg_v4's (the simulator's memory is coherent)."""
+    return ldg_v4(arr, idx)
+
+
 def _ld_relaxed(name, arr, idx, dtype):
     """Simulator: a plain load (the simulator's memory is coherent)."""
     _check_space(name, "arr", arr, shared=False)

@@ -370,6 +370,40 @@ def test_simulated_decode_attention_writes_its_q8(tmp_path, monkeypatch):
     np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: test_pdl_decode_graph_gives_the_same_bits)")
+def test_simulated_decode_pdl_builds(tmp_path, monkeypatch):
+    """EngineConfig.decode_pdl with the device's PDL pretended (the simulator launches a PDL
+    build plainly and runs griddepcontrol as no-ops): every kernel of the step is asked for
+    its PDL build - the norms, the GEMVs, rope_write, the attention, quantize_q8 - and the
+    logits are the same bits as the plain builds'. That the builds wait before their first read of the kernel before is a property
+    of the code (the PTX tests check each PDL build carries the wait); a GPU replays it."""
+    import dataclasses
+
+    from genie_rt.engine import cuda_ops, norm
+    from genie_rt.kvcache import attention, rope_write
+    from genie_rt.quant import gemv
+    gpu, _, cfg = _tiny_decode_backends(tmp_path, "int8", warm=False)
+    seen = []
+
+    def spy(mod, name):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, **k: (seen.append((name, bool(k.get("pdl")))), real(*a, **k))[1])
+    for mod, name in ((norm, "rmsnorm_q8"), (gemv, "gemv"), (gemv, "gemv_qkv"), (gemv, "gemv_swiglu"),
+                      (gemv, "quantize_q8"), (rope_write, "rope_write"), (attention, "decode_attention")):
+        spy(mod, name)
+    monkeypatch.setattr(cuda_ops, "_pdl_available", lambda: True)
+    got = {}
+    for on in (False, True):
+        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_pdl=on)
+        seen.clear()
+        got[on] = gpu.decode(77, 5)                    # the same token at the same position
+        bad = [(n, p) for n, p in seen if p != on]
+        assert not bad, (on, bad)
+        assert len({n for n, _ in seen}) == 7, seen
+    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
+
+
 @pytest.mark.gpu
 def test_gpu_decode_attention_q8_same_bits(tmp_path):
     """The same on the GPU, through the captured decode graph: the logits' bits with and
@@ -435,17 +469,17 @@ REPLAYS = 25
 
 
 @pytest.mark.gpu
-def test_pdl_decode_graph_gives_the_same_bits(tmp_path, prompts):
-    """EngineConfig.decode_pdl (quant/pdl.py, sm_90+): the decode graph's GEMVs launched by
-    programmatic dependent launch, each starting its weight reads before the kernel before it
-    has finished, give the plain graph's logits bit for bit, replay after replay.
-    History: the replays gave wrong logits on the H200 in one run (2026-12-03, afternoon; the
-    stream run was right) and the plain graph's bits in the next (evening, after the decode
-    norm's staged tail and the prefill merge changes; tools/pdl_probe.py's chains all right);
-    the cause was not found, so decode_pdl stays off and each capture is replayed many times
-    here to catch a race."""
+def test_pdl_decode_graph_gives_the_same_bits(tmp_path, prompts, monkeypatch):
+    """EngineConfig.decode_pdl (quant/pdl.py, sm_90+; on by default there): every kernel of the
+    decode graph launched by programmatic dependent launch (cuda_ops.PDL_KINDS, all kinds), or
+    only the GEMVs and quantize_q8, gives the plain graph's logits bit for bit,
+    replay after replay, with each capture replayed many times to catch a race.
+    History: the GEMV-only form gave wrong logits in one run on the H200 (2026-12-03,
+    afternoon, with the norm folded into the GEMVs on by default then) and the plain bits in
+    every run since."""
     import dataclasses
 
+    from genie_rt.engine import cuda_ops
     from genie_rt.quant import pdl
     if not pdl.available():
         pytest.skip("programmatic dependent launch needs an sm_90+ GPU")
@@ -456,12 +490,16 @@ def test_pdl_decode_graph_gives_the_same_bits(tmp_path, prompts):
     tokens = np.concatenate(prompts)[:40]
     gpu.prefill(tokens, 0)
     got = []
-    for use in (False, True, True, False, True):
+    gemv_only = frozenset({"gemv", "q8"})
+    for use, scope in ((False, cuda_ops.PDL_ALL), (True, cuda_ops.PDL_ALL), (True, gemv_only),
+                       (False, cuda_ops.PDL_ALL), (True, cuda_ops.PDL_ALL)):
         gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_pdl=use)
+        monkeypatch.setattr(cuda_ops, "PDL_KINDS", scope)
         for key in [k for k in gpu._graphs if k[0] == "decode"]:
             gpu._graphs.pop(key).close()                 # captured again with this setting
-        got.append((use, [gpu.decode(11, 40) for _ in range(REPLAYS)]))   # capture + run, then replays
-    ref = got[0][1][0].view(np.int32)
-    for use, runs in got:
+        got.append((use, scope, [gpu.decode(11, 40) for _ in range(REPLAYS)]))   # capture + run, then replays
+    ref = got[0][2][0].view(np.int32)
+    for use, scope, runs in got:
         for k, logits in enumerate(runs):
-            np.testing.assert_array_equal(logits.view(np.int32), ref, err_msg=f"decode_pdl={use}, run {k}")
+            np.testing.assert_array_equal(logits.view(np.int32), ref,
+                                          err_msg=f"decode_pdl={use} ({sorted(scope)}), run {k}")

@@ -51,6 +51,11 @@
 #   fusedffn  the fused FFN launch (quant/ffn_fused.py): its GPU tests (bits against the separate
 #             launches, 25 graph replays) beside tools/profile_decode.py (the 4B's logits both
 #             ways, the step at 2/4/8 blocks an SM, with PDL and the attention's q8)
+#   pdl       the decode chain by programmatic dependent launch (issue 14, 2026-12-04): the decode
+#             profile (PDL off / GEMVs only / whole chain, bits first), genie-rt bench (pp18/33/512,
+#             tg128 at depth 0 and 4096), the PDL and CPU-parity GPU tests, llama-bench if built
+#   issue14   issue 14's numbers in one call (2026-12-04): genie-rt bench and llama-bench on the same
+#             file (llama.cpp built in the background meanwhile), the prefix-reuse bench, GPU tests
 #   pdlprobe  tools/pdl_probe.py: a chain of dependent GEMVs, plain or PDL build x launch path x
 #             stream or graph replay (the PDL decode graph gave wrong logits on 2026-12-03)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
@@ -294,6 +299,42 @@ for s in "$@"; do
       timeout ${AMT:-150} $PY -m genie_rt.kvcache.attention --json "$OUT/attention.json" 2>&1 \
         | grep -E "default plan ctx|FAILED|measurements" | head -20
       timeout ${GMT:-150} $PY -m genie_rt.quant.gemv_mma --json "$OUT/gemv-mma.json" 2>&1 | grep -v "^INFO numba" | tail -20 ;;
+    pdl)
+      stage pdl
+      # the whole decode chain by programmatic dependent launch (the default on sm_90+ since
+      # 2026-12-04): the profile first (off / GEMVs only / whole chain: the same bits, then the
+      # times and the ablation), genie-rt bench with the default, the GPU tests of PDL and CPU
+      # parity, then llama-bench on the same file if its background build is done
+      "$0" lcpp > /dev/null
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      timeout ${PRT:-300} $PY tools/profile_decode.py -m $MODEL4B --json "$OUT/profile.json" 2>&1 \
+        | grep -v "^INFO numba" | head -30
+      timeout ${BT:-200} $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 \
+        --kv int8 --ctx 8192 --json > "$OUT/bench.json" 2> /tmp/bench.log; tail -3 /tmp/bench.log
+      $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print(r['test'] + '@d' + str(r['n_depth']), round(r['avg_ts'],1), '+-', round(r['stddev_ts'],1)) for r in d['results']]" "$OUT/bench.json"
+      timeout ${TT:-150} $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs \
+        ${GTESTS:-tests/test_backend_cuda.py -k "pdl or every_position or greedy"} > "$OUT/tests.txt" 2>&1
+      echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
+      LB=$(lcpp_bench ${LCPP_WAIT:-30})
+      [ -z "$LB" ] || timeout ${LBT:-150} $LB -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 -ngl 99 -o md 2>/dev/null \
+        | tee "$OUT/llama-bench.md" ;;
+    issue14)
+      stage issue14
+      # issue 14's table in one call, llama.cpp's build started first: genie-rt bench and
+      # llama-bench on the same file, the prefix-reuse bench, the PDL and CPU-parity GPU tests
+      "$0" lcpp > /dev/null
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      timeout ${BT:-300} $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 \
+        --kv int8 --ctx 8192 --json > "$OUT/bench.json" 2> /tmp/bench.log; tail -3 /tmp/bench.log
+      $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print(r['test'] + '@d' + str(r['n_depth']), round(r['avg_ts'],1), '+-', round(r['stddev_ts'],1)) for r in d['results']]" "$OUT/bench.json"
+      timeout ${PXT:-120} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" \
+        | tee "$OUT/prefix.txt" | tail -4
+      timeout ${TT:-150} $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs \
+        ${GTESTS:-tests/test_backend_cuda.py -k "pdl or greedy or real_layer"} > "$OUT/tests.txt" 2>&1
+      echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
+      LB=$(lcpp_bench ${LCPP_WAIT:-300})
+      [ -z "$LB" ] || timeout ${LBT:-150} $LB -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 -ngl 99 -o md 2>/dev/null \
+        | tee "$OUT/llama-bench.md" ;;
     pdlprobe)
       stage pdlprobe
       # programmatic dependent launch: which of build / launch path / stream-vs-graph goes wrong

@@ -1,6 +1,6 @@
 """Where a CUDA decode step spends its time, by kernel family (GPU only).
 
-    python tools/profile_decode.py -m MODEL.gguf [--ctx 2048] [--depth 512] [--json PATH] [--fuse-norm] [--pdl]
+    python tools/profile_decode.py -m MODEL.gguf [--ctx 2048] [--depth 512] [--json PATH] [--fuse-norm] [--no-pdl] [--lab]
     nsys profile --cuda-graph-trace=node --capture-range=cudaProfilerApi -o step \
         python tools/profile_decode.py -m MODEL.gguf --trace 10     # then tools/trace_report.py
 
@@ -74,7 +74,11 @@ def main(argv=None) -> int:
     p.add_argument("--kv", default="int8")
     p.add_argument("--json", default=None)
     p.add_argument("--fuse-norm", action="store_true", help="profile with the decode norms folded into the GEMVs")
-    p.add_argument("--pdl", action="store_true", help="profile with programmatic dependent launch (sm_90+)")
+    p.add_argument("--no-pdl", dest="pdl", action="store_false",
+                   help="profile without programmatic dependent launch (on by default on sm_90+)")
+    p.add_argument("--lab", action="store_true",
+                   help="also time the lab switches (the norm folded into the GEMVs, the attention's q8 "
+                        "output, the fused FFN at 2/4/8 blocks an SM): each compiles its own kernels")
     p.add_argument("--trace", type=int, default=0, metavar="N",
                    help="replay the decode graph N times inside cuProfilerStart/Stop and exit (for nsys / ncu)")
     args = p.parse_args(argv)
@@ -113,18 +117,19 @@ def main(argv=None) -> int:
         cuda.profile_stop()
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
+    settings = pdl_settings(be) if pdl.available() else {}
     full = time_step(be)
     fused, use_pdl = be.ecfg.fuse_decode_norm, be.ecfg.decode_pdl
-    settings = {}
-    for f in (False, True):
-        for d in ((False, True) if pdl.available() else (False,)):
-            be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=f, decode_pdl=d)   # read by each recording
-            settings[f"fuse_decode_norm={f}, decode_pdl={d}"] = time_step(be)
-    q8 = not be.ecfg.decode_attention_q8                  # the lab switch flipped, the rest as configured
-    be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=fused, decode_pdl=use_pdl, decode_attention_q8=q8)
-    settings[f"decode_attention_q8={q8}"] = time_step(be)
-    be.ecfg = dataclasses.replace(be.ecfg, decode_attention_q8=not q8)
-    settings.update(fused_ffn_settings(be, pdl.available()))
+    if args.lab:
+        for f in (False, True):
+            for d in ((False, True) if pdl.available() else (False,)):
+                be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=f, decode_pdl=d)   # read by each recording
+                settings[f"fuse_decode_norm={f}, decode_pdl={d}"] = time_step(be)
+        q8 = not be.ecfg.decode_attention_q8                  # the lab switch flipped, the rest as configured
+        be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=fused, decode_pdl=use_pdl, decode_attention_q8=q8)
+        settings[f"decode_attention_q8={q8}"] = time_step(be)
+        be.ecfg = dataclasses.replace(be.ecfg, decode_attention_q8=not q8)
+        settings.update(fused_ffn_settings(be, pdl.available()))
     rows = [("whole step", full, 100.0)]
     rows += [(f"whole step, {label}", ms, 100 * ms / full) for label, ms in settings.items()]
     n_settings = len(settings)
@@ -144,6 +149,54 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             json.dump([dict(family=l, ms=ms, percent=pct) for l, ms, pct in rows], f, indent=2)
     return 0
+
+
+# kinds of kernel launched by programmatic dependent launch, checked and timed one set at a time
+# (cuda_ops.PDL_KINDS): nothing, each kind alone, the GEMVs with quantize_q8 (2026-12-03's form),
+# and all of them (the default)
+PDL_SETS = ((), ("gemv",), ("q8",), ("norm",), ("rope",), ("attention",), ("gemv", "q8"),
+            ("gemv", "q8", "norm", "rope", "attention"))
+
+
+def pdl_settings(be) -> dict:
+    """The step with programmatic dependent launch on each set of PDL_SETS: first three steps
+    from the same state each way (a capture and run, then two replays), whose logits must be
+    the plain graph's bits - every set is checked and reported; if any differs the profile
+    stops there - then the time of each. The configuration is restored after."""
+    import dataclasses
+
+    from genie_rt.engine import cuda_ops
+    base, kinds = be.ecfg, cuda_ops.PDL_KINDS
+    label = lambda ks: "decode_pdl=" + ("+".join(ks) if ks else "off")     # noqa: E731
+    out, bad = {}, []
+    pos = int(be.state.copy_to_host()[0])
+    try:
+        ref = None
+        for ks in PDL_SETS:
+            be.ecfg, cuda_ops.PDL_KINDS = dataclasses.replace(base, decode_pdl=bool(ks)), frozenset(ks)
+            be._graphs.clear()
+            steps = [be.decode(77, pos) for _ in range(3)]     # capture + run, then two replays
+            be._set_state(pos=pos)
+            if ref is None:
+                ref = steps[0]
+            same = [np.array_equal(x.view(np.int32), ref.view(np.int32)) for x in steps]
+            diff = max(float(np.max(np.abs(x - ref))) for x in steps)
+            print(f"  {label(ks)}: logits {'the same bits' if all(same) else 'DIFFERENT'} as the plain "
+                  f"graph's (steps {same}, max |diff| {diff:.3g})", flush=True)
+            if not all(same):
+                bad.append(label(ks))
+        be._graphs.clear()
+        if bad:
+            raise SystemExit(f"programmatic dependent launch changed the logits: {', '.join(bad)}")
+        for ks in PDL_SETS:
+            be.ecfg, cuda_ops.PDL_KINDS = dataclasses.replace(base, decode_pdl=bool(ks)), frozenset(ks)
+            out[label(ks)] = time_step(be)
+            print(f"  {label(ks)}: {out[label(ks)]:.3f} ms", flush=True)
+    finally:
+        be.ecfg, cuda_ops.PDL_KINDS = base, kinds
+        be._graphs.clear()
+        be._set_state(pos=pos)
+    return out
 
 
 def fused_ffn_settings(be, pdl_ok: bool) -> dict:

@@ -1,0 +1,73 @@
+"""The programmatic-dependent-launch builds of the decode step's kernels (quant/pdl.py), as PTX
+for sm_90 (compiled in a subprocess without the simulator; no GPU needed).
+
+The rule every PDL build keeps: `griddepcontrol.launch_dependents` first (the next kernel may
+launch), and no read of another kernel's output before `griddepcontrol.wait` (a PDL launch
+may start while the kernel before it still writes). Checked here on the PTX itself: the only
+global loads before the wait are of constants - none in rope_write, the attention and
+quantize_q8, the norm weight in rmsnorm_q8, a lane's first three weight units in a GEMV -
+and what the kernel before wrote is read by coherent loads, never `ld.global.nc`: ptxas may
+schedule a non-coherent load (data promised unchanging while the kernel runs) above the wait,
+which on the H200 gave wrong logits (2026-12-04).
+Which kernels the engine asks for these builds: tests/test_backend_cuda.py (simulator and GPU).
+"""
+import re
+
+import pytest
+
+from ptx_helpers import assert_no_f64, compile_in_subprocess
+
+_SOURCE = """
+from genie_rt.engine.norm import _make_rmsnorm_q8_resident
+from genie_rt.kvcache.attention_decode_kernels import decode_kernel
+from genie_rt.kvcache.rope_write import rope_write_kernel
+from genie_rt.quant import gemv_kernels as K
+from genie_rt.quant.formats import QType as Q
+norm_pdl = _make_rmsnorm_q8_resident(False, 4, True)
+norm_plain = _make_rmsnorm_q8_resident(False, 4, False)
+rope_pdl = rope_write_kernel("int8", pdl=True)
+attention_pdl = decode_kernel(128, 2, "int8", pdl=True)
+attention_q8_pdl = decode_kernel(128, 2, "int8", q8=True, pdl=True)
+quantize_pdl = K.quantize_q8_pdl_kernel
+gemv_q4k_pdl = K.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, True)
+"""
+_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.", re.M)
+# global loads a build may issue before its wait: constants only
+PRE_WAIT_LOADS = {"norm_pdl": 1, "rope_pdl": 0, "attention_pdl": 0, "attention_q8_pdl": 0,
+                  "quantize_pdl": 0, "gemv_q4k_pdl": 6}      # Q4_K: 3 units x (qs, header)
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    from genie_rt.engine.norm import KERNEL_SIGNATURES
+    from genie_rt.kvcache.attention_decode_kernels import DECODE_SIGNATURE, DECODE_SIGNATURE_Q8
+    from genie_rt.kvcache.rope_write import signature
+    from genie_rt.quant import gemv
+    norm_sig = KERNEL_SIGNATURES["_rmsnorm_q8_r4_kernel"][0]
+    return compile_in_subprocess(_SOURCE, {
+        "norm_pdl": norm_sig, "norm_plain": norm_sig, "rope_pdl": signature("int8"),
+        "attention_pdl": DECODE_SIGNATURE, "attention_q8_pdl": DECODE_SIGNATURE_Q8,
+        "quantize_pdl": gemv.SIG_QUANTIZE, "gemv_q4k_pdl": gemv.SIG_GEMV}, ccs=((9, 0),))
+
+
+@pytest.mark.parametrize("name", sorted(PRE_WAIT_LOADS))
+def test_pdl_build_reads_nothing_of_the_kernel_before_until_it_waits(ptx, name):
+    text = ptx[name][(9, 0)]
+    assert_no_f64(text, name)
+    trigger = text.find("griddepcontrol.launch_dependents;")
+    wait = text.find("griddepcontrol.wait;")
+    assert 0 <= trigger < wait, f"{name}: launch_dependents must come first, then the wait"
+    before = len(_LOAD.findall(text[:wait]))
+    assert before == PRE_WAIT_LOADS[name], f"{name}: {before} global loads before the wait"
+    assert len(_LOAD.findall(text[wait:])) > 0, f"{name}: nothing read after the wait?"
+    # what the kernel before wrote is read coherently: an ld.global.nc (data unchanging for the
+    # kernel's lifetime) may be scheduled above the wait by ptxas, and with PDL it is not
+    if name.startswith("gemv"):     # the weights of later trips are .nc; the activations are not
+        assert "ld.global.nc.v4.f32" not in text and "ld.global.v4.f32" in text, name
+        assert "ld.global.v4.u32" in text, name
+    else:
+        assert "ld.global.nc" not in text[wait:], f"{name}: a non-coherent load after the wait"
+
+
+def test_plain_build_has_no_griddepcontrol(ptx):
+    assert "griddepcontrol" not in ptx["norm_plain"][(9, 0)]
