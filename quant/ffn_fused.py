@@ -108,51 +108,6 @@ def _leave(ctr):
                 ctr[k] = 0
 
 
-def _make_pair_dot(qa, qb):
-    """pair_dot(Wa, Wb, nu, row, row_b, u, step, xf, xq, xs, cols, acc): gemv_kernels' row_dot
-    of row `row` of Wa and row `row_b` of Wb (two weights of the same width, or one weight
-    twice) at once - each trip issues both rows' three 16-byte loads before the first
-    multiply, so a warp waits for memory once a trip, not twice. acc[0] gets Wa's units and
-    acc[1] Wb's in row_dot's order: the same bits as two row_dot calls."""
-    load_a, load_b = K.LOADERS[qa], K.LOADERS[qb]
-    mul_a, mul_b = K.MULTIPLIERS[(qa, "dp4a")](1), K.MULTIPLIERS[(qb, "dp4a")](1)
-    SA, SB = K.UNIT_SHIFT[qa], K.UNIT_SHIFT[qb]
-    MA, MB = (1 << SA) - 1, (1 << SB) - 1
-
-    @_dev
-    def pair_dot(aa, ab, ac, ad, ba, bb, bc, bd, nu, row, row_b, u, step, xf, xq, xs, cols, acc):
-        base = row * nu
-        off_b = (row_b - row) * nu                # Wb's row row_b (= row for gate / up)
-        last = nu - 1
-        pa, pb = u & MA, u & MB
-        ka, kb = u >> SA, u >> SB
-        sa, sb = step >> SA, step >> SB
-        while u < nu:
-            u1 = u + step
-            u2 = u1 + step
-            i1, i2 = base + min(u1, last), base + min(u2, last)
-            a0 = load_a(aa, ab, ac, ad, base + u)
-            a1 = load_a(aa, ab, ac, ad, i1)
-            a2 = load_a(aa, ab, ac, ad, i2)
-            b0 = load_b(ba, bb, bc, bd, base + u + off_b)
-            b1 = load_b(ba, bb, bc, bd, i1 + off_b)
-            b2 = load_b(ba, bb, bc, bd, i2 + off_b)
-            mul_a(a0, ka, pa, xf, xq, xs, cols, acc, 0)
-            if u1 < nu:
-                mul_a(a1, ka + sa, pa, xf, xq, xs, cols, acc, 0)
-            if u2 < nu:
-                mul_a(a2, ka + 2 * sa, pa, xf, xq, xs, cols, acc, 0)
-            mul_b(b0, kb, pb, xf, xq, xs, cols, acc, 1)
-            if u1 < nu:
-                mul_b(b1, kb + sb, pb, xf, xq, xs, cols, acc, 1)
-            if u2 < nu:
-                mul_b(b2, kb + 2 * sb, pb, xf, xq, xs, cols, acc, 1)
-            u = u2 + step
-            ka += 3 * sa
-            kb += 3 * sb
-    return pair_dot
-
-
 ALL_PHASES = 0b111111
 
 
@@ -175,7 +130,7 @@ def ffn_kernel(o_q, g_q, u_q, d_q, D: int, VB: int, ACT: str = "silu", NEXT: boo
       nw               float32 [D] the next layer's attn_norm (any float32 [D] if not NEXT)
       ctr              int32 [N_COUNTERS], 0 but ctr[ERROR] before the launch; left so
     PHASES (bit p-1: phase p runs; the barriers always do), FENCE_ALL (_make_barrier), ROWS2
-    (a warp's two rows of Wo / Wd by _make_pair_dot) and PAIR (gate and up by _make_pair_dot,
+    (a warp's two rows of Wo / Wd by gemv_kernels.make_pair_dot) and PAIR (gate and up by make_pair_dot,
     else one after the other as gemv_swiglu does) are for tools/bench_ffn_fused.py, which
     times the parts; the engine runs every phase."""
     assert ACT in ACTS and D % 32 == 0 and VB % 32 == 0
@@ -183,7 +138,7 @@ def ffn_kernel(o_q, g_q, u_q, d_q, D: int, VB: int, ACT: str = "silu", NEXT: boo
     _barrier = _make_barrier(FENCE_ALL)
     P1, P2, P3, P4, P5, P6 = (bool(PHASES >> i & 1) for i in range(6))
     PAIR = PAIR and K.UNIT_WEIGHTS[g_q] == K.UNIT_WEIGHTS[u_q]       # one unit count for both
-    pair = _make_pair_dot(g_q, u_q)
+    pair = K.make_pair_dot(g_q, u_q)
     dot_o = K._make_row_dot(o_q, "dp4a", 1)
     dot_g = K._make_row_dot(g_q, "dp4a", 1)
     dot_u = K._make_row_dot(u_q, "dp4a", 1)
@@ -194,7 +149,7 @@ def ffn_kernel(o_q, g_q, u_q, d_q, D: int, VB: int, ACT: str = "silu", NEXT: boo
     NQ = D // 32                                  # q8 blocks of h
 
     def make_residual(dot, q):
-        pair_rows = _make_pair_dot(q, q)
+        pair_rows = K.make_pair_dot(q, q)
 
         @_dev
         def residual(wa, wb, wc, wd, nu, xq, xs, cols, x, gw, nwarps, lane, warp, acc):

@@ -263,9 +263,15 @@ def _qkv_kernel(specs, n_tok, ks, lpr, pdl=False):
     return _get(("qkv", specs, n_tok, ks, lpr, pdl), lambda: K.qkv_kernel(specs, n_tok, ks, lpr, PDL=pdl))
 
 
+# The SwiGLU GEMV streams a warp's gate and up rows together where it can (K.pairable:
+# one token, dp4a, the same units a row): a lab knob until measured (docs/decode-step.md 7).
+SWIGLU_PAIR = False
+
+
 def _swiglu_kernel(g, u, n_tok, ks, lpr, act="silu", pdl=False):
-    return _get(("swiglu", g, u, n_tok, ks, lpr, act, pdl),
-                lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr, act, PDL=pdl))
+    pair = SWIGLU_PAIR and K.pairable(g, u, n_tok)
+    return _get(("swiglu", g, u, n_tok, ks, lpr, act, pdl, pair),
+                lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr, act, PDL=pdl, PAIR=pair))
 
 
 def _blocks(rows: int, ks: int, lpr: int = 32) -> int:

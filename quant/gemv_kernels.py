@@ -135,6 +135,70 @@ def _make_row_dot(qtype, mode, NT, PDL=False):
     return row_dot
 
 
+_pair_dots = {}
+
+
+def make_pair_dot(qa, qb, PDL=False):
+    """pair_dot(Wa, Wb, nu, row, row_b, u, step, xf, xq, xs, cols, acc): row_dot of row `row`
+    of Wa and row `row_b` of Wb (two weights of the same width, or one weight twice) at once,
+    one token, dp4a - each trip issues both rows' three 16-byte loads before the first
+    multiply, so a warp waits for memory once a trip, not twice (and a PDL build has both
+    rows' first loads in flight before its wait). acc[0] gets Wa's units and acc[1] Wb's in
+    row_dot's order: the same bits as two row_dot calls. Used by the SwiGLU GEMV (PAIR) and
+    quant/ffn_fused.py."""
+    key = (qa, qb, PDL)
+    if key in _pair_dots:
+        return _pair_dots[key]
+    wait = _pdl_hooks(PDL)[0]
+    xl = ptx.ld_v4 if PDL else ptx.ldg_v4
+    load_a, load_b = LOADERS[qa], LOADERS[qb]
+    mul_a, mul_b = MULTIPLIERS[(qa, "dp4a")](1, xl), MULTIPLIERS[(qb, "dp4a")](1, xl)
+    SA, SB = UNIT_SHIFT[qa], UNIT_SHIFT[qb]
+    MA, MB = (1 << SA) - 1, (1 << SB) - 1
+
+    @_dev
+    def pair_dot(aa, ab, ac, ad, ba, bb, bc, bd, nu, row, row_b, u, step, xf, xq, xs, cols, acc):
+        base = row * nu
+        off_b = (row_b - row) * nu                # Wb's row row_b (= row for gate / up)
+        last = nu - 1
+        pa, pb = u & MA, u & MB
+        ka, kb = u >> SA, u >> SB
+        sa, sb = step >> SA, step >> SB
+        while u < nu:
+            u1 = u + step
+            u2 = u1 + step
+            i1, i2 = base + min(u1, last), base + min(u2, last)
+            a0 = load_a(aa, ab, ac, ad, base + u)
+            a1 = load_a(aa, ab, ac, ad, i1)
+            a2 = load_a(aa, ab, ac, ad, i2)
+            b0 = load_b(ba, bb, bc, bd, base + u + off_b)
+            b1 = load_b(ba, bb, bc, bd, i1 + off_b)
+            b2 = load_b(ba, bb, bc, bd, i2 + off_b)
+            wait()                  # x is the previous kernel's output (PDL builds only)
+            mul_a(a0, ka, pa, xf, xq, xs, cols, acc, 0)
+            if u1 < nu:
+                mul_a(a1, ka + sa, pa, xf, xq, xs, cols, acc, 0)
+            if u2 < nu:
+                mul_a(a2, ka + 2 * sa, pa, xf, xq, xs, cols, acc, 0)
+            mul_b(b0, kb, pb, xf, xq, xs, cols, acc, 1)
+            if u1 < nu:
+                mul_b(b1, kb + sb, pb, xf, xq, xs, cols, acc, 1)
+            if u2 < nu:
+                mul_b(b2, kb + 2 * sb, pb, xf, xq, xs, cols, acc, 1)
+            u = u2 + step
+            ka += 3 * sa
+            kb += 3 * sb
+    _pair_dots[key] = pair_dot
+    return pair_dot
+
+
+def pairable(gate, up, NT) -> bool:
+    """Whether the SwiGLU GEMV can stream its gate and up rows together (make_pair_dot): one
+    token, dp4a both, the same units per row."""
+    return (NT == 1 and gate[1] == up[1] == "dp4a" and UNIT_SHIFT[gate[0]] == UNIT_SHIFT[up[0]]
+            and UNIT_WEIGHTS[gate[0]] == UNIT_WEIGHTS[up[0]])
+
+
 def _make_reduce(M, KSPLIT, LPR=32):
     """reduce(acc, warp, lane, ks): acc[0:M] of every lane -> the row total in the lanes of
     the k-part-0 warp (warp shuffles over the LPR lanes of a row, then shared memory
@@ -324,16 +388,19 @@ GELU_S = np.float32(0.79788456080286535587989211986876)   # ggml's SQRT_2_OVER_P
 ACTS = ("silu", "gelu")
 
 
-def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False):
+def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False, PAIR=False):
     """h[t, r] = act(Wg x)[t, r] * (Wu x)[t, r]: each warp streams row r of both weights
     (gate then up; mixed formats just mean two different row loops). act = silu (SwiGLU:
     Qwen, Llama) or gelu, the tanh form (GeGLU: Gemma; engine/norm.py's gelu_reference).
     gate/up = (qtype, mode). Arguments: (wa, wb, wc, wd, nu) of Wg, then of Wu, rows,
-    xf, xq, xs, cols, h [NT * rows]."""
+    xf, xq, xs, cols, h [NT * rows]. PAIR (where `pairable`): both rows' loads of a trip
+    issued together (make_pair_dot), the same bits."""
     assert ACT in ACTS, ACT
+    assert not PAIR or pairable(gate, up, NT), (gate, up, NT)
     GELU = ACT == "gelu"
     dot_g = _make_row_dot(gate[0], gate[1], NT, PDL)
     dot_u = _make_row_dot(up[0], up[1], NT, PDL)
+    pair = make_pair_dot(gate[0], up[0], PDL) if PAIR else dot_g
     launch_dependents = _pdl_hooks(PDL)[1]
     NT2 = 2 * NT
     reduce = _make_reduce(NT2, KSPLIT, LPR)
@@ -350,8 +417,11 @@ def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False):
         for t in range(NT2):
             acc[t] = float32(0)
         if row < rows:
-            dot_g(ga, gb, gc, gd, gnu, row, u0, step, xf, xq, xs, cols, acc, 0)
-            dot_u(ua, ub, uc, ud, unu, row, u0, step, xf, xq, xs, cols, acc, NT)
+            if PAIR:
+                pair(ga, gb, gc, gd, ua, ub, uc, ud, gnu, row, row, u0, step, xf, xq, xs, cols, acc)
+            else:
+                dot_g(ga, gb, gc, gd, gnu, row, u0, step, xf, xq, xs, cols, acc, 0)
+                dot_u(ua, ub, uc, ud, unu, row, u0, step, xf, xq, xs, cols, acc, NT)
         reduce(acc, warp, lane, ks)
         if (lane & SUB) == 0 and ks == 0 and row < rows:
             for t in range(NT):

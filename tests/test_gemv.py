@@ -200,6 +200,28 @@ def test_swiglu(gate, up, n_tok, ks):
     _check_swiglu("swiglu", h.copy_to_host(), Wg, Wu, x, xq, xs, (gate[1], up[1]))
 
 
+@pytest.mark.parametrize("gate,up,ks,lpr", [
+    ((Q4, "dp4a"), (Q4, "dp4a"), 1, 32),
+    ((Q4, "dp4a"), (Q6, "dp4a"), 2, 32),                 # Q4_K_M: some layers' up is Q6_K
+    ((Q4, "dp4a"), (Q4, "dp4a"), 1, 16)], ids=["q4k-q4k", "q4k-q6k-ks2", "q4k-q4k-lpr16"])
+def test_swiglu_pair_gives_the_same_bits(gate, up, ks, lpr, monkeypatch):
+    """G.SWIGLU_PAIR: a warp's gate and up rows streamed together (make_pair_dot: both rows'
+    loads of a trip issued before the first multiply) - the same bits as one row after the
+    other; rows of 80 units (2,560 columns: the 4B's), a k-split and two rows a warp."""
+    Wg, wg = weight(*gate, 9, 2560, seed=33)
+    Wu, wu = weight(*up, 9, 2560, seed=34)
+    x, dx, xq, xs = activations(1, 2560, seed=35)
+    got = {}
+    for pair in (False, True):
+        monkeypatch.setattr(G, "SWIGLU_PAIR", pair)
+        h = cuda.device_array((1, 9), np.float32)
+        G.gemv_swiglu(wg, wu, dx, h, xq=xq, xs=xs, ksplit=ks, lpr=lpr)
+        got[pair] = h.copy_to_host()
+    assert K.pairable(gate, up, 1) and not K.pairable(gate, up, 2)
+    assert np.array_equal(got[True].view(np.int32), got[False].view(np.int32))
+    _check_swiglu("swiglu pair", got[True], Wg, Wu, x, xq, xs, (gate[1], up[1]))
+
+
 @pytest.mark.parametrize("gate,up,n_tok,ks", [
     ((Q4, "dp4a"), (Q4, "dp4a"), 1, 1),
     ((Q5, "dp4a"), (Q5, "dp4a"), 2, 2),                 # Gemma 3 270M: gate/up Q5_0
@@ -366,6 +388,7 @@ quantize_q8_kernel = K.quantize_q8_kernel
 gemv_Q4_K_dp4a_resid_pdl = K.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, True)
 qkv_mixed_pdl = K.qkv_kernel(((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), (Q.Q6_K, "dp4a")), 1, 1, 32, True)
 swiglu_dp4a_pdl = K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), 1, 1, 32, "silu", True)
+swiglu_pair = K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q6_K, "dp4a"), 1, 1, 32, "silu", False, True)
 gemv_Q4_K_dp4a_norm = K.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, NORM=1)
 gemv_Q6_K_dp4a_ks2_norm_h = K.gemv_kernel(Q.Q6_K, "dp4a", 1, 2, True, 32, NORM=2)
 gemv_Q6_K_dp4a_lpr16_norm = K.gemv_kernel(Q.Q6_K, "dp4a", 1, 1, True, 16, NORM=1)
@@ -379,7 +402,7 @@ PTX_KERNELS = {**{f"gemv_{q.name}_{m}": G.SIG_GEMV for q, m in VARIANTS},
                "swiglu_mixed_ks2": G.SIG_SWIGLU, "geglu_q5_0": G.SIG_SWIGLU, "gemv_Q6_K_dp4a_lpr16": G.SIG_GEMV,
                "qkv_mixed_lpr16": G.SIG_QKV, "qkv_gemma": G.SIG_QKV, "swiglu_q4_1_nt3": G.SIG_SWIGLU,
                "quantize_q8_kernel": G.SIG_QUANTIZE, "gemv_Q4_K_dp4a_resid_pdl": G.SIG_GEMV,
-               "qkv_mixed_pdl": G.SIG_QKV, "swiglu_dp4a_pdl": G.SIG_SWIGLU,
+               "qkv_mixed_pdl": G.SIG_QKV, "swiglu_dp4a_pdl": G.SIG_SWIGLU, "swiglu_pair": G.SIG_SWIGLU,
                **{k: G.SIG_GEMV_NORM for k in ("gemv_Q4_K_dp4a_norm", "gemv_Q6_K_dp4a_ks2_norm_h",
                                                "gemv_Q6_K_dp4a_lpr16_norm", "gemv_Q4_K_dp4a_norm_pdl",
                                                "gemv_Q4_K_dp4a_norm_staged_2560",
@@ -410,7 +433,8 @@ def test_ptx(ptx_text, name):
             assert_ptx_contains(text, "shfl.sync.bfly", where=where)
             continue
         assert_ptx_contains(text, "ld.global.nc.v4.u32", "shfl.sync.bfly", where=where)
-        if "dp4a" in name or name.startswith("qkv_") or name in ("swiglu_mixed_ks2", "geglu_q5_0", "swiglu_q4_1_nt3"):
+        if "dp4a" in name or name.startswith("qkv_") or name in ("swiglu_mixed_ks2", "geglu_q5_0", "swiglu_q4_1_nt3",
+                                                                   "swiglu_pair"):
             assert_ptx_contains(text, "dp4a.s32.s32", where=where)
         else:
             assert_ptx_lacks(text, "dp4a", where=where)

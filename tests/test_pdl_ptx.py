@@ -30,11 +30,13 @@ attention_pdl = decode_kernel(128, 2, "int8", pdl=True)
 attention_q8_pdl = decode_kernel(128, 2, "int8", q8=True, pdl=True)
 quantize_pdl = K.quantize_q8_pdl_kernel
 gemv_q4k_pdl = K.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, True)
+swiglu_pair_pdl = K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), 1, 1, 32, "silu", True, True)
 """
 _LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.", re.M)
 # global loads a build may issue before its wait: constants only
 PRE_WAIT_LOADS = {"norm_pdl": 1, "rope_pdl": 0, "attention_pdl": 0, "attention_q8_pdl": 0,
-                  "quantize_pdl": 0, "gemv_q4k_pdl": 6}      # Q4_K: 3 units x (qs, header)
+                  "quantize_pdl": 0, "gemv_q4k_pdl": 6,      # Q4_K: 3 units x (qs, header)
+                  "swiglu_pair_pdl": 12}                      # both rows' first trip
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +49,8 @@ def ptx():
     return compile_in_subprocess(_SOURCE, {
         "norm_pdl": norm_sig, "norm_plain": norm_sig, "rope_pdl": signature("int8"),
         "attention_pdl": DECODE_SIGNATURE, "attention_q8_pdl": DECODE_SIGNATURE_Q8,
-        "quantize_pdl": gemv.SIG_QUANTIZE, "gemv_q4k_pdl": gemv.SIG_GEMV}, ccs=((9, 0),))
+        "quantize_pdl": gemv.SIG_QUANTIZE, "gemv_q4k_pdl": gemv.SIG_GEMV,
+        "swiglu_pair_pdl": gemv.SIG_SWIGLU}, ccs=((9, 0),))
 
 
 @pytest.mark.parametrize("name", sorted(PRE_WAIT_LOADS))
@@ -62,7 +65,7 @@ def test_pdl_build_reads_nothing_of_the_kernel_before_until_it_waits(ptx, name):
     assert len(_LOAD.findall(text[wait:])) > 0, f"{name}: nothing read after the wait?"
     # what the kernel before wrote is read coherently: an ld.global.nc (data unchanging for the
     # kernel's lifetime) may be scheduled above the wait by ptxas, and with PDL it is not
-    if name.startswith("gemv"):     # the weights of later trips are .nc; the activations are not
+    if name.startswith(("gemv", "swiglu")):   # later trips' weights are .nc; the activations not
         assert "ld.global.nc.v4.f32" not in text and "ld.global.v4.f32" in text, name
         assert "ld.global.v4.u32" in text, name
     else:

@@ -118,6 +118,7 @@ def main(argv=None) -> int:
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
     settings = pdl_settings(be) if pdl.available() else {}
+    settings.update(pair_settings(be))
     full = time_step(be)
     fused, use_pdl = be.ecfg.fuse_decode_norm, be.ecfg.decode_pdl
     if args.lab:
@@ -194,6 +195,36 @@ def pdl_settings(be) -> dict:
             print(f"  {label(ks)}: {out[label(ks)]:.3f} ms", flush=True)
     finally:
         be.ecfg, cuda_ops.PDL_KINDS = base, kinds
+        be._graphs.clear()
+        be._set_state(pos=pos)
+    return out
+
+
+def pair_settings(be) -> dict:
+    """The step with quant/gemv.py SWIGLU_PAIR off and on (a warp's gate and up rows streamed
+    together): three steps each way from the same state, the same bits or it stops, then the
+    times; the knob is restored after."""
+    from genie_rt.quant import gemv
+    base = gemv.SWIGLU_PAIR
+    pos = int(be.state.copy_to_host()[0])
+    out, logits = {}, {}
+    try:
+        for pair in (False, True):
+            gemv.SWIGLU_PAIR = pair
+            be._graphs.clear()
+            logits[pair] = [be.decode(77, pos) for _ in range(3)]
+            be._set_state(pos=pos)
+        ref = logits[False][0].view(np.int32)
+        same = all(np.array_equal(x.view(np.int32), ref) for steps in logits.values() for x in steps)
+        print(f"  SWIGLU_PAIR: logits {'the same bits' if same else 'DIFFERENT'} on and off", flush=True)
+        if not same:
+            raise SystemExit("SWIGLU_PAIR changed the logits")
+        for pair in (False, True):
+            gemv.SWIGLU_PAIR = pair
+            out[f"SWIGLU_PAIR={pair}"] = time_step(be)
+            print(f"  SWIGLU_PAIR={pair}: {out[f'SWIGLU_PAIR={pair}']:.3f} ms", flush=True)
+    finally:
+        gemv.SWIGLU_PAIR = base
         be._graphs.clear()
         be._set_state(pos=pos)
     return out
