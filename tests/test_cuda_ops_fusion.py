@@ -183,3 +183,17 @@ def test_engine_config_and_cli_switch():
     _add_model_args(p)
     assert _engine_config(p.parse_args([])).fuse_decode_norm is False
     assert _engine_config(p.parse_args(["--fuse-norm"])).fuse_decode_norm is True
+
+
+def test_pdl_is_on_by_default_and_no_pdl_turns_it_off():
+    """EngineConfig.decode_pdl: programmatic dependent launch of the decode step, on by default
+    (only an sm_90+ device acts on it: cuda_ops.DecodeOps asks pdl.available()); --no-pdl."""
+    from genie_rt.engine.cli import _add_model_args, _engine_config
+    from genie_rt.engine.config import EngineConfig
+    assert EngineConfig().decode_pdl is True
+    with pytest.raises(ValueError, match="decode_pdl"):
+        EngineConfig(decode_pdl="off")
+    p = argparse.ArgumentParser()
+    _add_model_args(p)
+    assert _engine_config(p.parse_args([])).decode_pdl is True
+    assert _engine_config(p.parse_args(["--no-pdl"])).decode_pdl is False

@@ -52,12 +52,10 @@
 #             launches, 25 graph replays) beside tools/profile_decode.py (the 4B's logits both
 #             ways, the step at 2/4/8 blocks an SM, with PDL and the attention's q8)
 #   pdl       the decode chain by programmatic dependent launch (issue 14, 2026-12-04): the decode
-#             profile (PDL off / GEMVs only / whole chain, bits first), genie-rt bench (pp18/33/512,
+#             profile (PDL per kernel kind, bits first; SWIGLU_PAIR), genie-rt bench (pp18/33/512,
 #             tg128 at depth 0 and 4096), the PDL and CPU-parity GPU tests, llama-bench if built
 #   issue14   issue 14's numbers in one call (2026-12-04): genie-rt bench and llama-bench on the same
 #             file (llama.cpp built in the background meanwhile), the prefix-reuse bench, GPU tests
-#   pdlprobe  tools/pdl_probe.py: a chain of dependent GEMVs, plain or PDL build x launch path x
-#             stream or graph replay (the PDL decode graph gave wrong logits on 2026-12-03)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
 #             Qwen3-0.6B and 4B at PCTX contexts, default 4096 and 40960; issue 17: within 5 %)
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
@@ -277,7 +275,7 @@ for s in "$@"; do
       (timeout ${TT:-300} $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs \
         ${GTESTS:-tests/test_backend_cuda.py -k "fused_ffn or attention_q8"} > "$OUT/tests-ffn.txt" 2>&1;
        echo "pytest exit $?" >> "$OUT/tests-ffn.txt") &
-      timeout ${PRT:-300} $PY tools/profile_decode.py -m $MODEL4B --json "$OUT/profile-ffn.json" 2>&1 \
+      timeout ${PRT:-300} $PY tools/profile_decode.py -m $MODEL4B --lab --json "$OUT/profile-ffn.json" 2>&1 \
         | grep -v "^INFO numba" | head -40
       timeout ${FBT:-240} $PY tools/bench_ffn_fused.py --json "$OUT/bench-ffn.json" 2>&1 | grep -v "^INFO numba" | tail -30
       wait; grep -E "^(FAILED|ERROR)|passed|failed|exit" "$OUT/tests-ffn.txt" | cut -c1-300 | tail -20 ;;
@@ -335,10 +333,6 @@ for s in "$@"; do
       LB=$(lcpp_bench ${LCPP_WAIT:-300})
       [ -z "$LB" ] || timeout ${LBT:-150} $LB -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 -ngl 99 -o md 2>/dev/null \
         | tee "$OUT/llama-bench.md" ;;
-    pdlprobe)
-      stage pdlprobe
-      # programmatic dependent launch: which of build / launch path / stream-vs-graph goes wrong
-      timeout ${PPT:-200} $PY tools/pdl_probe.py 2>&1 | grep -v "^INFO numba" | tee "$OUT/pdl-probe.txt" | tail -12 ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
 done
