@@ -305,9 +305,12 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
             return {"backend": "cuda", "device": "simulator"}
         dev = cuda_layout.device()
         name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
+        from genie_rt.quant import pdl
         return {"backend": "cuda", "device": name, "compute_capability": "%d.%d" % dev.compute_capability,
                 "integrated": self.integrated, "mapped_memory": self.mapped, "arena_bytes": self.lay.layout.nbytes,
-                "graphs": len(self._graphs), "compile_seconds": round(self.compile_seconds, 2)}
+                "graphs": len(self._graphs), "compile_seconds": round(self.compile_seconds, 2),
+                # the decode step by programmatic dependent launch (asked for and the device has it)
+                "decode_pdl": bool(self.ecfg.decode_pdl) and pdl.available()}
 
     def synchronize(self) -> None:
         self._enter()
