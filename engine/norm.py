@@ -57,6 +57,7 @@ from genie_rt.quant import ptx   # simulator: installs warp shuffles
 from genie_rt.quant.norm_q8_device import block_sum as _block_sum
 from genie_rt.quant.norm_q8_device import norm_block
 from genie_rt.quant.norm_q8_device import q8_store as _q8_store
+from genie_rt.quant import pdl
 from genie_rt.quant.pdl import launch_or_plain
 
 from . import kernel_cache
@@ -209,10 +210,7 @@ RESIDENT_MAX = 16
 
 
 def _make_rmsnorm_q8_resident(write_h: bool, J: int, PDL: bool = False):
-    if PDL:                                      # sm_90+ only (quant/pdl.py)
-        wait, launch_dependents = ptx.griddep_wait, ptx.griddep_launch_dependents
-    else:
-        wait = launch_dependents = _no_op
+    wait, launch_dependents, _ = pdl.hooks(PDL)  # griddepcontrol: sm_90+ PDL builds only
 
     @cuda.jit
     def kernel(x, w, out, xq, xs, eps):
@@ -248,11 +246,6 @@ def _make_rmsnorm_q8_resident(write_h: bool, J: int, PDL: bool = False):
                 out[r, mine] = v
             _q8_store(v, xq, xs, r, mine)
     return kernel_cache.attach(kernel)
-
-
-@cuda.jit(device=True, inline=True)
-def _no_op():
-    pass
 
 
 _rmsnorm_q8_r4_kernel = _make_rmsnorm_q8_resident(False, 4)      # d = 4 * block: 1024-4096

@@ -44,6 +44,7 @@ from numba import cuda, float32, int32, uint32
 from genie_rt.engine import kernel_cache
 from genie_rt.quant import ptx
 from genie_rt.quant.norm_q8_device import q8_put   # quantize_q8_kernel's own store
+from genie_rt.quant.pdl import hooks
 from genie_rt.quant.ptx import SIMULATOR
 
 FULL = 0xFFFFFFFF
@@ -83,11 +84,6 @@ else:
     _dev = cuda.jit(device=True, forceinline=True)
 
 
-@_dev
-def _no_op():
-    pass
-
-
 @functools.lru_cache(maxsize=None)
 def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int = 4,
                   rows_per_thread: int = 4, window: int = 0, scale: float | None = None,
@@ -101,12 +97,9 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     the same bits as quantize_q8 on out - one launch fewer a layer. pdl: the programmatic-
     dependent-launch build (sm_90+ only, quant/pdl.py): the next kernel may launch at once,
     and this one waits for the kernel before it (rope_write: q and the new K/V row) first."""
-    if pdl:      # rope_write may still be writing the new K/V row when this launch starts:
-        # read the cache coherently after the wait (ld_v4), not by the read-only path
-        wait, launch_dependents, ld4 = ptx.griddep_wait, ptx.griddep_launch_dependents, ptx.ld_v4
-    else:
-        wait = launch_dependents = _no_op
-        ld4 = ptx.ldg_v4
+    # PDL: rope_write may still be writing the new K/V row when this launch starts, so the
+    # cache is read coherently after the wait (ld_v4), not by the read-only path
+    wait, launch_dependents, ld4 = hooks(pdl)
     HD, GH, NW, RPT = head_dim, heads_per_block, warps, rows_per_thread
     Q8 = bool(q8)
     assert not Q8 or (GH * HD) % 32 == 0, "q8 output needs whole 32-value blocks per block"

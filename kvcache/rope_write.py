@@ -52,8 +52,8 @@ from numba import cuda, float32, int32
 
 from genie_rt.engine import kernel_cache
 from genie_rt.engine.models.reference import rmsnorm, rope_neox, rope_tables
-from genie_rt.quant import ptx  # installs warp shuffles in the simulator; griddepcontrol
-from genie_rt.quant.pdl import launch_or_plain
+from genie_rt.quant import ptx  # noqa: F401  (installs warp shuffles in the simulator)
+from genie_rt.quant.pdl import hooks, launch_or_plain
 from genie_rt.quant.ptx import SIMULATOR
 
 from .device_pool import KVLayer
@@ -163,21 +163,14 @@ def rope_write_kernel(kv_dtype: str, neox: bool = True, qk_norm: bool = True,
     return _rope_write_kernel(kv_dtype, bool(neox), bool(qk_norm), bool(ring), bool(pdl))
 
 
-@cuda.jit(device=True, inline=True)
-def _no_op():
-    pass
-
-
 @functools.lru_cache(maxsize=None)
 def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool, pdl: bool = False):
     if kv_dtype not in ("int8", "f16"):
         raise ValueError(f"rope_write supports KV dtypes int8 and f16, not '{kv_dtype}'")
     int8_cache = kv_dtype == "int8"
     NEOX, QK_NORM, RING = bool(neox), bool(qk_norm), bool(ring)
-    if pdl:      # the next kernel may launch at once; this one waits before its first read
-        wait, launch_dependents = ptx.griddep_wait, ptx.griddep_launch_dependents
-    else:
-        wait = launch_dependents = _no_op
+    # PDL: the next kernel may launch at once; this one waits before its first read
+    wait, launch_dependents, _ = hooks(pdl)
 
     @cuda.jit(device=True, inline=True)
     def pair(i, half):

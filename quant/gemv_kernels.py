@@ -48,7 +48,7 @@ from numba import cuda, float32, int32
 
 from genie_rt.engine import kernel_cache
 
-from . import ptx
+from . import pdl, ptx
 from .gemv_formats import LOADERS, MODES, MULTIPLIERS, UNIT_SHIFT, UNIT_WEIGHTS  # noqa: F401
 from .norm_q8_device import make_norm_q8_tail, q8_of_warp, q8_write   # quantize_q8_kernel's
 
@@ -77,20 +77,6 @@ def _warp_sum(v):
 _row_dots = {}
 
 
-@_dev
-def _no_op():
-    pass
-
-
-def _pdl_hooks(PDL):
-    """(wait, launch_dependents) device functions: griddepcontrol on a programmatic-
-    dependent-launch build (PDL, sm_90+: quant/pdl.py), no-ops that inline to nothing
-    otherwise - so the sm_80/87 kernels are the same code as before PDL existed."""
-    if PDL:
-        return ptx.griddep_wait, ptx.griddep_launch_dependents
-    return _no_op, _no_op
-
-
 def _make_row_dot(qtype, mode, NT, PDL=False):
     """Device function row_dot(wa, wb, wc, wd, nu, row, u, step, xf, xq, xs, cols, acc, ao):
     acc[ao + t] += the lane's share (units u, u + step, ...) of row `row` times x[t].
@@ -100,11 +86,11 @@ def _make_row_dot(qtype, mode, NT, PDL=False):
     key = (qtype, mode, NT, PDL)
     if key in _row_dots:
         return _row_dots[key]
-    wait = _pdl_hooks(PDL)[0]
-    load = LOADERS[qtype]
     # a PDL build's activations are written by the kernel before while this one starts: read
     # them coherently (ld_v4), not by the non-coherent path the compiler may move above the wait
-    mul = MULTIPLIERS[(qtype, mode)](NT, ptx.ld_v4 if PDL else ptx.ldg_v4)
+    wait, _, xl = pdl.hooks(PDL)
+    load = LOADERS[qtype]
+    mul = MULTIPLIERS[(qtype, mode)](NT, xl)
     SH = UNIT_SHIFT[qtype]
     PM = (1 << SH) - 1
 
@@ -149,8 +135,7 @@ def make_pair_dot(qa, qb, PDL=False):
     key = (qa, qb, PDL)
     if key in _pair_dots:
         return _pair_dots[key]
-    wait = _pdl_hooks(PDL)[0]
-    xl = ptx.ld_v4 if PDL else ptx.ldg_v4
+    wait, _, xl = pdl.hooks(PDL)
     load_a, load_b = LOADERS[qa], LOADERS[qb]
     mul_a, mul_b = MULTIPLIERS[(qa, "dp4a")](1, xl), MULTIPLIERS[(qb, "dp4a")](1, xl)
     SA, SB = UNIT_SHIFT[qa], UNIT_SHIFT[qb]
@@ -282,7 +267,7 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_
     """
     assert NORM in (0, 1, 2) and (not NORM or (RESID and NT == 1)), "NORM: a residual GEMV of one token"
     row_dot = _make_row_dot(qtype, mode, NT, PDL)
-    launch_dependents = _pdl_hooks(PDL)[1]
+    launch_dependents = pdl.hooks(PDL)[1]
     reduce = _make_reduce(NT, KSPLIT, LPR)
     assign = _make_assign(KSPLIT, LPR)
     SUB = LPR - 1
@@ -342,7 +327,7 @@ def qkv_kernel(specs, NT, KSPLIT, LPR=32, PDL=False):
     blk1, blk2 (first block of segments 1 and 2), xf, xq, xs, cols, y [NT * ldy]."""
     dots = [_make_row_dot(q, m, NT, PDL) for q, m in specs]
     dot0, dot1, dot2 = dots
-    launch_dependents = _pdl_hooks(PDL)[1]
+    launch_dependents = pdl.hooks(PDL)[1]
     reduce = _make_reduce(NT, KSPLIT, LPR)
     assign = _make_assign(KSPLIT, LPR)
     SUB = LPR - 1
@@ -401,7 +386,7 @@ def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False, PAIR=Fals
     dot_g = _make_row_dot(gate[0], gate[1], NT, PDL)
     dot_u = _make_row_dot(up[0], up[1], NT, PDL)
     pair = make_pair_dot(gate[0], up[0], PDL) if PAIR else dot_g
-    launch_dependents = _pdl_hooks(PDL)[1]
+    launch_dependents = pdl.hooks(PDL)[1]
     NT2 = 2 * NT
     reduce = _make_reduce(NT2, KSPLIT, LPR)
     assign = _make_assign(KSPLIT, LPR)
@@ -435,7 +420,7 @@ def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False, PAIR=Fals
 
 
 def _make_quantize_q8(PDL):
-    wait, launch_dependents = _pdl_hooks(PDL)
+    wait, launch_dependents, _ = pdl.hooks(PDL)
 
     @cuda.jit
     def quantize_q8_kernel(x, xq, xs, n):

@@ -28,6 +28,9 @@ or more (`available()`); the Jetson (sm_87) and other sm_80+ GPUs keep the plain
 The engine launches every kernel of a decode layer this way by default there
 (EngineConfig.decode_pdl, engine/cuda_ops.py PDL_KINDS; `--no-pdl` turns it off).
 
+`hooks(PDL)` gives a kernel factory its three device functions - the wait, the trigger and
+the load of what another kernel wrote - so every PDL build follows the rules the same way.
+
 `launch` does what numba's own `kernel[grid, block, stream](*args)` does for a kernel with
 one compiled signature (numba-cuda 0.30: the dispatcher's overload, its argument
 marshalling, cuda.core's `launch`) with one more field in the launch configuration.
@@ -36,11 +39,29 @@ from __future__ import annotations
 
 import functools
 
+from numba import cuda
+
+from . import ptx
+
+
+@cuda.jit(device=True, inline=True)
+def _no_op():
+    pass
+
+
+def hooks(PDL: bool):
+    """(wait, launch_dependents, ld_v4) for a kernel factory: on a PDL build (sm_90+)
+    griddepcontrol.wait / .launch_dependents and the coherent 16-byte load (rule 3) for data
+    another kernel wrote; otherwise no-ops that inline to nothing and the read-only ldg_v4 -
+    so the sm_80/87 kernels are the same code as before PDL existed."""
+    if PDL:
+        return ptx.griddep_wait, ptx.griddep_launch_dependents, ptx.ld_v4
+    return _no_op, _no_op, ptx.ldg_v4
+
 
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
     """A real device of compute capability >= 9.0 and a cuda.core that knows the attribute."""
-    from . import ptx
     if ptx.SIMULATOR:
         return False
     try:
@@ -85,7 +106,6 @@ def launch_or_plain(kern, grid, block, stream, sig: str, pdl: bool, *args) -> No
     """kern[grid, block, stream](*args), or - pdl - the same launch with programmatic stream
     serialization (`launch`), compiling `sig` first if the kernel has no compiled signature
     yet (it must then have exactly one). The one path every launcher of a PDL build takes."""
-    from . import ptx
     if not pdl or ptx.SIMULATOR:    # the simulator runs a PDL build's griddepcontrol as no-ops
         kern[grid, block, stream](*args)
         return

@@ -173,27 +173,29 @@ def test_the_runtime_refuses_a_recording_that_leaves_a_launch_pending():
         CUDABackend._recorded(rt, lambda: setattr(rt, "pending_launch", "wo.0 (residual GEMV)"))
 
 
-def test_engine_config_and_cli_switch():
+def _cli_config(argv):
+    """The EngineConfig the CLI's model options make of argv."""
     from genie_rt.engine.cli import _add_model_args, _engine_config
+    p = argparse.ArgumentParser()
+    _add_model_args(p)
+    return _engine_config(p.parse_args(argv))
+
+
+def test_engine_config_and_cli_switch():
     from genie_rt.engine.config import EngineConfig
     assert EngineConfig().fuse_decode_norm is False          # slower on the H200 (forward-pass.md)
     with pytest.raises(ValueError, match="fuse_decode_norm"):
         EngineConfig(fuse_decode_norm="no")
-    p = argparse.ArgumentParser()
-    _add_model_args(p)
-    assert _engine_config(p.parse_args([])).fuse_decode_norm is False
-    assert _engine_config(p.parse_args(["--fuse-norm"])).fuse_decode_norm is True
+    assert _cli_config([]).fuse_decode_norm is False
+    assert _cli_config(["--fuse-norm"]).fuse_decode_norm is True
 
 
 def test_pdl_is_on_by_default_and_no_pdl_turns_it_off():
     """EngineConfig.decode_pdl: programmatic dependent launch of the decode step, on by default
     (only an sm_90+ device acts on it: cuda_ops.DecodeOps asks pdl.available()); --no-pdl."""
-    from genie_rt.engine.cli import _add_model_args, _engine_config
     from genie_rt.engine.config import EngineConfig
     assert EngineConfig().decode_pdl is True
     with pytest.raises(ValueError, match="decode_pdl"):
         EngineConfig(decode_pdl="off")
-    p = argparse.ArgumentParser()
-    _add_model_args(p)
-    assert _engine_config(p.parse_args([])).decode_pdl is True
-    assert _engine_config(p.parse_args(["--no-pdl"])).decode_pdl is False
+    assert _cli_config([]).decode_pdl is True
+    assert _cli_config(["--no-pdl"]).decode_pdl is False

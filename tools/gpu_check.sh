@@ -94,6 +94,19 @@ lcpp_bench() {
   if [ -x $LB ]; then echo $LB; else echo "llama.cpp build not ready:" >&2; tail -5 /tmp/lcpp-cuda/build.log >&2; fi
 }
 MODEL4B=/tmp/qwen3-4b-q4km.gguf
+# issue 14's table on the 4B: genie-rt bench (bench.json, a line a result) within $1 s, and
+# llama-bench on the same file (llama-bench.md) once its background build is there (waiting
+# up to $2 s for it)
+bench_4b() {
+  timeout $1 $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 \
+    --kv int8 --ctx 8192 --json > "$OUT/bench.json" 2> /tmp/bench.log; tail -3 /tmp/bench.log
+  $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print(r['test'] + '@d' + str(r['n_depth']), round(r['avg_ts'],1), '+-', round(r['stddev_ts'],1)) for r in d['results']]" "$OUT/bench.json"
+}
+llama_bench_4b() {
+  local LB; LB=$(lcpp_bench $1)
+  [ -z "$LB" ] || timeout ${LBT:-150} $LB -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 -ngl 99 -o md 2>/dev/null \
+    | tee "$OUT/llama-bench.md"
+}
 
 for s in "$@"; do
   case "$s" in
@@ -283,56 +296,44 @@ for s in "$@"; do
       stage decode14
       "$0" lcpp > /dev/null
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      timeout ${BT:-300} $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 \
-        --kv int8 --ctx 8192 --json > "$OUT/bench.json" 2> /tmp/bench.log; tail -4 /tmp/bench.log   # $OUT: at most 8 files come back
-      $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print(r['test'] + '@d' + str(r['n_depth']), round(r['avg_ts'],1), '+-', round(r['stddev_ts'],1)) for r in d['results']]" "$OUT/bench.json"
+      bench_4b ${BT:-300}
       timeout ${PRT:-150} $PY tools/profile_decode.py -m $MODEL4B --json "$OUT/profile.json" 2>&1 | grep -v "^INFO numba" | head -20
       timeout ${PXT:-120} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" | tee "$OUT/prefix.txt" | tail -6
       timeout ${TT:-200} $PY -m pytest -q -m gpu -n ${NW:-4} -p no:cacheprovider -rfEs \
         ${GTESTS:-tests/test_attention_gpu.py tests/test_backend_cuda.py tests/test_norm.py tests/test_rope_write.py} > "$OUT/tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -20
-      LB=$(lcpp_bench ${LCPP_WAIT:-60})
-      [ -z "$LB" ] || timeout 150 $LB -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 -ngl 99 -o md 2>/dev/null \
-        | tee "$OUT/llama-bench.md"
+      llama_bench_4b ${LCPP_WAIT:-60}
       timeout ${AMT:-150} $PY -m genie_rt.kvcache.attention --json "$OUT/attention.json" 2>&1 \
         | grep -E "default plan ctx|FAILED|measurements" | head -20
       timeout ${GMT:-150} $PY -m genie_rt.quant.gemv_mma --json "$OUT/gemv-mma.json" 2>&1 | grep -v "^INFO numba" | tail -20 ;;
     pdl)
       stage pdl
       # the whole decode chain by programmatic dependent launch (the default on sm_90+ since
-      # 2026-12-04): the profile first (off / GEMVs only / whole chain: the same bits, then the
+      # 2026-12-04): the profile first (each set of PDL kernel kinds: the same bits, then the
       # times and the ablation), genie-rt bench with the default, the GPU tests of PDL and CPU
       # parity, then llama-bench on the same file if its background build is done
       "$0" lcpp > /dev/null
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       timeout ${PRT:-300} $PY tools/profile_decode.py -m $MODEL4B --json "$OUT/profile.json" 2>&1 \
         | grep -v "^INFO numba" | head -30
-      timeout ${BT:-200} $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 \
-        --kv int8 --ctx 8192 --json > "$OUT/bench.json" 2> /tmp/bench.log; tail -3 /tmp/bench.log
-      $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print(r['test'] + '@d' + str(r['n_depth']), round(r['avg_ts'],1), '+-', round(r['stddev_ts'],1)) for r in d['results']]" "$OUT/bench.json"
+      bench_4b ${BT:-200}
       timeout ${TT:-150} $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs \
         ${GTESTS:-tests/test_backend_cuda.py -k "pdl or every_position or greedy"} > "$OUT/tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
-      LB=$(lcpp_bench ${LCPP_WAIT:-30})
-      [ -z "$LB" ] || timeout ${LBT:-150} $LB -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 -ngl 99 -o md 2>/dev/null \
-        | tee "$OUT/llama-bench.md" ;;
+      llama_bench_4b ${LCPP_WAIT:-30} ;;
     issue14)
       stage issue14
       # issue 14's table in one call, llama.cpp's build started first: genie-rt bench and
       # llama-bench on the same file, the prefix-reuse bench, the PDL and CPU-parity GPU tests
       "$0" lcpp > /dev/null
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      timeout ${BT:-300} $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 \
-        --kv int8 --ctx 8192 --json > "$OUT/bench.json" 2> /tmp/bench.log; tail -3 /tmp/bench.log
-      $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print(r['test'] + '@d' + str(r['n_depth']), round(r['avg_ts'],1), '+-', round(r['stddev_ts'],1)) for r in d['results']]" "$OUT/bench.json"
+      bench_4b ${BT:-300}
       timeout ${PXT:-120} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" \
         | tee "$OUT/prefix.txt" | tail -4
       timeout ${TT:-150} $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs \
         ${GTESTS:-tests/test_backend_cuda.py -k "pdl or greedy or real_layer"} > "$OUT/tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
-      LB=$(lcpp_bench ${LCPP_WAIT:-300})
-      [ -z "$LB" ] || timeout ${LBT:-150} $LB -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 -ngl 99 -o md 2>/dev/null \
-        | tee "$OUT/llama-bench.md" ;;
+      llama_bench_4b ${LCPP_WAIT:-300} ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
 done

@@ -159,22 +159,17 @@ PDL_SETS = ((), ("gemv",), ("q8",), ("norm",), ("rope",), ("attention",), ("gemv
             ("gemv", "q8", "norm", "rope", "attention"))
 
 
-def pdl_settings(be) -> dict:
-    """The step with programmatic dependent launch on each set of PDL_SETS: first three steps
-    from the same state each way (a capture and run, then two replays), whose logits must be
-    the plain graph's bits - every set is checked and reported; if any differs the profile
-    stops there - then the time of each. The configuration is restored after."""
-    import dataclasses
-
-    from genie_rt.engine import cuda_ops
-    base, kinds = be.ecfg, cuda_ops.PDL_KINDS
-    label = lambda ks: "decode_pdl=" + ("+".join(ks) if ks else "off")     # noqa: E731
-    out, bad = {}, []
+def same_bits_then_times(be, ways: dict, what: str) -> dict:
+    """ways: label -> a function that sets one configuration up (the first is the reference).
+    Three decode steps each way from the same state (a capture and run, then two replays):
+    every way is reported and the logits must be the reference's bits, else the profile stops;
+    then the time of each way. The caller restores its configuration; the graphs and the
+    state are reset here."""
     pos = int(be.state.copy_to_host()[0])
+    out, bad, ref = {}, [], None
     try:
-        ref = None
-        for ks in PDL_SETS:
-            be.ecfg, cuda_ops.PDL_KINDS = dataclasses.replace(base, decode_pdl=bool(ks)), frozenset(ks)
+        for label, setup in ways.items():
+            setup()
             be._graphs.clear()
             steps = [be.decode(77, pos) for _ in range(3)]     # capture + run, then two replays
             be._set_state(pos=pos)
@@ -182,52 +177,52 @@ def pdl_settings(be) -> dict:
                 ref = steps[0]
             same = [np.array_equal(x.view(np.int32), ref.view(np.int32)) for x in steps]
             diff = max(float(np.max(np.abs(x - ref))) for x in steps)
-            print(f"  {label(ks)}: logits {'the same bits' if all(same) else 'DIFFERENT'} as the plain "
-                  f"graph's (steps {same}, max |diff| {diff:.3g})", flush=True)
+            print(f"  {label}: logits {'the same bits' if all(same) else 'DIFFERENT'} as the first "
+                  f"way's (steps {same}, max |diff| {diff:.3g})", flush=True)
             if not all(same):
-                bad.append(label(ks))
+                bad.append(label)
         be._graphs.clear()
         if bad:
-            raise SystemExit(f"programmatic dependent launch changed the logits: {', '.join(bad)}")
-        for ks in PDL_SETS:
-            be.ecfg, cuda_ops.PDL_KINDS = dataclasses.replace(base, decode_pdl=bool(ks)), frozenset(ks)
-            out[label(ks)] = time_step(be)
-            print(f"  {label(ks)}: {out[label(ks)]:.3f} ms", flush=True)
+            raise SystemExit(f"{what} changed the logits: {', '.join(bad)}")
+        for label, setup in ways.items():
+            setup()
+            out[label] = time_step(be)
+            print(f"  {label}: {out[label]:.3f} ms", flush=True)
     finally:
-        be.ecfg, cuda_ops.PDL_KINDS = base, kinds
         be._graphs.clear()
         be._set_state(pos=pos)
     return out
+
+
+def pdl_settings(be) -> dict:
+    """The step with programmatic dependent launch on each set of PDL_SETS (the first: none),
+    the same bits, then the times; the configuration is restored after."""
+    import dataclasses
+
+    from genie_rt.engine import cuda_ops
+    base, kinds = be.ecfg, cuda_ops.PDL_KINDS
+
+    def way(ks):
+        def setup():
+            be.ecfg, cuda_ops.PDL_KINDS = dataclasses.replace(base, decode_pdl=bool(ks)), frozenset(ks)
+        return setup
+    try:
+        return same_bits_then_times(be, {"decode_pdl=" + ("+".join(ks) if ks else "off"): way(ks)
+                                         for ks in PDL_SETS}, "programmatic dependent launch")
+    finally:
+        be.ecfg, cuda_ops.PDL_KINDS = base, kinds
 
 
 def pair_settings(be) -> dict:
     """The step with quant/gemv.py SWIGLU_PAIR off and on (a warp's gate and up rows streamed
-    together): three steps each way from the same state, the same bits or it stops, then the
-    times; the knob is restored after."""
+    together): the same bits, then the times; the knob is restored after."""
     from genie_rt.quant import gemv
     base = gemv.SWIGLU_PAIR
-    pos = int(be.state.copy_to_host()[0])
-    out, logits = {}, {}
     try:
-        for pair in (False, True):
-            gemv.SWIGLU_PAIR = pair
-            be._graphs.clear()
-            logits[pair] = [be.decode(77, pos) for _ in range(3)]
-            be._set_state(pos=pos)
-        ref = logits[False][0].view(np.int32)
-        same = all(np.array_equal(x.view(np.int32), ref) for steps in logits.values() for x in steps)
-        print(f"  SWIGLU_PAIR: logits {'the same bits' if same else 'DIFFERENT'} on and off", flush=True)
-        if not same:
-            raise SystemExit("SWIGLU_PAIR changed the logits")
-        for pair in (False, True):
-            gemv.SWIGLU_PAIR = pair
-            out[f"SWIGLU_PAIR={pair}"] = time_step(be)
-            print(f"  SWIGLU_PAIR={pair}: {out[f'SWIGLU_PAIR={pair}']:.3f} ms", flush=True)
+        return same_bits_then_times(be, {f"SWIGLU_PAIR={p}": lambda p=p: setattr(gemv, "SWIGLU_PAIR", p)
+                                         for p in (False, True)}, "SWIGLU_PAIR")
     finally:
         gemv.SWIGLU_PAIR = base
-        be._graphs.clear()
-        be._set_state(pos=pos)
-    return out
 
 
 def fused_ffn_settings(be, pdl_ok: bool) -> dict:
