@@ -61,6 +61,10 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--no-pdl", dest="pdl", action="store_false",
                    help="CUDA decode on sm_90+: launch each kernel only after the one before has finished "
                         "(no programmatic dependent launch; same results, slower: for comparisons)")
+    p.add_argument("--attention-loop", default=None, metavar="{block,warp,warp-nopf}",
+                   help="CUDA decode attention: how a block walks its rows - block (barriers a tile), warp "
+                        "(each lane slot its own softmax, the next rows' loads in flight), warp-nopf "
+                        "(warp without the early loads); default: the measured best (for comparisons)")
     p.add_argument("--overlap-load", action="store_true",
                    help="CUDA, discrete GPU: read the weights on a thread while the kernels load and the "
                         "graphs are captured (same bits; no faster on the H200 since the warm-up "
@@ -108,7 +112,8 @@ def _engine_config(args):
                         threads=args.threads,
                         min_headroom_bytes=None if args.min_headroom_mb is None else args.min_headroom_mb << 20,
                         thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory,
-                        fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl, overlap_load=args.overlap_load)
+                        fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl, overlap_load=args.overlap_load,
+                        decode_attention_loop=args.attention_loop)
 
 
 def resolve_model_arg(args) -> None:

@@ -14,6 +14,12 @@ from typing import Literal
 from .gguf_file import GGUFError, GGUFFile, short_repr as _short
 
 
+# how the CUDA decode attention walks a split's rows (kvcache/attention_decode_tiles.py): "block"
+# (the block in step, three barriers a tile), "warp" (each lane slot its own running softmax, the
+# next trip's loads in flight), "warp-nopf" (the same without the early loads)
+DECODE_ATTENTION_LOOPS = ("block", "warp", "warp-nopf")
+
+
 class MetaReader:
     """Typed, range-checked access to `{arch}.*` metadata of one file (GGUFError naming the key)."""
 
@@ -247,6 +253,8 @@ class EngineConfig:
                                         # launch with grid barriers (quant/ffn_fused.py; the same bits).
                                         # H200, 2026-12-04: the step 2.727 ms against 2.167 (a barrier
                                         # costs what the kernel boundary did; docs/kernels/ffn-fused.md): off
+    decode_attention_loop: str | None = None    # CUDA decode attention's loop (DECODE_ATTENTION_LOOPS;
+                                        # None: kvcache/attention.DEFAULT_LOOP); --attention-loop
     overlap_load: bool = False          # CUDA, discrete GPU: read the weights on a thread while the
                                         # kernels load and the graphs are captured (cuda_weights.
                                         # BackgroundUpload; --overlap-load). H200, 2026-12-03: the
@@ -278,6 +286,9 @@ class EngineConfig:
             raise ValueError(f"decode_attention_q8 must be True or False, got {self.decode_attention_q8!r}")
         if not isinstance(self.decode_fused_ffn, bool):
             raise ValueError(f"decode_fused_ffn must be True or False, got {self.decode_fused_ffn!r}")
+        if self.decode_attention_loop not in (None,) + DECODE_ATTENTION_LOOPS:
+            raise ValueError(f"decode_attention_loop must be one of {DECODE_ATTENTION_LOOPS} (or None: "
+                             f"the default), got {self.decode_attention_loop!r}")
         if self.gemv_mode not in ("dp4a", "f32"):
             raise ValueError(f"gemv_mode must be 'dp4a' or 'f32', got {self.gemv_mode!r}")
         if self.threads is not None and (not integer(self.threads) or self.threads < 1):

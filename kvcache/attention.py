@@ -38,7 +38,7 @@ from genie_rt.engine.models.reference import attention as attention_reference
 from genie_rt.quant.pdl import launch_or_plain
 from genie_rt.quant.ptx import SIMULATOR
 
-from .attention_decode_kernels import DECODE_SIGNATURE, DECODE_SIGNATURE_Q8, MAX_SPLITS, decode_kernel
+from .attention_decode_kernels import DECODE_SIGNATURE, DECODE_SIGNATURE_Q8, LOOPS, MAX_SPLITS, decode_kernel
 from .device_pool import KVLayer
 
 _ALIGN = 256
@@ -51,6 +51,12 @@ _ALIGN = 256
 # 8.97 / 10.25 / 16.73 / 42.10; 1 head (8 splits) 7.70 / 9.40 / 20.06 / 65.33.
 # docs/kernels/attention.md has the whole table.
 DEFAULT_HEADS_PER_BLOCK = 2
+# How a decode block walks its rows (attention_decode_tiles.py): "warp" (every lane slot its own
+# running softmax, no barrier a trip, the next trip's loads in flight; its PDL build loads the
+# first trip before its wait). H200, 2026-12-04 12:43 UTC, the 4B's decode step
+# (tools/profile_decode.py --settings loop): warp / block / warp-nopf 1.976 / 2.034 / 2.034 ms at
+# depth 512, 2.277 / 2.419 / 2.320 ms at 4096 (docs/kernels/attention.md has the kernel alone).
+DEFAULT_LOOP = "warp"
 KV_DTYPES = {np.dtype(np.int8): "int8", np.dtype(np.float16): "f16"}
 
 
@@ -125,6 +131,7 @@ class DecodePlan:
     rows_per_thread: int = 4
     window: int = 0            # 0: every key 0 .. pos; W: keys pos - W + 1 .. pos (ring-safe)
     scale: float | None = None  # attention scale; None: 1 / sqrt(head_dim)
+    loop: str = "block"        # how a block walks its rows (attention_decode_kernels.LOOPS)
 
     @property
     def heads_per_block(self) -> int:
@@ -137,7 +144,7 @@ class DecodePlan:
 
     def kernel(self, q8: bool = False, pdl: bool = False):
         return decode_kernel(self.head_dim, self.heads_per_block, self.kv_dtype, self.warps,
-                             self.rows_per_thread, self.window, self.scale, q8, pdl)
+                             self.rows_per_thread, self.window, self.scale, q8, pdl, self.loop)
 
     @property
     def workspace_bytes(self) -> int:
@@ -157,9 +164,11 @@ class DecodePlan:
 def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int,
                 n_splits: int | None = None, sm_count: int | None = None,
                 warps: int = 4, rows_per_thread: int = 4, window: int | None = None,
-                scale: float | None = None, heads_per_block: int | None = None) -> DecodePlan:
+                scale: float | None = None, heads_per_block: int | None = None,
+                loop: str | None = None) -> DecodePlan:
     """Choose the split count for a pool of n_ctx positions (default: about 2 blocks per
-    SM at full context, at least one tile per split, at most MAX_SPLITS). heads_per_block:
+    SM at full context, at least one tile per split, at most MAX_SPLITS). loop: how a block
+    walks its rows (LOOPS; None: DEFAULT_LOOP). heads_per_block:
     query heads of one KV head a block takes (default: the largest divisor of the group up to
     DEFAULT_HEADS_PER_BLOCK; at most what fits in registers). window: None or
     0 for a global layer, W >= 1 for a sliding-window layer (keys pos - W + 1 .. pos; the
@@ -171,6 +180,9 @@ def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int
     vec = 16 if kv_dtype == "int8" else 8
     if head_dim % vec or head_dim // vec == 0 or 32 % (head_dim // vec):
         raise ValueError(f"head_dim {head_dim} unsupported: need head_dim / {vec} to divide 32")
+    loop = DEFAULT_LOOP if loop is None else loop
+    if loop not in LOOPS:
+        raise ValueError(f"decode attention loop '{loop}' is not one of {LOOPS}")
     window = int(window or 0)
     if window < 0:
         raise ValueError(f"window {window} must be >= 1 (or 0 / None: a global layer)")
@@ -194,7 +206,7 @@ def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int
         n_splits = max(1, (2 * sm_count) // (n_kv * n_sub))
     n_splits = max(1, min(n_splits, tiles, MAX_SPLITS))
     return DecodePlan(n_head, n_kv, head_dim, kv_dtype, n_splits, n_sub, warps, rows_per_thread,
-                      window, None if scale is None else float(scale))
+                      window, None if scale is None else float(scale), loop)
 
 
 class DecodeWorkspace:

@@ -15,6 +15,8 @@ useful causal TFLOP/s (`prefill_flops`).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from numba import cuda
 
@@ -108,6 +110,10 @@ def _bench_shape(shape, kv_dtype, H, KV, HD, n_ctx, W, R, ctxs, cases, n_max, sm
     variants = [base,
                 plan_decode(H, KV, HD, kv_dtype, n_ctx, n_splits=16, window=W),
                 plan_decode(H, KV, HD, kv_dtype, n_ctx, n_splits=64, window=W)]
+    # the barrier-free loop (attention_decode_tiles.py): with and without its early loads, and
+    # with more splits (its trips are cheaper, so more, shorter splits may pay)
+    variants += [dataclasses.replace(base, loop="warp"), dataclasses.replace(base, loop="warp-nopf"),
+                 plan_decode(H, KV, HD, kv_dtype, n_ctx, n_splits=2 * base.n_splits, window=W, loop="warp")]
     variants = list(dict.fromkeys(variants))             # n_splits is capped by the tiles
     if not quick:
         variants += [plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, rows_per_thread=2,
@@ -122,6 +128,12 @@ def _bench_shape(shape, kv_dtype, H, KV, HD, n_ctx, W, R, ctxs, cases, n_max, sm
                 pass
         variants += [plan_decode(H, KV, HD, kv_dtype, n_ctx, n_splits=ns, window=W,
                                  heads_per_block=1) for ns in (16, 33)]   # one head, more splits
+        variants += [plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, window=W, loop="warp",
+                                 rows_per_thread=2),
+                     plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, window=W, loop="warp",
+                                 heads_per_block=min(4, H // KV)),
+                     plan_decode(H, KV, HD, kv_dtype, n_ctx, n_splits=4 * base.n_splits, window=W,
+                                 loop="warp")]
         variants = list(dict.fromkeys(variants))
     where = f"{shape} ({H} / {KV} heads, hd {HD}{f', window {W}, ring {R}' if W else ''})"
     print(f"\ndecode attention, {where}, {kv_dtype} cache, pool {n_ctx} positions")
@@ -129,7 +141,8 @@ def _bench_shape(shape, kv_dtype, H, KV, HD, n_ctx, W, R, ctxs, cases, n_max, sm
         compile_decode(plan)
         ws = DecodeWorkspace(plan, stream=stream)
         name = (f"{kv_dtype} splits={plan.n_splits} warps={plan.warps} "
-                f"rows/thread={plan.rows_per_thread} tile={plan.tile} heads={plan.heads_per_block}")
+                f"rows/thread={plan.rows_per_thread} tile={plan.tile} heads={plan.heads_per_block} "
+                f"loop={plan.loop}")
         for ctx in ctxs:
             pool, kd, vd = pool_for(ctx)
             layer = pool.layer(0)
@@ -150,7 +163,7 @@ def _bench_shape(shape, kv_dtype, H, KV, HD, n_ctx, W, R, ctxs, cases, n_max, sm
             results.append(dict(kernel="decode", shape=shape, window=W, kv_dtype=kv_dtype,
                                 ctx=ctx, n_splits=plan.n_splits, warps=plan.warps,
                                 rows_per_thread=plan.rows_per_thread,
-                                heads_per_block=plan.heads_per_block, us=us, gb_s=gbs,
+                                heads_per_block=plan.heads_per_block, loop=plan.loop, us=us, gb_s=gbs,
                                 frac_hbm=gbs / HBM_TBS / 1e3))
 
     if not quick:                   # the engine's decode: out's q8 by the attention launch

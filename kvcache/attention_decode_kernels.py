@@ -15,7 +15,9 @@ exit at once. n_splits is fixed when the graph is captured (`plan_decode`).
 Inside a block, each K/V row (hd * 1 or 2 bytes) is read by `lanes_per_row` lanes with one
 128-bit read-only load each (16 int8 or 8 f16 values per lane), so a warp reads 32 / lpr
 rows per load instruction, once for all gh heads of the group (GQA: each row is read from
-memory once per block). Per tile:
+memory once per block). How the block walks its rows is attention_decode_tiles.py's: the
+"warp" loop (the default since 2026-12-04: every lane slot its own running softmax, no barrier
+a trip, the next trip's loads in flight) or the "block" loop, per tile:
   1. every lane loads its rows' K and V words (all loads in flight together);
   2. scores: dot(q_slice, k_slice) per head, summed over the row's lanes by shuffles,
      times the K row scale -> shared s_p[h][row] (log2 domain: q is pre-scaled by
@@ -42,10 +44,12 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from genie_rt.engine import kernel_cache
-from genie_rt.quant import ptx
+from genie_rt.engine.config import DECODE_ATTENTION_LOOPS
 from genie_rt.quant.norm_q8_device import q8_put   # quantize_q8_kernel's own store
 from genie_rt.quant.pdl import hooks
 from genie_rt.quant.ptx import SIMULATOR
+
+from .attention_decode_tiles import block_tiles, geometry, warp_tiles
 
 FULL = 0xFFFFFFFF
 LOG2E = 1.4426950408889634
@@ -84,10 +88,13 @@ else:
     _dev = cuda.jit(device=True, forceinline=True)
 
 
+LOOPS = DECODE_ATTENTION_LOOPS
+
+
 @functools.lru_cache(maxsize=None)
 def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int = 4,
                   rows_per_thread: int = 4, window: int = 0, scale: float | None = None,
-                  q8: bool = False, pdl: bool = False):
+                  q8: bool = False, pdl: bool = False, loop: str = "block"):
     """The decode kernel specialised on its compile-time constants (one per model shape
     and layer kind). window 0: keys 0 .. pos, slot = position; window W > 0: keys
     max(0, pos - W + 1) .. pos, slot = position % R (R = the layer's slots; a ring when
@@ -96,28 +103,34 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     two more arguments: DECODE_SIGNATURE_Q8) for the dp4a GEMV of the output projection,
     the same bits as quantize_q8 on out - one launch fewer a layer. pdl: the programmatic-
     dependent-launch build (sm_90+ only, quant/pdl.py): the next kernel may launch at once,
-    and this one waits for the kernel before it (rope_write: q and the new K/V row) first."""
+    and this one waits for the kernel before it (rope_write: q and the new K/V row) first -
+    the "warp" loop's after the first trip's loads of earlier positions.
+    loop: how a block walks its rows (attention_decode_tiles.py): "block" (barriers a tile),
+    "warp" (every lane slot its own running softmax, the next trip's loads in flight),
+    "warp-nopf" (the same without the early loads)."""
     # PDL: rope_write may still be writing the new K/V row when this launch starts, so the
     # cache is read coherently after the wait (ld_v4), not by the read-only path
     wait, launch_dependents, ld4 = hooks(pdl)
+    if loop not in LOOPS:
+        raise ValueError(f"decode attention loop '{loop}' is not one of {LOOPS}")
     HD, GH, NW, RPT = head_dim, heads_per_block, warps, rows_per_thread
     Q8 = bool(q8)
     assert not Q8 or (GH * HD) % 32 == 0, "q8 output needs whole 32-value blocks per block"
     WIN = int(window)
-    I8 = kv_dtype == "int8"
-    VEC = 16 if I8 else 8            # values per 16-byte load
-    EPW = 4 if I8 else 2             # values per 32-bit word
-    LPR = HD // VEC                  # lanes per row
-    assert HD % VEC == 0 and 32 % LPR == 0, f"head_dim {HD} unsupported for {kv_dtype}"
-    RPW = 32 // LPR                  # rows per warp per load instruction
-    STEP = NW * RPW                  # rows per block per load instruction
-    TILE = STEP * RPT                # rows per tile
-    WPR = HD // EPW                  # 32-bit words per cache row
+    VEC, EPW, LPR, RPW, STEP, TILE, WPR = geometry(HD, kv_dtype, NW, RPT)
     NQ = GH * VEC                    # q values (and accumulators) per thread
     NRED = GH * HD
     NT = 32 * NW
-    NKW = RPT * 4                    # K (and V) words held per thread per tile
     QSCALE = float32(LOG2E / math.sqrt(HD) if scale is None else LOG2E * float(scale))
+    # the PDL build of the "warp" loop waits inside it, after the first trip's loads of earlier
+    # positions (attention_decode_tiles.py); every other build waits first thing
+    EARLY = pdl and loop == "warp"
+    if loop == "block":
+        tiles = block_tiles(HD, GH, kv_dtype, NW, RPT, WIN, ld4, _byte, QSCALE)
+    else:
+        tiles = warp_tiles(HD, GH, kv_dtype, NW, RPT, WIN, ld4, _byte, QSCALE, PF=loop == "warp",
+                           wait=wait if EARLY else None)
+    wait_first = hooks(False)[0] if EARLY else wait
 
     @_dev
     def body(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets, xq, xs):
@@ -150,147 +163,35 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
             if ctx < 1:
                 ctx = 1
             lo = 0
+            ring0 = 0
         else:
             # keys lo .. pos (llama.cpp masks p0 when pos - p0 >= W); they live in slots
             # p % R, all distinct because the launcher checks W <= R
             ctx = max(state[0], 0) + 1
             lo = max(ctx - WIN, 0)
             ring0 = lo - lo % n_ctx                          # position of slot 0's lap
-        tiles = (ctx - lo + TILE - 1) // TILE
-        tps = (tiles + n_splits - 1) // n_splits             # tiles per split
-        n_active = (tiles + tps - 1) // tps
+        n_tiles = (ctx - lo + TILE - 1) // TILE
+        tps = (n_tiles + n_splits - 1) // n_splits           # tiles per split
+        n_active = (n_tiles + tps - 1) // tps
         if split >= n_active:
             return                                           # whole block: no barrier skipped
         r_begin = lo + split * tps * TILE
         r_end = min(r_begin + tps * TILE, ctx)
 
-        s_p = cuda.shared.array((GH, TILE), float32)         # scores, then probabilities
+        s_p = cuda.shared.array((GH, TILE), float32)         # block loop: scores, then p
         s_m = cuda.shared.array(GH, float32)                 # running max (log2 domain)
         s_l = cuda.shared.array(GH, float32)                 # running sum
-        s_alpha = cuda.shared.array(GH, float32)             # rescale of this tile
+        s_alpha = cuda.shared.array(GH, float32)             # rescale of a tile; merge: 1 / sum
+        s_mw = cuda.shared.array((NW, GH), float32)          # warp loop: each warp's max ...
+        s_lw = cuda.shared.array((NW, GH), float32)          # ... and sum
         s_red = cuda.shared.array((NW, NRED), float32)       # per-warp accumulators
         s_w = cuda.shared.array((GH, MAX_SPLITS), float32)   # merge weights
         s_flag = cuda.shared.array(1, int32)
 
         qv = cuda.local.array(NQ, float32)                   # q[h][c*VEC + e], pre-scaled
         acc = cuda.local.array(NQ, float32)
-        kw = cuda.local.array(NKW, uint32)
-        vw = cuda.local.array(NKW, uint32)
-        ks = cuda.local.array(RPT, float32)
-        vs = cuda.local.array(RPT, float32)
-        sc = cuda.local.array(GH, float32)
-        for h in range(GH):
-            for e in range(VEC):
-                qv[h * VEC + e] = q[(head0 + h) * HD + c * VEC + e] * QSCALE
-                acc[h * VEC + e] = float32(0)
-        if tid < GH:
-            s_m[tid] = NEG_INF
-            s_l[tid] = float32(0)
-        cuda.syncthreads()
-
-        t0 = r_begin
-        while t0 < r_end:
-            # 1. this thread's K and V words for the whole tile: 2 * RPT loads in flight
-            for i in range(RPT):
-                r = t0 + i * STEP + warp * RPW + slot
-                if r < r_end:
-                    if WIN != 0:                             # position -> ring slot
-                        r -= ring0
-                        if r >= n_ctx:
-                            r -= n_ctx
-                    wi = (r * n_kv + kvh) * WPR + c * 4
-                    w4 = ld4(k_words, wi)
-                    u4 = ld4(v_words, wi)
-                    for x in range(4):
-                        kw[i * 4 + x] = w4[x]
-                        vw[i * 4 + x] = u4[x]
-                    if I8:
-                        ks[i] = k_scale[r, kvh]
-                        vs[i] = v_scale[r, kvh]
-                else:
-                    for x in range(4):
-                        kw[i * 4 + x] = uint32(0)
-                        vw[i * 4 + x] = uint32(0)
-                    ks[i] = float32(0)
-                    vs[i] = float32(0)
-            # 2. scores of the tile's rows -> s_p
-            for i in range(RPT):
-                for h in range(GH):
-                    sc[h] = float32(0)
-                for x in range(4):
-                    word = kw[i * 4 + x]
-                    if I8:
-                        for b in range(4):
-                            kval = _byte(word, b)
-                            for h in range(GH):
-                                sc[h] += qv[h * VEC + x * 4 + b] * kval
-                    else:
-                        lo, hi = ptx.unpack_half2(word)
-                        for h in range(GH):
-                            sc[h] += qv[h * VEC + x * 2] * lo + qv[h * VEC + x * 2 + 1] * hi
-                for h in range(GH):
-                    s = sc[h]
-                    off = LPR >> 1               # sum over the row's LPR lanes
-                    while off > 0:
-                        s += cuda.shfl_xor_sync(FULL, s, off)
-                        off >>= 1
-                    sc[h] = s
-                rl = i * STEP + warp * RPW + slot
-                if c == 0:
-                    valid = t0 + rl < r_end
-                    for h in range(GH):
-                        if not valid:
-                            s_p[h, rl] = NEG_INF
-                        elif I8:
-                            s_p[h, rl] = sc[h] * ks[i]
-                        else:
-                            s_p[h, rl] = sc[h]
-            cuda.syncthreads()
-            # 3. online softmax, one warp per head
-            for h in range(warp, GH, NW):
-                mx = NEG_INF
-                for x in range(lane, TILE, 32):
-                    mx = max(mx, s_p[h, x])
-                for off in (16, 8, 4, 2, 1):
-                    mx = max(mx, cuda.shfl_xor_sync(FULL, mx, off))
-                m_old = s_m[h]
-                m_new = max(m_old, mx)           # finite: every tile has a valid row
-                psum = float32(0)
-                for x in range(lane, TILE, 32):
-                    p = math.exp2(s_p[h, x] - m_new)
-                    s_p[h, x] = p
-                    psum += p
-                for off in (16, 8, 4, 2, 1):
-                    psum += cuda.shfl_xor_sync(FULL, psum, off)
-                if lane == 0:
-                    alpha = math.exp2(m_old - m_new)
-                    s_alpha[h] = alpha
-                    s_l[h] = s_l[h] * alpha + psum
-                    s_m[h] = m_new
-            cuda.syncthreads()
-            # 4. acc = alpha * acc + P V
-            for h in range(GH):
-                a = s_alpha[h]
-                for e in range(VEC):
-                    acc[h * VEC + e] *= a
-            for i in range(RPT):
-                rl = i * STEP + warp * RPW + slot
-                for h in range(GH):
-                    sc[h] = s_p[h, rl] * vs[i] if I8 else s_p[h, rl]
-                for x in range(4):
-                    word = vw[i * 4 + x]
-                    if I8:
-                        for b in range(4):
-                            vval = _byte(word, b)
-                            for h in range(GH):
-                                acc[h * VEC + x * 4 + b] += sc[h] * vval
-                    else:
-                        lo, hi = ptx.unpack_half2(word)
-                        for h in range(GH):
-                            acc[h * VEC + x * 2] += sc[h] * lo
-                            acc[h * VEC + x * 2 + 1] += sc[h] * hi
-            cuda.syncthreads()                   # s_p is rewritten by the next tile
-            t0 += TILE
+        tiles(q, head0, k_words, v_words, k_scale, v_scale, r_begin, r_end, ctx - 1, warp, lane, slot,
+              c, kvh, n_kv, n_ctx, ring0, qv, acc, s_m, s_l, s_p, s_alpha, s_mw, s_lw)
 
         # sum the RPW row slots of each warp, then the warps
         off = LPR
@@ -376,7 +277,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
         def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets,
                    xq, xs):
             launch_dependents()
-            wait()
+            wait_first()
             body(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets,
                  xq, xs)
     else:
@@ -384,7 +285,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
         def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets):
             # xq, xs are never touched without Q8: any arrays of the right kinds stand in
             launch_dependents()
-            wait()
+            wait_first()
             body(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets,
                  tickets, out)
 

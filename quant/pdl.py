@@ -14,7 +14,12 @@ programmatic edge of the graph.
 Rules for a PDL build (the factories' `PDL=True` / `pdl=True`):
 1. `griddepcontrol.launch_dependents` first: the next kernel may launch at once.
 2. Before `griddepcontrol.wait` it reads only constants (weights, norm weights) and writes
-   nothing: a PDL launch may start while the kernel before it still runs.
+   nothing: a PDL launch may start while the kernel before it still runs. "Constant" means
+   what no kernel of the running step writes: the decode attention's "warp" loop also reads
+   the position (state[S_POS], written by advance_state, the last node of the step before)
+   and the first trip's K/V rows of earlier positions (written by earlier steps or the
+   prefill) before its wait - never the new position's row or q, which rope_write, the
+   kernel before, writes (kvcache/attention_decode_tiles.py).
 3. What another kernel wrote is read after the wait by ordinary (coherent) loads, never by
    `ld.global.nc` (`ptx.ldg_v4`): a non-coherent load promises data that does not change
    while the kernel runs, and ptxas may then schedule it above the wait. That was the wrong

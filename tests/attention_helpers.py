@@ -44,9 +44,9 @@ def make_pool(n_kv, hd, n_ctx, kv_dtype, filled, seed=0, layers=2):
 def assert_close(got, ref, atol, rtol, what):
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     err = np.abs(got - ref)
-    bad = err > atol + rtol * np.abs(ref)
+    bad = ~(err <= atol + rtol * np.abs(ref))          # a NaN is off too (NaN <= x is False)
     if bad.any():
-        i = np.unravel_index(np.argmax(err - rtol * np.abs(ref)), got.shape)
+        i = np.unravel_index(np.argmax(np.where(bad, np.inf, err - rtol * np.abs(ref))), got.shape)
         raise AssertionError(f"{what}: {bad.sum()} of {bad.size} elements off; worst at {i}: "
                              f"got {got[i]:.7g} ref {ref[i]:.7g} "
                              f"(atol {atol:.3g}, rtol {rtol:.3g})")

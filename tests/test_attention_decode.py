@@ -38,41 +38,65 @@ def test_int8_to_float_magic_is_exact():
 
 
 # ---- decode: simulator ------------------------------------------------------------------
+# every test runs each way a block can walk its rows (attention_decode_tiles.py)
+LOOPS = ("block", "warp", "warp-nopf")
+
+
+@pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 @pytest.mark.parametrize("pos", [0, 40])
-def test_decode_one_split(kv_dtype, pos):
+def test_decode_one_split(kv_dtype, pos, loop):
     pool, kd, vd = make_pool(2, 64, 64, kv_dtype, 48)
-    plan = run_decode(pool, kd, vd, 4, pos, n_splits=1)
-    assert plan.n_splits == 1
+    plan = run_decode(pool, kd, vd, 4, pos, n_splits=1, loop=loop)
+    assert plan.n_splits == 1 and plan.loop == loop
 
 
+@pytest.mark.parametrize("loop", LOOPS)
 @pytest.mark.parametrize("kv_dtype,pos,n_splits", [
     ("int8", 5, 3), ("int8", 30, 3), ("int8", 63, 64), ("f16", 30, 3), ("f16", 63, 4)])
-def test_decode_splits_merge(kv_dtype, pos, n_splits):
+def test_decode_splits_merge(kv_dtype, pos, n_splits, loop):
     # tiny tiles (1 warp, 1 row per thread: 8 rows int8, 4 rows f16) so a 64-position
     # pool has many tiles; splits beyond the run-time context exit at once
     pool, kd, vd = make_pool(2, 64, 64, kv_dtype, 64, seed=pos)
-    plan = run_decode(pool, kd, vd, 4, pos, n_splits=n_splits, warps=1, rows_per_thread=1)
+    plan = run_decode(pool, kd, vd, 4, pos, n_splits=n_splits, warps=1, rows_per_thread=1, loop=loop)
     assert plan.n_splits == min(n_splits, 64 // plan.tile)
 
 
-def test_decode_head_dim_32_and_group_4():
+@pytest.mark.parametrize("loop", LOOPS)
+def test_decode_head_dim_32_and_group_4(loop):
     pool, kd, vd = make_pool(1, 32, 32, "int8", 32)
-    run_decode(pool, kd, vd, 4, 31, n_splits=2, warps=1, rows_per_thread=2)
+    run_decode(pool, kd, vd, 4, 31, n_splits=2, warps=1, rows_per_thread=2, loop=loop)
 
 
-@pytest.mark.parametrize("kv_dtype,pos,n_splits,gh", [
-    ("int8", 40, 1, 2),          # one split: the block writes out (and its q8) itself
-    ("int8", 63, 4, 1),          # the merge block writes them
-    ("f16", 30, 3, 2),
-    ("f16", 29, 2, 1)])
-def test_decode_q8_output_is_quantize_q8_of_out(kv_dtype, pos, n_splits, gh):
+@pytest.mark.parametrize("loop", ["warp", "warp-nopf"])
+@pytest.mark.parametrize("kv_dtype,pos", [("int8", 37), ("f16", 50), ("int8", 2)])
+def test_decode_warp_loop_slots_and_warps_without_rows(kv_dtype, pos, loop):
+    # two warps, two rows a lane, several trips a split: at pos 2 most lane slots and one warp
+    # see no valid row (their max stays -inf and must weigh 0, not NaN); at 37 / 50 the last
+    # trip of a split is part-filled and the early loads of the next trip run past the split
+    pool, kd, vd = make_pool(2, 64, 64, kv_dtype, 64, seed=pos + 1)
+    run_decode(pool, kd, vd, 4, pos, n_splits=2, warps=2, rows_per_thread=2, loop=loop)
+
+
+def test_decode_loop_is_checked():
+    with pytest.raises(ValueError, match="loop 'fast' is not one of"):
+        plan_decode(4, 2, 64, "int8", 64, loop="fast")
+
+
+@pytest.mark.parametrize("kv_dtype,pos,n_splits,gh,loop", [
+    ("int8", 40, 1, 2, "block"),          # one split: the block writes out (and its q8) itself
+    ("int8", 63, 4, 1, "block"),          # the merge block writes them
+    ("f16", 30, 3, 2, "block"),
+    ("f16", 29, 2, 1, "block"),
+    ("int8", 40, 1, 2, "warp"),
+    ("f16", 29, 2, 1, "warp")])
+def test_decode_q8_output_is_quantize_q8_of_out(kv_dtype, pos, n_splits, gh, loop):
     # xq / xs written by the attention launch: bit for bit what quantize_q8 makes of out,
     # and out itself the same bits as without them
     from genie_rt.quant import gemv
     pool, kd, vd = make_pool(2, 64, 64, kv_dtype, 64, seed=pos)
     plan = plan_decode(4, 2, 64, kv_dtype, 64, n_splits=n_splits, warps=1, rows_per_thread=1,
-                       heads_per_block=gh)
+                       heads_per_block=gh, loop=loop)
     ws = DecodeWorkspace(plan)
     q = cuda.to_device(np.random.default_rng(pos).standard_normal((4, 64)).astype(np.float32))
     state = cuda.to_device(np.array([pos], np.int32))
@@ -141,3 +165,23 @@ def test_plan_decode_defaults():
     for bad in (0, 3, 8):                # 3 does not divide 4; 8 > the group and > int8's 4
         with pytest.raises(ValueError, match="heads_per_block"):
             plan_decode(32, 8, 128, "int8", 4096, heads_per_block=bad)
+
+
+@pytest.mark.parametrize("kv_dtype,pos,n_splits", [("int8", 37, 2), ("int8", 5, 1), ("f16", 50, 3)])
+def test_decode_pdl_build_of_the_warp_loop_gives_the_plain_bits(kv_dtype, pos, n_splits):
+    # the PDL build of the "warp" loop loads the first trip's rows of earlier positions before its
+    # wait and the trip holding the new row again after it (griddepcontrol is a no-op here, the
+    # PTX side is tests/test_pdl_ptx.py): the plain build's bits, splits with and without the row
+    pool, kd, vd = make_pool(2, 64, 64, kv_dtype, 64, seed=pos)
+    plan = plan_decode(4, 2, 64, kv_dtype, 64, n_splits=n_splits, warps=2, rows_per_thread=2, loop="warp")
+    ws = DecodeWorkspace(plan)
+    q = cuda.to_device(np.random.default_rng(pos).standard_normal((4, 64)).astype(np.float32))
+    state = cuda.to_device(np.array([pos], np.int32))
+    outs = []
+    for pdl in (False, True):
+        out = cuda.device_array(4 * 64, np.float32)
+        decode_attention(q, pool.layer(0), state, out, ws, pdl=pdl)
+        outs.append(out.copy_to_host())
+    assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
+    ref = decode_reference(q.copy_to_host(), kd[0], vd[0], pos)
+    assert_close(outs[1], ref, 2e-5 * np.abs(vd[0]).max(), 1e-5, "pdl build")

@@ -26,20 +26,23 @@ def pool_4b(request):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("loop", ["block", "warp", "warp-nopf"])
 @pytest.mark.parametrize("pos", [0, 1, 63, 64, 100, 1023, 2500, 4095])
-def test_gpu_decode_qwen3_4b(pool_4b, pos):
+def test_gpu_decode_qwen3_4b(pool_4b, pos, loop):
     from genie_rt.kvcache.attention import compile_decode
     pool, kd, vd = pool_4b
-    compile_decode(plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx))
-    run_decode(pool, kd, vd, 32, pos, layer=0, seed=pos)                # default splits
-    run_decode(pool, kd, vd, 32, pos, layer=0, seed=pos, n_splits=1)    # one block per head
-    plan = plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx)
+    compile_decode(plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx, loop=loop))
+    run_decode(pool, kd, vd, 32, pos, layer=0, seed=pos, loop=loop)                # default splits
+    run_decode(pool, kd, vd, 32, pos, layer=0, seed=pos, n_splits=1, loop=loop)    # one block per head
+    run_decode(pool, kd, vd, 32, pos, layer=0, seed=pos, n_splits=64, loop=loop)   # many splits
+    plan = plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx, loop=loop)
     assert len(plan.kernel().overloads) == 1, "a launch recompiled: signature mismatch"
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("loop", ["block", "warp"])
 @pytest.mark.parametrize("pos", [0, 100, 4095])
-def test_gpu_decode_q8_output_is_quantize_q8_of_out(pool_4b, pos):
+def test_gpu_decode_q8_output_is_quantize_q8_of_out(pool_4b, pos, loop):
     """The engine's decode (q8 of out written by the attention launch, one split and the
     merge) against the plain launch + quantize_q8: the same bits, compiled for the GPU."""
     from genie_rt.kvcache.attention import compile_decode
@@ -47,7 +50,7 @@ def test_gpu_decode_q8_output_is_quantize_q8_of_out(pool_4b, pos):
     pool, kd, vd = pool_4b
     n = 32 * 128
     for n_splits in (1, None):
-        plan = plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx, n_splits=n_splits)
+        plan = plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx, n_splits=n_splits, loop=loop)
         compile_decode(plan, q8=True)
         ws = DecodeWorkspace(plan)
         q = cuda.to_device(np.random.default_rng(pos).standard_normal(n).astype(np.float32))
@@ -117,29 +120,31 @@ def _no_spills(kernel, what):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("loop", ["block", "warp"])
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 @pytest.mark.parametrize("T", [1, 300, 512, 513, 1023, 1024, 1500, 4000])
-def test_gpu_decode_gemma3_ring(kv_dtype, T):
+def test_gpu_decode_gemma3_ring(kv_dtype, T, loop):
     from genie_rt.kvcache.attention import compile_decode
     pool, kd, vd = make_ring_pool(1, 256, 4096, GEMMA_R, kv_dtype, T, seed=T)
-    plan = plan_decode(4, 1, 256, kv_dtype, 4096, window=GEMMA_W)
+    plan = plan_decode(4, 1, 256, kv_dtype, 4096, window=GEMMA_W, loop=loop)
     compile_decode(plan)
-    run_decode_w(pool, kd, vd, 4, T - 1, GEMMA_W, seed=T)
-    run_decode_w(pool, kd, vd, 4, T - 1, GEMMA_W, seed=T, n_splits=1)
-    _no_spills(plan.kernel(), f"decode gemma {kv_dtype}")
+    run_decode_w(pool, kd, vd, 4, T - 1, GEMMA_W, seed=T, loop=loop)
+    run_decode_w(pool, kd, vd, 4, T - 1, GEMMA_W, seed=T, n_splits=1, loop=loop)
+    _no_spills(plan.kernel(), f"decode gemma {kv_dtype} {loop}")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
-def test_gpu_decode_gemma3_global_and_smollm2(kv_dtype):
+@pytest.mark.parametrize("loop", ["block", "warp"])
+def test_gpu_decode_gemma3_global_and_smollm2(kv_dtype, loop):
     pool, kd, vd = make_pool(1, 256, 4096, kv_dtype, 4096, seed=3, layers=1)
     for pos in (0, 511, 2047, 4095):
-        run_decode_w(pool, kd, vd, 4, pos, 0, seed=pos)
+        run_decode_w(pool, kd, vd, 4, pos, 0, seed=pos, loop=loop)
     pool, kd, vd = make_pool(3, 64, 2048 + 64, kv_dtype, 2048 + 64, seed=4, layers=1)
     for pos in (0, 100, 2100):
-        run_decode_w(pool, kd, vd, 9, pos, 0, seed=pos)
-        plan = run_decode_w(pool, kd, vd, 9, pos, 0, scale=0.1, seed=pos, n_splits=3)
-    _no_spills(plan.kernel(), f"decode smollm2 {kv_dtype}")
+        run_decode_w(pool, kd, vd, 9, pos, 0, seed=pos, loop=loop)
+        plan = run_decode_w(pool, kd, vd, 9, pos, 0, scale=0.1, seed=pos, n_splits=3, loop=loop)
+    _no_spills(plan.kernel(), f"decode smollm2 {kv_dtype} {loop}")
 
 
 @pytest.mark.gpu

@@ -17,6 +17,9 @@ from genie_rt.kvcache.attention_merge import merge_prepare_x_kernel
 decode_int8 = decode_kernel(128, 4, "int8")
 decode_f16 = decode_kernel(128, 8, "f16")
 decode_q8_int8 = decode_kernel(128, 2, "int8", q8=True)   # the engine's Qwen3-4B decode (2 heads a block, q8 out)
+decode_warp_int8 = decode_kernel(128, 2, "int8", loop="warp")   # the barrier-free loop
+decode_warp_f16 = decode_kernel(128, 2, "f16", loop="warp")
+decode_warp_gemma_int8 = decode_kernel(256, 4, "int8", 4, 4, 512, loop="warp")
 prefill_int8 = prefill_kernel(128, 4, "int8")
 prefill_f16 = prefill_kernel(128, 4, "f16")
 # Gemma 3 270M (4 / 1 heads, head_dim 256, window 512) and SmolLM2 (9 / 3 heads, hd 64)
@@ -29,9 +32,10 @@ prefill_smol_int8 = prefill_kernel(64, 3, "int8")
 """
 # the quick suite compiles Qwen3's kernels and one of each new kind (window + hd 256 +
 # one KV head, group 3); the f16 twins and SmolLM2's decode (~10 s more) are `slow`
-_QUICK = ("decode_int8", "decode_f16", "decode_q8_int8", "decode_gemma_int8", "prefill_int8", "prefill_f16",
-          "prefill_gemma_int8", "prefill_smol_int8")
-_MORE = ("decode_gemma_f16", "decode_smol_int8", "prefill_gemma_f16")
+_QUICK = ("decode_int8", "decode_f16", "decode_q8_int8", "decode_warp_int8", "decode_gemma_int8",
+          "prefill_int8", "prefill_f16", "prefill_gemma_int8", "prefill_smol_int8")
+_MORE = ("decode_gemma_f16", "decode_smol_int8", "prefill_gemma_f16", "decode_warp_f16",
+         "decode_warp_gemma_int8")
 
 
 def _compile_ptx(names, merge):
@@ -84,3 +88,14 @@ def test_ptx_all_kernels_compile_without_f64_or_local_memory(ptx_text):
 @pytest.mark.slow
 def test_ptx_more_variants_compile():
     _check_ptx(_compile_ptx(_MORE, merge=False))
+
+
+def test_ptx_warp_loop_issues_the_next_trips_loads_before_this_trips_math(ptx_text):
+    """The "warp" loop (attention_decode_tiles.warp_tiles, PF): 16 K/V loads of 16 bytes (4 rows a
+    lane, K and V, the first trip and the next one inside the loop), every one of them before the
+    first score's shuffle - the next trip's loads are in flight while this one's math runs."""
+    for cc, text in ptx_text["decode_warp_int8"].items():
+        loads = [i for i, line in enumerate(text.splitlines()) if "ld.global.nc.v4.u32" in line]
+        first_shfl = next(i for i, line in enumerate(text.splitlines()) if "shfl.sync.bfly" in line)
+        assert len(loads) == 16, (cc, len(loads))
+        assert max(loads) < first_shfl, cc

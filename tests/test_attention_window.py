@@ -47,10 +47,11 @@ def test_decode_window_on_an_ordinary_layer(kv_dtype, pos, window, n_splits):
     ("f16", 40, 13, 9, 3),     # ring larger than the window (prefill chunk room)
     ("int8", 7, 12, 12, 1),    # not wrapped yet
 ])
-def test_decode_window_through_a_ring(kv_dtype, T, slots, window, n_splits):
+@pytest.mark.parametrize("loop", ["block", "warp"])
+def test_decode_window_through_a_ring(kv_dtype, T, slots, window, n_splits, loop):
     pool, kd, vd = make_ring_pool(2, 32, 64, slots, kv_dtype, T, seed=T)
     plan = run_decode_w(pool, kd, vd, 4, T - 1, window, n_splits=n_splits, warps=1,
-                        rows_per_thread=1)
+                        rows_per_thread=1, loop=loop)
     assert plan.window == window
 
 
@@ -65,11 +66,12 @@ def test_decode_head_dim_64_group_3_and_a_scale():
     assert (plan.heads_per_block, plan.n_sub, plan.n_splits) == (1, 3, 2)
 
 
+@pytest.mark.parametrize("loop", ["block", "warp"])
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
-def test_decode_head_dim_256_one_kv_head_ring(kv_dtype):
+def test_decode_head_dim_256_one_kv_head_ring(kv_dtype, loop):
     # Gemma 3 270M's shape (4 q heads, 1 kv head, head_dim 256) on a wrapped ring
     pool, kd, vd = make_ring_pool(1, 256, 64, 10, kv_dtype, 23, seed=6)
-    run_decode_w(pool, kd, vd, 4, 22, 8, n_splits=2, warps=1, rows_per_thread=2)
+    run_decode_w(pool, kd, vd, 4, 22, 8, n_splits=2, warps=1, rows_per_thread=2, loop=loop)
 
 
 def test_decode_window_plans_and_refusals():

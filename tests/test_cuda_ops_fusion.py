@@ -199,3 +199,36 @@ def test_pdl_is_on_by_default_and_no_pdl_turns_it_off():
         EngineConfig(decode_pdl="off")
     assert _cli_config([]).decode_pdl is True
     assert _cli_config(["--no-pdl"]).decode_pdl is False
+
+
+def test_attention_loop_config_cli_and_the_layouts_plans(tmp_path):
+    """EngineConfig.decode_attention_loop (--attention-loop): None is the kernel module's measured
+    default; a name reaches every decode plan of the layout (the plans the step launches with);
+    a wrong name is refused naming the choices."""
+    from genie_rt.engine.config import DECODE_ATTENTION_LOOPS, EngineConfig, ModelConfig
+    from genie_rt.engine.cuda_layout import plan_layout
+    import sys
+    from pathlib import Path
+
+    from genie_rt.engine.gguf_file import open_gguf
+    from genie_rt.kvcache.attention import DEFAULT_LOOP
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from synth_gguf import write_synthetic_qwen3
+    assert EngineConfig().decode_attention_loop is None and DEFAULT_LOOP in DECODE_ATTENTION_LOOPS
+    with pytest.raises(ValueError, match="decode_attention_loop must be one of"):
+        EngineConfig(decode_attention_loop="fast")
+    assert _cli_config([]).decode_attention_loop is None
+    assert _cli_config(["--attention-loop", "warp"]).decode_attention_loop == "warp"
+    with pytest.raises(ValueError, match="warp-nopf"):
+        _cli_config(["--attention-loop", "fast"])
+    path = tmp_path / "tiny.gguf"
+    write_synthetic_qwen3(path, dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
+                                     vocab=300, text_tokens=274), seed=0)
+    g = open_gguf(path)
+    cfg = ModelConfig.from_gguf(g)
+    for loop in (None,) + DECODE_ATTENTION_LOOPS:
+        ecfg = EngineConfig(backend="cuda", n_ctx=64, kv_dtype="int8", prefill_chunk=16,
+                            decode_attention_loop=loop)
+        lay = plan_layout(g, cfg, ecfg, 64)
+        assert {p.loop for p in lay.decode_plans} == {loop or DEFAULT_LOOP}
+        assert lay.decode_plan.loop == (loop or DEFAULT_LOOP)
