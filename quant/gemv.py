@@ -248,12 +248,22 @@ def _get(key, make):
     return k
 
 
+# Trips of a row (3 units a lane each) whose weight loads a PDL build of the plain GEMV (the
+# residual ones: attention output, ffn_down) issues before it waits for the kernel before:
+# 1, 2 or 3 (gemv_kernels._make_row_dot EARLY; the same bits). H200, 2026-12-04 12:43 UTC
+# (tools/profile_decode.py --settings early, the 4B's step): 1.976 / 1.961 / 2.109 ms at depth
+# 512, 2.276 / 2.246 / 2.401 ms at 4096 - two (3 trips' registers cost occupancy: 98 / 130
+# registers for Q4_K / Q6_K against 72 / 96 at two, ptxas sm_90).
+PDL_EARLY_TRIPS = 2
+
+
 def _gemv_kernel(spec, n_tok, ks, resid, lpr, norm=0, pdl=False, norm_shape=(0, 0)):
     """norm_shape: (rows, the norm's block) of a fused launch - the tail is built for them
     (quant/norm_q8_device.py make_norm_q8_tail's staged tail)."""
     if not norm:
-        return _get(("gemv", spec, n_tok, ks, resid, lpr, pdl),
-                    lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid, lpr, pdl))
+        early = PDL_EARLY_TRIPS if pdl else 1
+        return _get(("gemv", spec, n_tok, ks, resid, lpr, pdl, early),
+                    lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid, lpr, pdl, EARLY=early))
     return _get(("gemv_norm", spec, ks, lpr, norm, pdl, norm_shape),
                 lambda: K.gemv_kernel(spec[0], spec[1], 1, ks, True, lpr, pdl, NORM=norm,
                                       NORM_D=norm_shape[0], NORM_VB=norm_shape[1]))

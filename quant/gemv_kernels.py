@@ -77,15 +77,19 @@ def _warp_sum(v):
 _row_dots = {}
 
 
-def _make_row_dot(qtype, mode, NT, PDL=False):
+def _make_row_dot(qtype, mode, NT, PDL=False, EARLY=1):
     """Device function row_dot(wa, wb, wc, wd, nu, row, u, step, xf, xq, xs, cols, acc, ao):
     acc[ao + t] += the lane's share (units u, u + step, ...) of row `row` times x[t].
     PDL: each trip's weight loads are issued before `griddepcontrol.wait` - on the first trip
     that overlaps them with the end of the kernel before (whose output x is), later trips
-    pass the wait at once."""
-    key = (qtype, mode, NT, PDL)
+    pass the wait at once. EARLY (PDL builds, 1-3): the first EARLY trips' loads (3 units
+    each) all go out before the wait - a long row (ffn_down's 304 units: 3.2 trips of 32
+    lanes) then has more of itself in flight while the kernel before finishes. The units are
+    multiplied in the same order either way: the same bits."""
+    key = (qtype, mode, NT, PDL, EARLY)
     if key in _row_dots:
         return _row_dots[key]
+    assert EARLY in (1, 2, 3) and (PDL or EARLY == 1), EARLY
     # a PDL build's activations are written by the kernel before while this one starts: read
     # them coherently (ld_v4), not by the non-coherent path the compiler may move above the wait
     wait, _, xl = pdl.hooks(PDL)
@@ -95,28 +99,57 @@ def _make_row_dot(qtype, mode, NT, PDL=False):
     PM = (1 << SH) - 1
 
     @_dev
-    def row_dot(wa, wb, wc, wd, nu, row, u, step, xf, xq, xs, cols, acc, ao):
-        base = row * nu
-        last = nu - 1
-        p = u & PM                  # piece of the block: fixed per lane (step % 8 == 0)
-        blk = u >> SH
-        bstep = step >> SH
+    def load3(wa, wb, wc, wd, base, last, u, step):
+        # 3 units' loads; past the end of the row a lane re-reads its last unit (harmless, L1)
+        # instead of branching around a load
+        return (load(wa, wb, wc, wd, base + min(u, last)), load(wa, wb, wc, wd, base + min(u + step, last)),
+                load(wa, wb, wc, wd, base + min(u + 2 * step, last)))
+
+    @_dev
+    def mul3(v, nu, u, step, blk, bstep, p, xf, xq, xs, cols, acc, ao):
+        if u < nu:
+            mul(v[0], blk, p, xf, xq, xs, cols, acc, ao)
+        if u + step < nu:
+            mul(v[1], blk + bstep, p, xf, xq, xs, cols, acc, ao)
+        if u + 2 * step < nu:
+            mul(v[2], blk + 2 * bstep, p, xf, xq, xs, cols, acc, ao)
+
+    @_dev
+    def rest(wa, wb, wc, wd, nu, base, last, u, step, blk, bstep, p, xf, xq, xs, cols, acc, ao):
         while u < nu:
-            # 3 units' loads issued before the first multiply; past the end of the row a
-            # lane re-reads its last unit (harmless, L1) instead of branching around a load
-            u1 = u + step
-            u2 = u1 + step
-            v0 = load(wa, wb, wc, wd, base + u)
-            v1 = load(wa, wb, wc, wd, base + min(u1, last))
-            v2 = load(wa, wb, wc, wd, base + min(u2, last))
+            # 3 units' loads issued before the first multiply
+            v = load3(wa, wb, wc, wd, base, last, u, step)
             wait()                  # x is the previous kernel's output (PDL builds only)
-            mul(v0, blk, p, xf, xq, xs, cols, acc, ao)
-            if u1 < nu:
-                mul(v1, blk + bstep, p, xf, xq, xs, cols, acc, ao)
-            if u2 < nu:
-                mul(v2, blk + 2 * bstep, p, xf, xq, xs, cols, acc, ao)
-            u = u2 + step
+            mul3(v, nu, u, step, blk, bstep, p, xf, xq, xs, cols, acc, ao)
+            u += 3 * step
             blk += 3 * bstep
+
+    if EARLY == 1:
+        @_dev
+        def row_dot(wa, wb, wc, wd, nu, row, u, step, xf, xq, xs, cols, acc, ao):
+            p = u & PM              # piece of the block: fixed per lane (step % 8 == 0)
+            rest(wa, wb, wc, wd, nu, row * nu, nu - 1, u, step, u >> SH, step >> SH, p, xf, xq, xs,
+                 cols, acc, ao)
+    else:
+        @_dev
+        def row_dot(wa, wb, wc, wd, nu, row, u, step, xf, xq, xs, cols, acc, ao):
+            base = row * nu
+            last = nu - 1
+            p = u & PM
+            blk = u >> SH
+            bstep = step >> SH
+            if u < nu:              # lanes past the row's end take no part (and do not wait)
+                v0 = load3(wa, wb, wc, wd, base, last, u, step)
+                v1 = load3(wa, wb, wc, wd, base, last, u + 3 * step, step)
+                if EARLY == 3:
+                    v2 = load3(wa, wb, wc, wd, base, last, u + 6 * step, step)
+                wait()
+                mul3(v0, nu, u, step, blk, bstep, p, xf, xq, xs, cols, acc, ao)
+                mul3(v1, nu, u + 3 * step, step, blk + 3 * bstep, bstep, p, xf, xq, xs, cols, acc, ao)
+                if EARLY == 3:
+                    mul3(v2, nu, u + 6 * step, step, blk + 6 * bstep, bstep, p, xf, xq, xs, cols, acc, ao)
+                rest(wa, wb, wc, wd, nu, base, last, u + 3 * EARLY * step, step, blk + 3 * EARLY * bstep,
+                     bstep, p, xf, xq, xs, cols, acc, ao)
     _row_dots[key] = row_dot
     return row_dot
 
@@ -237,7 +270,7 @@ _LOG2 = {1: 0, 2: 1, 4: 2}
 # =====================================================================================
 # Kernels
 # =====================================================================================
-def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_D=0, NORM_VB=0):
+def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_D=0, NORM_VB=0, EARLY=1):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < NT:
     grid = ceil(rows * KSPLIT / (4 * 32 / LPR)) blocks.
 
@@ -248,7 +281,8 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_
       xs:   float32 [NT * cols / 32] q8 scales      cols: columns of W
       y:    float32 [NT * rows] output              res: float32 [NT * rows] residual (may be y)
     PDL: built for programmatic dependent launch (sm_90+, quant/pdl.py): the next kernel may
-    launch at once, and the weight loads start before this one waits for the one before.
+    launch at once, and the weight loads start before this one waits for the one before
+    (EARLY: the first 1-3 trips' loads of a row, _make_row_dot).
 
     NORM (1: q8 only, 2: q8 and h; needs RESID and NT == 1): the RMSNorm of the new y and
     its q8 activations, by the block that finishes last (engine/norm.py's rmsnorm_q8 at
@@ -266,7 +300,7 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_
     it counts, so the counter's reset by the previous fused launch is seen.)
     """
     assert NORM in (0, 1, 2) and (not NORM or (RESID and NT == 1)), "NORM: a residual GEMV of one token"
-    row_dot = _make_row_dot(qtype, mode, NT, PDL)
+    row_dot = _make_row_dot(qtype, mode, NT, PDL, EARLY)
     launch_dependents = pdl.hooks(PDL)[1]
     reduce = _make_reduce(NT, KSPLIT, LPR)
     assign = _make_assign(KSPLIT, LPR)

@@ -345,7 +345,30 @@ def test_pdl_builds_compute_the_same_bits(monkeypatch):
         outs[use] = [a.copy_to_host() for a in (y, qkv, h)]
     for a, b in zip(outs[False], outs[True]):
         np.testing.assert_array_equal(a, b)
-    assert ("gemv", wq.spec, 1, 1, True, 32, True) in G._kernels     # the PDL build ran
+    assert ("gemv", wq.spec, 1, 1, True, 32, True, G.PDL_EARLY_TRIPS) in G._kernels   # the PDL build ran
+
+
+@pytest.mark.parametrize("qt", [Q4, Q6])
+def test_pdl_early_trips_give_the_same_bits(monkeypatch, qt):
+    """gemv.PDL_EARLY_TRIPS (gemv_kernels._make_row_dot EARLY): a PDL build of the residual GEMV
+    with the first 1, 2 or 3 trips' loads issued before its wait multiplies the units in the
+    same order - the plain build's bits - on ffn_down's row length (304 units: 3 early trips and
+    a remainder), a row of one trip, and a row shorter than the warp (lanes with no unit)."""
+    from genie_rt.quant import pdl
+    monkeypatch.setattr(pdl, "launch", lambda k, grid, block, stream, *a: k[grid, block, stream](*a))
+    for cols in (9728, 2560, 256):
+        _, w = weight(qt, "dp4a", 3, cols, seed=cols)
+        x, dx, xq, xs = activations(1, cols)
+        outs = []
+        for use, early in ((False, 1), (True, 1), (True, 2), (True, 3)):
+            monkeypatch.setattr(G, "PDL", use)
+            monkeypatch.setattr(G, "PDL_EARLY_TRIPS", early)
+            y = cuda.to_device(np.ones((1, 3), np.float32))
+            G.gemv(w, dx, y, xq=xq, xs=xs, residual=y, ksplit=1)
+            outs.append(y.copy_to_host())
+            assert ("gemv", w.spec, 1, 1, True, 32, use, early if use else 1) in G._kernels
+        for o in outs[1:]:
+            np.testing.assert_array_equal(o, outs[0])
 
 
 def test_choose_ksplit():

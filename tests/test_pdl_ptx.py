@@ -27,19 +27,29 @@ norm_pdl = _make_rmsnorm_q8_resident(False, 4, True)
 norm_plain = _make_rmsnorm_q8_resident(False, 4, False)
 rope_pdl = rope_write_kernel("int8", pdl=True)
 attention_pdl = decode_kernel(128, 2, "int8", pdl=True)
+attention_warp_pdl = decode_kernel(128, 2, "int8", pdl=True, loop="warp")   # the engine's default
+attention_warp_gemma_pdl = decode_kernel(256, 4, "f16", 4, 4, 512, pdl=True, loop="warp")
 attention_q8_pdl = decode_kernel(128, 2, "int8", q8=True, pdl=True)
 attention_gemma_pdl = decode_kernel(256, 4, "int8", 4, 4, 512, pdl=True)   # window, ring, hd 256
 rope_gemma_pdl = rope_write_kernel("int8", ring=True, pdl=True)
 rope_llama_pdl = rope_write_kernel("f16", neox=False, qk_norm=False, pdl=True)
 quantize_pdl = K.quantize_q8_pdl_kernel
 gemv_q4k_pdl = K.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, True)
+gemv_q4k_pdl_early2 = K.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, True, EARLY=2)
+gemv_q6k_pdl_early3 = K.gemv_kernel(Q.Q6_K, "dp4a", 1, 1, True, 32, True, EARLY=3)
 swiglu_pair_pdl = K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), 1, 1, 32, "silu", True, True)
 """
 _LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.", re.M)
 # global loads a build may issue before its wait: constants only
 PRE_WAIT_LOADS = {"norm_pdl": 1, "rope_pdl": 0, "attention_pdl": 0, "attention_q8_pdl": 0,
+                  # the warp loop: the position (state[0], written by the step before) and the first
+                  # trip's rows of earlier positions (4 rows x K, V and their int8 scales; f16: no
+                  # scales) - attention_decode_tiles.warp_tiles EARLY
+                  "attention_warp_pdl": 17, "attention_warp_gemma_pdl": 9,
                   "attention_gemma_pdl": 0, "rope_gemma_pdl": 0, "rope_llama_pdl": 0,
                   "quantize_pdl": 0, "gemv_q4k_pdl": 6,      # Q4_K: 3 units x (qs, header)
+                  "gemv_q4k_pdl_early2": 12,                  # gemv.PDL_EARLY_TRIPS: two trips,
+                  "gemv_q6k_pdl_early3": 36,                  # three (Q6_K: 4 loads a unit)
                   "swiglu_pair_pdl": 12}                      # both rows' first trip
 
 
@@ -54,8 +64,10 @@ def ptx():
         "norm_pdl": norm_sig, "norm_plain": norm_sig, "rope_pdl": signature("int8"),
         "rope_gemma_pdl": signature("int8"), "rope_llama_pdl": signature("f16"),
         "attention_pdl": DECODE_SIGNATURE, "attention_q8_pdl": DECODE_SIGNATURE_Q8,
-        "attention_gemma_pdl": DECODE_SIGNATURE,
+        "attention_gemma_pdl": DECODE_SIGNATURE, "attention_warp_pdl": DECODE_SIGNATURE,
+        "attention_warp_gemma_pdl": DECODE_SIGNATURE,
         "quantize_pdl": gemv.SIG_QUANTIZE, "gemv_q4k_pdl": gemv.SIG_GEMV,
+        "gemv_q4k_pdl_early2": gemv.SIG_GEMV, "gemv_q6k_pdl_early3": gemv.SIG_GEMV,
         "swiglu_pair_pdl": gemv.SIG_SWIGLU}, ccs=((9, 0),))
 
 

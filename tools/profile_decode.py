@@ -1,6 +1,7 @@
 """Where a CUDA decode step spends its time, by kernel family (GPU only).
 
     python tools/profile_decode.py -m MODEL.gguf [--ctx 2048] [--depth 512] [--json PATH] [--fuse-norm] [--no-pdl] [--lab]
+        [--settings pdl,pair,loop,early] [--no-ablation]
     nsys profile --cuda-graph-trace=node --capture-range=cudaProfilerApi -o step \
         python tools/profile_decode.py -m MODEL.gguf --trace 10     # then tools/trace_report.py
 
@@ -16,7 +17,8 @@ depend on them. Each time is the median of several replays, measured with CUDA e
 The step is also timed with every setting of EngineConfig.fuse_decode_norm (the norm
 after each residual GEMV folded into that GEMV's launch, or launched on its own) and, on an
 sm_90+ device, of EngineConfig.decode_pdl (programmatic dependent launch, quant/pdl.py), and
-with EngineConfig.decode_attention_q8 flipped (the attention launch writing its output's q8);
+with EngineConfig.decode_attention_q8 flipped (the attention launch writing its output's q8),
+and with each of the decode attention's loops (--settings);
 the families are then taken apart for the configured one. With the fusion on, removing
 `gemv` removes those norms too.
 """
@@ -76,6 +78,12 @@ def main(argv=None) -> int:
     p.add_argument("--fuse-norm", action="store_true", help="profile with the decode norms folded into the GEMVs")
     p.add_argument("--no-pdl", dest="pdl", action="store_false",
                    help="profile without programmatic dependent launch (on by default on sm_90+)")
+    p.add_argument("--settings", default="pdl,pair,loop,early",
+                   help="which comparisons to check and time before the ablation, comma-separated: pdl "
+                        "(each set of PDL kinds), pair (SWIGLU_PAIR), loop (the attention's loops), early "
+                        "(gemv.PDL_EARLY_TRIPS); '' for none")
+    p.add_argument("--no-ablation", dest="ablation", action="store_false",
+                   help="skip timing the step without each family of kernels")
     p.add_argument("--lab", action="store_true",
                    help="also time the lab switches (the norm folded into the GEMVs, the attention's q8 "
                         "output, the fused FFN at 2/4/8 blocks an SM): each compiles its own kernels")
@@ -117,8 +125,17 @@ def main(argv=None) -> int:
         cuda.profile_stop()
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
-    settings = pdl_settings(be) if pdl.available() else {}
-    settings.update(pair_settings(be))
+    wanted = {x for x in args.settings.split(",") if x}
+    known = {"pdl", "pair", "loop", "early"}
+    if wanted - known:
+        raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
+    settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
+    if "pair" in wanted:
+        settings.update(pair_settings(be))
+    if "loop" in wanted:
+        settings.update(loop_settings(be))
+    if "early" in wanted and pdl.available():
+        settings.update(early_settings(be))
     full = time_step(be)
     fused, use_pdl = be.ecfg.fuse_decode_norm, be.ecfg.decode_pdl
     if args.lab:
@@ -134,7 +151,7 @@ def main(argv=None) -> int:
     rows = [("whole step", full, 100.0)]
     rows += [(f"whole step, {label}", ms, 100 * ms / full) for label, ms in settings.items()]
     n_settings = len(settings)
-    for module, name in FAMILIES:
+    for module, name in (FAMILIES if args.ablation else ()):
         with without(module, name):
             rest = time_step(be)
         rows.append((f"{module.rsplit('.', 1)[1]}.{name}", full - rest, 100 * (full - rest) / full))
@@ -159,12 +176,14 @@ PDL_SETS = ((), ("gemv",), ("q8",), ("norm",), ("rope",), ("attention",), ("gemv
             ("gemv", "q8", "norm", "rope", "attention"))
 
 
-def same_bits_then_times(be, ways: dict, what: str) -> dict:
+def same_bits_then_times(be, ways: dict, what: str, min_cos: float | None = None) -> dict:
     """ways: label -> a function that sets one configuration up (the first is the reference).
     Three decode steps each way from the same state (a capture and run, then two replays):
-    every way is reported and the logits must be the reference's bits, else the profile stops;
-    then the time of each way. The caller restores its configuration; the graphs and the
-    state are reset here."""
+    every way is reported and the logits must be the reference's bits (min_cos None) or, for
+    a way that adds floats in another order, have a cosine >= min_cos with them (the GPU-vs-CPU
+    parity bar; the argmax is reported, not required: a synthetic model's logits are flat, and
+    a near tie may flip), else the profile stops; then the time of each way. The caller
+    restores its configuration; the graphs and the state are reset here."""
     pos = int(be.state.copy_to_host()[0])
     out, bad, ref = {}, [], None
     try:
@@ -175,10 +194,19 @@ def same_bits_then_times(be, ways: dict, what: str) -> dict:
             be._set_state(pos=pos)
             if ref is None:
                 ref = steps[0]
-            same = [np.array_equal(x.view(np.int32), ref.view(np.int32)) for x in steps]
+            cos = min(float(np.dot(x.astype(np.float64).ravel(), ref.astype(np.float64).ravel())
+                            / np.linalg.norm(x.astype(np.float64)) / np.linalg.norm(ref.astype(np.float64)))
+                      for x in steps)
+            if min_cos is None:
+                same = [np.array_equal(x.view(np.int32), ref.view(np.int32)) for x in steps]
+            else:
+                same = [cos >= min_cos for x in steps]
             diff = max(float(np.max(np.abs(x - ref))) for x in steps)
-            print(f"  {label}: logits {'the same bits' if all(same) else 'DIFFERENT'} as the first "
-                  f"way's (steps {same}, max |diff| {diff:.3g})", flush=True)
+            argmax = all(int(np.argmax(x)) == int(np.argmax(ref)) for x in steps)
+            kind = "the same bits" if min_cos is None else f"cosine >= {min_cos}"
+            print(f"  {label}: logits {kind if all(same) else 'DIFFERENT'} as the first "
+                  f"way's (steps {same}, max |diff| {diff:.3g} of max |logit| "
+                  f"{float(np.max(np.abs(ref))):.3g}, cosine {cos:.6f}, same argmax {argmax})", flush=True)
             if not all(same):
                 bad.append(label)
         be._graphs.clear()
@@ -223,6 +251,39 @@ def pair_settings(be) -> dict:
                                          for p in (False, True)}, "SWIGLU_PAIR")
     finally:
         gemv.SWIGLU_PAIR = base
+
+
+def early_settings(be) -> dict:
+    """The step with quant/gemv.py PDL_EARLY_TRIPS 1, 2 and 3 (the residual GEMVs' first trips'
+    loads issued before their PDL wait): the same bits, then the times; the knob is restored."""
+    from genie_rt.quant import gemv
+    base = gemv.PDL_EARLY_TRIPS
+    try:
+        return same_bits_then_times(be, {f"PDL_EARLY_TRIPS={n}": lambda n=n: setattr(gemv, "PDL_EARLY_TRIPS", n)
+                                         for n in (1, 2, 3)}, "PDL_EARLY_TRIPS")
+    finally:
+        gemv.PDL_EARLY_TRIPS = base
+
+
+def loop_settings(be) -> dict:
+    """The step with each way the decode attention walks its rows (kvcache/attention_decode_
+    tiles.py: "block", "warp", "warp-nopf"), the first the default: a logits cosine >= 0.999
+    with it (the loops add in another order), then the times; the plans are restored."""
+    import dataclasses
+
+    from genie_rt.kvcache.attention import DEFAULT_LOOP, LOOPS
+    plans = list(be.lay.decode_plans)
+
+    def way(loop):
+        def setup():
+            be.lay.decode_plans[:] = [dataclasses.replace(p, loop=loop) for p in plans]
+        return setup
+    order = (DEFAULT_LOOP,) + tuple(x for x in LOOPS if x != DEFAULT_LOOP)
+    try:
+        return same_bits_then_times(be, {f"attention loop={x}": way(x) for x in order},
+                                    "the attention loop", min_cos=0.999)
+    finally:
+        be.lay.decode_plans[:] = plans
 
 
 def fused_ffn_settings(be, pdl_ok: bool) -> dict:
