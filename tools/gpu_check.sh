@@ -56,6 +56,15 @@
 #             tg128 at depth 0 and 4096), the PDL and CPU-parity GPU tests, llama-bench if built
 #   issue14   issue 14's numbers in one call (2026-12-04): genie-rt bench and llama-bench on the same
 #             file (llama.cpp built in the background meanwhile), the prefix-reuse bench, GPU tests
+#   attnloop  the decode attention's loops (attention_decode_tiles.py, 2026-12-04): the 4B's decode
+#             step at depth 4096 and 512 with each loop (logits within 1e-4 of the default's first),
+#             the attention GPU tests and the back-end's (CPU parity, greedy text, PDL bits), the
+#             kernel cache of the call (GENIE_RT_KERNEL_CACHE) as kc.tar.gz, then the attention
+#             microbenchmark (--quick: the loops beside the default plans)
+#   loops14   issue 14's numbers with the attention loops and the GEMVs' early trips (2026-12-04):
+#             llama.cpp built in the background, the step per setting at depth 512 (and the
+#             ablation) and 4096, the GPU tests, genie-rt bench, prefix reuse, llama-bench
+#             (KC= a kernel cache tarball of the same sources, e.g. attnloop's kc.tar.gz)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
 #             Qwen3-0.6B and 4B at PCTX contexts, default 4096 and 40960; issue 17: within 5 %)
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
@@ -321,6 +330,46 @@ for s in "$@"; do
         ${GTESTS:-tests/test_backend_cuda.py -k "pdl or every_position or greedy"} > "$OUT/tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
       llama_bench_4b ${LCPP_WAIT:-30} ;;
+    attnloop)
+      stage attnloop
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      for d in 4096 512; do
+        timeout ${PT:-280} $PY tools/profile_decode.py -m $MODEL4B --ctx 8192 --depth $d --settings loop --no-ablation \
+          --json "$OUT/profile-loop-$d.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-loop-$d.txt" | tail -8
+      done
+      timeout ${TT:-160} $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs tests/test_attention_gpu.py \
+        tests/test_backend_cuda.py -k "${GK:-(pdl or greedy or every_position or real_layer or decode) and not fused_ffn}" \
+        > "$OUT/tests.txt" 2>&1
+      echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
+      [ -z "${GENIE_RT_KERNEL_CACHE:-}" ] || { tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" \
+        "$(basename "$GENIE_RT_KERNEL_CACHE")" && ls -la "$OUT/kc.tar.gz"; }
+      timeout ${AMT:-120} $PY -m genie_rt.kvcache.attention --quick --json "$OUT/attention.json" 2>&1 \
+        | grep -v "^INFO numba" > "$OUT/attention.txt"; grep -E "GB/s|failed" "$OUT/attention.txt" | tail -50 ;;
+    loops14)
+      stage loops14
+      # issue 14 with the decode attention's loops and the GEMVs' early trips (2026-12-04), one call:
+      # llama.cpp's build started first; the 4B's step at depth 512 and 4096 with each loop and each
+      # PDL_EARLY_TRIPS (PSET; logits checked first, then the times; the ablation at 512); the GPU
+      # tests (CPU parity, greedy text, the PDL graph's bits, the attention at the 4B's shape: GK,
+      # TT); genie-rt bench, the prefix-reuse bench and llama-bench on the same file.
+      # KC=path of a kernel cache tarball from an earlier call of the same package sources
+      "$0" lcpp > /dev/null
+      if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
+        && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      for d in ${PDEPTHS-512 4096}; do     # PDEPTHS="": no profile
+        [ $d = 512 ] && abl="" || abl="--no-ablation"
+        timeout ${PT:-240} $PY tools/profile_decode.py -m $MODEL4B --ctx 8192 --depth $d --settings "${PSET:-loop,early}" \
+          $abl --json "$OUT/profile-$d.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-$d.txt" | tail -${PTAIL:-14}
+      done
+      timeout ${TT:-120} $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs tests/test_backend_cuda.py \
+        tests/test_attention_gpu.py -k "${GK:-pdl or every_position or greedy or (qwen3_4b and not prefill)}" \
+        > "$OUT/tests.txt" 2>&1
+      echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
+      bench_4b ${BT:-200}
+      timeout ${PXT:-100} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" \
+        | tee "$OUT/prefix.txt" | tail -4
+      llama_bench_4b ${LCPP_WAIT:-450} ;;
     issue14)
       stage issue14
       # issue 14's table in one call, llama.cpp's build started first: genie-rt bench and
