@@ -305,12 +305,15 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
             return {"backend": "cuda", "device": "simulator"}
         dev = cuda_layout.device()
         name = dev.name.decode() if isinstance(dev.name, bytes) else str(dev.name)
-        from genie_rt.quant import pdl
+        from genie_rt.quant import gemv, pdl
         return {"backend": "cuda", "device": name, "compute_capability": "%d.%d" % dev.compute_capability,
                 "integrated": self.integrated, "mapped_memory": self.mapped, "arena_bytes": self.lay.layout.nbytes,
                 "graphs": len(self._graphs), "compile_seconds": round(self.compile_seconds, 2),
-                # the decode step by programmatic dependent launch (asked for and the device has it)
-                "decode_pdl": bool(self.ecfg.decode_pdl) and pdl.available()}
+                # the decode step by programmatic dependent launch (asked for and the device has it),
+                # its attention's loop and the PDL GEMVs' trips before the wait
+                "decode_pdl": bool(self.ecfg.decode_pdl) and pdl.available(),
+                "decode_attention_loop": self.lay.decode_plan.loop,
+                "gemv_pdl_early_trips": gemv.PDL_EARLY_TRIPS}
 
     def synchronize(self) -> None:
         self._enter()

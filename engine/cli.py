@@ -64,7 +64,7 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--attention-loop", default=None, metavar="{block,warp,warp-nopf}",
                    help="CUDA decode attention: how a block walks its rows - block (barriers a tile), warp "
                         "(each lane slot its own softmax, the next rows' loads in flight), warp-nopf "
-                        "(warp without the early loads); default: the measured best (for comparisons)")
+                        "(warp without that prefetch); default: the measured best, warp (for comparisons)")
     p.add_argument("--overlap-load", action="store_true",
                    help="CUDA, discrete GPU: read the weights on a thread while the kernels load and the "
                         "graphs are captured (same bits; no faster on the H200 since the warm-up "

@@ -16,8 +16,13 @@ from .gguf_file import GGUFError, GGUFFile, short_repr as _short
 
 # how the CUDA decode attention walks a split's rows (kvcache/attention_decode_tiles.py): "block"
 # (the block in step, three barriers a tile), "warp" (each lane slot its own running softmax, the
-# next trip's loads in flight), "warp-nopf" (the same without the early loads)
+# next trip's loads in flight, and in its PDL build the first trip's rows of earlier positions
+# loaded before the wait), "warp-nopf" (the warp loop without that prefetch - and so without the
+# loads before the wait). The default, "warp": H200, 2026-12-04 12:43 UTC, the 4B's decode step
+# (tools/profile_decode.py --settings loop): warp / block / warp-nopf 1.976 / 2.034 / 2.034 ms at
+# depth 512, 2.277 / 2.419 / 2.320 ms at 4096 (docs/decode-step.md, section 6c)
 DECODE_ATTENTION_LOOPS = ("block", "warp", "warp-nopf")
+DEFAULT_DECODE_ATTENTION_LOOP = "warp"
 
 
 class MetaReader:
@@ -254,7 +259,7 @@ class EngineConfig:
                                         # H200, 2026-12-04: the step 2.727 ms against 2.167 (a barrier
                                         # costs what the kernel boundary did; docs/kernels/ffn-fused.md): off
     decode_attention_loop: str | None = None    # CUDA decode attention's loop (DECODE_ATTENTION_LOOPS;
-                                        # None: kvcache/attention.DEFAULT_LOOP); --attention-loop
+                                        # None: DEFAULT_DECODE_ATTENTION_LOOP); --attention-loop
     overlap_load: bool = False          # CUDA, discrete GPU: read the weights on a thread while the
                                         # kernels load and the graphs are captured (cuda_weights.
                                         # BackgroundUpload; --overlap-load). H200, 2026-12-03: the

@@ -38,7 +38,8 @@ from genie_rt.engine.models.reference import attention as attention_reference
 from genie_rt.quant.pdl import launch_or_plain
 from genie_rt.quant.ptx import SIMULATOR
 
-from .attention_decode_kernels import DECODE_SIGNATURE, DECODE_SIGNATURE_Q8, LOOPS, MAX_SPLITS, decode_kernel
+from .attention_decode_kernels import (DECODE_SIGNATURE, DECODE_SIGNATURE_Q8, DEFAULT_LOOP, LOOPS, MAX_SPLITS,
+                                       decode_kernel)
 from .device_pool import KVLayer
 
 _ALIGN = 256
@@ -51,12 +52,6 @@ _ALIGN = 256
 # 8.97 / 10.25 / 16.73 / 42.10; 1 head (8 splits) 7.70 / 9.40 / 20.06 / 65.33.
 # docs/kernels/attention.md has the whole table.
 DEFAULT_HEADS_PER_BLOCK = 2
-# How a decode block walks its rows (attention_decode_tiles.py): "warp" (every lane slot its own
-# running softmax, no barrier a trip, the next trip's loads in flight; its PDL build loads the
-# first trip before its wait). H200, 2026-12-04 12:43 UTC, the 4B's decode step
-# (tools/profile_decode.py --settings loop): warp / block / warp-nopf 1.976 / 2.034 / 2.034 ms at
-# depth 512, 2.277 / 2.419 / 2.320 ms at 4096 (docs/kernels/attention.md has the kernel alone).
-DEFAULT_LOOP = "warp"
 KV_DTYPES = {np.dtype(np.int8): "int8", np.dtype(np.float16): "f16"}
 
 
@@ -131,7 +126,7 @@ class DecodePlan:
     rows_per_thread: int = 4
     window: int = 0            # 0: every key 0 .. pos; W: keys pos - W + 1 .. pos (ring-safe)
     scale: float | None = None  # attention scale; None: 1 / sqrt(head_dim)
-    loop: str = "block"        # how a block walks its rows (attention_decode_kernels.LOOPS)
+    loop: str = DEFAULT_LOOP   # how a block walks its rows (LOOPS; engine/config.py says why this one)
 
     @property
     def heads_per_block(self) -> int:

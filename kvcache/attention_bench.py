@@ -110,9 +110,10 @@ def _bench_shape(shape, kv_dtype, H, KV, HD, n_ctx, W, R, ctxs, cases, n_max, sm
     variants = [base,
                 plan_decode(H, KV, HD, kv_dtype, n_ctx, n_splits=16, window=W),
                 plan_decode(H, KV, HD, kv_dtype, n_ctx, n_splits=64, window=W)]
-    # the barrier-free loop (attention_decode_tiles.py): with and without its early loads, and
-    # with more splits (its trips are cheaper, so more, shorter splits may pay)
-    variants += [dataclasses.replace(base, loop="warp"), dataclasses.replace(base, loop="warp-nopf"),
+    # each loop of attention_decode_tiles.py on the default plan (the block loop beside the warp
+    # loop with and without its prefetch of the next trip), and the warp loop with more splits
+    variants += [dataclasses.replace(base, loop="block"), dataclasses.replace(base, loop="warp"),
+                 dataclasses.replace(base, loop="warp-nopf"),
                  plan_decode(H, KV, HD, kv_dtype, n_ctx, n_splits=2 * base.n_splits, window=W, loop="warp")]
     variants = list(dict.fromkeys(variants))             # n_splits is capped by the tiles
     if not quick:

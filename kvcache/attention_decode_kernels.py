@@ -44,7 +44,7 @@ import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from genie_rt.engine import kernel_cache
-from genie_rt.engine.config import DECODE_ATTENTION_LOOPS
+from genie_rt.engine.config import DECODE_ATTENTION_LOOPS, DEFAULT_DECODE_ATTENTION_LOOP
 from genie_rt.quant.norm_q8_device import q8_put   # quantize_q8_kernel's own store
 from genie_rt.quant.pdl import hooks
 from genie_rt.quant.ptx import SIMULATOR
@@ -89,12 +89,13 @@ else:
 
 
 LOOPS = DECODE_ATTENTION_LOOPS
+DEFAULT_LOOP = DEFAULT_DECODE_ATTENTION_LOOP     # the measured one (engine/config.py)
 
 
 @functools.lru_cache(maxsize=None)
 def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int = 4,
                   rows_per_thread: int = 4, window: int = 0, scale: float | None = None,
-                  q8: bool = False, pdl: bool = False, loop: str = "block"):
+                  q8: bool = False, pdl: bool = False, loop: str = DEFAULT_LOOP):
     """The decode kernel specialised on its compile-time constants (one per model shape
     and layer kind). window 0: keys 0 .. pos, slot = position; window W > 0: keys
     max(0, pos - W + 1) .. pos, slot = position % R (R = the layer's slots; a ring when
@@ -106,8 +107,9 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     and this one waits for the kernel before it (rope_write: q and the new K/V row) first -
     the "warp" loop's after the first trip's loads of earlier positions.
     loop: how a block walks its rows (attention_decode_tiles.py): "block" (barriers a tile),
-    "warp" (every lane slot its own running softmax, the next trip's loads in flight),
-    "warp-nopf" (the same without the early loads)."""
+    "warp" (every lane slot its own running softmax, the next trip's loads in flight; its PDL
+    build loads the first trip's earlier rows before the wait), "warp-nopf" (the warp loop
+    without the prefetch, and so without the loads before the wait)."""
     # PDL: rope_write may still be writing the new K/V row when this launch starts, so the
     # cache is read coherently after the wait (ld_v4), not by the read-only path
     wait, launch_dependents, ld4 = hooks(pdl)

@@ -248,9 +248,10 @@ def _get(key, make):
     return k
 
 
-# Trips of a row (3 units a lane each) whose weight loads a PDL build of the plain GEMV (the
-# residual ones: attention output, ffn_down) issues before it waits for the kernel before:
-# 1, 2 or 3 (gemv_kernels._make_row_dot EARLY; the same bits). H200, 2026-12-04 12:43 UTC
+# Trips of a row (3 units a lane each) whose weight loads a PDL build of the plain GEMV (in the
+# decode step: attention output, ffn_down and the output projection; not QKV or gate/up) issues
+# before it waits for the kernel before: 1, 2 or 3 (gemv_kernels._make_row_dot EARLY; the same
+# bits; a row of fewer trips re-reads its last unit for the rest, from L1). H200, 2026-12-04 12:43 UTC
 # (tools/profile_decode.py --settings early, the 4B's step): 1.976 / 1.961 / 2.109 ms at depth
 # 512, 2.276 / 2.246 / 2.401 ms at 4096 - two (3 trips' registers cost occupancy: 98 / 130
 # registers for Q4_K / Q6_K against 72 / 96 at two, ptxas sm_90).

@@ -46,7 +46,8 @@ def assert_close(got, ref, atol, rtol, what):
     err = np.abs(got - ref)
     bad = ~(err <= atol + rtol * np.abs(ref))          # a NaN is off too (NaN <= x is False)
     if bad.any():
-        i = np.unravel_index(np.argmax(np.where(bad, np.inf, err - rtol * np.abs(ref))), got.shape)
+        excess = np.where(np.isnan(err), np.inf, err - atol - rtol * np.abs(ref))
+        i = np.unravel_index(np.argmax(np.where(bad, excess, -np.inf)), got.shape)
         raise AssertionError(f"{what}: {bad.sum()} of {bad.size} elements off; worst at {i}: "
                              f"got {got[i]:.7g} ref {ref[i]:.7g} "
                              f"(atol {atol:.3g}, rtol {rtol:.3g})")

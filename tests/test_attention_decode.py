@@ -185,3 +185,51 @@ def test_decode_pdl_build_of_the_warp_loop_gives_the_plain_bits(kv_dtype, pos, n
     assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
     ref = decode_reference(q.copy_to_host(), kd[0], vd[0], pos)
     assert_close(outs[1], ref, 2e-5 * np.abs(vd[0]).max(), 1e-5, "pdl build")
+
+
+# ---- the PDL build's early loads never touch the new row before the wait ----------------------
+class _Watch:
+    """Stand-ins for quant/pdl.hooks under the simulator (each simulated thread is a Python thread):
+    `wait` marks the thread as past its wait; `ld4` records a load of the watched slot (the new
+    position's) by a thread that has not waited, and hands it garbage, as an unwritten row would."""
+    def __init__(self):
+        import threading
+        self.local, self.early, self.slot, self.words = threading.local(), [], -1, 1
+        watch = self
+
+        def wait():
+            watch.local.waited = True
+
+        def ld4(a, i):
+            if not getattr(watch.local, "waited", False) and i // watch.words == watch.slot:
+                watch.early.append(i)
+                return (np.uint32(0x7F7F7F7F),) * 4
+            return (a[i], a[i + 1], a[i + 2], a[i + 3])
+        self.wait, self.ld4 = wait, ld4
+
+
+@pytest.fixture
+def watch(monkeypatch):
+    import genie_rt.kvcache.attention_decode_kernels as ADK
+    w = _Watch()
+    no_op = lambda: None   # noqa: E731
+    monkeypatch.setattr(ADK, "hooks", lambda pdl: (w.wait, no_op, w.ld4) if pdl else (no_op, no_op, w.ld4))
+    ADK.decode_kernel.cache_clear()
+    yield w
+    ADK.decode_kernel.cache_clear()
+
+
+@pytest.mark.parametrize("kv_dtype,pos,n_splits", [("int8", 5, 1), ("f16", 17, 2), ("int8", 63, 4)])
+def test_decode_pdl_warp_loop_reads_the_new_row_only_after_its_wait(watch, kv_dtype, pos, n_splits):
+    # a load of the new position's row before the wait would read what rope_write has not
+    # written yet: here it is recorded and answered with garbage, so the result is wrong too
+    pool, kd, vd = make_pool(2, 64, 64, kv_dtype, 64, seed=pos)
+    plan = plan_decode(4, 2, 64, kv_dtype, 64, n_splits=n_splits, warps=2, rows_per_thread=2, loop="warp")
+    watch.slot, watch.words = pos, 2 * 64 // (4 if kv_dtype == "int8" else 2)
+    q = np.random.default_rng(pos).standard_normal((4, 64)).astype(np.float32)
+    out = cuda.device_array(4 * 64, np.float32)
+    decode_attention(cuda.to_device(q), pool.layer(0), cuda.to_device(np.array([pos], np.int32)), out,
+                     DecodeWorkspace(plan), pdl=True)
+    assert not watch.early, f"{len(watch.early)} loads of the new row before the wait"
+    assert_close(out.copy_to_host(), decode_reference(q, kd[0], vd[0], pos), 2e-5 * np.abs(vd[0]).max(),
+                 1e-5, "pdl build")

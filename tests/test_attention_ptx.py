@@ -14,8 +14,8 @@ _PTX_SOURCE = """
 from genie_rt.kvcache.attention_decode_kernels import decode_kernel
 from genie_rt.kvcache.attention_prefill_kernels import prefill_kernel, prefill_merge
 from genie_rt.kvcache.attention_merge import merge_prepare_x_kernel
-decode_int8 = decode_kernel(128, 4, "int8")
-decode_f16 = decode_kernel(128, 8, "f16")
+decode_int8 = decode_kernel(128, 4, "int8", loop="block")
+decode_f16 = decode_kernel(128, 8, "f16", loop="block")
 decode_q8_int8 = decode_kernel(128, 2, "int8", q8=True)   # the engine's Qwen3-4B decode (2 heads a block, q8 out)
 decode_warp_int8 = decode_kernel(128, 2, "int8", loop="warp")   # the barrier-free loop
 decode_warp_f16 = decode_kernel(128, 2, "f16", loop="warp")
@@ -23,9 +23,9 @@ decode_warp_gemma_int8 = decode_kernel(256, 4, "int8", 4, 4, 512, loop="warp")
 prefill_int8 = prefill_kernel(128, 4, "int8")
 prefill_f16 = prefill_kernel(128, 4, "f16")
 # Gemma 3 270M (4 / 1 heads, head_dim 256, window 512) and SmolLM2 (9 / 3 heads, hd 64)
-decode_gemma_int8 = decode_kernel(256, 4, "int8", 4, 4, 512)
-decode_gemma_f16 = decode_kernel(256, 4, "f16", 4, 4, 512)
-decode_smol_int8 = decode_kernel(64, 3, "int8")
+decode_gemma_int8 = decode_kernel(256, 4, "int8", 4, 4, 512, loop="block")
+decode_gemma_f16 = decode_kernel(256, 4, "f16", 4, 4, 512, loop="block")
+decode_smol_int8 = decode_kernel(64, 3, "int8", loop="block")
 prefill_gemma_int8 = prefill_kernel(256, 4, "int8", 0, 512)
 prefill_gemma_f16 = prefill_kernel(256, 4, "f16", 0, 512)
 prefill_smol_int8 = prefill_kernel(64, 3, "int8")

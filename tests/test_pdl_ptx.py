@@ -26,11 +26,11 @@ from genie_rt.quant.formats import QType as Q
 norm_pdl = _make_rmsnorm_q8_resident(False, 4, True)
 norm_plain = _make_rmsnorm_q8_resident(False, 4, False)
 rope_pdl = rope_write_kernel("int8", pdl=True)
-attention_pdl = decode_kernel(128, 2, "int8", pdl=True)
+attention_pdl = decode_kernel(128, 2, "int8", pdl=True, loop="block")
 attention_warp_pdl = decode_kernel(128, 2, "int8", pdl=True, loop="warp")   # the engine's default
 attention_warp_gemma_pdl = decode_kernel(256, 4, "f16", 4, 4, 512, pdl=True, loop="warp")
-attention_q8_pdl = decode_kernel(128, 2, "int8", q8=True, pdl=True)
-attention_gemma_pdl = decode_kernel(256, 4, "int8", 4, 4, 512, pdl=True)   # window, ring, hd 256
+attention_q8_pdl = decode_kernel(128, 2, "int8", q8=True, pdl=True, loop="block")
+attention_gemma_pdl = decode_kernel(256, 4, "int8", 4, 4, 512, pdl=True, loop="block")   # window, ring, hd 256
 rope_gemma_pdl = rope_write_kernel("int8", ring=True, pdl=True)
 rope_llama_pdl = rope_write_kernel("f16", neox=False, qk_norm=False, pdl=True)
 quantize_pdl = K.quantize_q8_pdl_kernel
@@ -73,8 +73,10 @@ def ptx():
 
 @pytest.mark.parametrize("name", sorted(PRE_WAIT_LOADS))
 def test_pdl_build_reads_nothing_of_the_kernel_before_until_it_waits(ptx, name):
+    from ptx_helpers import local_memory_bytes
     text = ptx[name][(9, 0)]
     assert_no_f64(text, name)
+    assert local_memory_bytes(text) == 0, f"{name}: local memory used"
     trigger = text.find("griddepcontrol.launch_dependents;")
     wait = text.find("griddepcontrol.wait;")
     assert 0 <= trigger < wait, f"{name}: launch_dependents must come first, then the wait"

@@ -60,7 +60,7 @@
 #             step at depth 4096 and 512 with each loop (logits within 1e-4 of the default's first),
 #             the attention GPU tests and the back-end's (CPU parity, greedy text, PDL bits), the
 #             kernel cache of the call (GENIE_RT_KERNEL_CACHE) as kc.tar.gz, then the attention
-#             microbenchmark (--quick: the loops beside the default plans)
+#             microbenchmark (--quick: each loop on the default plan, the warp loop at more splits)
 #   loops14   issue 14's numbers with the attention loops and the GEMVs' early trips (2026-12-04):
 #             llama.cpp built in the background, the step per setting at depth 512 (and the
 #             ablation) and 4096, the GPU tests, genie-rt bench, prefix reuse, llama-bench

@@ -194,13 +194,14 @@ def same_bits_then_times(be, ways: dict, what: str, min_cos: float | None = None
             be._set_state(pos=pos)
             if ref is None:
                 ref = steps[0]
-            cos = min(float(np.dot(x.astype(np.float64).ravel(), ref.astype(np.float64).ravel())
-                            / np.linalg.norm(x.astype(np.float64)) / np.linalg.norm(ref.astype(np.float64)))
-                      for x in steps)
+            coss = [float(np.dot(x.astype(np.float64).ravel(), ref.astype(np.float64).ravel())
+                          / np.linalg.norm(x.astype(np.float64)) / np.linalg.norm(ref.astype(np.float64)))
+                    for x in steps]
+            cos = min(coss)
             if min_cos is None:
                 same = [np.array_equal(x.view(np.int32), ref.view(np.int32)) for x in steps]
             else:
-                same = [cos >= min_cos for x in steps]
+                same = [c >= min_cos for c in coss]
             diff = max(float(np.max(np.abs(x - ref))) for x in steps)
             argmax = all(int(np.argmax(x)) == int(np.argmax(ref)) for x in steps)
             kind = "the same bits" if min_cos is None else f"cosine >= {min_cos}"
