@@ -57,7 +57,7 @@
 #   issue14   issue 14's numbers in one call (2026-12-04): genie-rt bench and llama-bench on the same
 #             file (llama.cpp built in the background meanwhile), the prefix-reuse bench, GPU tests
 #   attnloop  the decode attention's loops (attention_decode_tiles.py, 2026-12-04): the 4B's decode
-#             step at depth 4096 and 512 with each loop (logits within 1e-4 of the default's first),
+#             step at depth 4096 and 512 with each loop (logits cosine >= 0.999 with the default's),
 #             the attention GPU tests and the back-end's (CPU parity, greedy text, PDL bits), the
 #             kernel cache of the call (GENIE_RT_KERNEL_CACHE) as kc.tar.gz, then the attention
 #             microbenchmark (--quick: each loop on the default plan, the warp loop at more splits)
@@ -115,6 +115,23 @@ llama_bench_4b() {
   local LB; LB=$(lcpp_bench $1)
   [ -z "$LB" ] || timeout ${LBT:-150} $LB -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 -ngl 99 -o md 2>/dev/null \
     | tee "$OUT/llama-bench.md"
+}
+
+# the 4B's decode step by tools/profile_decode.py at each depth of $1 with --settings $2 (the
+# ablation only at depth 512 when $3 is "abl"): profile-$4$d.json / .txt, the last $5 lines shown
+profile_4b() {
+  local d abl
+  for d in $1; do
+    if [ "$3" = abl ] && [ $d = 512 ]; then abl=""; else abl="--no-ablation"; fi
+    timeout ${PT:-240} $PY tools/profile_decode.py -m $MODEL4B --ctx 8192 --depth $d --settings "$2" $abl \
+      --json "$OUT/profile-$4$d.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-$4$d.txt" | tail -$5
+  done
+}
+# the GPU tests of the back-end and the attention selected by -k "$1" (tests.txt), within $2 s
+gpu_tests_4b() {
+  timeout $2 $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs tests/test_backend_cuda.py \
+    tests/test_attention_gpu.py -k "$1" > "$OUT/tests.txt" 2>&1
+  echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
 }
 
 for s in "$@"; do
@@ -333,14 +350,8 @@ for s in "$@"; do
     attnloop)
       stage attnloop
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      for d in 4096 512; do
-        timeout ${PT:-280} $PY tools/profile_decode.py -m $MODEL4B --ctx 8192 --depth $d --settings loop --no-ablation \
-          --json "$OUT/profile-loop-$d.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-loop-$d.txt" | tail -8
-      done
-      timeout ${TT:-160} $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs tests/test_attention_gpu.py \
-        tests/test_backend_cuda.py -k "${GK:-(pdl or greedy or every_position or real_layer or decode) and not fused_ffn}" \
-        > "$OUT/tests.txt" 2>&1
-      echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
+      PT=${PT:-280} profile_4b "4096 512" loop noabl loop- 8
+      gpu_tests_4b "${GK:-(pdl or greedy or every_position or real_layer or decode) and not fused_ffn}" ${TT:-160}
       [ -z "${GENIE_RT_KERNEL_CACHE:-}" ] || { tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" \
         "$(basename "$GENIE_RT_KERNEL_CACHE")" && ls -la "$OUT/kc.tar.gz"; }
       timeout ${AMT:-120} $PY -m genie_rt.kvcache.attention --quick --json "$OUT/attention.json" 2>&1 \
@@ -357,15 +368,8 @@ for s in "$@"; do
       if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
         && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      for d in ${PDEPTHS-512 4096}; do     # PDEPTHS="": no profile
-        [ $d = 512 ] && abl="" || abl="--no-ablation"
-        timeout ${PT:-240} $PY tools/profile_decode.py -m $MODEL4B --ctx 8192 --depth $d --settings "${PSET:-loop,early}" \
-          $abl --json "$OUT/profile-$d.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-$d.txt" | tail -${PTAIL:-14}
-      done
-      timeout ${TT:-120} $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs tests/test_backend_cuda.py \
-        tests/test_attention_gpu.py -k "${GK:-pdl or every_position or greedy or (qwen3_4b and not prefill)}" \
-        > "$OUT/tests.txt" 2>&1
-      echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
+      profile_4b "${PDEPTHS-512 4096}" "${PSET:-loop,early}" abl "" ${PTAIL:-14}     # PDEPTHS="": no profile
+      gpu_tests_4b "${GK:-pdl or every_position or greedy or (qwen3_4b and not prefill)}" ${TT:-120}
       bench_4b ${BT:-200}
       timeout ${PXT:-100} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" \
         | tee "$OUT/prefix.txt" | tail -4

@@ -131,11 +131,11 @@ def main(argv=None) -> int:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
     if "pair" in wanted:
-        settings.update(pair_settings(be))
+        settings.update(gemv_knob_settings(be, "SWIGLU_PAIR", (False, True)))
     if "loop" in wanted:
         settings.update(loop_settings(be))
     if "early" in wanted and pdl.available():
-        settings.update(early_settings(be))
+        settings.update(gemv_knob_settings(be, "PDL_EARLY_TRIPS", (1, 2, 3)))
     full = time_step(be)
     fused, use_pdl = be.ecfg.fuse_decode_norm, be.ecfg.decode_pdl
     if args.lab:
@@ -242,28 +242,18 @@ def pdl_settings(be) -> dict:
         be.ecfg, cuda_ops.PDL_KINDS = base, kinds
 
 
-def pair_settings(be) -> dict:
-    """The step with quant/gemv.py SWIGLU_PAIR off and on (a warp's gate and up rows streamed
-    together): the same bits, then the times; the knob is restored after."""
+def gemv_knob_settings(be, name: str, values) -> dict:
+    """The step with the lab knob quant/gemv.py `name` at each of `values`, the first the
+    reference: the same bits, then the times; the knob is restored after. SWIGLU_PAIR (a warp's
+    gate and up rows streamed together), PDL_EARLY_TRIPS (the plain GEMVs' first trips' loads
+    issued before their PDL wait)."""
     from genie_rt.quant import gemv
-    base = gemv.SWIGLU_PAIR
+    base = getattr(gemv, name)
     try:
-        return same_bits_then_times(be, {f"SWIGLU_PAIR={p}": lambda p=p: setattr(gemv, "SWIGLU_PAIR", p)
-                                         for p in (False, True)}, "SWIGLU_PAIR")
+        return same_bits_then_times(be, {f"{name}={v}": lambda v=v: setattr(gemv, name, v) for v in values},
+                                    name)
     finally:
-        gemv.SWIGLU_PAIR = base
-
-
-def early_settings(be) -> dict:
-    """The step with quant/gemv.py PDL_EARLY_TRIPS 1, 2 and 3 (the residual GEMVs' first trips'
-    loads issued before their PDL wait): the same bits, then the times; the knob is restored."""
-    from genie_rt.quant import gemv
-    base = gemv.PDL_EARLY_TRIPS
-    try:
-        return same_bits_then_times(be, {f"PDL_EARLY_TRIPS={n}": lambda n=n: setattr(gemv, "PDL_EARLY_TRIPS", n)
-                                         for n in (1, 2, 3)}, "PDL_EARLY_TRIPS")
-    finally:
-        gemv.PDL_EARLY_TRIPS = base
+        setattr(gemv, name, base)
 
 
 def loop_settings(be) -> dict:
