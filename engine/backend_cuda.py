@@ -310,9 +310,11 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
                 "integrated": self.integrated, "mapped_memory": self.mapped, "arena_bytes": self.lay.layout.nbytes,
                 "graphs": len(self._graphs), "compile_seconds": round(self.compile_seconds, 2),
                 # the decode step by programmatic dependent launch (asked for and the device has it),
-                # its attention's loop and the PDL GEMVs' trips before the wait
+                # its attention's loop (and whether it does rope_write's work) and the PDL GEMVs'
+                # trips before the wait
                 "decode_pdl": bool(self.ecfg.decode_pdl) and pdl.available(),
                 "decode_attention_loop": self.lay.decode_plan.loop,
+                "decode_fused_rope": bool(getattr(self.ecfg, "decode_fused_rope", False)),
                 "gemv_pdl_early_trips": gemv.PDL_EARLY_TRIPS}
 
     def synchronize(self) -> None:

@@ -248,16 +248,20 @@ class EngineConfig:
                                         # it starts while the one before runs and waits on the device;
                                         # the same bits). sm_80/87 (the Jetson) run the plain kernels
                                         # whatever this says. --no-pdl turns it off
-    decode_attention_q8: bool = False   # lab: the decode attention launch also writes the q8 blocks of
+    decode_attention_q8: bool = True    # CUDA decode: the attention launch also writes the q8 blocks of
                                         # its output (kvcache/attention.py xq=, xs=; same bits as
-                                        # quantize_q8), one launch fewer a layer. H200, 2026-12-03
-                                        # 23:25 and 23:44 UTC: the step 2.188 / 2.180 ms against
-                                        # 2.166 / 2.168 without (tools/profile_decode.py): off
+                                        # quantize_q8), one launch fewer a layer. Off until the rope went
+                                        # into the attention (H200, 2026-12-03: 2.188 vs 2.166 ms); since
+                                        # then on: 1.822 vs 1.855 ms at depth 512, 2.120 vs 2.163 at 4096
+                                        # (H200, 2026-12-04 15:10 UTC, tools/profile_decode.py --settings q8)
     decode_fused_ffn: bool = False      # lab: a decode layer's attn_output GEMV, ffn norm, gate/up, q8 of
                                         # the activation, down GEMV and the next norm in ONE persistent
                                         # launch with grid barriers (quant/ffn_fused.py; the same bits).
                                         # H200, 2026-12-04: the step 2.727 ms against 2.167 (a barrier
                                         # costs what the kernel boundary did; docs/kernels/ffn-fused.md): off
+    decode_fused_rope: bool = True      # CUDA decode: the attention launch does rope_write's work for the
+                                        # new token itself (kvcache/attention_decode_rope.py; the same
+                                        # bits), one launch fewer a layer; --no-fused-rope
     decode_attention_loop: str | None = None    # CUDA decode attention's loop (DECODE_ATTENTION_LOOPS;
                                         # None: DEFAULT_DECODE_ATTENTION_LOOP); --attention-loop
     overlap_load: bool = False          # CUDA, discrete GPU: read the weights on a thread while the
@@ -291,6 +295,8 @@ class EngineConfig:
             raise ValueError(f"decode_attention_q8 must be True or False, got {self.decode_attention_q8!r}")
         if not isinstance(self.decode_fused_ffn, bool):
             raise ValueError(f"decode_fused_ffn must be True or False, got {self.decode_fused_ffn!r}")
+        if not isinstance(self.decode_fused_rope, bool):
+            raise ValueError(f"decode_fused_rope must be True or False, got {self.decode_fused_rope!r}")
         if self.decode_attention_loop not in (None,) + DECODE_ATTENTION_LOOPS:
             raise ValueError(f"decode_attention_loop must be one of {DECODE_ATTENTION_LOOPS} (or None: "
                              f"the default), got {self.decode_attention_loop!r}")

@@ -140,6 +140,13 @@ class _PendingGemv(NamedTuple):
     xs: object
 
 
+class _PendingRope(NamedTuple):
+    """rope_write(qkv, a, q_out) recorded but not launched yet (DecodeOps' second peephole)."""
+    qkv: object
+    a: AttnLayer
+    q_out: object
+
+
 class DecodeOps(_Ops):
     """One token: GEMVs, flash-decoding attention."""
 
@@ -153,8 +160,12 @@ class DecodeOps(_Ops):
         assert PDL_KINDS <= PDL_ALL, PDL_KINDS
         self.pdl_kinds = PDL_KINDS if on else frozenset()
         self.pdl = "gemv" in self.pdl_kinds            # the GEMV launchers' pdl=
-        # attention writes its output's q8 blocks itself (EngineConfig.decode_attention_q8, lab)
+        # attention writes its output's q8 blocks itself (EngineConfig.decode_attention_q8)
         self.attention_q8 = bool(getattr(rt.ecfg, "decode_attention_q8", False)) and rt.q8_inputs
+        # rope_write kept pending: the attention that reads its q does its work in the same launch
+        # (EngineConfig.decode_fused_rope, kvcache/attention_decode_rope.py); any other op launches it
+        self.fused_rope = bool(getattr(rt.ecfg, "decode_fused_rope", False))
+        self._rope: _PendingRope | None = None
         # a layer's FFN half as one persistent launch (EngineConfig.decode_fused_ffn, lab): only
         # where every GEMV reads q8 (the launch writes no float h)
         self.ffn_chain = None
@@ -164,10 +175,25 @@ class DecodeOps(_Ops):
             self.fuse_norm = False
 
     embed = _flushing(_Ops.embed)
-    rope_write = _flushing(_Ops.rope_write)
     post_norm_add = _flushing(_Ops.post_norm_add)
 
+    @_flushing
+    def rope_write(self, qkv, a: AttnLayer, q_out) -> None:
+        """rope_write; with fused_rope kept pending for the attention that reads q_out."""
+        if not self.fused_rope:
+            _Ops.rope_write(self, qkv, a, q_out)
+            return
+        self._reads_float(qkv)
+        self._rope = _PendingRope(qkv, a, q_out)
+        self.rt.pending_launch = f"rope_write of layer {a.index}"
+        self._wrote(q_out)
+
     def _flush(self) -> None:
+        r = self._rope
+        if r is not None:           # nothing fused it: its own launch, q_out written after all
+            self._rope = None
+            self.rt.pending_launch = None
+            _Ops.rope_write(self, r.qkv, r.a, r.q_out)
         if self.ffn_chain is not None and self.ffn_chain.calls:
             self.ffn_chain.flush()
         p = self._pending
@@ -273,21 +299,35 @@ class DecodeOps(_Ops):
         gemv.gemv_swiglu(wg, wu, x, out, xq=xq, xs=xs, stream=self.stream, pdl=self.pdl, **kw)
         self._wrote(out)
 
-    @_flushing
     def attention(self, q, a: AttnLayer, out) -> None:
         """Decode attention; with attention_q8 (and GEMVs that read 8-bit input) its launch also
         writes out's q8 blocks (the same bits as quantize_q8 on out), so the output projection
-        quantizes nothing."""
-        from genie_rt.kvcache.attention import decode_attention
+        quantizes nothing. The pending rope_write of q (fused_rope) runs inside this launch:
+        q itself is then never written (nothing else reads it)."""
+        from genie_rt.kvcache.attention import decode_attention, decode_rope_attention
+        r = self._rope
+        fuse = r is not None and r.q_out is q and r.a is a
+        if fuse:
+            self._rope = None
+            self.rt.pending_launch = None
+        self._flush()
         self._reads_float(q)
         xq = xs = None
         if self.attention_q8 and self._name(out) in Q8_SOURCES:
             xq, xs = self._q8_views(out)
-        decode_attention(q, self.rt.kv_layers[a.index], self.rt.state, out, self.rt.dws, stream=self.stream,
-                         plan=self.rt.lay.decode_plans[a.index], xq=xq, xs=xs, pdl="attention" in self.pdl_kinds)
+        rt = self.rt
+        kw = dict(stream=self.stream, plan=rt.lay.decode_plans[a.index], xq=xq, xs=xs,
+                  pdl="attention" in self.pdl_kinds)
+        if fuse:
+            cos, sin = rt.rope_table(a)
+            decode_rope_attention(r.qkv, a.q_norm, a.k_norm, self.cfg.rms_eps, cos, sin, rt.kv_layers[a.index],
+                                  rt.state, out, rt.dws, rope=ROPE_NAMES[self.cfg.rope_style], **kw)
+        else:
+            decode_attention(q, rt.kv_layers[a.index], rt.state, out, rt.dws, **kw)
         self._wrote(out)
         if xq is not None:
             self._q8_fresh.add(self._name(out))
+    attention.flushes = True        # (itself, after taking a pending rope_write it fuses)
 
     def head(self, x, norm_w, w, logits, softcap: float | None = None) -> None:
         h = self.s.h

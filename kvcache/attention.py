@@ -39,7 +39,7 @@ from genie_rt.quant.pdl import launch_or_plain
 from genie_rt.quant.ptx import SIMULATOR
 
 from .attention_decode_kernels import (DECODE_SIGNATURE, DECODE_SIGNATURE_Q8, DEFAULT_LOOP, LOOPS, MAX_SPLITS,
-                                       decode_kernel)
+                                       decode_kernel, rope_signature)
 from .device_pool import KVLayer
 
 _ALIGN = 256
@@ -137,9 +137,12 @@ class DecodePlan:
         lpr = self.head_dim // (16 if self.kv_dtype == "int8" else 8)
         return self.warps * (32 // lpr) * self.rows_per_thread
 
-    def kernel(self, q8: bool = False, pdl: bool = False):
+    def kernel(self, q8: bool = False, pdl: bool = False, rope: str = "", qk_norm: bool = True,
+               ring: bool = False):
+        """The kernel of this plan; rope (a ROPE build, decode_rope_attention): "neox" | "normal"."""
         return decode_kernel(self.head_dim, self.heads_per_block, self.kv_dtype, self.warps,
-                             self.rows_per_thread, self.window, self.scale, q8, pdl, self.loop)
+                             self.rows_per_thread, self.window, self.scale, q8, pdl, self.loop,
+                             rope, bool(qk_norm), bool(ring))
 
     @property
     def workspace_bytes(self) -> int:
@@ -241,6 +244,44 @@ def _flat(a, n, what, dtype=np.float32):
     return a if a.ndim == 1 else a.reshape(n)
 
 
+def _check_launch(p: DecodePlan, ws: DecodeWorkspace, plan, layer: KVLayer, state, xq, xs,
+                  what: str = "decode_attention") -> None:
+    """The checks decode_attention and decode_rope_attention share (ValueError naming `what`)."""
+    if plan is not None and not plan.fits(ws.plan):
+        raise ValueError(f"{what}: the plan {plan} does not fit the workspace of "
+                         f"{ws.plan} (heads, subgroups and at most its splits)")
+    kv_dtype = KV_DTYPES.get(np.dtype(layer.k.dtype))
+    if kv_dtype != p.kv_dtype:
+        raise ValueError(f"{what}: cache dtype {layer.k.dtype} but the plan is {p.kv_dtype}")
+    if tuple(layer.k.shape[1:]) != (p.n_kv, p.head_dim):
+        raise ValueError(f"{what}: cache rows {tuple(layer.k.shape[1:])} != plan "
+                         f"({p.n_kv}, {p.head_dim})")
+    if getattr(layer, "ring", False) and not p.window:
+        raise ValueError(f"{what}: the layer is a ring of {layer.k.shape[0]} slots; "
+                         "it needs a windowed plan (plan_decode(..., window=W))")
+    if p.window > layer.k.shape[0]:
+        raise ValueError(f"{what}: window {p.window} > the layer's {layer.k.shape[0]} "
+                         "slots: the ring cannot hold the window")
+    if state.dtype != np.int32 or state.ndim != 1:
+        raise ValueError(f"{what}: state must be a 1-d int32 device array")
+    if (xq is None) != (xs is None):
+        raise ValueError(f"{what}: pass both xq and xs (out's q8 activations), or neither")
+    if xq is not None and (p.heads_per_block * p.head_dim) % 32:
+        raise ValueError(f"{what}: q8 output needs heads_per_block * head_dim "
+                         f"({p.heads_per_block} * {p.head_dim}) to be a multiple of 32")
+
+
+def _workspace_args(p: DecodePlan, ws: DecodeWorkspace, layer: KVLayer, state, out):
+    n = p.n_head * p.head_dim
+    return (layer.k_words, layer.v_words, layer.k_scale, layer.v_scale, state, _flat(out, n, "out"),
+            ws.part_o, ws.part_ml, ws.tickets)
+
+
+def _q8_args(p: DecodePlan, xq, xs) -> tuple:
+    n = p.n_head * p.head_dim
+    return () if xq is None else (_flat(xq, n, "xq", np.int8), _flat(xs, n // 8, "xs"))
+
+
 def decode_attention(q, layer: KVLayer, state, out, ws: DecodeWorkspace, stream=0,
                      plan: DecodePlan | None = None, xq=None, xs=None, pdl: bool = False):
     """out = attention of the query at position state[0] over cache positions 0..state[0]
@@ -260,38 +301,50 @@ def decode_attention(q, layer: KVLayer, state, out, ws: DecodeWorkspace, stream=
            kernel may start at once; the same bits
     No allocation, no synchronization."""
     p = ws.plan if plan is None else plan
-    if plan is not None and not plan.fits(ws.plan):
-        raise ValueError(f"decode_attention: the plan {plan} does not fit the workspace of "
-                         f"{ws.plan} (heads, subgroups and at most its splits)")
-    kv_dtype = KV_DTYPES.get(np.dtype(layer.k.dtype))
-    if kv_dtype != p.kv_dtype:
-        raise ValueError(f"decode_attention: cache dtype {layer.k.dtype} but the plan is "
-                         f"{p.kv_dtype}")
-    if tuple(layer.k.shape[1:]) != (p.n_kv, p.head_dim):
-        raise ValueError(f"decode_attention: cache rows {tuple(layer.k.shape[1:])} != plan "
-                         f"({p.n_kv}, {p.head_dim})")
-    if getattr(layer, "ring", False) and not p.window:
-        raise ValueError(f"decode_attention: the layer is a ring of {layer.k.shape[0]} slots; "
-                         "it needs a windowed plan (plan_decode(..., window=W))")
-    if p.window > layer.k.shape[0]:
-        raise ValueError(f"decode_attention: window {p.window} > the layer's {layer.k.shape[0]} "
-                         "slots: the ring cannot hold the window")
-    if state.dtype != np.int32 or state.ndim != 1:
-        raise ValueError("decode_attention: state must be a 1-d int32 device array")
-    n = p.n_head * p.head_dim
-    if (xq is None) != (xs is None):
-        raise ValueError("decode_attention: pass both xq and xs (out's q8 activations), or neither")
-    args = (_flat(q, n, "q"), layer.k_words, layer.v_words, layer.k_scale, layer.v_scale, state,
-            _flat(out, n, "out"), ws.part_o, ws.part_ml, ws.tickets)
-    grid = (p.n_splits, p.n_kv, p.n_sub)
-    if xq is None:
-        launch_or_plain(p.kernel(False, pdl), grid, 32 * p.warps, stream, DECODE_SIGNATURE, pdl, *args)
-        return
-    if (p.heads_per_block * p.head_dim) % 32:
-        raise ValueError(f"decode_attention: q8 output needs heads_per_block * head_dim "
-                         f"({p.heads_per_block} * {p.head_dim}) to be a multiple of 32")
-    launch_or_plain(p.kernel(True, pdl), grid, 32 * p.warps, stream, DECODE_SIGNATURE_Q8, pdl,
-                    *args, _flat(xq, n, "xq", np.int8), _flat(xs, n // 8, "xs"))
+    _check_launch(p, ws, plan, layer, state, xq, xs)
+    q8 = xq is not None
+    args = (_flat(q, p.n_head * p.head_dim, "q"),) + _workspace_args(p, ws, layer, state, out)
+    launch_or_plain(p.kernel(q8, pdl), (p.n_splits, p.n_kv, p.n_sub), 32 * p.warps, stream,
+                    DECODE_SIGNATURE_Q8 if q8 else DECODE_SIGNATURE, pdl, *args, *_q8_args(p, xq, xs))
+
+
+def decode_rope_attention(qkv, q_norm, k_norm, eps, cos, sin, layer: KVLayer, state, out,
+                          ws: DecodeWorkspace, stream=0, plan: DecodePlan | None = None,
+                          rope: str = "neox", xq=None, xs=None, pdl: bool = False):
+    """kvcache/rope_write.py's `rope_write` of one token and `decode_attention` of it in ONE
+    launch (kvcache/attention_decode_rope.py): the same bits - the query rows, the cache rows
+    written and out.
+
+    qkv     float32 [1, (n_head + 2 n_kv) * hd]   the QKV projection's row, device
+    q_norm, k_norm float32 [hd], or both None (no QK-norm); eps: the norm's epsilon
+    cos, sin float32 [n_ctx_max, hd / 2]          rope_write's tables
+    rope    "neox" | "normal"                     rope_write's pairs
+    The rest as decode_attention's; the new position state[0] is written into `layer` (slot
+    state[0], or state[0] % R for a ring), as rope_write writes it. No q is written anywhere."""
+    p = ws.plan if plan is None else plan
+    what = "decode_rope_attention"
+    _check_launch(p, ws, plan, layer, state, xq, xs, what)
+    hd = p.head_dim
+    if qkv.dtype != np.float32 or qkv.shape != (1, (p.n_head + 2 * p.n_kv) * hd):
+        raise ValueError(f"{what}: qkv must be float32 [1, {(p.n_head + 2 * p.n_kv) * hd}], got "
+                         f"{qkv.dtype} {tuple(qkv.shape)}")
+    if (q_norm is None) != (k_norm is None):
+        raise ValueError(f"{what}: pass both q_norm and k_norm, or neither")
+    if q_norm is not None and (q_norm.shape != (hd,) or k_norm.shape != (hd,)):
+        raise ValueError(f"{what}: q_norm / k_norm must be float32 [{hd}]")
+    if cos.shape != sin.shape or cos.ndim != 2 or cos.shape[1] != hd // 2:
+        raise ValueError(f"{what}: cos/sin must be [n_ctx_max, {hd // 2}], got {tuple(cos.shape)}")
+    if rope not in ("neox", "normal"):
+        raise ValueError(f"{what}: rope must be 'neox' or 'normal', not '{rope}'")
+    qk_norm = q_norm is not None
+    if not qk_norm:
+        q_norm = k_norm = cos[0]             # never read: any float32 [::1] stands in
+    ring = bool(getattr(layer, "ring", False))
+    q8 = xq is not None
+    args = (qkv, q_norm, k_norm, np.float32(eps), cos, sin, layer.k, layer.v) + \
+        _workspace_args(p, ws, layer, state, out)
+    launch_or_plain(p.kernel(q8, pdl, rope, qk_norm, ring), (p.n_splits, p.n_kv, p.n_sub), 32 * p.warps,
+                    stream, rope_signature(p.kv_dtype, q8), pdl, *args, *_q8_args(p, xq, xs))
 
 
 if __name__ == "__main__":       # python -m genie_rt.kvcache.attention [--json PATH] [--quick]

@@ -47,8 +47,10 @@ from genie_rt.engine import kernel_cache
 from genie_rt.engine.config import DECODE_ATTENTION_LOOPS, DEFAULT_DECODE_ATTENTION_LOOP
 from genie_rt.quant.norm_q8_device import q8_put   # quantize_q8_kernel's own store
 from genie_rt.quant.pdl import hooks
+from genie_rt.quant import ptx
 from genie_rt.quant.ptx import SIMULATOR
 
+from .attention_decode_rope import make_rope_prologue, rows_needed
 from .attention_decode_tiles import block_tiles, geometry, warp_tiles
 
 FULL = 0xFFFFFFFF
@@ -95,7 +97,8 @@ DEFAULT_LOOP = DEFAULT_DECODE_ATTENTION_LOOP     # the measured one (engine/conf
 @functools.lru_cache(maxsize=None)
 def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int = 4,
                   rows_per_thread: int = 4, window: int = 0, scale: float | None = None,
-                  q8: bool = False, pdl: bool = False, loop: str = DEFAULT_LOOP):
+                  q8: bool = False, pdl: bool = False, loop: str = DEFAULT_LOOP, rope: str = "",
+                  qk_norm: bool = True, ring: bool = False):
     """The decode kernel specialised on its compile-time constants (one per model shape
     and layer kind). window 0: keys 0 .. pos, slot = position; window W > 0: keys
     max(0, pos - W + 1) .. pos, slot = position % R (R = the layer's slots; a ring when
@@ -109,10 +112,17 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     loop: how a block walks its rows (attention_decode_tiles.py): "block" (barriers a tile),
     "warp" (every lane slot its own running softmax, the next trip's loads in flight; its PDL
     build loads the first trip's earlier rows before the wait), "warp-nopf" (the warp loop
-    without the prefetch, and so without the loads before the wait)."""
+    without the prefetch, and so without the loads before the wait).
+    rope: "" (q and the new K/V row come from rope_write), or "neox" / "normal": the kernel
+    does rope_write's work for the new token itself (attention_decode_rope.py; qk_norm: the
+    layer has QK-norm, ring: its cache is a ring of R < n_ctx slots) and takes the QKV row,
+    the norm weights, the tables and the typed cache instead of q (DECODE_SIGNATURE_ROPE)."""
     # PDL: rope_write may still be writing the new K/V row when this launch starts, so the
     # cache is read coherently after the wait (ld_v4), not by the read-only path
     wait, launch_dependents, ld4 = hooks(pdl)
+    ROPE = bool(rope)
+    if ROPE and not pdl:
+        ld4 = ptx.ld_v4             # the block writes the new row itself: coherent loads, every build
     if loop not in LOOPS:
         raise ValueError(f"decode attention loop '{loop}' is not one of {LOOPS}")
     HD, GH, NW, RPT = head_dim, heads_per_block, warps, rows_per_thread
@@ -127,16 +137,31 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     # the PDL build of the "warp" loop waits inside it, after the first trip's loads of earlier
     # positions (attention_decode_tiles.py); every other build waits first thing
     EARLY = pdl and loop == "warp"
+    NRHD = rows_needed(GH) * HD if ROPE else 1       # shared rope rows (attention_decode_rope.py)
+    if ROPE:
+        prologue = make_rope_prologue(HD, GH, NW, rope, qk_norm, ring, kv_dtype)
+
+        @_dev
+        def ready(ra):              # after the wait: rope the block's rows, then all of it visible
+            wait()
+            prologue(ra)
+            cuda.syncthreads()
+    else:
+        @_dev
+        def ready(ra):
+            wait()
     if loop == "block":
         tiles = block_tiles(HD, GH, kv_dtype, NW, RPT, WIN, ld4, _byte, QSCALE)
     else:
         tiles = warp_tiles(HD, GH, kv_dtype, NW, RPT, WIN, ld4, _byte, QSCALE, PF=loop == "warp",
-                           wait=wait if EARLY else None)
+                           wait=ready if EARLY else None)
     wait_first = hooks(False)[0] if EARLY else wait
 
     @_dev
-    def body(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets, xq, xs):
-        # q        f32 [n_head * HD]          query of the current token (normed, roped)
+    def body(rk, q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets, xq, xs):
+        # rk       ROPE: (qkv, q_norm, k_norm, eps, cos, sin, k_cache, v_cache, k_scale, v_scale)
+        #          (attention_decode_rope.py); otherwise (q,), unused
+        # q        f32 [n_head * HD]          query of the current token (normed, roped; not ROPE)
         # k_words  u32 [R * n_kv * WPR]       this layer's K cache (R slots) as 32-bit words
         # v_words  u32 [R * n_kv * WPR]
         # k_scale  f32 [R, n_kv]              int8 row scales (unused for f16)
@@ -190,10 +215,20 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
         s_w = cuda.shared.array((GH, MAX_SPLITS), float32)   # merge weights
         s_flag = cuda.shared.array(1, int32)
 
+        s_rows = cuda.shared.array(NRHD, float32)          # ROPE: the block's q rows, new K, V
+        ra = rk + (s_rows, head0, kvh, split == n_active - 1, state[0])
+
         qv = cuda.local.array(NQ, float32)                   # q[h][c*VEC + e], pre-scaled
         acc = cuda.local.array(NQ, float32)
-        tiles(q, head0, k_words, v_words, k_scale, v_scale, r_begin, r_end, ctx - 1, warp, lane, slot,
-              c, kvh, n_kv, n_ctx, ring0, qv, acc, s_m, s_l, s_p, s_alpha, s_mw, s_lw)
+        if ROPE:
+            if not EARLY:           # (EARLY: the loop calls ready() after its first loads)
+                prologue(ra)
+                cuda.syncthreads()
+            tiles(s_rows, 0, k_words, v_words, k_scale, v_scale, r_begin, r_end, ctx - 1, warp, lane,
+                  slot, c, kvh, n_kv, n_ctx, ring0, qv, acc, s_m, s_l, s_p, s_alpha, s_mw, s_lw, ra)
+        else:
+            tiles(q, head0, k_words, v_words, k_scale, v_scale, r_begin, r_end, ctx - 1, warp, lane,
+                  slot, c, kvh, n_kv, n_ctx, ring0, qv, acc, s_m, s_l, s_p, s_alpha, s_mw, s_lw, ra)
 
         # sum the RPW row slots of each warp, then the warps
         off = LPR
@@ -274,13 +309,29 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
         if tid == 0:
             tickets[kvh * n_sub + sub] = 0       # ready for the next launch (graph replay)
 
-    if Q8:
+    if ROPE and Q8:
+        @cuda.jit
+        def kernel(qkv, q_norm, k_norm, eps, cos, sin, k_cache, v_cache, k_words, v_words, k_scale,
+                   v_scale, state, out, part_o, part_ml, tickets, xq, xs):
+            launch_dependents()
+            wait_first()
+            body((qkv, q_norm, k_norm, eps, cos, sin, k_cache, v_cache, k_scale, v_scale), out,
+                 k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets, xq, xs)
+    elif ROPE:
+        @cuda.jit
+        def kernel(qkv, q_norm, k_norm, eps, cos, sin, k_cache, v_cache, k_words, v_words, k_scale,
+                   v_scale, state, out, part_o, part_ml, tickets):
+            launch_dependents()
+            wait_first()
+            body((qkv, q_norm, k_norm, eps, cos, sin, k_cache, v_cache, k_scale, v_scale), out,
+                 k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets, tickets, out)
+    elif Q8:
         @cuda.jit
         def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets,
                    xq, xs):
             launch_dependents()
             wait_first()
-            body(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets,
+            body((q,), q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets,
                  xq, xs)
     else:
         @cuda.jit
@@ -288,7 +339,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
             # xq, xs are never touched without Q8: any arrays of the right kinds stand in
             launch_dependents()
             wait_first()
-            body(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets,
+            body((q,), q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, tickets,
                  tickets, out)
 
     kernel.tile = TILE
@@ -299,3 +350,12 @@ DECODE_SIGNATURE = ("void(float32[::1], uint32[::1], uint32[::1], float32[:, ::1
                     "float32[:, ::1], int32[::1], float32[::1], float32[:, ::1], "
                     "float32[:, ::1], int32[::1])")
 DECODE_SIGNATURE_Q8 = DECODE_SIGNATURE[:-1] + ", int8[::1], float32[::1])"
+
+
+def rope_signature(kv_dtype: str, q8: bool = False) -> str:
+    """The signature of a ROPE build (decode_kernel(rope=...)) for an int8 or f16 cache."""
+    cache = {"int8": "int8", "f16": "float16"}[kv_dtype]
+    head = ("void(float32[:, ::1], float32[::1], float32[::1], float32, float32[:, ::1], "
+            f"float32[:, ::1], {cache}[:, :, ::1], {cache}[:, :, ::1], ")
+    sig = head + DECODE_SIGNATURE[len("void(float32[::1], "):]
+    return sig[:-1] + ", int8[::1], float32[::1])" if q8 else sig

@@ -179,7 +179,7 @@ def block_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale):
 
     @_dev
     def tiles(q, head0, k_words, v_words, k_scale, v_scale, r_begin, r_end, new_row, warp, lane, slot,
-              c, kvh, n_kv, n_ctx, ring0, qv, acc, s_m, s_l, s_p, s_alpha, s_mw, s_lw):
+              c, kvh, n_kv, n_ctx, ring0, qv, acc, s_m, s_l, s_p, s_alpha, s_mw, s_lw, ra):
         kw = cuda.local.array(NKW, uint32)
         vw = cuda.local.array(NKW, uint32)
         ks = cuda.local.array(RPT, float32)
@@ -298,7 +298,7 @@ def warp_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, PF=Tr
 
     @_dev
     def tiles(q, head0, k_words, v_words, k_scale, v_scale, r_begin, r_end, new_row, warp, lane, slot,
-              c, kvh, n_kv, n_ctx, ring0, qv, acc, s_m, s_l, s_p, s_alpha, s_mw, s_lw):
+              c, kvh, n_kv, n_ctx, ring0, qv, acc, s_m, s_l, s_p, s_alpha, s_mw, s_lw, ra):
         kw = cuda.local.array(NKW, uint32)
         vw = cuda.local.array(NKW, uint32)
         ks = cuda.local.array(RPT, float32)
@@ -318,7 +318,7 @@ def warp_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, PF=Tr
         if EARLY:       # rows before the new one: earlier steps wrote them; then the wait
             load_trip(k_words, v_words, k_scale, v_scale, t0, min(r_end, new_row), warp, slot, c, kvh,
                       n_kv, n_ctx, ring0, kw, vw, ks, vs)
-            wait()
+            wait(ra)
             if new_row < t0 + TILE:         # the trip holds the new row: load it again, whole
                 load_trip(k_words, v_words, k_scale, v_scale, t0, r_end, warp, slot, c, kvh, n_kv,
                           n_ctx, ring0, kw, vw, ks, vs)

@@ -63,6 +63,7 @@ NW = 4              # warps per block, one head row each
 MAX_HD = 256        # shared staging row
 NV = MAX_HD // 32   # row values a lane holds (registers; guarded past head_dim)
 NP = MAX_HD // 64   # rotation pairs a lane holds
+BUF = NW * MAX_HD   # the block's staging rows (shared)
 FULL = 0xFFFFFFFF
 _MAGIC = float32(12582912.0)   # 1.5 * 2^23: (x + M) - M == rint(x) for |x| < 2^22 in f32
 
@@ -163,14 +164,17 @@ def rope_write_kernel(kv_dtype: str, neox: bool = True, qk_norm: bool = True,
     return _rope_write_kernel(kv_dtype, bool(neox), bool(qk_norm), bool(ring), bool(pdl))
 
 
-@functools.lru_cache(maxsize=None)
-def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool, pdl: bool = False):
-    if kv_dtype not in ("int8", "f16"):
-        raise ValueError(f"rope_write supports KV dtypes int8 and f16, not '{kv_dtype}'")
-    int8_cache = kv_dtype == "int8"
-    NEOX, QK_NORM, RING = bool(neox), bool(qk_norm), bool(ring)
-    # PDL: the next kernel may launch at once; this one waits before its first read
-    wait, launch_dependents, _ = hooks(pdl)
+def make_head_row(neox: bool, qk_norm: bool, ring: bool, int8_cache: bool):
+    """head_row(qkv, t, row, hd, n_head, n_kv, q_norm, k_norm, eps, cos, sin, pos, buf, bo, lane,
+    k_cache, v_cache, k_scale, v_scale) -> True when buf[bo : bo + hd] holds the normed, roped
+    query row `row` of token t (position pos); a k or v row is written to the cache instead
+    (slot pos, or pos % R in a ring) and a row >= n_head + 2 n_kv does nothing. One warp per
+    row (lane = its lane); buf is a float32 shared array the warp may use at bo .. bo + hd.
+    It calls cuda.syncthreads() twice: every thread of the block must call it together (a
+    thread without a row passes row = n_head + 2 n_kv). Used by this file's kernel and by the
+    decode attention that does the new token's rope itself (attention_decode_rope.py): the
+    same device code, so the same bits."""
+    NEOX, QK_NORM, RING, I8 = bool(neox), bool(qk_norm), bool(ring), bool(int8_cache)
 
     @cuda.jit(device=True, inline=True)
     def pair(i, half):
@@ -179,30 +183,11 @@ def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool, pdl
             return i, i + half
         return 2 * i, 2 * i + 1
 
-    @cuda.jit
-    def kernel(qkv, q_norm, k_norm, eps, cos, sin, state, q_out, k_cache, v_cache,
-               k_scale, v_scale):
-        # qkv     f32 [n, n_head*hd + 2*n_kv*hd]  fused projection output, q | k | v
-        # q_norm  f32 [hd], k_norm f32 [hd]       QK-norm weights (not read without QK_NORM)
-        # eps     f32                             RMSNorm epsilon
-        # cos/sin f32 [n_ctx_max, hd/2]           rope tables (row = position)
-        # state   i32 [>=1]                       state[0] = position of token 0 (start)
-        # q_out   f32 [n, n_head, hd]             normed + roped queries
-        # k_cache, v_cache  int8|f16 [R, n_kv, hd]   this layer's cache (R slots)
-        # k_scale, v_scale  f32 [R, n_kv]         int8 row scales (placeholder for f16)
-        launch_dependents()
-        wait()
-        t = cuda.blockIdx.x                      # token
-        warp = cuda.threadIdx.x >> 5
-        lane = cuda.threadIdx.x & 31
-        row = cuda.blockIdx.y * NW + warp        # head row of this warp
-        n_head = q_out.shape[1]
-        hd = q_out.shape[2]
+    @cuda.jit(device=True, inline=True)
+    def head_row(qkv, t, row, hd, n_head, n_kv, q_norm, k_norm, eps, cos, sin, pos, buf, bo, lane,
+                 k_cache, v_cache, k_scale, v_scale):
         half = hd >> 1
-        n_kv = k_cache.shape[1]
         n_slots = k_cache.shape[0]
-        pos = state[0] + t
-        buf = cuda.shared.array((NW, MAX_HD), float32)
         row_ok = row < n_head + 2 * n_kv
         is_q = row < n_head
         is_v = row >= n_head + n_kv
@@ -245,7 +230,7 @@ def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool, pdl
                 d = lane + 32 * j
                 if d < hd:
                     x = xv[j]
-                    buf[warp, d] = x
+                    buf[bo + d] = x
                     ss += x * x
             if QK_NORM:
                 ss = _warp_sum(ss)
@@ -256,42 +241,40 @@ def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool, pdl
                 i = lane + 32 * p
                 if i < half:
                     ia, ib = pair(i, half)
-                    x1 = buf[warp, ia]
-                    x2 = buf[warp, ib]
+                    x1 = buf[bo + ia]
+                    x2 = buf[bo + ib]
                     if QK_NORM:
                         x1 = x1 * inv_rms * wa[p]
                         x2 = x2 * inv_rms * wb[p]
                     c = cs[p]
                     s = sn[p]
-                    buf[warp, ia] = x1 * c - x2 * s
-                    buf[warp, ib] = x2 * c + x1 * s
+                    buf[bo + ia] = x1 * c - x2 * s
+                    buf[bo + ib] = x2 * c + x1 * s
         cuda.syncthreads()
         if not active:
-            return
+            return False
         if is_q:
-            for d in range(lane, hd, 32):
-                q_out[t, row, d] = buf[warp, d]
-            return
+            return True
         if RING:
             slot = pos % n_slots                 # position p lives in slot p % R
         else:
             if pos >= n_slots:                   # outside the pool: never written
-                return
+                return False
             slot = pos
         kvh = row - n_head
         if is_v:
             kvh -= n_kv
-        if int8_cache:
+        if I8:
             amax = float32(0)
             for d in range(lane, hd, 32):
-                amax = max(amax, abs(buf[warp, d]))
+                amax = max(amax, abs(buf[bo + d]))
             amax = _warp_max(amax)
             scale = amax / float32(127)          # pool.quantize_rows_int8, op for op
             inv = float32(0)
             if scale > float32(0):
                 inv = float32(1) / scale
             for d in range(lane, hd, 32):
-                r = (buf[warp, d] * inv + _MAGIC) - _MAGIC      # rint, ties to even
+                r = (buf[bo + d] * inv + _MAGIC) - _MAGIC      # rint, ties to even
                 r = min(max(r, float32(-127)), float32(127))
                 if is_v:
                     v_cache[slot, kvh, d] = int32(r)
@@ -305,9 +288,46 @@ def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool, pdl
         else:
             for d in range(lane, hd, 32):
                 if is_v:
-                    v_cache[slot, kvh, d] = buf[warp, d]
+                    v_cache[slot, kvh, d] = buf[bo + d]
                 else:
-                    k_cache[slot, kvh, d] = buf[warp, d]
+                    k_cache[slot, kvh, d] = buf[bo + d]
+        return False
+    return head_row
+
+
+@functools.lru_cache(maxsize=None)
+def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool, pdl: bool = False):
+    if kv_dtype not in ("int8", "f16"):
+        raise ValueError(f"rope_write supports KV dtypes int8 and f16, not '{kv_dtype}'")
+    head_row = make_head_row(neox, qk_norm, ring, kv_dtype == "int8")
+    # PDL: the next kernel may launch at once; this one waits before its first read
+    wait, launch_dependents, _ = hooks(pdl)
+
+    @cuda.jit
+    def kernel(qkv, q_norm, k_norm, eps, cos, sin, state, q_out, k_cache, v_cache,
+               k_scale, v_scale):
+        # qkv     f32 [n, n_head*hd + 2*n_kv*hd]  fused projection output, q | k | v
+        # q_norm  f32 [hd], k_norm f32 [hd]       QK-norm weights (not read without QK_NORM)
+        # eps     f32                             RMSNorm epsilon
+        # cos/sin f32 [n_ctx_max, hd/2]           rope tables (row = position)
+        # state   i32 [>=1]                       state[0] = position of token 0 (start)
+        # q_out   f32 [n, n_head, hd]             normed + roped queries
+        # k_cache, v_cache  int8|f16 [R, n_kv, hd]   this layer's cache (R slots)
+        # k_scale, v_scale  f32 [R, n_kv]         int8 row scales (placeholder for f16)
+        launch_dependents()
+        wait()
+        t = cuda.blockIdx.x                      # token
+        warp = cuda.threadIdx.x >> 5
+        lane = cuda.threadIdx.x & 31
+        row = cuda.blockIdx.y * NW + warp        # head row of this warp
+        n_head = q_out.shape[1]
+        hd = q_out.shape[2]
+        buf = cuda.shared.array(BUF, float32)
+        bo = warp * MAX_HD
+        if head_row(qkv, t, row, hd, n_head, k_cache.shape[1], q_norm, k_norm, eps, cos, sin,
+                    state[0] + t, buf, bo, lane, k_cache, v_cache, k_scale, v_scale):
+            for d in range(lane, hd, 32):
+                q_out[t, row, d] = buf[bo + d]
     return kernel_cache.attach(kernel)
 
 

@@ -390,17 +390,65 @@ def test_simulated_decode_pdl_builds(tmp_path, monkeypatch):
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, **k: (seen.append((name, bool(k.get("pdl")))), real(*a, **k))[1])
     for mod, name in ((norm, "rmsnorm_q8"), (gemv, "gemv"), (gemv, "gemv_qkv"), (gemv, "gemv_swiglu"),
-                      (gemv, "quantize_q8"), (rope_write, "rope_write"), (attention, "decode_attention")):
+                      (gemv, "quantize_q8"), (rope_write, "rope_write"), (attention, "decode_attention"),
+                      (attention, "decode_rope_attention")):
         spy(mod, name)
     monkeypatch.setattr(cuda_ops, "_pdl_available", lambda: True)
     got = {}
-    for on in (False, True):
+    for on in (False, True):                           # (rope_write's own PDL build: the GPU tests)
         gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_pdl=on)
         seen.clear()
         got[on] = gpu.decode(77, 5)                    # the same token at the same position
         bad = [(n, p) for n, p in seen if p != on]
         assert not bad, (on, bad)
-        assert len({n for n, _ in seen}) == 7, seen
+        assert {n for n, _ in seen} == {"rmsnorm_q8", "gemv", "gemv_qkv", "gemv_swiglu", "quantize_q8",
+                                        "decode_rope_attention"}, seen
+    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: test_gpu_decode_fused_rope_same_bits)")
+def test_simulated_decode_fused_rope(tmp_path, monkeypatch):
+    """EngineConfig.decode_fused_rope: rope_write's work runs inside the attention's launch
+    (kvcache/attention_decode_rope.py) - no rope_write launch, one attention launch a layer - and
+    the step gives the same logits' bits and writes the same cache rows as with rope_write's own
+    launch (steps that read rows the launch wrote, f16, rings: tests/test_attention_rope.py)."""
+    import dataclasses
+
+    from genie_rt.kvcache import attention, rope_write
+    gpu, _, cfg = _tiny_decode_backends(tmp_path, "int8", warm=False)
+    calls = []
+    for mod, name in ((rope_write, "rope_write"), (attention, "decode_attention"),
+                      (attention, "decode_rope_attention")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _n=name, _r=real, **k: (calls.append(_n), _r(*a, **k))[1])
+    got, caches = {}, {}
+    for on in (True, False):
+        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_fused_rope=on)
+        calls.clear()
+        got[on] = gpu.decode(77, 5)
+        want = ["decode_rope_attention"] if on else ["decode_attention", "rope_write"]
+        assert sorted(set(calls)) == want and len(calls) == len(want) * cfg.n_layers, (on, calls)
+        caches[on] = [(lay.k.copy_to_host()[:7], lay.v.copy_to_host()[:7], lay.k_scale.copy_to_host()[:7])
+                      for lay in gpu.kv_layers]
+    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
+    for a, b in zip(caches[True], caches[False]):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_fused_rope_same_bits(tmp_path):
+    """The same through the captured decode graph on the GPU (PDL builds where the device has
+    them): the logits' bits of two steps with and without EngineConfig.decode_fused_rope."""
+    import dataclasses
+    gpu, _, _ = _tiny_decode_backends(tmp_path, "int8")
+    got = {}
+    for on in (False, True):
+        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_fused_rope=on)
+        gpu._graphs.clear()                          # record the decode graph anew
+        gpu.decode(77, 5)
+        got[on] = gpu.decode(78, 6)
     np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
 
 

@@ -30,10 +30,11 @@ def _matrix(name, mode="dp4a"):
     return SimpleNamespace(name=name, gemv=SimpleNamespace(name=name, mode=mode, rows=4))
 
 
-def _rt(fuse=True, float_inputs=False):
+def _rt(fuse=True, float_inputs=False, fused_rope=False):
     return SimpleNamespace(arena=_Arena(), stream=0, cfg=SimpleNamespace(rms_eps=1e-6, n_head=1, head_dim=4,
                                                                             rope_style="neox"),
-                           ecfg=SimpleNamespace(fuse_decode_norm=fuse), q8_inputs=True,
+                           ecfg=SimpleNamespace(fuse_decode_norm=fuse, decode_fused_rope=fused_rope),
+                           q8_inputs=True,
                            float_inputs=float_inputs, gemv_counter=SimpleNamespace(name="counter"),
                            embd_planes=None, pending_launch=None, kv_layers=[None] * N_LAYERS, state=None,
                            dws=None, lay=SimpleNamespace(decode_plans=[None] * N_LAYERS),
@@ -61,6 +62,8 @@ def log(monkeypatch):
     monkeypatch.setattr(embed, "embed", lambda *a, **k: out.append(("embed", None)))
     monkeypatch.setattr(rope_write, "rope_write", lambda *a, **k: out.append(("rope_write", None)))
     monkeypatch.setattr(attention, "decode_attention", lambda *a, **k: out.append(("attention", None)))
+    monkeypatch.setattr(attention, "decode_rope_attention",
+                        lambda qkv, *a, **k: out.append(("rope_attention", (qkv.name, k["rope"]))))
     return out
 
 
@@ -163,6 +166,50 @@ def test_every_other_op_launches_the_pending_gemv_first(log):
     ops.linear(s.attn, _matrix("wo"), out=s.x, add=True)
     ops.finish()                                       # the end of a recording launches it
     assert log[-1] == ("gemv", "wo") and rt.pending_launch is None
+
+
+def test_fused_rope_each_layer_ropes_inside_its_attention_launch(log):
+    """EngineConfig.decode_fused_rope: rope_write is held and launched inside the attention
+    that reads its q (kvcache/attention_decode_rope.py): no rope_write launch, one attention
+    launch a layer, right after the QKV GEMV."""
+    _record(_rt(fused_rope=True), llama, _llama_layers())
+    kinds = [e[0] for e in log]
+    assert "rope_write" not in kinds and "attention" not in kinds
+    assert kinds.count("rope_attention") == N_LAYERS
+    for i in range(N_LAYERS):
+        j = log.index(("qkv", f"wq.{i}"))
+        assert log[j + 1] == ("rope_attention", ("qkv", "neox"))
+    _record(_rt(fused_rope=False), llama, _llama_layers())      # off: the two launches
+    assert [e[0] for e in log].count("rope_write") == N_LAYERS
+
+
+def test_a_held_rope_write_launches_before_any_other_op(log):
+    rt = _rt(fused_rope=True)
+    ops = cuda_ops.DecodeOps(rt)
+    s = _scratch()
+    ops.bind_scratch(s)
+    a = AttnLayer(0, None, None, None, 1e4, 1.0, None, 0.5)
+    ops.rope_write(s.qkv, a, q_out=s.q)
+    assert log == [] and rt.pending_launch == "rope_write of layer 0"
+    ops.linear(s.q, _matrix("wo"), out=s.x)              # reads q: rope_write goes first, on its own
+    assert [k for k, _ in log][:1] == ["rope_write"] and rt.pending_launch is None
+    log.clear()
+    ops.rope_write(s.qkv, a, q_out=s.q)
+    ops.attention(s.h, a, out=s.attn)                    # attention of another buffer: no fusion
+    assert [k for k, _ in log] == ["rope_write", "attention"]
+    log.clear()
+    ops.rope_write(s.qkv, a, q_out=s.q)
+    ops.finish()                                         # the end of a recording launches it
+    assert [k for k, _ in log] == ["rope_write"] and rt.pending_launch is None
+
+
+def test_fused_rope_config_and_cli_switch():
+    from genie_rt.engine.config import EngineConfig
+    assert EngineConfig().decode_fused_rope is True
+    with pytest.raises(ValueError, match="decode_fused_rope"):
+        EngineConfig(decode_fused_rope=1)
+    assert _cli_config([]).decode_fused_rope is True
+    assert _cli_config(["--no-fused-rope"]).decode_fused_rope is False
 
 
 def test_the_runtime_refuses_a_recording_that_leaves_a_launch_pending():

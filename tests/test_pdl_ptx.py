@@ -37,6 +37,10 @@ quantize_pdl = K.quantize_q8_pdl_kernel
 gemv_q4k_pdl = K.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, True)
 gemv_q4k_pdl_early2 = K.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, True, EARLY=2)
 gemv_q6k_pdl_early3 = K.gemv_kernel(Q.Q6_K, "dp4a", 1, 1, True, 32, True, EARLY=3)
+attention_rope_pdl = decode_kernel(128, 2, "int8", pdl=True, loop="warp", rope="neox")   # Qwen3, fused rope
+attention_rope_gemma_pdl = decode_kernel(256, 4, "f16", 4, 4, 512, pdl=True, loop="warp", rope="neox", ring=True)
+attention_rope_llama_pdl = decode_kernel(64, 3, "int8", pdl=True, loop="block", rope="normal", qk_norm=False)
+attention_rope_plain = decode_kernel(128, 2, "int8", loop="warp", rope="neox")
 swiglu_pair_pdl = K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), 1, 1, 32, "silu", True, True)
 """
 _LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.", re.M)
@@ -50,13 +54,17 @@ PRE_WAIT_LOADS = {"norm_pdl": 1, "rope_pdl": 0, "attention_pdl": 0, "attention_q
                   "quantize_pdl": 0, "gemv_q4k_pdl": 6,      # Q4_K: 3 units x (qs, header)
                   "gemv_q4k_pdl_early2": 12,                  # gemv.PDL_EARLY_TRIPS: two trips,
                   "gemv_q6k_pdl_early3": 36,                  # three (Q6_K: 4 loads a unit)
-                  "swiglu_pair_pdl": 12}                      # both rows' first trip
+                  "swiglu_pair_pdl": 12,
+                  # the attention that ropes its own token (attention_decode_rope.py): the warp loop's
+                  # early loads as above; the block loop: nothing
+                  "attention_rope_pdl": 17, "attention_rope_gemma_pdl": 9,
+                  "attention_rope_llama_pdl": 0}                      # both rows' first trip
 
 
 @pytest.fixture(scope="module")
 def ptx():
     from genie_rt.engine.norm import KERNEL_SIGNATURES
-    from genie_rt.kvcache.attention_decode_kernels import DECODE_SIGNATURE, DECODE_SIGNATURE_Q8
+    from genie_rt.kvcache.attention_decode_kernels import DECODE_SIGNATURE, DECODE_SIGNATURE_Q8, rope_signature
     from genie_rt.kvcache.rope_write import signature
     from genie_rt.quant import gemv
     norm_sig = KERNEL_SIGNATURES["_rmsnorm_q8_r4_kernel"][0]
@@ -68,7 +76,9 @@ def ptx():
         "attention_warp_gemma_pdl": DECODE_SIGNATURE,
         "quantize_pdl": gemv.SIG_QUANTIZE, "gemv_q4k_pdl": gemv.SIG_GEMV,
         "gemv_q4k_pdl_early2": gemv.SIG_GEMV, "gemv_q6k_pdl_early3": gemv.SIG_GEMV,
-        "swiglu_pair_pdl": gemv.SIG_SWIGLU}, ccs=((9, 0),))
+        "swiglu_pair_pdl": gemv.SIG_SWIGLU, "attention_rope_pdl": rope_signature("int8"),
+        "attention_rope_gemma_pdl": rope_signature("f16"), "attention_rope_llama_pdl": rope_signature("int8"),
+        "attention_rope_plain": rope_signature("int8")}, ccs=((9, 0),))
 
 
 @pytest.mark.parametrize("name", sorted(PRE_WAIT_LOADS))
@@ -94,3 +104,15 @@ def test_pdl_build_reads_nothing_of_the_kernel_before_until_it_waits(ptx, name):
 
 def test_plain_build_has_no_griddepcontrol(ptx):
     assert "griddepcontrol" not in ptx["norm_plain"][(9, 0)]
+
+
+def test_attention_that_ropes_its_token_reads_the_cache_coherently_in_every_build(ptx):
+    # its block writes the new K/V row and reads it back after a barrier: a read-only (.nc) load
+    # of the cache would promise data that does not change while the kernel runs - so even the
+    # plain (sm_80 / Jetson) build reads everything coherently (attention_decode_rope.py)
+    from ptx_helpers import local_memory_bytes
+    text = ptx["attention_rope_plain"][(9, 0)]
+    assert "griddepcontrol" not in text
+    assert "ld.global.nc" not in text and "ld.global.v4.u32" in text
+    assert local_memory_bytes(text) == 0
+    assert "st.global.u8" in text or "st.global.s8" in text, "the new K/V row is written"

@@ -65,6 +65,11 @@
 #             llama.cpp built in the background, the step per setting at depth 512 (and the
 #             ablation) and 4096, the GPU tests, genie-rt bench, prefix reuse, llama-bench
 #             (KC= a kernel cache tarball of the same sources, e.g. attnloop's kc.tar.gz)
+#   rope14    the decode attention that ropes its own token (2026-12-04 evening), first of two calls:
+#             llama.cpp built in the background, the step at depth 512 (ablation) and 4096 with
+#             decode_fused_rope and decode_attention_q8 both ways, the GPU tests (kernel cache /tmp/kc)
+#   bench14   the second call: genie-rt bench, prefix reuse, llama-bench (rope14's build and cache
+#             when the machine is still warm; KC= its kc.tar.gz otherwise), then TT s of GPU tests
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
 #             Qwen3-0.6B and 4B at PCTX contexts, default 4096 and 40960; issue 17: within 5 %)
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
@@ -127,10 +132,11 @@ profile_4b() {
       --json "$OUT/profile-$4$d.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-$4$d.txt" | tail -$5
   done
 }
-# the GPU tests of the back-end and the attention selected by -k "$1" (tests.txt), within $2 s
+# the GPU tests of the back-end and the attention (GF: other files) selected by -k "$1" (tests.txt),
+# within $2 s
 gpu_tests_4b() {
-  timeout $2 $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs tests/test_backend_cuda.py \
-    tests/test_attention_gpu.py -k "$1" > "$OUT/tests.txt" 2>&1
+  timeout $2 $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs \
+    ${GF:-tests/test_backend_cuda.py tests/test_attention_gpu.py} -k "$1" > "$OUT/tests.txt" 2>&1
   echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
 }
 
@@ -374,6 +380,37 @@ for s in "$@"; do
       timeout ${PXT:-100} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" \
         | tee "$OUT/prefix.txt" | tail -4
       llama_bench_4b ${LCPP_WAIT:-450} ;;
+    rope14)
+      stage rope14
+      # the attention that ropes its own token (kvcache/attention_decode_rope.py, 2026-12-04 evening),
+      # first of two calls: llama.cpp's build started; the 4B's step at depth 512 (with the ablation)
+      # and 4096 with decode_fused_rope on and off (PSET; the same bits first); the GPU tests of the
+      # fused launch, CPU parity, greedy text, the PDL graph's bits. One kernel cache for the call
+      # (/tmp/kc, kept while the machine stays warm: the second call, bench14, reuses it)
+      "$0" lcpp > /dev/null
+      export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      profile_4b "${PDEPTHS-512 4096}" "${PSET:-rope,q8}" abl "" ${PTAIL:-16}
+      GF="tests/test_backend_cuda.py tests/test_attention_rope.py tests/test_attention_gpu.py" \
+        gpu_tests_4b "${GK:-fused_rope or pdl or every_position or greedy or (qwen3_4b and not prefill)}" ${TT:-170}
+      tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")" \
+        && ls -la "$OUT/kc.tar.gz" ;;
+    bench14)
+      stage bench14
+      # the second call: genie-rt bench, the prefix-reuse bench and llama-bench on the same file
+      # (the kernel cache and llama.cpp's build of rope14 if the machine is still the same)
+      export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
+      if [ ! -d "$GENIE_RT_KERNEL_CACHE" ] && [ -n "${KC:-}" ] && [ -f "$KC" ]; then   # a fresh machine:
+        mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi  # rope14's kc.tar.gz
+      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      bench_4b ${BT:-240}
+      timeout ${PXT:-100} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" \
+        | tee "$OUT/prefix.txt" | tail -4
+      llama_bench_4b ${LCPP_WAIT:-400}
+      # then the GPU tests for what time is left (TT): the fused launch's first, then the back-end's
+      [ "${TT:-0}" -gt 0 ] && GF="tests/test_attention_rope.py tests/test_backend_cuda.py" \
+        gpu_tests_4b "${GK:-fused_rope or attention_q8 or pdl or every_position or greedy}" $TT ;;
     issue14)
       stage issue14
       # issue 14's table in one call, llama.cpp's build started first: genie-rt bench and

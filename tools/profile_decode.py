@@ -18,7 +18,8 @@ The step is also timed with every setting of EngineConfig.fuse_decode_norm (the 
 after each residual GEMV folded into that GEMV's launch, or launched on its own) and, on an
 sm_90+ device, of EngineConfig.decode_pdl (programmatic dependent launch, quant/pdl.py), and
 with EngineConfig.decode_attention_q8 flipped (the attention launch writing its output's q8),
-and with each of the decode attention's loops (--settings);
+and with each of the decode attention's loops, and with rope_write inside the attention's launch
+or on its own (EngineConfig.decode_fused_rope) (--settings);
 the families are then taken apart for the configured one. With the fusion on, removing
 `gemv` removes those norms too.
 """
@@ -36,6 +37,7 @@ FAMILIES = [
     ("genie_rt.quant.gemv", "gemv_qkv"),
     ("genie_rt.kvcache.rope_write", "rope_write"),
     ("genie_rt.kvcache.attention", "decode_attention"),
+    ("genie_rt.kvcache.attention", "decode_rope_attention"),    # the two above in one (decode_fused_rope)
     ("genie_rt.quant.gemv", "quantize_q8"),
     ("genie_rt.quant.gemv", "gemv"),
     ("genie_rt.quant.gemv", "gemv_swiglu"),
@@ -78,10 +80,11 @@ def main(argv=None) -> int:
     p.add_argument("--fuse-norm", action="store_true", help="profile with the decode norms folded into the GEMVs")
     p.add_argument("--no-pdl", dest="pdl", action="store_false",
                    help="profile without programmatic dependent launch (on by default on sm_90+)")
-    p.add_argument("--settings", default="pdl,pair,loop,early",
+    p.add_argument("--settings", default="pdl,pair,loop,early,rope",
                    help="which comparisons to check and time before the ablation, comma-separated: pdl "
                         "(each set of PDL kinds), pair (SWIGLU_PAIR), loop (the attention's loops), early "
-                        "(gemv.PDL_EARLY_TRIPS); '' for none")
+                        "(gemv.PDL_EARLY_TRIPS), rope (EngineConfig.decode_fused_rope), q8 (decode_attention_q8); '' "
+                        "for none")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
                    help="skip timing the step without each family of kernels")
     p.add_argument("--lab", action="store_true",
@@ -126,7 +129,7 @@ def main(argv=None) -> int:
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
     wanted = {x for x in args.settings.split(",") if x}
-    known = {"pdl", "pair", "loop", "early"}
+    known = {"pdl", "pair", "loop", "early", "rope", "q8"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -136,6 +139,10 @@ def main(argv=None) -> int:
         settings.update(loop_settings(be))
     if "early" in wanted and pdl.available():
         settings.update(gemv_knob_settings(be, "PDL_EARLY_TRIPS", (1, 2, 3)))
+    if "rope" in wanted:
+        settings.update(config_settings(be, "decode_fused_rope", (True, False)))
+    if "q8" in wanted:
+        settings.update(config_settings(be, "decode_attention_q8", (False, True)))
     full = time_step(be)
     fused, use_pdl = be.ecfg.fuse_decode_norm, be.ecfg.decode_pdl
     if args.lab:
@@ -254,6 +261,22 @@ def gemv_knob_settings(be, name: str, values) -> dict:
                                     name)
     finally:
         setattr(gemv, name, base)
+
+
+def config_settings(be, name: str, values) -> dict:
+    """The step with EngineConfig field `name` at each of `values`, the first the reference: the
+    same bits, then the times; the configuration is restored after (decode_fused_rope)."""
+    import dataclasses
+    base = be.ecfg
+
+    def way(v):
+        def setup():
+            be.ecfg = dataclasses.replace(base, **{name: v})
+        return setup
+    try:
+        return same_bits_then_times(be, {f"{name}={v}": way(v) for v in values}, name)
+    finally:
+        be.ecfg = base
 
 
 def loop_settings(be) -> dict:
