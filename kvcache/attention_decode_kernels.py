@@ -31,6 +31,10 @@ workspace; the last block of its (kv head, subgroup) to finish (an atomic ticket
 threadfence) merges the splits: out = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s,
 and resets its ticket to zero for the next launch.
 
+A ROPE build (`decode_kernel(rope=...)`, launcher attention.decode_rope_attention) takes the
+QKV row instead of q and does rope_write's work for the new token first: its q rows into shared
+memory, the new K/V row into the cache by the last split's blocks (attention_decode_rope.py).
+
 Traffic: ctx * n_kv * hd * 2 * (1 + 4/hd) bytes for int8 (K, V, scales), twice the
 payload for f16; partials n_splits * n_head * (hd + 2) * 4 bytes written and read once.
 Qwen3-4B at ctx 4096, int8: 8.4 MB per layer -> 1.9 us at 4.37 TB/s.

@@ -31,6 +31,10 @@ by earlier decode steps or the prefill (earlier graph launches, complete), as wa
 position itself (state[S_POS]: advance_state, the last node of the step before); only q and
 the new position's row come from rope_write, the kernel before, and are read after the wait
 (quant/pdl.py rule 2). The block loop waits before anything (the kernel does it).
+
+`ra` (the loops' last argument) is what the kernel's `ready(ra)` hook needs: the warp loop's
+EARLY build calls it in place of the bare wait - the wait, and in a build that ropes its own
+token (attention_decode_rope.py) the block's rope rows and a barrier, before the new row is read.
 """
 from __future__ import annotations
 
@@ -248,8 +252,9 @@ def block_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale):
 
 def warp_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, PF=True, wait=None):
     """The barrier-free loop (module docstring); PF: the next trip's loads go out before this
-    trip's arithmetic (twice the K/V registers). wait (a PDL build with PF: EARLY): the wait for
-    the kernel before, called here after the first trip's loads of earlier positions. Shared
+    trip's arithmetic (twice the K/V registers). wait (a PDL build with PF: EARLY): wait(ra), the
+    wait for the kernel before (and the rope rows), called here after the first trip's loads of
+    earlier positions. Shared
     arrays: s_mw, s_lw (NW, GH)."""
     EARLY = wait is not None
     assert PF or not EARLY, "the early loads are the first trip's prefetch"
