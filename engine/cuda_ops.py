@@ -15,12 +15,15 @@ recording, which buffer each prepared copy holds; a buffer whose float values we
 written (a prefill norm output: only its fp16 copy exists) is refused by any op that would
 read it as float - a recording-time assertion, not a run-time cost.
 
-One peephole (DecodeOps, EngineConfig.fuse_decode_norm): a residual GEMV into x (`linear(...,
+Two peepholes (DecodeOps). EngineConfig.fuse_decode_norm: a residual GEMV into x (`linear(...,
 add=True)`, one dp4a weight) is not launched at once but kept pending; if the next op is
 the norm of that x (the next block's pre-norm, or the head's), both run as ONE launch
 (quant/gemv.py `GemvNorm`: the GEMV's last block computes rmsnorm_q8, bit-identical to the
 two launches). Any other op launches the pending GEMV first, and every recording ends with
 `finish()`, which does too (the runtime asserts nothing is left pending after a recording).
+EngineConfig.decode_fused_rope (on): `rope_write` is kept pending the same way, and the attention
+that reads its q launches kvcache/attention.py `decode_rope_attention` - the rope inside the
+attention's launch, the same bits; q itself is then never written.
 """
 from __future__ import annotations
 
@@ -311,7 +314,10 @@ class DecodeOps(_Ops):
             self._rope = None
             self.rt.pending_launch = None
         self._flush()
-        self._reads_float(q)
+        if fuse:
+            self._no_float.add(self._name(q))   # never written now: a later read fails at recording
+        else:
+            self._reads_float(q)
         xq = xs = None
         if self.attention_q8 and self._name(out) in Q8_SOURCES:
             xq, xs = self._q8_views(out)

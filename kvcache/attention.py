@@ -41,6 +41,7 @@ from genie_rt.quant.ptx import SIMULATOR
 from .attention_decode_kernels import (DECODE_SIGNATURE, DECODE_SIGNATURE_Q8, DEFAULT_LOOP, LOOPS, MAX_SPLITS,
                                        decode_kernel, rope_signature)
 from .device_pool import KVLayer
+from .rope_write import MAX_HD
 
 _ALIGN = 256
 # Query heads of one KV head a decode block takes by default. Fewer heads a block means more
@@ -237,9 +238,9 @@ def compile_decode(plan: DecodePlan, q8: bool = False, pdl: bool = False) -> Non
         plan.kernel(q8, pdl).compile(DECODE_SIGNATURE_Q8 if q8 else DECODE_SIGNATURE)
 
 
-def _flat(a, n, what, dtype=np.float32):
+def _flat(a, n, what, dtype=np.float32, fn="decode_attention"):
     if a.dtype != dtype or a.size != n:
-        raise ValueError(f"decode_attention: {what} must be {np.dtype(dtype).name} with {n} elements, got "
+        raise ValueError(f"{fn}: {what} must be {np.dtype(dtype).name} with {n} elements, got "
                          f"{a.dtype} {tuple(a.shape)}")
     return a if a.ndim == 1 else a.reshape(n)
 
@@ -271,15 +272,15 @@ def _check_launch(p: DecodePlan, ws: DecodeWorkspace, plan, layer: KVLayer, stat
                          f"({p.heads_per_block} * {p.head_dim}) to be a multiple of 32")
 
 
-def _workspace_args(p: DecodePlan, ws: DecodeWorkspace, layer: KVLayer, state, out):
+def _workspace_args(p: DecodePlan, ws: DecodeWorkspace, layer: KVLayer, state, out, what: str):
     n = p.n_head * p.head_dim
-    return (layer.k_words, layer.v_words, layer.k_scale, layer.v_scale, state, _flat(out, n, "out"),
-            ws.part_o, ws.part_ml, ws.tickets)
+    return (layer.k_words, layer.v_words, layer.k_scale, layer.v_scale, state,
+            _flat(out, n, "out", fn=what), ws.part_o, ws.part_ml, ws.tickets)
 
 
-def _q8_args(p: DecodePlan, xq, xs) -> tuple:
+def _q8_args(p: DecodePlan, xq, xs, what: str) -> tuple:
     n = p.n_head * p.head_dim
-    return () if xq is None else (_flat(xq, n, "xq", np.int8), _flat(xs, n // 8, "xs"))
+    return () if xq is None else (_flat(xq, n, "xq", np.int8, what), _flat(xs, n // 8, "xs", fn=what))
 
 
 def decode_attention(q, layer: KVLayer, state, out, ws: DecodeWorkspace, stream=0,
@@ -303,9 +304,10 @@ def decode_attention(q, layer: KVLayer, state, out, ws: DecodeWorkspace, stream=
     p = ws.plan if plan is None else plan
     _check_launch(p, ws, plan, layer, state, xq, xs)
     q8 = xq is not None
-    args = (_flat(q, p.n_head * p.head_dim, "q"),) + _workspace_args(p, ws, layer, state, out)
+    what = "decode_attention"
+    args = (_flat(q, p.n_head * p.head_dim, "q"),) + _workspace_args(p, ws, layer, state, out, what)
     launch_or_plain(p.kernel(q8, pdl), (p.n_splits, p.n_kv, p.n_sub), 32 * p.warps, stream,
-                    DECODE_SIGNATURE_Q8 if q8 else DECODE_SIGNATURE, pdl, *args, *_q8_args(p, xq, xs))
+                    DECODE_SIGNATURE_Q8 if q8 else DECODE_SIGNATURE, pdl, *args, *_q8_args(p, xq, xs, what))
 
 
 def decode_rope_attention(qkv, q_norm, k_norm, eps, cos, sin, layer: KVLayer, state, out,
@@ -320,11 +322,16 @@ def decode_rope_attention(qkv, q_norm, k_norm, eps, cos, sin, layer: KVLayer, st
     cos, sin float32 [n_ctx_max, hd / 2]          rope_write's tables
     rope    "neox" | "normal"                     rope_write's pairs
     The rest as decode_attention's; the new position state[0] is written into `layer` (slot
-    state[0], or state[0] % R for a ring), as rope_write writes it. No q is written anywhere."""
+    state[0], or state[0] % R for a ring), as rope_write writes it. No q is written anywhere.
+    head_dim: even and <= 256 (rope_write's rows). Like rope_write, the kernel does nothing for a
+    position without a row in cos/sin - and then attends with an unset q: the engine never asks
+    (its tables cover the pool), so this is not checked on the device."""
     p = ws.plan if plan is None else plan
     what = "decode_rope_attention"
     _check_launch(p, ws, plan, layer, state, xq, xs, what)
     hd = p.head_dim
+    if hd % 2 or hd > MAX_HD:
+        raise ValueError(f"{what}: head_dim {hd} must be even and <= {MAX_HD} (rope_write's rows)")
     if qkv.dtype != np.float32 or qkv.shape != (1, (p.n_head + 2 * p.n_kv) * hd):
         raise ValueError(f"{what}: qkv must be float32 [1, {(p.n_head + 2 * p.n_kv) * hd}], got "
                          f"{qkv.dtype} {tuple(qkv.shape)}")
@@ -342,9 +349,9 @@ def decode_rope_attention(qkv, q_norm, k_norm, eps, cos, sin, layer: KVLayer, st
     ring = bool(getattr(layer, "ring", False))
     q8 = xq is not None
     args = (qkv, q_norm, k_norm, np.float32(eps), cos, sin, layer.k, layer.v) + \
-        _workspace_args(p, ws, layer, state, out)
+        _workspace_args(p, ws, layer, state, out, what)
     launch_or_plain(p.kernel(q8, pdl, rope, qk_norm, ring), (p.n_splits, p.n_kv, p.n_sub), 32 * p.warps,
-                    stream, rope_signature(p.kv_dtype, q8), pdl, *args, *_q8_args(p, xq, xs))
+                    stream, rope_signature(p.kv_dtype, q8), pdl, *args, *_q8_args(p, xq, xs, what))
 
 
 if __name__ == "__main__":       # python -m genie_rt.kvcache.attention [--json PATH] [--quick]

@@ -111,8 +111,9 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     two more arguments: DECODE_SIGNATURE_Q8) for the dp4a GEMV of the output projection,
     the same bits as quantize_q8 on out - one launch fewer a layer. pdl: the programmatic-
     dependent-launch build (sm_90+ only, quant/pdl.py): the next kernel may launch at once,
-    and this one waits for the kernel before it (rope_write: q and the new K/V row) first -
-    the "warp" loop's after the first trip's loads of earlier positions.
+    and this one waits for the kernel before it (rope_write: q and the new K/V row; in a ROPE
+    build the QKV GEMV: the QKV row) first - the "warp" loop's after the first trip's loads of
+    earlier positions.
     loop: how a block walks its rows (attention_decode_tiles.py): "block" (barriers a tile),
     "warp" (every lane slot its own running softmax, the next trip's loads in flight; its PDL
     build loads the first trip's earlier rows before the wait), "warp-nopf" (the warp loop
@@ -120,9 +121,9 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     rope: "" (q and the new K/V row come from rope_write), or "neox" / "normal": the kernel
     does rope_write's work for the new token itself (attention_decode_rope.py; qk_norm: the
     layer has QK-norm, ring: its cache is a ring of R < n_ctx slots) and takes the QKV row,
-    the norm weights, the tables and the typed cache instead of q (DECODE_SIGNATURE_ROPE)."""
-    # PDL: rope_write may still be writing the new K/V row when this launch starts, so the
-    # cache is read coherently after the wait (ld_v4), not by the read-only path
+    the norm weights, the tables and the typed cache instead of q (`rope_signature`)."""
+    # PDL: rope_write may still be writing the new K/V row when this launch starts (a ROPE build:
+    # the block writes it itself), so the cache is read coherently (ld_v4), not by the read-only path
     wait, launch_dependents, ld4 = hooks(pdl)
     ROPE = bool(rope)
     if ROPE and not pdl:

@@ -29,7 +29,8 @@ test_attention_decode.py), not bit for bit against it. EARLY (its PDL build): th
 trip's rows of earlier positions are loaded before `griddepcontrol.wait` - they were written
 by earlier decode steps or the prefill (earlier graph launches, complete), as was the
 position itself (state[S_POS]: advance_state, the last node of the step before); only q and
-the new position's row come from rope_write, the kernel before, and are read after the wait
+the new position's row come from rope_write, the kernel before (in a build that ropes its own
+token: from the QKV GEMV's row, by the block itself after the wait), and are read after the wait
 (quant/pdl.py rule 2). The block loop waits before anything (the kernel does it).
 
 `ra` (the loops' last argument) is what the kernel's `ready(ra)` hook needs: the warp loop's

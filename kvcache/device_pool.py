@@ -25,7 +25,8 @@ layer's arrays from `layer(i)` (precomputed views; creating views on the hot pat
 host time).
 
 Deliberately not here: which tokens the positions hold (the engine's prefix tracking),
-the kernels that write and read it (kvcache/rope_write.py, kvcache/attention.py).
+the kernels that write and read it (kvcache/rope_write.py - its row code also runs inside the
+decode attention, attention_decode_rope.py - and kvcache/attention.py).
 """
 from __future__ import annotations
 
@@ -84,8 +85,9 @@ def _slot_runs(first: int, end: int, slots: int):
 class DeviceKVPool:
     """KV storage in device memory for the CUDA back-end.
 
-    Contents are zero after construction; a slot holds what rope_write (or an import)
-    last wrote there.
+    Contents are zero after construction; a slot holds what rope_write's row code (the
+    rope_write kernel, or the decode attention that ropes its own token), or an import, last
+    wrote there.
     """
 
     def __init__(self, shape: KVShape, arena_view=None, stream=0):

@@ -19,8 +19,10 @@ Rules for a PDL build (the factories' `PDL=True` / `pdl=True`):
    the position (state[S_POS], written by advance_state, the last node of the step before)
    and the first trip's K/V rows of earlier positions (written by earlier steps or the
    prefill) before its wait - never the new position's row or q, which rope_write, the
-   kernel before, writes (kvcache/attention_decode_tiles.py). On a ring layer the slot
-   rope_write overwrites held position pos - R, outside the window (W <= R), never read.
+   kernel before, writes (kvcache/attention_decode_tiles.py) - or, in the build that ropes its
+   own token (the default: kvcache/attention_decode_rope.py), the attention block itself writes
+   from the QKV GEMV's row after its wait. On a ring layer the slot the new row overwrites held
+   position pos - R, outside the window (W <= R), never read.
 3. What another kernel wrote is read after the wait by ordinary (coherent) loads, never by
    `ld.global.nc` (`ptx.ldg_v4`): a non-coherent load promises data that does not change
    while the kernel runs, and ptxas may then schedule it above the wait. That was the wrong

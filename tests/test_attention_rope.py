@@ -52,18 +52,18 @@ def _step(fused, pool, layer, inp, pos, plan, rope, qk_norm, pdl):
 
 
 def _same(kv_dtype, positions, n_splits, loop, pdl=False, n_head=4, n_kv=2, hd=64, rope="neox",
-          qk_norm=True, window=0, slots=None, heads_per_block=None):
+          qk_norm=True, window=0, slots=None, heads_per_block=None, n_ctx=64):
     """Run the steps at `positions` both ways on two identical pools; every output and the
     pools' contents must be the same bits."""
     results = []
     for fused in (False, True):
         if slots:
-            pool = make_ring_pool(n_kv, hd, 64, slots, kv_dtype, positions[0], seed=7, layers=2)[0]
+            pool = make_ring_pool(n_kv, hd, n_ctx, slots, kv_dtype, positions[0], seed=7, layers=2)[0]
         else:
-            pool = make_pool(n_kv, hd, 64, kv_dtype, positions[0], seed=7)[0]
-        plan = plan_decode(n_head, n_kv, hd, kv_dtype, 64, n_splits=n_splits, warps=2, rows_per_thread=2,
+            pool = make_pool(n_kv, hd, n_ctx, kv_dtype, positions[0], seed=7)[0]
+        plan = plan_decode(n_head, n_kv, hd, kv_dtype, n_ctx, n_splits=n_splits, warps=2, rows_per_thread=2,
                            loop=loop, window=window or None, heads_per_block=heads_per_block)
-        outs = [_step(fused, pool, 1, _inputs(n_head, n_kv, hd, 64, seed=p), p, plan, rope, qk_norm, pdl)
+        outs = [_step(fused, pool, 1, _inputs(n_head, n_kv, hd, n_ctx, seed=p), p, plan, rope, qk_norm, pdl)
                 for p in positions]
         results.append((outs, pool.export_positions(pool.n_ctx) if not slots else _ring_rows(pool)))
     (o0, c0), (o1, c1) = results
@@ -95,13 +95,22 @@ def test_fused_rope_llama_normal_pairs_without_qk_norm_group_3(loop):
 
 
 def test_fused_rope_steps_read_the_rows_the_steps_before_wrote():
-    _same("int8", [11, 12, 13], 2, "warp", pdl=True)
+    _same("int8", [70, 71, 72], 3, "warp", pdl=True, n_ctx=128)   # tiles of 32 rows: three active splits
 
 
 @pytest.mark.parametrize("kv_dtype", ["int8", "f16"])
 def test_fused_rope_ring_layer_past_its_first_lap(kv_dtype):
     # a ring of 24 slots with a window of 16: positions 40, 41 live in slots 16, 17
     _same(kv_dtype, [40, 41], 2, "warp", pdl=True, window=16, slots=24)
+
+
+@pytest.mark.parametrize("kv_dtype,loop", [("int8", "warp"), ("f16", "block")])
+def test_fused_rope_ring_window_over_several_splits_and_subgroups(kv_dtype, loop):
+    # a window of 40 over a ring of 48 slots at positions 100, 101: two or more active splits
+    # (tiles of 16 / 32 rows), 4 query heads a KV head in 4 subgroups (every block of the last
+    # split writes the same new row)
+    _same(kv_dtype, [100, 101], 4, loop, pdl=True, n_head=8, n_kv=2, window=40, slots=48, n_ctx=128,
+          heads_per_block=1)
 
 
 def test_fused_rope_head_dim_256_one_kv_head():

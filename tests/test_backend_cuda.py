@@ -429,8 +429,8 @@ def test_simulated_decode_fused_rope(tmp_path, monkeypatch):
         got[on] = gpu.decode(77, 5)
         want = ["decode_rope_attention"] if on else ["decode_attention", "rope_write"]
         assert sorted(set(calls)) == want and len(calls) == len(want) * cfg.n_layers, (on, calls)
-        caches[on] = [(lay.k.copy_to_host()[:7], lay.v.copy_to_host()[:7], lay.k_scale.copy_to_host()[:7])
-                      for lay in gpu.kv_layers]
+        caches[on] = [(lay.k.copy_to_host()[:7], lay.v.copy_to_host()[:7], lay.k_scale.copy_to_host()[:7],
+                       lay.v_scale.copy_to_host()[:7]) for lay in gpu.kv_layers]
     np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
     for a, b in zip(caches[True], caches[False]):
         for x, y in zip(a, b):

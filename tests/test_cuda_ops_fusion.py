@@ -201,6 +201,16 @@ def test_a_held_rope_write_launches_before_any_other_op(log):
     ops.rope_write(s.qkv, a, q_out=s.q)
     ops.finish()                                         # the end of a recording launches it
     assert [k for k, _ in log] == ["rope_write"] and rt.pending_launch is None
+    log.clear()
+    ops.rope_write(s.qkv, a, q_out=s.q)
+    ops.attention(s.q, AttnLayer(1, None, None, None, 1e4, 1.0, None, 0.5), out=s.attn)   # another layer
+    assert [k for k, _ in log] == ["rope_write", "attention"]
+    log.clear()
+    ops.rope_write(s.qkv, a, q_out=s.q)
+    ops.attention(s.q, a, out=s.attn)                    # fused: q is never written ...
+    assert [k for k, _ in log] == ["rope_attention"]
+    with pytest.raises(AssertionError, match="q holds no float values"):
+        ops.linear(s.q, _matrix("wo"), out=s.x)          # ... so reading it is refused at recording
 
 
 def test_fused_rope_config_and_cli_switch():

@@ -54,11 +54,11 @@ PRE_WAIT_LOADS = {"norm_pdl": 1, "rope_pdl": 0, "attention_pdl": 0, "attention_q
                   "quantize_pdl": 0, "gemv_q4k_pdl": 6,      # Q4_K: 3 units x (qs, header)
                   "gemv_q4k_pdl_early2": 12,                  # gemv.PDL_EARLY_TRIPS: two trips,
                   "gemv_q6k_pdl_early3": 36,                  # three (Q6_K: 4 loads a unit)
-                  "swiglu_pair_pdl": 12,
+                  "swiglu_pair_pdl": 12,                      # both rows' first trip
                   # the attention that ropes its own token (attention_decode_rope.py): the warp loop's
                   # early loads as above; the block loop: nothing
                   "attention_rope_pdl": 17, "attention_rope_gemma_pdl": 9,
-                  "attention_rope_llama_pdl": 0}                      # both rows' first trip
+                  "attention_rope_llama_pdl": 0}
 
 
 @pytest.fixture(scope="module")

@@ -150,7 +150,7 @@ def main(argv=None) -> int:
             for d in ((False, True) if pdl.available() else (False,)):
                 be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=f, decode_pdl=d)   # read by each recording
                 settings[f"fuse_decode_norm={f}, decode_pdl={d}"] = time_step(be)
-        q8 = not be.ecfg.decode_attention_q8                  # the lab switch flipped, the rest as configured
+        q8 = not be.ecfg.decode_attention_q8                  # the switch flipped, the rest as configured
         be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=fused, decode_pdl=use_pdl, decode_attention_q8=q8)
         settings[f"decode_attention_q8={q8}"] = time_step(be)
         be.ecfg = dataclasses.replace(be.ecfg, decode_attention_q8=not q8)
