@@ -253,7 +253,8 @@ class EngineConfig:
                                         # quantize_q8), one launch fewer a layer. Off until the rope went
                                         # into the attention (H200, 2026-12-03: 2.188 vs 2.166 ms); since
                                         # then on: 1.822 vs 1.855 ms at depth 512, 2.120 vs 2.163 at 4096
-                                        # (H200, 2026-12-04 15:10 UTC, tools/profile_decode.py --settings q8)
+                                        # (H200, 2026-12-04 15:10 UTC, tools/profile_decode.py --settings q8;
+                                        # two more processes at 15:44: the same within 5 us)
     decode_fused_ffn: bool = False      # lab: a decode layer's attn_output GEMV, ffn norm, gate/up, q8 of
                                         # the activation, down GEMV and the next norm in ONE persistent
                                         # launch with grid barriers (quant/ffn_fused.py; the same bits).
