@@ -51,21 +51,21 @@ def _step(fused, pool, layer, inp, pos, plan, rope, qk_norm, pdl):
     return out.copy_to_host()
 
 
-def _same(kv_dtype, positions, n_splits, loop, pdl=False, n_head=4, n_kv=2, hd=64, rope="neox",
-          qk_norm=True, window=0, slots=None, heads_per_block=None, n_ctx=64):
-    """Run the steps at `positions` both ways on two identical pools; every output and the
-    pools' contents must be the same bits."""
+def _check_same(kv_dtype, positions, n_head, n_kv, hd, n_ctx, pdl, slots=None, rope="neox", qk_norm=True,
+                **plan_kw):
+    """Run the steps at `positions` both ways (rope_write + decode_attention, then the fused
+    launch) on two identical pools of layer-1 rows filled to positions[0] (a ring of `slots`
+    slots, or not): every output and the layer's cache must be the same bits."""
     results = []
     for fused in (False, True):
         if slots:
             pool = make_ring_pool(n_kv, hd, n_ctx, slots, kv_dtype, positions[0], seed=7, layers=2)[0]
         else:
             pool = make_pool(n_kv, hd, n_ctx, kv_dtype, positions[0], seed=7)[0]
-        plan = plan_decode(n_head, n_kv, hd, kv_dtype, n_ctx, n_splits=n_splits, warps=2, rows_per_thread=2,
-                           loop=loop, window=window or None, heads_per_block=heads_per_block)
+        plan = plan_decode(n_head, n_kv, hd, kv_dtype, n_ctx, **plan_kw)
         outs = [_step(fused, pool, 1, _inputs(n_head, n_kv, hd, n_ctx, seed=p), p, plan, rope, qk_norm, pdl)
                 for p in positions]
-        results.append((outs, pool.export_positions(pool.n_ctx) if not slots else _ring_rows(pool)))
+        results.append((outs, _layer_rows(pool)))
     (o0, c0), (o1, c1) = results
     for p, a, b in zip(positions, o0, o1):
         assert np.isfinite(a).all()
@@ -75,7 +75,14 @@ def _same(kv_dtype, positions, n_splits, loop, pdl=False, n_head=4, n_kv=2, hd=6
         assert np.array_equal(c0[name], c1[name]), f"cache {name} differs"
 
 
-def _ring_rows(pool):
+def _same(kv_dtype, positions, n_splits, loop, pdl=False, n_head=4, n_kv=2, hd=64, window=0,
+          heads_per_block=None, n_ctx=64, **kw):
+    """_check_same at simulator sizes: 2 warps, 2 rows a lane, n_splits splits."""
+    _check_same(kv_dtype, positions, n_head, n_kv, hd, n_ctx, pdl, n_splits=n_splits, warps=2,
+                rows_per_thread=2, loop=loop, window=window or None, heads_per_block=heads_per_block, **kw)
+
+
+def _layer_rows(pool):
     lay = pool.layer(1)
     return {"k": lay.k.copy_to_host(), "v": lay.v.copy_to_host(), "k_scale": lay.k_scale.copy_to_host(),
             "v_scale": lay.v_scale.copy_to_host()}
@@ -180,24 +187,9 @@ def test_decode_rope_attention_rejects_bad_arguments():
 
 
 # ---- GPU: the real shapes, the plan the engine makes ---------------------------------------------
-def _gpu_same(kv_dtype, positions, n_head, n_kv, hd, n_ctx, pdl, window=0, slots=None, rope="neox",
-              qk_norm=True):
-    results = []
-    for fused in (False, True):
-        if slots:
-            pool = make_ring_pool(n_kv, hd, n_ctx, slots, kv_dtype, positions[0], seed=7, layers=2)[0]
-        else:
-            pool = make_pool(n_kv, hd, n_ctx, kv_dtype, positions[0], seed=7)[0]
-        plan = plan_decode(n_head, n_kv, hd, kv_dtype, n_ctx, window=window or None)
-        outs = [_step(fused, pool, 1, _inputs(n_head, n_kv, hd, n_ctx, seed=p), p, plan, rope, qk_norm, pdl)
-                for p in positions]
-        results.append((outs, _ring_rows(pool)))
-    (o0, c0), (o1, c1) = results
-    for p, a, b in zip(positions, o0, o1):
-        assert np.isfinite(a).all()
-        assert np.array_equal(a.view(np.int32), b.view(np.int32)), f"position {p}"
-    for name in c0:
-        assert np.array_equal(c0[name], c1[name]), f"cache {name} differs"
+def _gpu_same(kv_dtype, positions, n_head, n_kv, hd, n_ctx, pdl, window=0, **kw):
+    """_check_same with the plan the engine makes (default warps, rows, splits for the SMs)."""
+    _check_same(kv_dtype, positions, n_head, n_kv, hd, n_ctx, pdl, window=window or None, **kw)
 
 
 def _pdl_cases():
