@@ -41,7 +41,7 @@ from genie_rt.quant.ptx import SIMULATOR
 from .attention_decode_kernels import (DECODE_SIGNATURE, DECODE_SIGNATURE_Q8, DEFAULT_LOOP, LOOPS, MAX_SPLITS,
                                        decode_kernel, rope_signature)
 from .device_pool import KVLayer
-from .rope_write import MAX_HD
+from .rope_write import check_rope_args
 
 _ALIGN = 256
 # Query heads of one KV head a decode block takes by default. Fewer heads a block means more
@@ -330,22 +330,10 @@ def decode_rope_attention(qkv, q_norm, k_norm, eps, cos, sin, layer: KVLayer, st
     what = "decode_rope_attention"
     _check_launch(p, ws, plan, layer, state, xq, xs, what)
     hd = p.head_dim
-    if hd % 2 or hd > MAX_HD:
-        raise ValueError(f"{what}: head_dim {hd} must be even and <= {MAX_HD} (rope_write's rows)")
+    q_norm, k_norm, qk_norm = check_rope_args(hd, q_norm, k_norm, cos, sin, rope, what)
     if qkv.dtype != np.float32 or qkv.shape != (1, (p.n_head + 2 * p.n_kv) * hd):
         raise ValueError(f"{what}: qkv must be float32 [1, {(p.n_head + 2 * p.n_kv) * hd}], got "
                          f"{qkv.dtype} {tuple(qkv.shape)}")
-    if (q_norm is None) != (k_norm is None):
-        raise ValueError(f"{what}: pass both q_norm and k_norm, or neither")
-    if q_norm is not None and (q_norm.shape != (hd,) or k_norm.shape != (hd,)):
-        raise ValueError(f"{what}: q_norm / k_norm must be float32 [{hd}]")
-    if cos.shape != sin.shape or cos.ndim != 2 or cos.shape[1] != hd // 2:
-        raise ValueError(f"{what}: cos/sin must be [n_ctx_max, {hd // 2}], got {tuple(cos.shape)}")
-    if rope not in ("neox", "normal"):
-        raise ValueError(f"{what}: rope must be 'neox' or 'normal', not '{rope}'")
-    qk_norm = q_norm is not None
-    if not qk_norm:
-        q_norm = k_norm = cos[0]             # never read: any float32 [::1] stands in
     ring = bool(getattr(layer, "ring", False))
     q8 = xq is not None
     args = (qkv, q_norm, k_norm, np.float32(eps), cos, sin, layer.k, layer.v) + \

@@ -35,9 +35,7 @@ from numba import cuda
 
 from genie_rt.quant.ptx import SIMULATOR
 
-from .rope_write import make_head_row
-
-ROPES = ("neox", "normal")          # rope_write's pair styles
+from .rope_write import ROPE_MODES, make_head_row
 
 if SIMULATOR:
     _dev = cuda.jit(device=True)
@@ -64,8 +62,8 @@ def make_rope_prologue(head_dim: int, heads_per_block: int, warps: int, rope: st
       holds the new position (write its K/V row); pos: the new position
     Every thread of the block calls it (it has barriers); the caller adds one more barrier
     before anything reads s_rows or the new row."""
-    if rope not in ROPES:
-        raise ValueError(f"decode attention rope must be one of {ROPES}, not '{rope}'")
+    if rope not in ROPE_MODES:
+        raise ValueError(f"decode attention rope must be one of {ROPE_MODES}, not '{rope}'")
     HD, GH, NW = head_dim, heads_per_block, warps
     NR = rows_needed(GH)
     head_row = make_head_row(rope == "neox", qk_norm, ring, kv_dtype == "int8")

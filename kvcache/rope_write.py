@@ -334,7 +334,7 @@ def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool, pdl
 rope_write_int8 = rope_write_kernel("int8")       # Qwen3's: NeoX, QK-norm, no ring
 rope_write_f16 = rope_write_kernel("f16")
 _KERNELS = {"int8": rope_write_int8, "f16": rope_write_f16}
-_ROPE_MODES = ("neox", "normal")
+ROPE_MODES = ("neox", "normal")
 
 
 def signature(kv_dtype: str) -> str:
@@ -348,8 +348,8 @@ def signature(kv_dtype: str) -> str:
 def _kernel_for(kv_dtype: str, rope: str, qk_norm: bool, ring: bool, pdl: bool = False):
     if kv_dtype not in _KERNELS:
         raise ValueError(f"rope_write supports KV dtypes {sorted(_KERNELS)}, not '{kv_dtype}'")
-    if rope not in _ROPE_MODES:
-        raise ValueError(f"rope_write: rope must be one of {_ROPE_MODES}, not '{rope}'")
+    if rope not in ROPE_MODES:
+        raise ValueError(f"rope_write: rope must be one of {ROPE_MODES}, not '{rope}'")
     return rope_write_kernel(kv_dtype, rope == "neox", bool(qk_norm), bool(ring), pdl)
 
 
@@ -364,9 +364,27 @@ def compile_for(kv_dtype: str, rope: str = "neox", qk_norm: bool = True,
 # =====================================================================================
 # launcher
 # =====================================================================================
-def _check(cond, msg):
+def _check(cond, msg, what="rope_write"):
     if not cond:
-        raise ValueError("rope_write: " + msg)
+        raise ValueError(f"{what}: {msg}")
+
+
+def check_rope_args(hd, q_norm, k_norm, cos, sin, rope, what="rope_write"):
+    """The checks of the rope arguments that rope_write and the decode attention that ropes its
+    own token (attention.decode_rope_attention) share, as ValueErrors naming `what`; returns
+    (q_norm, k_norm, qk_norm), the norms replaced by a stand-in the kernel never reads when
+    there is no QK-norm (both None)."""
+    _check(hd % 2 == 0 and hd <= MAX_HD, f"head_dim {hd} must be even and <= {MAX_HD}", what)
+    qk_norm = q_norm is not None
+    _check(qk_norm == (k_norm is not None), "pass both q_norm and k_norm, or neither", what)
+    if qk_norm:
+        _check(q_norm.shape == (hd,) and k_norm.shape == (hd,), "q_norm / k_norm must be [head_dim]", what)
+    _check(cos.shape == sin.shape and cos.ndim == 2 and cos.shape[1] == hd // 2,
+           f"cos/sin must be [n_ctx_max, {hd // 2}], got {tuple(cos.shape)}", what)
+    _check(rope in ROPE_MODES, f"rope must be one of {ROPE_MODES}, not '{rope}'", what)
+    if not qk_norm:
+        q_norm = k_norm = cos[0]             # never read: any float32 [::1] stands in
+    return q_norm, k_norm, qk_norm
 
 
 def rope_write(qkv, q_norm, k_norm, eps, cos, sin, state, q_out, layer: KVLayer, stream=0,
@@ -393,26 +411,17 @@ def rope_write(qkv, q_norm, k_norm, eps, cos, sin, state, q_out, layer: KVLayer,
     n, n_head, hd = q_out.shape
     n_slots, n_kv, hd_c = layer.k.shape
     _check(hd == hd_c, f"q_out head_dim {hd} != cache head_dim {hd_c}")
-    _check(hd % 2 == 0 and hd <= MAX_HD, f"head_dim {hd} must be even and <= {MAX_HD}")
     _check(qkv.dtype == np.float32 and q_out.dtype == np.float32, "qkv and q_out must be float32")
     _check(qkv.shape == (n, (n_head + 2 * n_kv) * hd),
            f"qkv shape {tuple(qkv.shape)} != (n={n}, (n_head + 2 n_kv) * hd = "
            f"{(n_head + 2 * n_kv) * hd})")
-    qk_norm = q_norm is not None
-    _check(qk_norm == (k_norm is not None), "pass both q_norm and k_norm, or neither")
-    if qk_norm:
-        _check(q_norm.shape == (hd,) and k_norm.shape == (hd,),
-               "q_norm / k_norm must be [head_dim]")
-    _check(cos.shape == sin.shape and cos.ndim == 2 and cos.shape[1] == hd // 2,
-           f"cos/sin must be [n_ctx_max, {hd // 2}], got {tuple(cos.shape)}")
+    q_norm, k_norm, qk_norm = check_rope_args(hd, q_norm, k_norm, cos, sin, rope)
     _check(state.dtype == np.int32 and state.ndim == 1, "state must be a 1-d int32 device array")
     _check(n >= 1, "no tokens")
     ring = bool(getattr(layer, "ring", False))
     _check(not ring or n <= n_slots, f"{n} tokens into a ring of {n_slots} slots would overwrite "
            "each other")
     kern = _kernel_for(kv_dtype, rope, qk_norm, ring, pdl)
-    if not qk_norm:
-        q_norm = k_norm = cos[0]             # never read: any float32 [::1] stands in
     rows = n_head + 2 * n_kv
     grid = (n, (rows + NW - 1) // NW)
     launch_or_plain(kern, grid, 32 * NW, stream, signature(kv_dtype), pdl,

@@ -122,6 +122,11 @@ llama_bench_4b() {
     | tee "$OUT/llama-bench.md"
 }
 
+# the prefix-reuse bench on the 4B within $1 s (prefix.txt, its last lines shown)
+prefix_4b() {
+  timeout $1 $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" \
+    | tee "$OUT/prefix.txt" | tail -4
+}
 # the 4B's decode step by tools/profile_decode.py at each depth of $1 with --settings $2 (the
 # ablation only at depth 512 when $3 is "abl"): profile-$4$d.json / .txt, the last $5 lines shown
 profile_4b() {
@@ -377,8 +382,7 @@ for s in "$@"; do
       profile_4b "${PDEPTHS-512 4096}" "${PSET:-loop,early}" abl "" ${PTAIL:-14}     # PDEPTHS="": no profile
       gpu_tests_4b "${GK:-pdl or every_position or greedy or (qwen3_4b and not prefill)}" ${TT:-120}
       bench_4b ${BT:-200}
-      timeout ${PXT:-100} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" \
-        | tee "$OUT/prefix.txt" | tail -4
+      prefix_4b ${PXT:-100}
       llama_bench_4b ${LCPP_WAIT:-450} ;;
     rope14)
       stage rope14
@@ -405,8 +409,7 @@ for s in "$@"; do
       [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       bench_4b ${BT:-240}
-      timeout ${PXT:-100} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" \
-        | tee "$OUT/prefix.txt" | tail -4
+      prefix_4b ${PXT:-100}
       llama_bench_4b ${LCPP_WAIT:-400}
       # then the GPU tests for what time is left (TT): the fused launch's first, then the back-end's
       [ "${TT:-0}" -gt 0 ] && GF="tests/test_attention_rope.py tests/test_backend_cuda.py" \
@@ -418,8 +421,7 @@ for s in "$@"; do
       "$0" lcpp > /dev/null
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       bench_4b ${BT:-300}
-      timeout ${PXT:-120} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" \
-        | tee "$OUT/prefix.txt" | tail -4
+      prefix_4b ${PXT:-120}
       timeout ${TT:-150} $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs \
         ${GTESTS:-tests/test_backend_cuda.py -k "pdl or greedy or real_layer"} > "$OUT/tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
