@@ -64,6 +64,9 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--no-fused-rope", dest="fused_rope", action="store_false",
                    help="CUDA decode: QK-norm, RoPE and the KV write of the new token in a launch of their "
                         "own (rope_write) instead of inside the attention's (same results: for comparisons)")
+    p.add_argument("--gemv-stage", action=argparse.BooleanOptionalAction, default=None,
+                   help="CUDA decode: the residual GEMVs copy their rows into shared memory (cp.async) "
+                        "before they wait for the kernel before (same results; default: the config's)")
     p.add_argument("--attention-loop", default=None, metavar="{block,warp,warp-nopf}",
                    help="CUDA decode attention: how a block walks its rows - block (barriers a tile), warp "
                         "(each lane slot its own softmax, the next rows' loads in flight), warp-nopf "
@@ -116,7 +119,8 @@ def _engine_config(args):
                         min_headroom_bytes=None if args.min_headroom_mb is None else args.min_headroom_mb << 20,
                         thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory,
                         fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl, overlap_load=args.overlap_load,
-                        decode_attention_loop=args.attention_loop, decode_fused_rope=args.fused_rope)
+                        decode_attention_loop=args.attention_loop, decode_fused_rope=args.fused_rope,
+                        **({} if args.gemv_stage is None else {"decode_gemv_stage": args.gemv_stage}))
 
 
 def resolve_model_arg(args) -> None:

@@ -263,6 +263,9 @@ class EngineConfig:
     decode_fused_rope: bool = True      # CUDA decode: the attention launch does rope_write's work for the
                                         # new token itself (kvcache/attention_decode_rope.py; the same
                                         # bits), one launch fewer a layer; --no-fused-rope
+    decode_gemv_stage: bool = False     # CUDA decode: the residual GEMVs (attention output, ffn_down) copy
+                                        # a block's rows into shared memory by cp.async before their
+                                        # PDL wait (quant/gemv_stage.py; the same bits); --gemv-stage
     decode_attention_loop: str | None = None    # CUDA decode attention's loop (DECODE_ATTENTION_LOOPS;
                                         # None: DEFAULT_DECODE_ATTENTION_LOOP); --attention-loop
     overlap_load: bool = False          # CUDA, discrete GPU: read the weights on a thread while the
@@ -298,6 +301,8 @@ class EngineConfig:
             raise ValueError(f"decode_fused_ffn must be True or False, got {self.decode_fused_ffn!r}")
         if not isinstance(self.decode_fused_rope, bool):
             raise ValueError(f"decode_fused_rope must be True or False, got {self.decode_fused_rope!r}")
+        if not isinstance(self.decode_gemv_stage, bool):
+            raise ValueError(f"decode_gemv_stage must be True or False, got {self.decode_gemv_stage!r}")
         if self.decode_attention_loop not in (None,) + DECODE_ATTENTION_LOOPS:
             raise ValueError(f"decode_attention_loop must be one of {DECODE_ATTENTION_LOOPS} (or None: "
                              f"the default), got {self.decode_attention_loop!r}")

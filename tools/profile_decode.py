@@ -83,7 +83,8 @@ def main(argv=None) -> int:
     p.add_argument("--settings", default="pdl,pair,loop,early,rope",
                    help="which comparisons to check and time before the ablation, comma-separated: pdl "
                         "(each set of PDL kinds), pair (SWIGLU_PAIR), loop (the attention's loops), early "
-                        "(gemv.PDL_EARLY_TRIPS), rope (EngineConfig.decode_fused_rope), q8 (decode_attention_q8); '' "
+                        "(gemv.PDL_EARLY_TRIPS), stage (decode_gemv_stage, pdl.CARVEOUT), rope (EngineConfig.decode_fused_rope), "
+                        "q8 (decode_attention_q8); '' "
                         "for none")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
                    help="skip timing the step without each family of kernels")
@@ -129,7 +130,7 @@ def main(argv=None) -> int:
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
     wanted = {x for x in args.settings.split(",") if x}
-    known = {"pdl", "pair", "loop", "early", "rope", "q8"}
+    known = {"pdl", "pair", "loop", "early", "rope", "q8", "stage"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -139,6 +140,8 @@ def main(argv=None) -> int:
         settings.update(loop_settings(be))
     if "early" in wanted and pdl.available():
         settings.update(gemv_knob_settings(be, "PDL_EARLY_TRIPS", (1, 2, 3)))
+    if "stage" in wanted:
+        settings.update(stage_settings(be))
     if "rope" in wanted:
         settings.update(config_settings(be, "decode_fused_rope", (True, False)))
     if "q8" in wanted:
@@ -261,6 +264,30 @@ def gemv_knob_settings(be, name: str, values) -> dict:
                                     name)
     finally:
         setattr(gemv, name, base)
+
+
+def stage_settings(be) -> dict:
+    """The step with the residual GEMVs' rows staged in shared memory by cp.async
+    (EngineConfig.decode_gemv_stage, quant/gemv_stage.py) and without, then staged with every PDL kernel asking for
+    the largest shared-memory carveout (quant/pdl.py CARVEOUT: an SM that must change carveout
+    between two kernels drains first): the same bits, then the times; the knobs are restored."""
+    import dataclasses
+
+    from genie_rt.quant import pdl as P
+    base, carve = be.ecfg, P.CARVEOUT
+
+    def way(stage, c):
+        def setup():
+            be.ecfg, P.CARVEOUT = dataclasses.replace(base, decode_gemv_stage=stage), c
+        return setup
+    try:
+        return same_bits_then_times(be, {"decode_gemv_stage=False": way(False, carve),
+                                         "decode_gemv_stage=True": way(True, carve),
+                                         "decode_gemv_stage=True, carveout 100": way(True, 100),
+                                         "decode_gemv_stage=False, carveout 100": way(False, 100)},
+                                    "decode_gemv_stage")
+    finally:
+        be.ecfg, P.CARVEOUT = base, (-1 if carve is None else carve)
 
 
 def config_settings(be, name: str, values) -> dict:
