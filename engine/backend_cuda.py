@@ -314,6 +314,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
                 # trips before the wait
                 "decode_pdl": bool(self.ecfg.decode_pdl) and pdl.available(),
                 "decode_attention_loop": self.lay.decode_plan.loop,
+                "decode_attention_splits": self.lay.decode_plan.n_splits,
                 "decode_fused_rope": bool(getattr(self.ecfg, "decode_fused_rope", False)),
                 "decode_attention_q8": bool(getattr(self.ecfg, "decode_attention_q8", False)),
                 "decode_gemv_stage": bool(getattr(self.ecfg, "decode_gemv_stage", False)),

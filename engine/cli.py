@@ -67,6 +67,9 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--gemv-stage", action=argparse.BooleanOptionalAction, default=None,
                    help="CUDA decode: the residual GEMVs copy their rows into shared memory (cp.async) "
                         "before they wait for the kernel before (same results; default: the config's)")
+    p.add_argument("--attention-splits", type=int, default=None, metavar="N",
+                   help="CUDA decode attention: blocks along the context per KV head (1..64; default: "
+                        "chosen from the GPU's SM count; for tuning and comparisons)")
     p.add_argument("--attention-loop", default=None, metavar="{block,warp,warp-nopf}",
                    help="CUDA decode attention: how a block walks its rows - block (barriers a tile), warp "
                         "(each lane slot its own softmax, the next rows' loads in flight), warp-nopf "
@@ -104,6 +107,9 @@ def _engine_config(args):
         raise ValueError(f"--threads must be >= 1 (or left out: the physical cores), got {args.threads}")
     if args.min_headroom_mb is not None and args.min_headroom_mb < 0:
         raise ValueError(f"--min-headroom-mb must be >= 0 (0 = off), got {args.min_headroom_mb}")
+    if args.attention_splits is not None and not 1 <= args.attention_splits <= 64:
+        raise ValueError(f"--attention-splits must be in 1..64 (or left out: chosen from the GPU), "
+                         f"got {args.attention_splits}")
     if args.kv_cache_budget_mb < 1:
         raise ValueError(f"--kv-cache-budget-mb must be >= 1, got {args.kv_cache_budget_mb}")
     if args.kv_cache_dir is not None:     # checked before minutes of loading, not after
@@ -120,6 +126,7 @@ def _engine_config(args):
                         thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory,
                         fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl, overlap_load=args.overlap_load,
                         decode_attention_loop=args.attention_loop, decode_fused_rope=args.fused_rope,
+                        decode_attention_splits=args.attention_splits,
                         **({} if args.gemv_stage is None else {"decode_gemv_stage": args.gemv_stage}))
 
 

@@ -266,6 +266,9 @@ class EngineConfig:
     decode_gemv_stage: bool = False     # CUDA decode: the residual GEMVs (attention output, ffn_down) copy
                                         # a block's rows into shared memory by cp.async before their
                                         # PDL wait (quant/gemv_stage.py; the same bits); --gemv-stage
+    decode_attention_splits: int | None = None  # CUDA decode attention: blocks along the context per KV
+                                        # head and subgroup (kvcache/attention.py plan_decode; None: its
+                                        # choice from the SM count); --attention-splits
     decode_attention_loop: str | None = None    # CUDA decode attention's loop (DECODE_ATTENTION_LOOPS;
                                         # None: DEFAULT_DECODE_ATTENTION_LOOP); --attention-loop
     overlap_load: bool = False          # CUDA, discrete GPU: read the weights on a thread while the
@@ -303,6 +306,10 @@ class EngineConfig:
             raise ValueError(f"decode_fused_rope must be True or False, got {self.decode_fused_rope!r}")
         if not isinstance(self.decode_gemv_stage, bool):
             raise ValueError(f"decode_gemv_stage must be True or False, got {self.decode_gemv_stage!r}")
+        if self.decode_attention_splits is not None and (not integer(self.decode_attention_splits)
+                                                         or not 1 <= self.decode_attention_splits <= 64):
+            raise ValueError(f"decode_attention_splits must be an integer in 1..64 (or None: the plan's "
+                             f"choice), got {self.decode_attention_splits!r}")
         if self.decode_attention_loop not in (None,) + DECODE_ATTENTION_LOOPS:
             raise ValueError(f"decode_attention_loop must be one of {DECODE_ATTENTION_LOOPS} (or None: "
                              f"the default), got {self.decode_attention_loop!r}")

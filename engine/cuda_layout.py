@@ -219,7 +219,8 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
     # one attention plan per kind of layer (global, or windowed with its W); the workspaces
     # are carved for the largest and shared (DecodePlan.fits)
     kinds = {w: (plan_decode(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, n_ctx,
-                             window=w, scale=cfg.attn_scale, loop=ecfg.decode_attention_loop),
+                             window=w, scale=cfg.attn_scale, loop=ecfg.decode_attention_loop,
+                             n_splits=getattr(ecfg, "decode_attention_splits", None)),
                  plan_prefill(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, N,
                               window=w, scale=cfg.attn_scale)) for w in dict.fromkeys(windows)}
     dplan = max((d for d, _ in kinds.values()), key=lambda d: d.workspace_bytes)

@@ -232,6 +232,22 @@ def test_gemv_stage_config_and_cli_switch():
     assert _cli_config(["--no-gemv-stage"]).decode_gemv_stage is False
 
 
+def test_attention_splits_config_and_cli():
+    from genie_rt.engine.config import EngineConfig
+    from genie_rt.kvcache.attention import plan_decode
+    assert EngineConfig().decode_attention_splits is None
+    for bad in (0, 65, 2.0, True):
+        with pytest.raises(ValueError, match="decode_attention_splits"):
+            EngineConfig(decode_attention_splits=bad)
+    assert _cli_config(["--attention-splits", "24"]).decode_attention_splits == 24
+    with pytest.raises(ValueError, match="--attention-splits must be in 1..64"):
+        _cli_config(["--attention-splits", "0"])
+    # the plan takes it, capped by the pool's tiles (64 rows of int8 at hd 128)
+    assert plan_decode(32, 8, 128, "int8", 8192, n_splits=24).n_splits == 24
+    assert plan_decode(32, 8, 128, "int8", 8192, sm_count=132).n_splits == 16
+    assert plan_decode(32, 8, 128, "int8", 1024, n_splits=24).n_splits == 16
+
+
 @pytest.mark.parametrize("on", [False, True])
 def test_gemv_stage_reaches_the_residual_gemvs_only(log, monkeypatch, on):
     """EngineConfig.decode_gemv_stage goes to the residual GEMVs' launches (y += W x: attention

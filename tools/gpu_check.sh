@@ -75,6 +75,10 @@
 #             at depth 512 and 4096 with decode_gemv_stage off / on / on with the largest shared-memory
 #             carveout (the same bits first; PSET), the staged kernel's GPU tests and the back-end's
 #             PDL / stage bits, the kernel cache as kc.tar.gz (bench14 is the second call)
+#   splits14  the decode attention's split count at depth 4096 (2026-12-04 night), one call: llama.cpp
+#             built in the background, the 4B's step at depth 4096 with 16-32 splits (logits cosine
+#             first; PSET), genie-rt bench (BENCH_ARGS, e.g. "--attention-splits 24"), llama-bench on
+#             the same file. KC= a kernel cache tarball of the same sources (stage14's kc.tar.gz)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
 #             Qwen3-0.6B and 4B at PCTX contexts, default 4096 and 40960; issue 17: within 5 %)
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
@@ -118,7 +122,7 @@ MODEL4B=/tmp/qwen3-4b-q4km.gguf
 # up to $2 s for it)
 bench_4b() {
   timeout $1 $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 \
-    --kv int8 --ctx 8192 --json > "$OUT/bench.json" 2> /tmp/bench.log; tail -3 /tmp/bench.log
+    --kv int8 --ctx 8192 ${BENCH_ARGS:-} --json > "$OUT/bench.json" 2> /tmp/bench.log; tail -3 /tmp/bench.log
   $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print(r['test'] + '@d' + str(r['n_depth']), round(r['avg_ts'],1), '+-', round(r['stddev_ts'],1)) for r in d['results']]" "$OUT/bench.json"
 }
 llama_bench_4b() {
@@ -414,6 +418,17 @@ for s in "$@"; do
         gpu_tests_4b "${GK:-staged or gemv_stage or pdl or every_position}" ${TT:-150}
       tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")" \
         && ls -la "$OUT/kc.tar.gz" ;;
+    splits14)
+      stage splits14
+      "$0" lcpp > /dev/null
+      if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
+        && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi
+      export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      profile_4b "${PDEPTHS-4096}" "${PSET:-splits}" none "" ${PTAIL:-9}
+      bench_4b ${BT:-240}
+      llama_bench_4b ${LCPP_WAIT:-400}
+      [ "${TT:-0}" -gt 0 ] && gpu_tests_4b "${GK:-pdl or every_position or greedy}" $TT ;;
     bench14)
       stage bench14
       # the second call: genie-rt bench, the prefix-reuse bench and llama-bench on the same file
