@@ -160,13 +160,24 @@ class DecodePlan:
                 and self.n_splits <= ws_plan.n_splits)
 
 
+def _blocks_per_sm(heads_per_block: int) -> int:
+    """Blocks an SM the default split count is sized for: one wave of the kernel at its occupancy.
+    Two heads a block (the default) take 168 registers a thread in either loop: 3 blocks of 128
+    threads an SM (65,536 registers); four heads 249: 2. The 4B's step at depth 4,096 (H200,
+    2026-12-04 17:48 UTC, tools/profile_decode.py --settings splits): 16 splits (2 an SM) 2.113 /
+    2.131 ms, 24 (3 an SM) 2.071 / 2.089, 32 (2 waves) 2.081 / 2.084 - at 4,097 keys 24 and 32
+    both cut the 65 tiles into 22 splits of 3."""
+    return 3 if heads_per_block <= 2 else 2
+
+
 def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int,
                 n_splits: int | None = None, sm_count: int | None = None,
                 warps: int = 4, rows_per_thread: int = 4, window: int | None = None,
                 scale: float | None = None, heads_per_block: int | None = None,
                 loop: str | None = None) -> DecodePlan:
-    """Choose the split count for a pool of n_ctx positions (default: about 2 blocks per
-    SM at full context, at least one tile per split, at most MAX_SPLITS). loop: how a block
+    """Choose the split count for a pool of n_ctx positions (default: one wave of blocks at full
+    context - 3 an SM at two heads a block, 2 at more: `_blocks_per_sm` - at least one tile per
+    split, at most MAX_SPLITS). loop: how a block
     walks its rows (LOOPS; None: DEFAULT_LOOP). heads_per_block:
     query heads of one KV head a block takes (default: the largest divisor of the group up to
     DEFAULT_HEADS_PER_BLOCK; at most what fits in registers). window: None or
@@ -202,7 +213,7 @@ def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int
     if n_splits is None:
         if sm_count is None:
             sm_count = 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
-        n_splits = max(1, (2 * sm_count) // (n_kv * n_sub))
+        n_splits = max(1, (_blocks_per_sm(heads_per_block) * sm_count) // (n_kv * n_sub))
     n_splits = max(1, min(n_splits, tiles, MAX_SPLITS))
     return DecodePlan(n_head, n_kv, head_dim, kv_dtype, n_splits, n_sub, warps, rows_per_thread,
                       window, None if scale is None else float(scale), loop)

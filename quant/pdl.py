@@ -90,7 +90,7 @@ def _dim3(d) -> tuple:
 # percent of the SM's unified L1 / shared memory (-1: the driver's choice), set on each kernel as it
 # is launched here. Consecutive kernels that want different carveouts make an SM drain before it
 # reconfigures, which would undo PDL's overlap; one carveout for the whole step avoids that. None:
-# kernels are left as they are.
+# kernels are left as they are (also as an earlier setting left them: set -1 to go back).
 CARVEOUT = None
 _carved = {}
 
