@@ -317,7 +317,6 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
                 "decode_attention_splits": self.lay.decode_plan.n_splits,
                 "decode_fused_rope": bool(getattr(self.ecfg, "decode_fused_rope", False)),
                 "decode_attention_q8": bool(getattr(self.ecfg, "decode_attention_q8", False)),
-                "decode_gemv_stage": bool(getattr(self.ecfg, "decode_gemv_stage", False)),
                 "gemv_pdl_early_trips": gemv.PDL_EARLY_TRIPS}
 
     def synchronize(self) -> None:

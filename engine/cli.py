@@ -64,9 +64,6 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--no-fused-rope", dest="fused_rope", action="store_false",
                    help="CUDA decode: QK-norm, RoPE and the KV write of the new token in a launch of their "
                         "own (rope_write) instead of inside the attention's (same results: for comparisons)")
-    p.add_argument("--gemv-stage", action=argparse.BooleanOptionalAction, default=None,
-                   help="CUDA decode: the residual GEMVs copy their rows into shared memory (cp.async) "
-                        "before they wait for the kernel before (same results; default: the config's)")
     p.add_argument("--attention-splits", type=int, default=None, metavar="N",
                    help="CUDA decode attention: blocks along the context per KV head (1..64; default: "
                         "chosen from the GPU's SM count; for tuning and comparisons)")
@@ -126,8 +123,7 @@ def _engine_config(args):
                         thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory,
                         fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl, overlap_load=args.overlap_load,
                         decode_attention_loop=args.attention_loop, decode_fused_rope=args.fused_rope,
-                        decode_attention_splits=args.attention_splits,
-                        **({} if args.gemv_stage is None else {"decode_gemv_stage": args.gemv_stage}))
+                        decode_attention_splits=args.attention_splits)
 
 
 def resolve_model_arg(args) -> None:

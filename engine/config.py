@@ -263,9 +263,6 @@ class EngineConfig:
     decode_fused_rope: bool = True      # CUDA decode: the attention launch does rope_write's work for the
                                         # new token itself (kvcache/attention_decode_rope.py; the same
                                         # bits), one launch fewer a layer; --no-fused-rope
-    decode_gemv_stage: bool = False     # CUDA decode: the residual GEMVs (attention output, ffn_down) copy
-                                        # a block's rows into shared memory by cp.async before their
-                                        # PDL wait (quant/gemv_stage.py; the same bits); --gemv-stage
     decode_attention_splits: int | None = None  # CUDA decode attention: blocks along the context per KV
                                         # head and subgroup (kvcache/attention.py plan_decode; None: its
                                         # choice from the SM count); --attention-splits
@@ -304,8 +301,6 @@ class EngineConfig:
             raise ValueError(f"decode_fused_ffn must be True or False, got {self.decode_fused_ffn!r}")
         if not isinstance(self.decode_fused_rope, bool):
             raise ValueError(f"decode_fused_rope must be True or False, got {self.decode_fused_rope!r}")
-        if not isinstance(self.decode_gemv_stage, bool):
-            raise ValueError(f"decode_gemv_stage must be True or False, got {self.decode_gemv_stage!r}")
         if self.decode_attention_splits is not None and (not integer(self.decode_attention_splits)
                                                          or not 1 <= self.decode_attention_splits <= 64):
             raise ValueError(f"decode_attention_splits must be an integer in 1..64 (or None: the plan's "

@@ -169,8 +169,6 @@ class DecodeOps(_Ops):
         # (EngineConfig.decode_fused_rope, kvcache/attention_decode_rope.py); any other op launches it
         self.fused_rope = bool(getattr(rt.ecfg, "decode_fused_rope", False))
         self._rope: _PendingRope | None = None
-        # the residual GEMVs' rows staged in shared memory (EngineConfig.decode_gemv_stage)
-        self.gemv_stage = bool(getattr(rt.ecfg, "decode_gemv_stage", False))
         # a layer's FFN half as one persistent launch (EngineConfig.decode_fused_ffn, lab): only
         # where every GEMV reads q8 (the launch writes no float h)
         self.ffn_chain = None
@@ -207,8 +205,7 @@ class DecodeOps(_Ops):
         from genie_rt.quant import gemv
         self._pending = None
         self.rt.pending_launch = None
-        gemv.gemv(p.w, p.x, p.out, xq=p.xq, xs=p.xs, residual=p.out, stream=self.stream, pdl=self.pdl,
-                  stage=self.gemv_stage)
+        gemv.gemv(p.w, p.x, p.out, xq=p.xq, xs=p.xs, residual=p.out, stream=self.stream, pdl=self.pdl)
 
     def _invalidate(self, name: str) -> None:
         self._q8_fresh.discard(name)
@@ -286,7 +283,7 @@ class DecodeOps(_Ops):
             self.rt.pending_launch = f"{ws[0].name} (residual GEMV)"
         elif len(ws) == 1:
             gemv.gemv(gw[0], x, out, xq=xq, xs=xs, residual=out if add else None, stream=self.stream,
-                      pdl=self.pdl, stage=self.gemv_stage and add)
+                      pdl=self.pdl)
         else:                       # concatenated outputs: column slices of the one row
             assert not add and self.rows == 1
             c = 0

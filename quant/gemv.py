@@ -44,7 +44,6 @@ from typing import NamedTuple
 import numpy as np
 
 from . import gemv_kernels as K
-from . import gemv_stage as S
 from .formats import QType
 from .gemv_reference import (ATOL, EPS_F32, Q8_BLOCK, Q8_FLOATS, act_reference,  # noqa: F401
                              dequantize_q8, dequantize_weight, error_bound, gemv_reference,
@@ -237,9 +236,9 @@ def _pdl(pdl) -> bool:
     return PDL if pdl is None else bool(pdl)
 
 
-def _launch(kern, grid, stream, pdl: bool, sig: str, *args, shmem: int = 0):
+def _launch(kern, grid, stream, pdl: bool, sig: str, *args):
     from . import pdl as P
-    P.launch_or_plain(kern, grid, K.BLOCK, stream, sig, pdl, *args, shmem=shmem)
+    P.launch_or_plain(kern, grid, K.BLOCK, stream, sig, pdl, *args)
 
 
 def _get(key, make):
@@ -259,27 +258,9 @@ def _get(key, make):
 PDL_EARLY_TRIPS = 2
 
 
-# The plain GEMV (not the fused-norm one) with a warp's row staged in shared memory by cp.async
-# before its PDL wait (quant/gemv_stage.py; the same bits) where `gemv_stage.stageable`: gemv()'s
-# default for stage=None (the engine passes EngineConfig.decode_gemv_stage; docs/decode-step.md 7,
-# tools/profile_decode.py --settings stage).
-GEMV_STAGE = False
-
-
-def _stage_bytes(w, n_tok, ks, lpr, norm, stage=None) -> int:
-    """Dynamic shared memory of the staged kernel when this GEMV runs it, else 0."""
-    on = GEMV_STAGE if stage is None else stage
-    if on and not norm and S.stageable(w.qtype, w.mode, n_tok, ks, lpr, w.units):
-        return S.stage_bytes(w.qtype, w.units)
-    return 0
-
-
-def _gemv_kernel(spec, n_tok, ks, resid, lpr, norm=0, pdl=False, norm_shape=(0, 0), stage=False):
+def _gemv_kernel(spec, n_tok, ks, resid, lpr, norm=0, pdl=False, norm_shape=(0, 0)):
     """norm_shape: (rows, the norm's block) of a fused launch - the tail is built for them
-    (quant/norm_q8_device.py make_norm_q8_tail's staged tail). stage: gemv_stage's kernel."""
-    if stage:
-        return _get(("gemv_stage", spec[0], n_tok, resid, pdl),
-                    lambda: S.gemv_stage_kernel(spec[0], n_tok, resid, pdl))
+    (quant/norm_q8_device.py make_norm_q8_tail's staged tail)."""
     if not norm:
         early = PDL_EARLY_TRIPS if pdl else 1
         return _get(("gemv", spec, n_tok, ks, resid, lpr, pdl, early),
@@ -469,7 +450,7 @@ def _norm_args(norm, y, x, n_tok, rows):
 
 
 def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None, lpr=None, norm=None,
-         pdl=None, stage=None):
+         pdl=None):
     """y[t] = W x[t] (+ residual[t]) for the n_tok rows t of x.
 
     w: GemvWeight [rows, cols] (prepare_weight; a PackedWeight works too, prepared per call)
@@ -481,9 +462,7 @@ def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None, lpr
     None picks each by choose_ksplit / choose_lpr.
     norm: a GemvNorm - then also the RMSNorm of the new y and its q8 activations, in the
     same launch (needs residual and n_tok == 1).
-    pdl: a programmatic-dependent-launch build and launch (quant/pdl.py, sm_90+; None: PDL).
-    stage: each warp's row copied into shared memory first (quant/gemv_stage.py, where it applies;
-    the same bits; None: GEMV_STAGE)."""
+    pdl: a programmatic-dependent-launch build and launch (quant/pdl.py, sm_90+; None: PDL)."""
     w = _prepared(w)
     xf, xqf, xsf, n_tok, cols = _activations((w,), x, xq, xs)
     _check_out(y, "y", n_tok, w.rows, x)
@@ -496,17 +475,16 @@ def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None, lpr
         extra, nmode = _norm_args(norm, y, x, n_tok, w.rows)
     ks, lpr = _split_lanes(w.rows, w.units, ksplit, lpr)
     pdl = _pdl(pdl)
-    shmem = _stage_bytes(w, n_tok, ks, lpr, nmode, stage)
     kern = _gemv_kernel(w.spec, n_tok, ks, residual is not None, lpr, nmode, pdl,
-                        (w.rows, int(extra[-1])) if nmode else (0, 0), stage=shmem > 0)
+                        (w.rows, int(extra[-1])) if nmode else (0, 0))
     yf = _flat(y)
     res = yf if residual is None or residual is y else _flat(residual)
     _launch(kern, _blocks(w.rows, ks, lpr), stream, pdl, SIG_GEMV_NORM if nmode else SIG_GEMV,
-            *_w_args(w), w.rows, xf, xqf, xsf, cols, yf, res, *extra, shmem=shmem)
+            *_w_args(w), w.rows, xf, xqf, xsf, cols, yf, res, *extra)
 
 
 def compile_gemv(w, n_tok=1, residual=False, ksplit=None, lpr=None, norm=False, norm_h=False, pdl=None,
-                 norm_block_size=None, stage=None):
+                 norm_block_size=None):
     """Compile (at load) the kernel gemv(w, x[n_tok], ..., residual=...) will launch; with
     norm=True the one gemv(..., norm=GemvNorm(..., block=norm_block_size)) launches (h given:
     norm_h=True)."""
@@ -518,8 +496,7 @@ def compile_gemv(w, n_tok=1, residual=False, ksplit=None, lpr=None, norm=False, 
         vb = norm_block(w.rows) if norm_block_size is None else int(norm_block_size)
         return _compile(_gemv_kernel(w.spec, 1, ks, True, lpr, 2 if norm_h else 1, _pdl(pdl), (w.rows, vb)),
                         SIG_GEMV_NORM)
-    return _compile(_gemv_kernel(w.spec, n_tok, ks, bool(residual), lpr, 0, _pdl(pdl),
-                                 stage=_stage_bytes(w, n_tok, ks, lpr, 0, stage) > 0), SIG_GEMV)
+    return _compile(_gemv_kernel(w.spec, n_tok, ks, bool(residual), lpr, 0, _pdl(pdl)), SIG_GEMV)
 
 
 def gemv_qkv(wq, wk, wv, x, y, *, xq=None, xs=None, stream=0, ksplit=None, lpr=None, pdl=None):

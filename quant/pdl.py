@@ -86,29 +86,10 @@ def _dim3(d) -> tuple:
     return tuple(int(v) for v in d) + (1,) * (3 - len(d))
 
 
-# Lab knob (tools/profile_decode.py --settings stage): the preferred shared-memory carveout, in
-# percent of the SM's unified L1 / shared memory (-1: the driver's choice), set on each kernel as it
-# is launched here. Consecutive kernels that want different carveouts make an SM drain before it
-# reconfigures, which would undo PDL's overlap; one carveout for the whole step avoids that. None:
-# kernels are left as they are (also as an earlier setting left them: set -1 to go back).
-CARVEOUT = None
-_carved = {}
-
-
-def _apply_carveout(cufunc) -> None:
-    if CARVEOUT is None or _carved.get(id(cufunc)) == CARVEOUT:
-        return
-    try:
-        cufunc.set_shared_memory_carveout(CARVEOUT)
-    except Exception as e:          # noqa: BLE001 - a lab knob: say so, launch anyway
-        print(f"pdl: carveout {CARVEOUT} not set ({e})")
-    _carved[id(cufunc)] = CARVEOUT
-
-
-def launch(dispatcher, grid, block, stream, *args, programmatic: bool = True, shmem: int = 0) -> None:
+def launch(dispatcher, grid, block, stream, *args, programmatic: bool = True) -> None:
     """dispatcher[grid, block, stream](*args), launched with programmatic stream
-    serialization (shmem: bytes of dynamic shared memory). The dispatcher must have exactly one
-    compiled signature (the engine compiles every kernel eagerly at load) and be a PDL build."""
+    serialization. The dispatcher must have exactly one compiled signature (the engine
+    compiles every kernel eagerly at load) and be a PDL build."""
     from cuda.core import LaunchConfig
     from cuda.core import launch as core_launch
     from numba.cuda.cudadrv import driver
@@ -119,24 +100,23 @@ def launch(dispatcher, grid, block, stream, *args, programmatic: bool = True, sh
                            f"{len(overloads)} compiled signatures; compile exactly one first")
     kernel = overloads[0]
     cufunc = kernel._codelibrary.get_cufunc()
-    _apply_carveout(cufunc)
     retr, kernelargs = [], []
     for t, v in zip(kernel.argument_types, args):
         kernel._prepare_args(t, v, stream, retr, kernelargs)
-    config = LaunchConfig(grid=_dim3(grid), block=_dim3(block), shmem_size=int(shmem),
+    config = LaunchConfig(grid=_dim3(grid), block=_dim3(block), shmem_size=0,
                           programmatic_stream_serialization=programmatic)
     core_launch(driver._to_core_stream(stream), config, cufunc.kernel, *kernelargs)
     for wb in retr:                 # numba's write-backs (none for device arrays)
         wb()
 
 
-def launch_or_plain(kern, grid, block, stream, sig: str, pdl: bool, *args, shmem: int = 0) -> None:
-    """kern[grid, block, stream, shmem](*args), or - pdl - the same launch with programmatic stream
+def launch_or_plain(kern, grid, block, stream, sig: str, pdl: bool, *args) -> None:
+    """kern[grid, block, stream](*args), or - pdl - the same launch with programmatic stream
     serialization (`launch`), compiling `sig` first if the kernel has no compiled signature
     yet (it must then have exactly one). The one path every launcher of a PDL build takes."""
     if not pdl or ptx.SIMULATOR:    # the simulator runs a PDL build's griddepcontrol as no-ops
-        kern[grid, block, stream, shmem](*args)
+        kern[grid, block, stream](*args)
         return
     if not kern.overloads:
         kern.compile(sig)
-    launch(kern, grid, block, stream, *args, shmem=shmem)
+    launch(kern, grid, block, stream, *args)

@@ -276,25 +276,6 @@ ldg_v4 = _make_ld_v4("ldg_v4", ".nc", side_effect=False)
 ld_v4 = _make_ld_v4("ld_v4", "", side_effect=True)
 
 
-# ---- 128-bit shared-memory load -------------------------------------------------
-@intrinsic
-def lds_v4(typingctx, smem, idx):
-    """(smem[idx], .., smem[idx+3]) of a shared uint32 array by one ld.shared.v4.u32 (16-byte
-    aligned). Volatile asm with a memory clobber: LLVM keeps it after the cp.async wait and the
-    barrier that make its data visible (ptxas still schedules it like any load)."""
-    _check_index("lds_v4", smem, idx)
-    if smem.dtype != types.uint32:
-        raise TypingError(f"lds_v4: array dtype must be uint32, got {smem.dtype}")
-
-    def codegen(context, builder, sig, args):
-        p = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
-        st = _asm(builder, ir.LiteralStructType([_i32] * 4), [_i32],
-                  "ld.shared.v4.u32 {$0,$1,$2,$3}, [$4];", "=r,=r,=r,=r,r,~{memory}",
-                  [_shared_addr32(builder, p)], side_effect=True)
-        return _struct_to_tuple(context, builder, sig.return_type, st, 4)
-    return types.UniTuple(types.uint32, 4)(smem, idx), codegen
-
-
 # ---- coherent scalar load -------------------------------------------------------
 def _ld_relaxed(name: str, nb_type, ir_type, ptx_type: str, letter: str):
     """The intrinsic `name(arr, idx)`: arr[idx] of an nb_type array by one

@@ -144,16 +144,6 @@ def ldg_v4(arr, idx):
     return (v[0], v[1], v[2], v[3])
 
 
-def lds_v4(smem, idx):
-    """Simulator: four loads from a shared uint32 array, after the 16-byte alignment check."""
-    _check_space("lds_v4", "smem", smem, shared=True)
-    a = _np(smem)
-    if a.dtype != np.uint32 or a.ndim != 1:
-        raise TypeError(f"lds_v4: needs a 1-d uint32 shared array, got {a.dtype} {a.ndim}-d")
-    v = _bytes_at("lds_v4", a, int(idx)).view(np.uint32)
-    return (v[0], v[1], v[2], v[3])
-
-
 def ld_v4(arr, idx):
     """Simulator: ldg_v4's (the simulator's memory is coherent)."""
     return ldg_v4(arr, idx)

@@ -452,44 +452,6 @@ def test_gpu_decode_fused_rope_same_bits(tmp_path):
     np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: test_gpu_decode_gemv_stage_same_bits)")
-def test_simulated_decode_gemv_stage(tmp_path, monkeypatch):
-    """EngineConfig.decode_gemv_stage: the residual GEMVs run quant/gemv_stage.py's kernel (rows
-    copied into shared memory first) and the step's logits are the same bits."""
-    import dataclasses
-
-    from genie_rt.quant import gemv_stage
-    gpu, _, cfg = _tiny_decode_backends(tmp_path, "int8", warm=False)
-    made = []
-    real = gemv_stage.gemv_stage_kernel
-    monkeypatch.setattr(gemv_stage, "gemv_stage_kernel", lambda *a, **k: (made.append(a), real(*a, **k))[1])
-    monkeypatch.setattr(gemv_stage, "_kernels", {})
-    from genie_rt.quant import gemv
-    monkeypatch.setattr(gemv, "_kernels", {})
-    got = {}
-    for on in (False, True):
-        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_gemv_stage=on)
-        got[on] = gpu.decode(77, 5)
-        assert bool(made) == on, made
-    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
-
-
-@pytest.mark.gpu
-def test_gpu_decode_gemv_stage_same_bits(tmp_path):
-    """The same through the captured decode graph on the GPU (PDL builds where the device has
-    them): the logits' bits of two steps with and without EngineConfig.decode_gemv_stage."""
-    import dataclasses
-    gpu, _, _ = _tiny_decode_backends(tmp_path, "int8")
-    got = {}
-    for on in (False, True):
-        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_gemv_stage=on)
-        gpu._graphs.clear()                          # record the decode graph anew
-        gpu.decode(77, 5)
-        got[on] = gpu.decode(78, 6)
-    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
-
-
 @pytest.mark.gpu
 def test_gpu_decode_attention_q8_same_bits(tmp_path):
     """The same on the GPU, through the captured decode graph: the logits' bits with and

@@ -222,16 +222,6 @@ def test_fused_rope_config_and_cli_switch():
     assert _cli_config(["--no-fused-rope"]).decode_fused_rope is False
 
 
-def test_gemv_stage_config_and_cli_switch():
-    from genie_rt.engine.config import EngineConfig
-    assert EngineConfig().decode_gemv_stage is False
-    with pytest.raises(ValueError, match="decode_gemv_stage"):
-        EngineConfig(decode_gemv_stage="yes")
-    assert _cli_config([]).decode_gemv_stage is EngineConfig().decode_gemv_stage
-    assert _cli_config(["--gemv-stage"]).decode_gemv_stage is True
-    assert _cli_config(["--no-gemv-stage"]).decode_gemv_stage is False
-
-
 def test_attention_splits_config_and_cli():
     from genie_rt.engine.config import EngineConfig
     from genie_rt.kvcache.attention import plan_decode
@@ -246,22 +236,6 @@ def test_attention_splits_config_and_cli():
     assert plan_decode(32, 8, 128, "int8", 8192, n_splits=24).n_splits == 24
     assert plan_decode(32, 8, 128, "int8", 8192, sm_count=132).n_splits == 24
     assert plan_decode(32, 8, 128, "int8", 1024, n_splits=24).n_splits == 16
-
-
-@pytest.mark.parametrize("on", [False, True])
-def test_gemv_stage_reaches_the_residual_gemvs_only(log, monkeypatch, on):
-    """EngineConfig.decode_gemv_stage goes to the residual GEMVs' launches (y += W x: attention
-    output, ffn_down), never to a GEMV that writes a fresh output (the output projection)."""
-    seen = []
-    monkeypatch.setattr(gemv, "gemv", lambda w, x, y, *, residual=None, stage=None, **k:
-                        seen.append((w.name, residual is not None, stage)))
-    rt = _rt(fuse=False)
-    rt.ecfg.decode_gemv_stage = on
-    ops = cuda_ops.DecodeOps(rt)
-    s = _scratch()
-    ops.linear(s.attn, _matrix("wo"), out=s.x, add=True)
-    ops.linear(s.x, _matrix("output"), out=s.h)
-    assert seen == [("wo", True, on), ("output", False, False)]
 
 
 def test_the_runtime_refuses_a_recording_that_leaves_a_launch_pending():

@@ -70,15 +70,10 @@
 #             decode_fused_rope and decode_attention_q8 both ways, the GPU tests (kernel cache /tmp/kc)
 #   bench14   the second call: genie-rt bench, prefix reuse, llama-bench (rope14's build and cache
 #             when the machine is still warm; KC= its kc.tar.gz otherwise), then TT s of GPU tests
-#   stage14   the residual GEMVs' rows staged in shared memory by cp.async (quant/gemv_stage.py,
-#             2026-12-04 night), first of two calls: llama.cpp built in the background, the 4B's step
-#             at depth 512 and 4096 with decode_gemv_stage off / on / on with the largest shared-memory
-#             carveout (the same bits first; PSET), the staged kernel's GPU tests and the back-end's
-#             PDL / stage bits, the kernel cache as kc.tar.gz (bench14 is the second call)
 #   splits14  the decode attention's split count at depth 4096 (2026-12-04 night), one call: llama.cpp
 #             built in the background, the 4B's step at depth 4096 with 16-32 splits (logits cosine
 #             first; PSET), genie-rt bench (BENCH_ARGS, e.g. "--attention-splits 24"), llama-bench on
-#             the same file. KC= a kernel cache tarball of the same sources (stage14's kc.tar.gz)
+#             the same file. KC= a kernel cache tarball of the same sources
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
 #             Qwen3-0.6B and 4B at PCTX contexts, default 4096 and 40960; issue 17: within 5 %)
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
@@ -406,16 +401,6 @@ for s in "$@"; do
       profile_4b "${PDEPTHS-512 4096}" "${PSET:-rope,q8}" abl "" ${PTAIL:-16}
       GF="tests/test_backend_cuda.py tests/test_attention_rope.py tests/test_attention_gpu.py" \
         gpu_tests_4b "${GK:-fused_rope or pdl or every_position or greedy or (qwen3_4b and not prefill)}" ${TT:-170}
-      tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")" \
-        && ls -la "$OUT/kc.tar.gz" ;;
-    stage14)
-      stage stage14
-      "$0" lcpp > /dev/null
-      export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
-      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      profile_4b "${PDEPTHS-512 4096}" "${PSET:-stage}" "${PABL:-none}" "" ${PTAIL:-8}
-      GF="tests/test_gemv_stage.py tests/test_backend_cuda.py" \
-        gpu_tests_4b "${GK:-staged or gemv_stage or pdl or every_position}" ${TT:-150}
       tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")" \
         && ls -la "$OUT/kc.tar.gz" ;;
     splits14)

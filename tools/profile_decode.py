@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     p.add_argument("--settings", default="pdl,pair,loop,early,rope",
                    help="which comparisons to check and time before the ablation, comma-separated: pdl "
                         "(each set of PDL kinds), pair (SWIGLU_PAIR), loop (the attention's loops), early "
-                        "(gemv.PDL_EARLY_TRIPS), stage (decode_gemv_stage, pdl.CARVEOUT), splits (the attention plans' split count), rope (EngineConfig.decode_fused_rope), "
+                        "(gemv.PDL_EARLY_TRIPS), splits (the attention plans' split count), rope (EngineConfig.decode_fused_rope), "
                         "q8 (decode_attention_q8); '' "
                         "for none")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
     wanted = {x for x in args.settings.split(",") if x}
-    known = {"pdl", "pair", "loop", "early", "rope", "q8", "stage", "splits"}
+    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -142,8 +142,6 @@ def main(argv=None) -> int:
         settings.update(gemv_knob_settings(be, "PDL_EARLY_TRIPS", (1, 2, 3)))
     if "splits" in wanted:
         settings.update(splits_settings(be))
-    if "stage" in wanted:
-        settings.update(stage_settings(be))
     if "rope" in wanted:
         settings.update(config_settings(be, "decode_fused_rope", (True, False)))
     if "q8" in wanted:
@@ -271,33 +269,6 @@ def gemv_knob_settings(be, name: str, values) -> dict:
                                     name)
     finally:
         setattr(gemv, name, base)
-
-
-def stage_settings(be) -> dict:
-    """The step with the residual GEMVs' rows staged in shared memory by cp.async
-    (EngineConfig.decode_gemv_stage, quant/gemv_stage.py) and without, then staged with every PDL kernel asking for
-    the largest shared-memory carveout (quant/pdl.py CARVEOUT: an SM that must change carveout
-    between two kernels drains first): the same bits, then the times; the knobs are restored."""
-    import dataclasses
-
-    from genie_rt.quant import pdl as P
-    base = be.ecfg
-
-    def way(stage, c):
-        def setup():
-            be.ecfg, P.CARVEOUT = dataclasses.replace(base, decode_gemv_stage=stage), c
-        return setup
-    # -1 (the driver's choice, every kernel's default) set explicitly: the bits check runs every way
-    # before the times, so a kernel a carveout-100 way touched would otherwise keep it (2026-12-04,
-    # 17:40 UTC: that run's "off" ways were timed at carveout 100, 0.1 ms slower than the default)
-    try:
-        return same_bits_then_times(be, {"decode_gemv_stage=False": way(False, -1),
-                                         "decode_gemv_stage=True": way(True, -1),
-                                         "decode_gemv_stage=True, carveout 100": way(True, 100),
-                                         "decode_gemv_stage=False, carveout 100": way(False, 100)},
-                                    "decode_gemv_stage")
-    finally:
-        be.ecfg, P.CARVEOUT = base, -1
 
 
 def config_settings(be, name: str, values) -> dict:
