@@ -74,6 +74,8 @@
 #             built in the background, the 4B's step at depth 4096 with 16-32 splits (logits cosine
 #             first; PSET), genie-rt bench (BENCH_ARGS, e.g. "--attention-splits 24"), llama-bench on
 #             the same file. KC= a kernel cache tarball of the same sources
+#   plan14    the decode attention's block shape (warps, rows a thread, splits; 2026-12-04 night), one
+#             call: the 4B's step at depths 64, 512 and 4096 with each (PSET=plan; logits cosine first)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
 #             Qwen3-0.6B and 4B at PCTX contexts, default 4096 and 40960; issue 17: within 5 %)
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
@@ -414,6 +416,12 @@ for s in "$@"; do
       bench_4b ${BT:-240}
       llama_bench_4b ${LCPP_WAIT:-400}
       [ "${TT:-0}" -gt 0 ] && gpu_tests_4b "${GK:-pdl or every_position or greedy}" $TT ;;
+    plan14)
+      stage plan14
+      export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      PT=${PT1:-330} profile_4b "${PDEPTHS1-64}" "${PSET:-plan}" none "" ${PTAIL:-12}
+      profile_4b "${PDEPTHS-512 4096}" "${PSET:-plan}" none "" ${PTAIL:-12} ;;
     bench14)
       stage bench14
       # the second call: genie-rt bench, the prefix-reuse bench and llama-bench on the same file

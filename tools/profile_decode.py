@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     p.add_argument("--settings", default="pdl,pair,loop,early,rope",
                    help="which comparisons to check and time before the ablation, comma-separated: pdl "
                         "(each set of PDL kinds), pair (SWIGLU_PAIR), loop (the attention's loops), early "
-                        "(gemv.PDL_EARLY_TRIPS), splits (the attention plans' split count), rope (EngineConfig.decode_fused_rope), "
+                        "(gemv.PDL_EARLY_TRIPS), splits (the attention plans' split count), plan (their warps and rows a thread), rope (EngineConfig.decode_fused_rope), "
                         "q8 (decode_attention_q8); '' "
                         "for none")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
     wanted = {x for x in args.settings.split(",") if x}
-    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits"}
+    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -142,6 +142,8 @@ def main(argv=None) -> int:
         settings.update(gemv_knob_settings(be, "PDL_EARLY_TRIPS", (1, 2, 3)))
     if "splits" in wanted:
         settings.update(splits_settings(be))
+    if "plan" in wanted:
+        settings.update(plan_settings(be))
     if "rope" in wanted:
         settings.update(config_settings(be, "decode_fused_rope", (True, False)))
     if "q8" in wanted:
@@ -331,6 +333,45 @@ def splits_settings(be, values=(16, 20, 24, 28, 32)) -> dict:
     try:
         return same_bits_then_times(be, {f"attention splits={ns}": way(ns) for ns in values},
                                     "the attention's split count", min_cos=0.999)
+    finally:
+        be.lay.decode_plans[:] = plans
+        be.dws = dws
+
+
+# the default shape (168 registers: 3 blocks an SM, 24 splits on the 4B), then shorter tiles
+# (rows a thread 2 or 1: 126 / 125 registers, 4 blocks an SM, so 32 splits are one wave too) and
+# 8 warps of 2 rows (the default's 64-row tile, half a warp's trip; 2 blocks an SM: 16 splits)
+PLAN_WAYS = {"warps=4, rows/thread=4": dict(warps=4, rows_per_thread=4),
+             "warps=4, rows/thread=2": dict(warps=4, rows_per_thread=2),
+             "warps=4, rows/thread=2, 32 splits": dict(warps=4, rows_per_thread=2, n_splits=32),
+             "warps=4, rows/thread=1": dict(warps=4, rows_per_thread=1),
+             "warps=8, rows/thread=2, 16 splits": dict(warps=8, rows_per_thread=2, n_splits=16)}
+
+
+def plan_settings(be, ways=None) -> dict:
+    """The step with the global attention plans' block shape changed (DecodePlan.warps, rows_per_
+    thread: the tile a block reads a trip, each a kernel of its own; n_splits where a way says, in a
+    workspace carved for the most): a logits cosine >= 0.999 with the first (the default's shape), then the times. A
+    shorter tile gives a short context more blocks and each warp a shorter trip; the plans are
+    restored."""
+    import dataclasses
+
+    from genie_rt.kvcache.attention import DecodeWorkspace
+    from numba import cuda
+    plans, dws = list(be.lay.decode_plans), be.dws
+    ways = PLAN_WAYS if ways is None else ways
+    most = max([kw.get("n_splits", 0) for kw in ways.values()] + [dws.plan.n_splits])
+    big = dataclasses.replace(dws.plan, n_splits=most)
+    ws = DecodeWorkspace(big, cuda.device_array(big.workspace_bytes, np.uint8), stream=be.stream)
+
+    def way(kw):
+        def setup():
+            be.dws = ws
+            be.lay.decode_plans[:] = [p if p.window else dataclasses.replace(p, **kw) for p in plans]
+        return setup
+    try:
+        return same_bits_then_times(be, {f"attention {label}": way(kw) for label, kw in ways.items()},
+                                    "the attention's block shape", min_cos=0.999)
     finally:
         be.lay.decode_plans[:] = plans
         be.dws = dws
