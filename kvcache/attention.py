@@ -160,24 +160,42 @@ class DecodePlan:
                 and self.n_splits <= ws_plan.n_splits)
 
 
-def _blocks_per_sm(heads_per_block: int) -> int:
-    """Blocks an SM the default split count is sized for: one wave of the kernel at its occupancy.
-    Two heads a block (the default) take 168 registers a thread in either loop: 3 blocks of 128
-    threads an SM (65,536 registers); four heads 249: 2. The 4B's step at depth 4,096 (H200,
-    2026-12-04 17:48 UTC, tools/profile_decode.py --settings splits): 16 splits (2 an SM) 2.113 /
-    2.131 ms, 24 (3 an SM) 2.071 / 2.089, 32 (2 waves) 2.081 / 2.084 - at 4,097 keys 24 and 32
-    both cut the 65 tiles into 22 splits of 3."""
-    return 3 if heads_per_block <= 2 else 2
+def default_shape(heads_per_block: int) -> tuple[int, int]:
+    """(warps, rows a thread) of a block by default: 8 warps of 2 rows at up to two heads a block,
+    4 of 4 at more (whose 249 registers and shared memory per warp would not take 8). The same
+    64-row tile for int8 at hd 128 either way; 8 x 2 halves a warp's trip and takes 126 registers
+    instead of 168. The 4B's step (H200, 2026-12-04 18:03-18:06 UTC, tools/profile_decode.py
+    --settings plan, two passes): depth 4,096 2.020 / 2.021 ms against 4 x 4's 2.074 / 2.096,
+    depth 512 1.826 / 1.817 against 1.822 / 1.862, depth 64 1.776 / 1.793 against 1.803 / 1.789
+    (docs/kernels/attention.md)."""
+    return (8, 2) if heads_per_block <= 2 else (4, 4)
+
+
+# registers a thread of the decode kernels (ptxas 13, sm_90, the engine's build: warp loop, PDL,
+# rope, q8), by heads a block and rows a thread: what `_blocks_per_sm` sizes the splits by
+_REGISTERS = {(2, 4): 168, (2, 2): 126, (2, 1): 125, (4, 4): 249}
+
+
+def _blocks_per_sm(heads_per_block: int, warps: int, rows_per_thread: int) -> int:
+    """Blocks an SM the default split count is sized for: one wave of the kernel at its occupancy
+    (65,536 registers an SM, allocated in steps of 8 a thread). 4 warps of 4 rows at two heads
+    (168 registers) make 3 an SM, 8 warps of 2 rows (126) 2. The 4B's step at depth 4,096 with
+    4 x 4 (H200, 2026-12-04 17:48 UTC, --settings splits): 16 splits (2 an SM) 2.113 / 2.131 ms,
+    24 (3) 2.071 / 2.089, 32 (two waves) 2.081 / 2.084."""
+    gh = 2 if heads_per_block <= 2 else 4
+    regs = _REGISTERS.get((gh, min(rows_per_thread, 4)), _REGISTERS[(gh, 4)] if gh == 4 else 168)
+    per_block = -(-regs // 8) * 8 * 32 * warps
+    return max(1, 65536 // per_block)
 
 
 def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int,
                 n_splits: int | None = None, sm_count: int | None = None,
-                warps: int = 4, rows_per_thread: int = 4, window: int | None = None,
+                warps: int | None = None, rows_per_thread: int | None = None, window: int | None = None,
                 scale: float | None = None, heads_per_block: int | None = None,
                 loop: str | None = None) -> DecodePlan:
     """Choose the split count for a pool of n_ctx positions (default: one wave of blocks at full
-    context - 3 an SM at two heads a block, 2 at more: `_blocks_per_sm` - at least one tile per
-    split, at most MAX_SPLITS). loop: how a block
+    context - `_blocks_per_sm` - at least one tile per split, at most MAX_SPLITS). warps,
+    rows_per_thread: the block's shape (None: `default_shape`). loop: how a block
     walks its rows (LOOPS; None: DEFAULT_LOOP). heads_per_block:
     query heads of one KV head a block takes (default: the largest divisor of the group up to
     DEFAULT_HEADS_PER_BLOCK; at most what fits in registers). window: None or
@@ -207,13 +225,17 @@ def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int
         raise ValueError(f"heads_per_block {heads_per_block} must divide the group of "
                          f"{group} query heads per KV head and be <= {max_gh}")
     n_sub = group // heads_per_block
+    dw, dr = default_shape(heads_per_block)
+    warps = dw if warps is None else warps
+    rows_per_thread = dr if rows_per_thread is None else rows_per_thread
     plan = DecodePlan(n_head, n_kv, head_dim, kv_dtype, 1, n_sub, warps, rows_per_thread)
     keys = min(n_ctx, window) if window else n_ctx
     tiles = -(-keys // plan.tile)
     if n_splits is None:
         if sm_count is None:
             sm_count = 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
-        n_splits = max(1, (_blocks_per_sm(heads_per_block) * sm_count) // (n_kv * n_sub))
+        n_splits = max(1, (_blocks_per_sm(heads_per_block, warps, rows_per_thread) * sm_count)
+                       // (n_kv * n_sub))
     n_splits = max(1, min(n_splits, tiles, MAX_SPLITS))
     return DecodePlan(n_head, n_kv, head_dim, kv_dtype, n_splits, n_sub, warps, rows_per_thread,
                       window, None if scale is None else float(scale), loop)

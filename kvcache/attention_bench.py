@@ -117,9 +117,9 @@ def _bench_shape(shape, kv_dtype, H, KV, HD, n_ctx, W, R, ctxs, cases, n_max, sm
                  plan_decode(H, KV, HD, kv_dtype, n_ctx, n_splits=2 * base.n_splits, window=W, loop="warp")]
     variants = list(dict.fromkeys(variants))             # n_splits is capped by the tiles
     if not quick:
-        variants += [plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, rows_per_thread=2,
-                                 window=W),
-                     plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, warps=8,
+        variants += [plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, warps=4, rows_per_thread=4,
+                                 window=W),         # the block shape before 2026-12-04 night
+                     plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, warps=4,
                                  rows_per_thread=2, window=W)]
         for gh in range(1, H // KV + 1):                  # heads a block: chains vs re-reads
             try:                                          # plan_decode says which fit
@@ -130,7 +130,7 @@ def _bench_shape(shape, kv_dtype, H, KV, HD, n_ctx, W, R, ctxs, cases, n_max, sm
         variants += [plan_decode(H, KV, HD, kv_dtype, n_ctx, n_splits=ns, window=W,
                                  heads_per_block=1) for ns in (16, 33)]   # one head, more splits
         variants += [plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, window=W, loop="warp",
-                                 rows_per_thread=2),
+                                 warps=4, rows_per_thread=1),
                      plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, window=W, loop="warp",
                                  heads_per_block=min(4, H // KV)),
                      plan_decode(H, KV, HD, kv_dtype, n_ctx, n_splits=4 * base.n_splits, window=W,

@@ -148,10 +148,12 @@ def test_decode_rejects_mismatched_cache():
 
 def test_plan_decode_defaults():
     # two query heads a block by default (DEFAULT_HEADS_PER_BLOCK): Qwen3-4B's group of 4 in
-    # two subgroups, 3 blocks per SM at full context (one wave at 168 registers) -> 24 splits
+    # two subgroups; blocks of 8 warps x 2 rows (default_shape: the 64-row tile of 4 x 4), 2 an
+    # SM at 126 registers -> 16 splits; 4 x 4 (168 registers) would take 3 an SM: 24
     p = plan_decode(32, 8, 128, "int8", 4096, sm_count=132)
-    assert (p.tile, p.n_sub, p.heads_per_block) == (64, 2, 2)
-    assert p.n_splits == 24 and p.workspace_bytes >= 24 * 32 * 130 * 4
+    assert (p.tile, p.n_sub, p.heads_per_block, p.warps, p.rows_per_thread) == (64, 2, 2, 8, 2)
+    assert p.n_splits == 16 and p.workspace_bytes >= 16 * 32 * 130 * 4
+    assert plan_decode(32, 8, 128, "int8", 4096, sm_count=132, warps=4, rows_per_thread=4).n_splits == 24
     p = plan_decode(64, 8, 128, "int8", 40960, sm_count=132)       # group 8: four subgroups
     assert (p.n_sub, p.heads_per_block) == (4, 2)
     p = plan_decode(64, 8, 128, "f16", 100, sm_count=132)
@@ -159,7 +161,7 @@ def test_plan_decode_defaults():
     assert plan_decode(9, 3, 64, "int8", 100).heads_per_block == 1        # odd group: 1 divides it
     # asked for: every head of the group that fits in registers (the plan before 2026-12-03)
     p = plan_decode(32, 8, 128, "int8", 4096, sm_count=132, heads_per_block=4)
-    assert (p.tile, p.n_sub, p.heads_per_block, p.n_splits) == (64, 1, 4, 33)
+    assert (p.tile, p.n_sub, p.heads_per_block, p.n_splits, p.warps) == (64, 1, 4, 33, 4)
     p = plan_decode(64, 8, 128, "f16", 100, sm_count=132, heads_per_block=8)
     assert (p.n_sub, p.heads_per_block, p.tile) == (1, 8, 32) and p.n_splits == 4
     for bad in (0, 3, 8):                # 3 does not divide 4; 8 > the group and > int8's 4

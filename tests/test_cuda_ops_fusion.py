@@ -234,7 +234,7 @@ def test_attention_splits_config_and_cli():
         _cli_config(["--attention-splits", "0"])
     # the plan takes it, capped by the pool's tiles (64 rows of int8 at hd 128)
     assert plan_decode(32, 8, 128, "int8", 8192, n_splits=24).n_splits == 24
-    assert plan_decode(32, 8, 128, "int8", 8192, sm_count=132).n_splits == 24
+    assert plan_decode(32, 8, 128, "int8", 8192, sm_count=132).n_splits == 16
     assert plan_decode(32, 8, 128, "int8", 1024, n_splits=24).n_splits == 16
 
 
