@@ -116,3 +116,40 @@ def test_attention_that_ropes_its_token_reads_the_cache_coherently_in_every_buil
     assert "ld.global.nc" not in text and "ld.global.v4.u32" in text
     assert local_memory_bytes(text) == 0
     assert "st.global.u8" in text or "st.global.s8" in text, "the new K/V row is written"
+
+
+_SHAPE_SOURCE = """
+from genie_rt.kvcache.attention_decode_kernels import decode_kernel
+shape_8x2 = decode_kernel(128, 2, "int8", 8, 2, pdl=True, loop="warp", rope="neox", q8=True)
+shape_4x4 = decode_kernel(128, 2, "int8", 4, 4, pdl=True, loop="warp", rope="neox", q8=True)
+"""
+
+
+@pytest.mark.slow
+def test_default_attention_shapes_fit_the_split_sizing(tmp_path):
+    """kvcache/attention.py sizes the default split count by the blocks an SM the kernel's registers
+    allow (`_REGISTERS`, `_blocks_per_sm`): the engine's decode build (Qwen3-4B: hd 128, two heads
+    a block, int8, warp loop, PDL, rope, q8) must still fit - else the default splits make a second
+    wave. ptxas for sm_90 (skipped where ptxas is not installed)."""
+    import shutil
+    import subprocess
+
+    from genie_rt.kvcache.attention import _REGISTERS, _blocks_per_sm, default_shape
+    from genie_rt.kvcache.attention_decode_kernels import rope_signature
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        pytest.skip("ptxas is not installed")
+    assert default_shape(2) == (8, 2) and default_shape(4) == (4, 4)
+    sig = rope_signature("int8", True)
+    out = compile_in_subprocess(_SHAPE_SOURCE, {"shape_8x2": sig, "shape_4x4": sig}, ccs=((9, 0),))
+    for name, (warps, rows) in (("shape_8x2", (8, 2)), ("shape_4x4", (4, 4))):
+        path = tmp_path / f"{name}.ptx"
+        path.write_text(out[name][(9, 0)])
+        res = subprocess.run([ptxas, "-arch=sm_90", "-v", str(path), "-o", str(tmp_path / "k.cubin")],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-2000:]
+        regs = int(re.search(r"Used (\d+) registers", res.stderr).group(1))
+        assert re.search(r"\b0 bytes spill stores", res.stderr), f"{name} spills: {res.stderr[-500:]}"
+        assert regs <= _REGISTERS[(2, rows)], f"{name}: {regs} registers > the table's {_REGISTERS[(2, rows)]}"
+        blocks = 65536 // (-(-regs // 8) * 8 * 32 * warps)
+        assert blocks == _blocks_per_sm(2, warps, rows), (name, regs, blocks)
