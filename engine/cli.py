@@ -93,7 +93,7 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def _engine_config(args):
-    from .config import EngineConfig
+    from .config import MAX_DECODE_ATTENTION_SPLITS, EngineConfig
     if args.prefill_chunk < 1:
         raise ValueError(f"--prefill-chunk must be >= 1, got {args.prefill_chunk}")
     if args.ctx is not None and args.ctx < 1:
@@ -104,8 +104,9 @@ def _engine_config(args):
         raise ValueError(f"--threads must be >= 1 (or left out: the physical cores), got {args.threads}")
     if args.min_headroom_mb is not None and args.min_headroom_mb < 0:
         raise ValueError(f"--min-headroom-mb must be >= 0 (0 = off), got {args.min_headroom_mb}")
-    if args.attention_splits is not None and not 1 <= args.attention_splits <= 64:
-        raise ValueError(f"--attention-splits must be in 1..64 (or left out: chosen from the GPU), "
+    top = MAX_DECODE_ATTENTION_SPLITS
+    if args.attention_splits is not None and not 1 <= args.attention_splits <= top:
+        raise ValueError(f"--attention-splits must be in 1..{top} (or left out: chosen from the GPU), "
                          f"got {args.attention_splits}")
     if args.kv_cache_budget_mb < 1:
         raise ValueError(f"--kv-cache-budget-mb must be >= 1, got {args.kv_cache_budget_mb}")

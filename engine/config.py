@@ -22,6 +22,7 @@ from .gguf_file import GGUFError, GGUFFile, short_repr as _short
 # (tools/profile_decode.py --settings loop): warp / block / warp-nopf 1.976 / 2.034 / 2.034 ms at
 # depth 512, 2.277 / 2.419 / 2.320 ms at 4096 (docs/decode-step.md, section 6c)
 DECODE_ATTENTION_LOOPS = ("block", "warp", "warp-nopf")
+MAX_DECODE_ATTENTION_SPLITS = 64        # kvcache/attention_decode_kernels.MAX_SPLITS (a test keeps them equal)
 DEFAULT_DECODE_ATTENTION_LOOP = "warp"
 
 
@@ -301,9 +302,10 @@ class EngineConfig:
             raise ValueError(f"decode_fused_ffn must be True or False, got {self.decode_fused_ffn!r}")
         if not isinstance(self.decode_fused_rope, bool):
             raise ValueError(f"decode_fused_rope must be True or False, got {self.decode_fused_rope!r}")
+        top = MAX_DECODE_ATTENTION_SPLITS
         if self.decode_attention_splits is not None and (not integer(self.decode_attention_splits)
-                                                         or not 1 <= self.decode_attention_splits <= 64):
-            raise ValueError(f"decode_attention_splits must be an integer in 1..64 (or None: the plan's "
+                                                         or not 1 <= self.decode_attention_splits <= top):
+            raise ValueError(f"decode_attention_splits must be an integer in 1..{top} (or None: the plan's "
                              f"choice), got {self.decode_attention_splits!r}")
         if self.decode_attention_loop not in (None,) + DECODE_ATTENTION_LOOPS:
             raise ValueError(f"decode_attention_loop must be one of {DECODE_ATTENTION_LOOPS} (or None: "

@@ -176,16 +176,20 @@ def default_shape(heads_per_block: int) -> tuple[int, int]:
 _REGISTERS = {(2, 4): 168, (2, 2): 126, (2, 1): 125, (4, 4): 249}
 
 
+def blocks_at(registers: int, warps: int) -> int:
+    """Blocks of `warps` warps an SM holds at `registers` a thread (65,536 registers an SM,
+    allocated in steps of 8 a thread)."""
+    return max(1, 65536 // (-(-registers // 8) * 8 * 32 * warps))
+
+
 def _blocks_per_sm(heads_per_block: int, warps: int, rows_per_thread: int) -> int:
-    """Blocks an SM the default split count is sized for: one wave of the kernel at its occupancy
-    (65,536 registers an SM, allocated in steps of 8 a thread). 4 warps of 4 rows at two heads
-    (168 registers) make 3 an SM, 8 warps of 2 rows (126) 2. The 4B's step at depth 4,096 with
-    4 x 4 (H200, 2026-12-04 17:48 UTC, --settings splits): 16 splits (2 an SM) 2.113 / 2.131 ms,
-    24 (3) 2.071 / 2.089, 32 (two waves) 2.081 / 2.084."""
+    """Blocks an SM the default split count is sized for: one wave of the kernel at its occupancy.
+    4 warps of 4 rows at two heads (168 registers) make 3 an SM, 8 warps of 2 rows (126) 2 (a shape
+    not in `_REGISTERS` counts as its heads' 4-row one). The 4B's step at depth 4,096 with 4 x 4
+    (H200, 2026-12-04 17:48 UTC, --settings splits): 16 splits (2 an SM) 2.113 / 2.131 ms, 24 (3)
+    2.071 / 2.089, 32 (two waves) 2.081 / 2.084."""
     gh = 2 if heads_per_block <= 2 else 4
-    regs = _REGISTERS.get((gh, min(rows_per_thread, 4)), _REGISTERS[(gh, 4)] if gh == 4 else 168)
-    per_block = -(-regs // 8) * 8 * 32 * warps
-    return max(1, 65536 // per_block)
+    return blocks_at(_REGISTERS.get((gh, rows_per_thread), _REGISTERS[(gh, 4)]), warps)
 
 
 def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int,

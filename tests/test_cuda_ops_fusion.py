@@ -223,8 +223,9 @@ def test_fused_rope_config_and_cli_switch():
 
 
 def test_attention_splits_config_and_cli():
-    from genie_rt.engine.config import EngineConfig
-    from genie_rt.kvcache.attention import plan_decode
+    from genie_rt.engine.config import MAX_DECODE_ATTENTION_SPLITS, EngineConfig
+    from genie_rt.kvcache.attention import MAX_SPLITS, plan_decode
+    assert MAX_DECODE_ATTENTION_SPLITS == MAX_SPLITS
     assert EngineConfig().decode_attention_splits is None
     for bad in (0, 65, 2.0, True):
         with pytest.raises(ValueError, match="decode_attention_splits"):

@@ -134,7 +134,7 @@ def test_default_attention_shapes_fit_the_split_sizing(tmp_path):
     import shutil
     import subprocess
 
-    from genie_rt.kvcache.attention import _REGISTERS, _blocks_per_sm, default_shape
+    from genie_rt.kvcache.attention import _REGISTERS, _blocks_per_sm, blocks_at, default_shape
     from genie_rt.kvcache.attention_decode_kernels import rope_signature
     ptxas = shutil.which("ptxas")
     if ptxas is None:
@@ -151,5 +151,4 @@ def test_default_attention_shapes_fit_the_split_sizing(tmp_path):
         regs = int(re.search(r"Used (\d+) registers", res.stderr).group(1))
         assert re.search(r"\b0 bytes spill stores", res.stderr), f"{name} spills: {res.stderr[-500:]}"
         assert regs <= _REGISTERS[(2, rows)], f"{name}: {regs} registers > the table's {_REGISTERS[(2, rows)]}"
-        blocks = 65536 // (-(-regs // 8) * 8 * 32 * warps)
-        assert blocks == _blocks_per_sm(2, warps, rows), (name, regs, blocks)
+        assert blocks_at(regs, warps) == _blocks_per_sm(2, warps, rows), (name, regs)

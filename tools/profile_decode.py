@@ -83,7 +83,8 @@ def main(argv=None) -> int:
     p.add_argument("--settings", default="pdl,pair,loop,early,rope",
                    help="which comparisons to check and time before the ablation, comma-separated: pdl "
                         "(each set of PDL kinds), pair (SWIGLU_PAIR), loop (the attention's loops), early "
-                        "(gemv.PDL_EARLY_TRIPS), splits (the attention plans' split count), plan (their warps and rows a thread), rope (EngineConfig.decode_fused_rope), "
+                        "(gemv.PDL_EARLY_TRIPS), splits (the attention plans' split count), plan "
+                        "(their warps and rows a thread), rope (EngineConfig.decode_fused_rope), "
                         "q8 (decode_attention_q8); '' "
                         "for none")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
@@ -311,49 +312,31 @@ def loop_settings(be) -> dict:
 
 
 def splits_settings(be, values=(16, 20, 24, 28, 32)) -> dict:
-    """The step with the global attention plans cut into each of `values` splits (DecodePlan.
-    n_splits: blocks along the context per KV head and subgroup, fixed at capture; the kernels are
-    the same), in a workspace carved for the most: a logits cosine >= 0.999 with the first (the
-    merge adds the splits' partials in another grouping), then the times. The default plan has
-    ~2 blocks an SM (kvcache/attention.py plan_decode); the warp loop's 168 registers leave room for
-    3 - one wave of 24 splits on the 4B's 8 KV heads x 2 subgroups. Plans and workspace restored."""
-    import dataclasses
-
-    from genie_rt.kvcache.attention import DecodeWorkspace
-    from numba import cuda
-    plans, dws = list(be.lay.decode_plans), be.dws
-    big = dataclasses.replace(dws.plan, n_splits=max(max(values), dws.plan.n_splits))
-    ws = DecodeWorkspace(big, cuda.device_array(big.workspace_bytes, np.uint8), stream=be.stream)
-
-    def way(ns):
-        def setup():
-            be.dws = ws
-            be.lay.decode_plans[:] = [p if p.window else dataclasses.replace(p, n_splits=ns) for p in plans]
-        return setup
-    try:
-        return same_bits_then_times(be, {f"attention splits={ns}": way(ns) for ns in values},
-                                    "the attention's split count", min_cos=0.999)
-    finally:
-        be.lay.decode_plans[:] = plans
-        be.dws = dws
+    """plan_settings with the global plans cut into each of `values` splits (DecodePlan.n_splits:
+    blocks along the context per KV head and subgroup, fixed at capture; the kernels are the same).
+    Measured 2026-12-04 with 4 x 4 blocks, whose 168 registers leave 3 an SM: one wave of 24 splits
+    on the 4B's 8 KV heads x 2 subgroups."""
+    return plan_settings(be, {f"splits={ns}": dict(n_splits=ns) for ns in values},
+                         "the attention's split count")
 
 
-# the default shape (168 registers: 3 blocks an SM, 24 splits on the 4B), then shorter tiles
-# (rows a thread 2 or 1: 126 / 125 registers, 4 blocks an SM, so 32 splits are one wave too) and
-# 8 warps of 2 rows (the default's 64-row tile, half a warp's trip; 2 blocks an SM: 16 splits)
-PLAN_WAYS = {"warps=4, rows/thread=4": dict(warps=4, rows_per_thread=4),
+# 4 warps of 4 rows (the default until 2026-12-04 night: 168 registers, 3 blocks an SM, 24 splits
+# on the 4B), shorter tiles (2 or 1 rows a thread: 126 / 125 registers, 4 blocks an SM, so 32 splits
+# are one wave too), and 8 warps of 2 rows (the same 64-row tile, half a warp's trip; 2 blocks an
+# SM: 16 splits - the default since)
+PLAN_WAYS = {"warps=4, rows/thread=4, 24 splits": dict(warps=4, rows_per_thread=4, n_splits=24),
              "warps=4, rows/thread=2": dict(warps=4, rows_per_thread=2),
              "warps=4, rows/thread=2, 32 splits": dict(warps=4, rows_per_thread=2, n_splits=32),
              "warps=4, rows/thread=1": dict(warps=4, rows_per_thread=1),
              "warps=8, rows/thread=2, 16 splits": dict(warps=8, rows_per_thread=2, n_splits=16)}
 
 
-def plan_settings(be, ways=None) -> dict:
-    """The step with the global attention plans' block shape changed (DecodePlan.warps, rows_per_
-    thread: the tile a block reads a trip, each a kernel of its own; n_splits where a way says, in a
-    workspace carved for the most): a logits cosine >= 0.999 with the first (the default's shape), then the times. A
-    shorter tile gives a short context more blocks and each warp a shorter trip; the plans are
-    restored."""
+def plan_settings(be, ways=None, what="the attention's block shape") -> dict:
+    """The step with the global attention plans changed by each way's DecodePlan fields (warps,
+    rows_per_thread: the tile a block reads a trip, each a kernel of its own; n_splits; a field a
+    way leaves out keeps the loaded plan's), in a workspace carved for the most splits: a logits
+    cosine >= 0.999 with the first way's (the merge and the lane slots add in another grouping),
+    then the times. The plans and the workspace are restored."""
     import dataclasses
 
     from genie_rt.kvcache.attention import DecodeWorkspace
@@ -371,7 +354,7 @@ def plan_settings(be, ways=None) -> dict:
         return setup
     try:
         return same_bits_then_times(be, {f"attention {label}": way(kw) for label, kw in ways.items()},
-                                    "the attention's block shape", min_cos=0.999)
+                                    what, min_cos=0.999)
     finally:
         be.lay.decode_plans[:] = plans
         be.dws = dws
