@@ -57,6 +57,7 @@ def run_decode(pool, kd, vd, n_head, pos, layer=1, seed=1, **plan_kw):
     n_kv, hd = pool.shape.n_kv_heads, pool.shape.head_dim
     plan = plan_decode(n_head, n_kv, hd, pool.shape.dtype, pool.n_ctx, **plan_kw)
     ws = DecodeWorkspace(plan)
+    ws.part_o.copy_to_device(np.full(ws.part_o.shape, np.nan, np.float32))   # NaN: no split wrote
     q = np.random.default_rng(seed).standard_normal((n_head, hd)).astype(np.float32) * 2
     out = cuda.device_array(n_head * hd, np.float32)
     state = cuda.to_device(np.array([pos], np.int32))
@@ -66,6 +67,9 @@ def run_decode(pool, kd, vd, n_head, pos, layer=1, seed=1, **plan_kw):
     atol = 2e-5 * np.abs(vd[layer]).max()
     assert_close(out.copy_to_host(), ref, atol, 1e-5, f"decode pos {pos} {plan}")
     assert not ws.tickets.copy_to_host().any(), "tickets must be zero after a launch"
+    # the splits whose blocks wrote partials (none when one split read the whole context)
+    written = ~np.isnan(ws.part_o.copy_to_host()).all(axis=1)
+    run_decode.splits_written = [int(i) for i in np.flatnonzero(written)]
     return plan
 
 

@@ -56,6 +56,9 @@
 #             tg128 at depth 0 and 4096), the PDL and CPU-parity GPU tests, llama-bench if built
 #   issue14   issue 14's numbers in one call (2026-12-04): genie-rt bench and llama-bench on the same
 #             file (llama.cpp built in the background meanwhile), the prefix-reuse bench, GPU tests
+#   solo14    the decode attention's split policy at short contexts (2026-12-04 night): the 4B's step
+#             at depths 64, 160, 320, 512 with solo_tiles 0/2/4/8 and one head a block (profile-*.json),
+#             then the GPU tests of the back-end and the fused-rope attention (TT s)
 #   attnloop  the decode attention's loops (attention_decode_tiles.py, 2026-12-04): the 4B's decode
 #             step at depth 4096 and 512 with each loop (logits cosine >= 0.999 with the default's),
 #             the attention GPU tests and the back-end's (CPU parity, greedy text, PDL bits), the
@@ -422,6 +425,16 @@ for s in "$@"; do
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       PT=${PT1:-330} profile_4b "${PDEPTHS1-64}" "${PSET:-plan}" none "" ${PTAIL:-12}
       profile_4b "${PDEPTHS-512 4096}" "${PSET:-plan}" none "" ${PTAIL:-12} ;;
+    solo14)
+      stage solo14
+      # the attention's split policy at short contexts (2026-12-04): solo_tiles (one split, no merge,
+      # up to 2 / 4 / 8 tiles) and one head a block, at depths PDEPTHS; then the GPU tests (TT s)
+      export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      PT=${PT1:-360} profile_4b "${PDEPTHS1-64}" "${PSET:-solo}" none "" ${PTAIL:-16}
+      profile_4b "${PDEPTHS-160 320 512}" "${PSET:-solo}" none "" ${PTAIL:-16}
+      [ "${TT:-0}" -gt 0 ] && GF="tests/test_backend_cuda.py tests/test_attention_rope.py tests/test_attention_gpu.py" \
+        gpu_tests_4b "${GK:-pdl or every_position or greedy or fused_rope or qwen3_4b}" $TT ;;
     bench14)
       stage bench14
       # the second call: genie-rt bench, the prefix-reuse bench and llama-bench on the same file

@@ -84,7 +84,7 @@ def main(argv=None) -> int:
                    help="which comparisons to check and time before the ablation, comma-separated: pdl "
                         "(each set of PDL kinds), pair (SWIGLU_PAIR), loop (the attention's loops), early "
                         "(gemv.PDL_EARLY_TRIPS), splits (the attention plans' split count), plan "
-                        "(their warps and rows a thread), rope (EngineConfig.decode_fused_rope), "
+                        "(their warps and rows a thread), solo (solo_tiles, one head a block), rope (EngineConfig.decode_fused_rope), "
                         "q8 (decode_attention_q8); '' "
                         "for none")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
@@ -131,7 +131,7 @@ def main(argv=None) -> int:
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
     wanted = {x for x in args.settings.split(",") if x}
-    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan"}
+    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "solo"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -143,6 +143,8 @@ def main(argv=None) -> int:
         settings.update(gemv_knob_settings(be, "PDL_EARLY_TRIPS", (1, 2, 3)))
     if "splits" in wanted:
         settings.update(splits_settings(be))
+    if "solo" in wanted:
+        settings.update(plan_settings(be, SOLO_WAYS, "the attention's split policy"))
     if "plan" in wanted:
         settings.update(plan_settings(be))
     if "rope" in wanted:
@@ -333,21 +335,23 @@ PLAN_WAYS = {"warps=4, rows/thread=4, 24 splits": dict(warps=4, rows_per_thread=
 
 def plan_settings(be, ways=None, what="the attention's block shape") -> dict:
     """The step with the global attention plans changed by each way's DecodePlan fields (warps,
-    rows_per_thread: the tile a block reads a trip, each a kernel of its own; n_splits; a field a
-    way leaves out keeps the loaded plan's), in a workspace carved for the most splits: a logits
-    cosine >= 0.999 with the first way's (the merge and the lane slots add in another grouping),
-    then the times. The plans and the workspace are restored."""
+    rows_per_thread: the tile a block reads a trip, each a kernel of its own; n_splits; n_sub: the
+    heads a block; solo_tiles; a field a way leaves out keeps the loaded plan's), each way in a
+    workspace carved for its splits and subgroups: a logits cosine >= 0.999 with the first way's
+    (the merge and the lane slots add in another grouping), then the times. The plans and the
+    workspace are restored."""
     import dataclasses
 
     from genie_rt.kvcache.attention import DecodeWorkspace
     from numba import cuda
     plans, dws = list(be.lay.decode_plans), be.dws
     ways = PLAN_WAYS if ways is None else ways
-    most = max([kw.get("n_splits", 0) for kw in ways.values()] + [dws.plan.n_splits])
-    big = dataclasses.replace(dws.plan, n_splits=most)
-    ws = DecodeWorkspace(big, cuda.device_array(big.workspace_bytes, np.uint8), stream=be.stream)
 
     def way(kw):
+        shape = {k: v for k, v in kw.items() if k in ("n_splits", "n_sub")}
+        wplan = dataclasses.replace(dws.plan, **shape)
+        ws = DecodeWorkspace(wplan, cuda.device_array(wplan.workspace_bytes, np.uint8), stream=be.stream)
+
         def setup():
             be.dws = ws
             be.lay.decode_plans[:] = [p if p.window else dataclasses.replace(p, **kw) for p in plans]
@@ -358,6 +362,15 @@ def plan_settings(be, ways=None, what="the attention's block shape") -> dict:
     finally:
         be.lay.decode_plans[:] = plans
         be.dws = dws
+
+
+# a context of at most solo_tiles tiles read by one split, without the merge (the default's 16
+# splits otherwise), and one query head a block (n_sub 4 on the 4B: twice the blocks, half the
+# registers' q slices and accumulators, each K/V row read 4 times from L2)
+SOLO_WAYS = {"solo_tiles=0 (default)": dict(solo_tiles=0), "solo_tiles=2": dict(solo_tiles=2),
+             "solo_tiles=4": dict(solo_tiles=4), "solo_tiles=8": dict(solo_tiles=8),
+             "one head a block, 8 splits": dict(n_sub=4, n_splits=8),
+             "one head a block, 8 splits, solo_tiles=4": dict(n_sub=4, n_splits=8, solo_tiles=4)}
 
 
 def fused_ffn_settings(be, pdl_ok: bool) -> dict:
