@@ -14,6 +14,8 @@ captured into a CUDA graph (a first, uncaptured run compiles; the capture record
 
     ("decode", mode)         body(DecodeOps) on one row, head, sampling (greedy / full /
                              none), S_POS += 1 - one graph per token
+    ("decode", mode, "short")  the same for a position below EngineConfig.decode_short_ctx: its
+                             attention takes one query head a block (lay.decode_plans_short)
     ("prefill", n, splits)   body(PrefillOps) on a chunk of n rows (a bucket: padded rows
                              are computed and ignored), then x_last <- x[S_LAST]; splits:
                              the most attention splits per plan at any start, the count in
@@ -113,6 +115,9 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         self.ffn_counters = A["ffn_counters"]
         self.ffn_counters.copy_to_device(np.zeros(8, np.int32), stream=self.stream)
         self.dws = DecodeWorkspace(lay.decode_plan, A["ws.decode"], stream=self.stream)
+        self.dws_short = (DecodeWorkspace(lay.decode_plan_short, A["ws.decode_short"], stream=self.stream)
+                          if lay.decode_plan_short is not None else None)
+        self.recording_short = False       # a short-context decode graph is being recorded
         self.pws = PrefillWorkspace(lay.prefill_plan, A["ws.prefill"] if lay.prefill_plan.workspace_bytes else None)
         A["ws.mmq"].copy_to_device(np.zeros(A["ws.mmq"].shape, np.uint8), stream=self.stream)
         self.sws = gpu_sampling.workspace_from_arena(A, cfg.vocab_size, prefix="sampler.",
@@ -205,14 +210,27 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         elif sample == "full":
             gpu_sampling.sample(self.sws, logits, self.state, self.out, stream=self.stream)
 
-    def _record_decode(self, sample: str | None) -> None:
+    def _record_decode(self, sample: str | None, short: bool = False) -> None:
+        """One decode step; short: with the short-context attention plans (DecodeOps.attention)."""
         from genie_rt.engine import gpu_sampling
         s = self._decode_scratch
-        ops = self._decode_ops()
-        self.spec.body(ops, self.weights, self.attn, s, self.cfg)
-        self._record_head(s.x, sample, ops)
+        self.recording_short = bool(short) and self.dws_short is not None
+        try:
+            ops = self._decode_ops()
+            self.spec.body(ops, self.weights, self.attn, s, self.cfg)
+            self._record_head(s.x, sample, ops)
+        finally:
+            self.recording_short = False
         if sample is not None:
             gpu_sampling.advance_state(self.state, stream=self.stream)
+
+    def _decode_step(self, sample: str | None, pos: int) -> None:
+        """Replay (capture the first time) the decode graph of a step at position pos: the
+        short-context one below EngineConfig.decode_short_ctx. Either computes the same step (the
+        position is read on the device); they differ in speed only."""
+        short = self.dws_short is not None and pos < self.ecfg.decode_short_ctx
+        key = ("decode", sample, "short") if short else ("decode", sample)
+        self._run(key, lambda: self._record_decode(sample, short))
 
     def _record_prefill(self, n: int, n_splits: tuple) -> None:
         """Layer-major prefill of n rows (ids[:n]) at start = state[S_POS]; x_last <- x[state[S_LAST]]."""
@@ -315,6 +333,9 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
                 "decode_pdl": bool(self.ecfg.decode_pdl) and pdl.available(),
                 "decode_attention_loop": self.lay.decode_plan.loop,
                 "decode_attention_splits": self.lay.decode_plan.n_splits,
+                "decode_short_ctx": (self.ecfg.decode_short_ctx if self.dws_short is not None else 0),
+                "decode_attention_splits_short": (self.lay.decode_plan_short.n_splits
+                                                  if self.dws_short is not None else None),
                 "decode_fused_rope": bool(getattr(self.ecfg, "decode_fused_rope", False)),
                 "decode_attention_q8": bool(getattr(self.ecfg, "decode_attention_q8", False)),
                 "gemv_pdl_early_trips": gemv.PDL_EARLY_TRIPS}
@@ -380,7 +401,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         self._enter()
         self._set_state(pos=pos, token=token)
         self._wrote(pos, 1)
-        self._run(("decode", None), lambda: self._record_decode(None))
+        self._decode_step(None, pos)
         return self._logits()
 
     def prefill_sample(self, tokens, start: int, sampler, history, cancel=None) -> int | None:
@@ -431,7 +452,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         self._set_state(pos=pos, token=token)
         self._wrote(pos, 1)
         mode = "greedy" if self._req.greedy else "full"
-        self._run(("decode", mode), lambda: self._record_decode(mode))
+        self._decode_step(mode, pos)
         self.stream.synchronize()
         return self._read_token()
 
@@ -449,15 +470,14 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
             yield from self._constrained(pos, sampler)
             return
         mode = "greedy" if self._req.greedy else "full"
-        replay = lambda: self._run(("decode", mode), lambda: self._record_decode(mode))  # noqa: E731
         pending: deque = deque()
 
         step = [pos]
 
         def launch():
             self._wrote(step[0], 1)           # each replay writes the next position
+            self._decode_step(mode, step[0])
             step[0] += 1
-            replay()
             ev = cuda.event(timing=False)
             ev.record(self.stream)
             pending.append(ev)

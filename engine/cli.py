@@ -67,6 +67,9 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--attention-splits", type=int, default=None, metavar="N",
                    help="CUDA decode attention: blocks along the context per KV head (1..64; default: "
                         "chosen from the GPU's SM count; for tuning and comparisons)")
+    p.add_argument("--attention-short-ctx", type=int, default=None, metavar="N",
+                   help="CUDA decode: below position N the step's attention takes one query head a block "
+                        "(a graph of its own; default 512; 0: one graph at every position)")
     p.add_argument("--attention-loop", default=None, metavar="{block,warp,warp-nopf}",
                    help="CUDA decode attention: how a block walks its rows - block (barriers a tile), warp "
                         "(each lane slot its own softmax, the next rows' loads in flight), warp-nopf "
@@ -108,6 +111,9 @@ def _engine_config(args):
     if args.attention_splits is not None and not 1 <= args.attention_splits <= top:
         raise ValueError(f"--attention-splits must be in 1..{top} (or left out: chosen from the GPU), "
                          f"got {args.attention_splits}")
+    if args.attention_short_ctx is not None and args.attention_short_ctx < 0:
+        raise ValueError(f"--attention-short-ctx must be >= 0 (0: one decode graph at every position), "
+                         f"got {args.attention_short_ctx}")
     if args.kv_cache_budget_mb < 1:
         raise ValueError(f"--kv-cache-budget-mb must be >= 1, got {args.kv_cache_budget_mb}")
     if args.kv_cache_dir is not None:     # checked before minutes of loading, not after
@@ -124,7 +130,9 @@ def _engine_config(args):
                         thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory,
                         fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl, overlap_load=args.overlap_load,
                         decode_attention_loop=args.attention_loop, decode_fused_rope=args.fused_rope,
-                        decode_attention_splits=args.attention_splits)
+                        decode_attention_splits=args.attention_splits,
+                        **({} if args.attention_short_ctx is None else
+                           {"decode_short_ctx": args.attention_short_ctx}))
 
 
 def resolve_model_arg(args) -> None:

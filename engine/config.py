@@ -267,6 +267,13 @@ class EngineConfig:
     decode_attention_splits: int | None = None  # CUDA decode attention: blocks along the context per KV
                                         # head and subgroup (kvcache/attention.py plan_decode; None: its
                                         # choice from the SM count); --attention-splits
+    decode_short_ctx: int = 512         # CUDA decode: a step at a position below this runs a graph of its
+                                        # own whose attention takes one query head a block (twice the
+                                        # blocks, each a shorter chain; the K/V rows read once a head, from
+                                        # L2): H200, 2026-12-04, the 4B's step at depths 64 / 160 / 320 / 512
+                                        # 1.740 / 1.749 / 1.754 / 1.784 ms against 1.781 / 1.795 / 1.791 / 1.808
+                                        # (docs/kernels/attention.md); at long contexts the shared rows win.
+                                        # 0: one graph at every position; --attention-short-ctx
     decode_attention_loop: str | None = None    # CUDA decode attention's loop (DECODE_ATTENTION_LOOPS;
                                         # None: DEFAULT_DECODE_ATTENTION_LOOP); --attention-loop
     overlap_load: bool = False          # CUDA, discrete GPU: read the weights on a thread while the
@@ -307,6 +314,9 @@ class EngineConfig:
                                                          or not 1 <= self.decode_attention_splits <= top):
             raise ValueError(f"decode_attention_splits must be an integer in 1..{top} (or None: the plan's "
                              f"choice), got {self.decode_attention_splits!r}")
+        if not integer(self.decode_short_ctx) or self.decode_short_ctx < 0:
+            raise ValueError(f"decode_short_ctx must be an integer >= 0 (0: one decode graph at every "
+                             f"position), got {self.decode_short_ctx!r}")
         if self.decode_attention_loop not in (None,) + DECODE_ATTENTION_LOOPS:
             raise ValueError(f"decode_attention_loop must be one of {DECODE_ATTENTION_LOOPS} (or None: "
                              f"the default), got {self.decode_attention_loop!r}")

@@ -43,8 +43,8 @@ class ConstrainedSteps:
 
         def forward():
             self._wrote(step[0], 1)
+            self._decode_step(None, step[0])
             step[0] += 1
-            self._run(("decode", None), lambda: self._record_decode(None))
 
         def draw():
             self._draw_graph(self._mask_step(sampler), advance=True)

@@ -129,6 +129,10 @@ class GraphSteps:
                 self._set_state(pos=0)
                 self._warm_one(("decode", mode), lambda mode=mode: self._record_decode(mode),
                                first_try_capture=False)
+                if getattr(self, "dws_short", None) is not None:     # the short-context graph
+                    self._set_state(pos=0)
+                    self._warm_one(("decode", mode, "short"), lambda mode=mode: self._record_decode(mode, True),
+                                   first_try_capture=False)
                 progress.advance(1, f"decode {mode or 'logits'}")
             self.stream.synchronize()
             self.kv.zero(self.stream)

@@ -112,6 +112,10 @@ class CudaLayout:
     prefill_plans: list
     mmq_workspace: int
     stacked: dict[str, int]                 # "mixed" groups (several WeightGroups): the widest
+    # the short-context decode graph's attention (EngineConfig.decode_short_ctx): one query head a
+    # block, its own workspace; None where there is no such graph (off, or a group of one head)
+    decode_plan_short: object = None
+    decode_plans_short: list | None = None
 
 
 def _plane_entries(layout: ArenaLayout, g: WeightGroup) -> None:
@@ -228,6 +232,10 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
     for d, _ in kinds.values():
         assert d.fits(dplan), "decode plans of one model share a workspace"
     L.add("ws.decode", (dplan.workspace_bytes,), np.uint8)
+    short, splan = short_plans(cfg, ecfg, n_ctx, windows, dplan), None
+    if short:
+        splan = max(short.values(), key=lambda d: d.workspace_bytes)
+        L.add("ws.decode_short", (splan.workspace_bytes,), np.uint8)
     L.add("ws.prefill", (max(pplan.workspace_bytes, 16),), np.uint8)
     mmq_ws = 0
     for names, gs in groups.items():
@@ -245,7 +253,22 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
     gpu_sampling.workspace_layout(L, cfg.vocab_size, prefix="sampler.", ring_capacity=max(n_ctx, 64),
                                   max_bias=MAX_BIAS)
     return CudaLayout(L, groups, matrices, norms, kv_shape, weight_bytes, stream, N, dplan, pplan,
-                      [kinds[w][0] for w in windows], [kinds[w][1] for w in windows], mmq_ws, stacked)
+                      [kinds[w][0] for w in windows], [kinds[w][1] for w in windows], mmq_ws, stacked,
+                      splan, [short[w] for w in windows] if short else None)
+
+
+def short_plans(cfg, ecfg, n_ctx: int, windows, dplan) -> dict:
+    """The attention plans of the short-context decode graph, by window (EngineConfig.
+    decode_short_ctx): one query head a block, the splits sized for contexts below the threshold
+    (kvcache/attention.py plan_decode; decode_attention_splits is for the other graph). Empty when
+    the graph is off or would take one head a block anyway (dplan: the other graph's plan)."""
+    from genie_rt.kvcache.attention import plan_decode
+    short = int(getattr(ecfg, "decode_short_ctx", 0) or 0)
+    if short <= 0 or dplan.heads_per_block == 1:
+        return {}
+    return {w: plan_decode(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, min(n_ctx, short),
+                           window=w, scale=cfg.attn_scale, loop=ecfg.decode_attention_loop,
+                           heads_per_block=1) for w in dict.fromkeys(windows)}
 
 
 def device():

@@ -322,14 +322,16 @@ class DecodeOps(_Ops):
         if self.attention_q8 and self._name(out) in Q8_SOURCES:
             xq, xs = self._q8_views(out)
         rt = self.rt
-        kw = dict(stream=self.stream, plan=rt.lay.decode_plans[a.index], xq=xq, xs=xs,
-                  pdl="attention" in self.pdl_kinds)
+        # the short-context graph's plans (one query head a block) and their workspace, or the others
+        short = getattr(rt, "recording_short", False)
+        plans, ws = (rt.lay.decode_plans_short, rt.dws_short) if short else (rt.lay.decode_plans, rt.dws)
+        kw = dict(stream=self.stream, plan=plans[a.index], xq=xq, xs=xs, pdl="attention" in self.pdl_kinds)
         if fuse:
             cos, sin = rt.rope_table(a)
             decode_rope_attention(r.qkv, a.q_norm, a.k_norm, self.cfg.rms_eps, cos, sin, rt.kv_layers[a.index],
-                                  rt.state, out, rt.dws, rope=ROPE_NAMES[self.cfg.rope_style], **kw)
+                                  rt.state, out, ws, rope=ROPE_NAMES[self.cfg.rope_style], **kw)
         else:
-            decode_attention(q, rt.kv_layers[a.index], rt.state, out, rt.dws, **kw)
+            decode_attention(q, rt.kv_layers[a.index], rt.state, out, ws, **kw)
         self._wrote(out)
         if xq is not None:
             self._q8_fresh.add(self._name(out))

@@ -53,8 +53,6 @@ _ALIGN = 256
 # 8.97 / 10.25 / 16.73 / 42.10; 1 head (8 splits) 7.70 / 9.40 / 20.06 / 65.33.
 # docs/kernels/attention.md has the whole table.
 DEFAULT_HEADS_PER_BLOCK = 2
-# A context of at most this many tiles is read by one split (DecodePlan.solo_tiles): no merge.
-DEFAULT_SOLO_TILES = 0
 KV_DTYPES = {np.dtype(np.int8): "int8", np.dtype(np.float16): "f16"}
 
 
@@ -130,7 +128,6 @@ class DecodePlan:
     window: int = 0            # 0: every key 0 .. pos; W: keys pos - W + 1 .. pos (ring-safe)
     scale: float | None = None  # attention scale; None: 1 / sqrt(head_dim)
     loop: str = DEFAULT_LOOP   # how a block walks its rows (LOOPS; engine/config.py says why this one)
-    solo_tiles: int = 0        # a context of at most this many tiles takes one split (no merge)
 
     @property
     def heads_per_block(self) -> int:
@@ -146,7 +143,7 @@ class DecodePlan:
         """The kernel of this plan; rope (a ROPE build, decode_rope_attention): "neox" | "normal"."""
         return decode_kernel(self.head_dim, self.heads_per_block, self.kv_dtype, self.warps,
                              self.rows_per_thread, self.window, self.scale, q8, pdl, self.loop,
-                             rope, bool(qk_norm), bool(ring), self.solo_tiles)
+                             rope, bool(qk_norm), bool(ring))
 
     @property
     def workspace_bytes(self) -> int:
@@ -199,7 +196,7 @@ def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int
                 n_splits: int | None = None, sm_count: int | None = None,
                 warps: int | None = None, rows_per_thread: int | None = None, window: int | None = None,
                 scale: float | None = None, heads_per_block: int | None = None,
-                loop: str | None = None, solo_tiles: int | None = None) -> DecodePlan:
+                loop: str | None = None) -> DecodePlan:
     """Choose the split count for a pool of n_ctx positions (default: one wave of blocks at full
     context - `_blocks_per_sm` - at least one tile per split, at most MAX_SPLITS). warps,
     rows_per_thread: the block's shape (None: `default_shape`). loop: how a block
@@ -207,9 +204,7 @@ def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int
     query heads of one KV head a block takes (default: the largest divisor of the group up to
     DEFAULT_HEADS_PER_BLOCK; at most what fits in registers). window: None or
     0 for a global layer, W >= 1 for a sliding-window layer (keys pos - W + 1 .. pos; the
-    splits then cover W keys, not n_ctx). scale: the attention scale (None: 1/sqrt(hd)).
-    solo_tiles: a context of at most this many tiles is read by one split, without the merge
-    (None: DEFAULT_SOLO_TILES; 0: always every split)."""
+    splits then cover W keys, not n_ctx). scale: the attention scale (None: 1/sqrt(hd))."""
     if kv_dtype not in ("int8", "f16"):
         raise ValueError(f"decode attention supports KV dtypes int8 and f16, not '{kv_dtype}'")
     if n_head % n_kv:
@@ -220,9 +215,6 @@ def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int
     loop = DEFAULT_LOOP if loop is None else loop
     if loop not in LOOPS:
         raise ValueError(f"decode attention loop '{loop}' is not one of {LOOPS}")
-    solo_tiles = DEFAULT_SOLO_TILES if solo_tiles is None else solo_tiles
-    if isinstance(solo_tiles, bool) or not isinstance(solo_tiles, (int, np.integer)) or solo_tiles < 0:
-        raise ValueError(f"solo_tiles must be an integer >= 0, got {solo_tiles!r}")
     window = int(window or 0)
     if window < 0:
         raise ValueError(f"window {window} must be >= 1 (or 0 / None: a global layer)")
@@ -250,7 +242,7 @@ def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int
                        // (n_kv * n_sub))
     n_splits = max(1, min(n_splits, tiles, MAX_SPLITS))
     return DecodePlan(n_head, n_kv, head_dim, kv_dtype, n_splits, n_sub, warps, rows_per_thread,
-                      window, None if scale is None else float(scale), loop, int(solo_tiles))
+                      window, None if scale is None else float(scale), loop)
 
 
 class DecodeWorkspace:

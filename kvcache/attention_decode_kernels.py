@@ -10,7 +10,7 @@ query heads j*group + z*gh .. +gh-1 (gh = group / n_sub, at most 4 for int8, 8 f
 their q slices and accumulators live in registers) and split s of the context. The
 context is cut into tiles of `tile` rows; split s takes `ceil(tiles / n_splits)`
 consecutive tiles of the *run-time* ctx, so short contexts use few splits and the rest
-exit at once; a context of at most `solo` tiles (a compile-time constant) takes one split. n_splits is fixed when the graph is captured (`plan_decode`).
+exit at once. n_splits is fixed when the graph is captured (`plan_decode`).
 
 Inside a block, each K/V row (hd * 1 or 2 bytes) is read by `lanes_per_row` lanes with one
 128-bit read-only load each (16 int8 or 8 f16 values per lane), so a warp reads 32 / lpr
@@ -102,7 +102,7 @@ DEFAULT_LOOP = DEFAULT_DECODE_ATTENTION_LOOP     # the measured one (engine/conf
 def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int = 4,
                   rows_per_thread: int = 4, window: int = 0, scale: float | None = None,
                   q8: bool = False, pdl: bool = False, loop: str = DEFAULT_LOOP, rope: str = "",
-                  qk_norm: bool = True, ring: bool = False, solo: int = 0):
+                  qk_norm: bool = True, ring: bool = False):
     """The decode kernel specialised on its compile-time constants (one per model shape
     and layer kind). window 0: keys 0 .. pos, slot = position; window W > 0: keys
     max(0, pos - W + 1) .. pos, slot = position % R (R = the layer's slots; a ring when
@@ -121,11 +121,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     rope: "" (q and the new K/V row come from rope_write), or "neox" / "normal": the kernel
     does rope_write's work for the new token itself (attention_decode_rope.py; qk_norm: the
     layer has QK-norm, ring: its cache is a ring of R < n_ctx slots) and takes the QKV row,
-    the norm weights, the tables and the typed cache instead of q (`rope_signature`).
-    solo: a context of at most `solo` tiles is read by one split (its blocks walk every tile;
-    the other splits exit at once), so it needs no merge - the merge is a fixed chain (a fence,
-    a ticket, two dependent reads of the partials) that one more trip may cost less than; 0:
-    the context is always cut into as many splits as the grid has (DecodePlan.solo_tiles)."""
+    the norm weights, the tables and the typed cache instead of q (`rope_signature`)."""
     # PDL: rope_write may still be writing the new K/V row when this launch starts (a ROPE build:
     # the block writes it itself), so the cache is read coherently (ld_v4), not by the read-only path
     wait, launch_dependents, ld4 = hooks(pdl)
@@ -135,7 +131,6 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     if loop not in LOOPS:
         raise ValueError(f"decode attention loop '{loop}' is not one of {LOOPS}")
     HD, GH, NW, RPT = head_dim, heads_per_block, warps, rows_per_thread
-    SOLO = int(solo)
     Q8 = bool(q8)
     assert not Q8 or (GH * HD) % 32 == 0, "q8 output needs whole 32-value blocks per block"
     WIN = int(window)
@@ -209,8 +204,6 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
             ring0 = lo - lo % n_ctx                          # position of slot 0's lap
         n_tiles = (ctx - lo + TILE - 1) // TILE
         tps = (n_tiles + n_splits - 1) // n_splits           # tiles per split
-        if SOLO > 0 and n_tiles <= SOLO:                     # (SOLO 0: folded away)
-            tps = n_tiles                                    # one split, no merge
         n_active = (n_tiles + tps - 1) // tps
         if split >= n_active:
             return                                           # whole block: no barrier skipped

@@ -101,13 +101,6 @@ def test_fused_rope_llama_normal_pairs_without_qk_norm_group_3(loop):
     _same("int8", [29], 2, loop, n_head=6, n_kv=2, rope="normal", qk_norm=False)
 
 
-@pytest.mark.parametrize("kv_dtype,loop", [("int8", "warp"), ("f16", "block")])
-def test_fused_rope_solo_split_writes_the_new_row(kv_dtype, loop):
-    # tiles of 32 rows: positions 37 and 63 are two tiles, read by one split (solo_tiles 2),
-    # which then also holds the new position and writes its K/V row; 64 is three tiles, split
-    _same(kv_dtype, [37, 63, 64], 3, loop, pdl=True, n_ctx=128, solo_tiles=2)
-
-
 def test_fused_rope_steps_read_the_rows_the_steps_before_wrote():
     _same("int8", [70, 71, 72], 3, "warp", pdl=True, n_ctx=128)   # tiles of 32 rows: three active splits
 

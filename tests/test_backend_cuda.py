@@ -437,6 +437,55 @@ def test_simulated_decode_fused_rope(tmp_path, monkeypatch):
             np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: test_gpu_short_context_graph_agrees)")
+def test_simulated_decode_short_context_plans(tmp_path, monkeypatch):
+    """EngineConfig.decode_short_ctx: a step below the threshold launches its attention with the
+    short-context plans (one query head a block, their own workspace), a step at or above it with
+    the others (two heads a block here), and both give the logits of one graph at every position
+    (0: no short plans at all)."""
+    import dataclasses
+
+    from genie_rt.kvcache import attention
+    gpu, _, cfg = _tiny_decode_backends(tmp_path, "int8", warm=False)
+    assert gpu.ecfg.decode_short_ctx == 512 and gpu.dws_short is not None
+    assert {p.heads_per_block for p in gpu.lay.decode_plans_short} == {1}
+    assert {p.heads_per_block for p in gpu.lay.decode_plans} == {2}
+    seen = []
+    real = attention.decode_rope_attention
+    monkeypatch.setattr(attention, "decode_rope_attention",
+                        lambda *a, **k: (seen.append((k["plan"].heads_per_block, a[9] is gpu.dws_short)),
+                                         real(*a, **k))[1])
+    gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_short_ctx=6)
+    short = gpu.decode(77, 5)
+    assert seen == [(1, True)] * cfg.n_layers
+    seen.clear()
+    gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_short_ctx=5)
+    long_ = gpu.decode(77, 5)                          # the same step at the threshold: the other plans
+    assert seen == [(2, False)] * cfg.n_layers
+    np.testing.assert_allclose(short, long_, rtol=1e-5, atol=1e-5 * np.abs(long_).max())
+
+
+@pytest.mark.gpu
+def test_gpu_short_context_graph_agrees(tmp_path):
+    """On the GPU, through the captured graphs: the short-context decode graph (one query head an
+    attention block) and the other give the same logits at short positions (cosine >= 0.9999:
+    the merge of splits groups its sums differently), and a greedy run that crosses the threshold
+    (decode_short_ctx 20: both graphs, one after the other) agrees with the CPU back-end's."""
+    import dataclasses
+    gpu, cpu, _ = _tiny_decode_backends(tmp_path, "int8")
+    assert gpu.dws_short is not None
+    gpu.prefill(np.arange(3, 43, dtype=np.int32), 0)
+    for pos in (0, 20, 40):
+        got = {}
+        for short_ctx in (0, 512):
+            gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_short_ctx=short_ctx)
+            got[short_ctx] = gpu.decode(77, pos)
+        assert cosine_rows(got[0], got[512])[0] >= 0.9999, pos
+    gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_short_ctx=20)
+    assert_greedy_agrees(gpu, cpu, list(range(3, 11)), 40, "decode_short_ctx 20")
+
+
 @pytest.mark.gpu
 def test_gpu_decode_fused_rope_same_bits(tmp_path):
     """The same through the captured decode graph on the GPU (PDL builds where the device has

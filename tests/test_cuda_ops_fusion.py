@@ -239,6 +239,48 @@ def test_attention_splits_config_and_cli():
     assert plan_decode(32, 8, 128, "int8", 1024, n_splits=24).n_splits == 16
 
 
+def test_short_ctx_config_cli_and_the_layouts_short_plans(tmp_path):
+    """EngineConfig.decode_short_ctx (--attention-short-ctx): below it the decode step runs a graph
+    whose attention plans take one query head a block, in a workspace of their own in the layout;
+    0, or a model whose plans take one head a block anyway, has none."""
+    from genie_rt.engine.config import EngineConfig, ModelConfig
+    from genie_rt.engine.cuda_layout import plan_layout
+    import sys
+    from pathlib import Path
+
+    from genie_rt.engine.gguf_file import open_gguf
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from synth_gguf import write_synthetic_qwen3
+    assert EngineConfig().decode_short_ctx == 512
+    for bad in (-1, 2.0, True, None):
+        with pytest.raises(ValueError, match="decode_short_ctx"):
+            EngineConfig(decode_short_ctx=bad)
+    assert _cli_config([]).decode_short_ctx == 512
+    assert _cli_config(["--attention-short-ctx", "0"]).decode_short_ctx == 0
+    with pytest.raises(ValueError, match="--attention-short-ctx must be >= 0"):
+        _cli_config(["--attention-short-ctx", "-5"])
+    lays = {}
+    for heads, kv in ((8, 2), (4, 4)):
+        path = tmp_path / f"tiny{heads}.gguf"
+        write_synthetic_qwen3(path, dict(layers=2, hidden=256, heads=heads, kv_heads=kv, head_dim=64, ffn=256,
+                                         vocab=300, text_tokens=274), seed=0)
+        g = open_gguf(path)
+        cfg = ModelConfig.from_gguf(g)
+        for short in (0, 512):
+            ecfg = EngineConfig(backend="cuda", n_ctx=1024, kv_dtype="int8", prefill_chunk=16,
+                                decode_short_ctx=short)
+            lays[heads, short] = plan_layout(g, cfg, ecfg, 1024)
+    lay = lays[8, 512]                   # a group of 4: two heads a block, and one in the short graph
+    assert {p.heads_per_block for p in lay.decode_plans} == {2}
+    assert {p.heads_per_block for p in lay.decode_plans_short} == {1} == {lay.decode_plan_short.heads_per_block}
+    # no GPU: 132 SMs, two blocks an SM - more than the tiles (128 rows at hd 64): the short graph's
+    # splits are capped by its 512 positions, the other's by the pool's 1,024
+    assert lay.decode_plan_short.n_splits == 4 and lay.decode_plan.n_splits == 8
+    assert lay.layout.entries["ws.decode_short"].nbytes >= lay.decode_plan_short.workspace_bytes
+    for key in ((8, 0), (4, 512), (4, 0)):   # off, or one head a block anyway: no short graph
+        assert lays[key].decode_plans_short is None and "ws.decode_short" not in lays[key].layout.entries
+
+
 def test_the_runtime_refuses_a_recording_that_leaves_a_launch_pending():
     from genie_rt.engine.backend_cuda import CUDABackend
     rt = SimpleNamespace(pending_launch="stale")

@@ -56,9 +56,10 @@
 #             tg128 at depth 0 and 4096), the PDL and CPU-parity GPU tests, llama-bench if built
 #   issue14   issue 14's numbers in one call (2026-12-04): genie-rt bench and llama-bench on the same
 #             file (llama.cpp built in the background meanwhile), the prefix-reuse bench, GPU tests
-#   solo14    the decode attention's split policy at short contexts (2026-12-04 night): the 4B's step
-#             at depths 64, 160, 320, 512 with solo_tiles 0/2/4/8 and one head a block (profile-*.json),
-#             then the GPU tests of the back-end and the fused-rope attention (TT s)
+#   short14   the short-context decode graph (EngineConfig.decode_short_ctx, 2026-12-04 night), first
+#             call: llama.cpp built in the background, genie-rt bench, prefix reuse, llama-bench
+#   heads14   the second: the step with one or two query heads an attention block at depths 1024 and
+#             2048 (where the short graph should stop; --short-ctx 0), then TT s of GPU tests
 #   attnloop  the decode attention's loops (attention_decode_tiles.py, 2026-12-04): the 4B's decode
 #             step at depth 4096 and 512 with each loop (logits cosine >= 0.999 with the default's),
 #             the attention GPU tests and the back-end's (CPU parity, greedy text, PDL bits), the
@@ -142,7 +143,7 @@ profile_4b() {
   local d abl
   for d in $1; do
     if [ "$3" = abl ] && [ $d = 512 ]; then abl=""; else abl="--no-ablation"; fi
-    timeout ${PT:-240} $PY tools/profile_decode.py -m $MODEL4B --ctx 8192 --depth $d --settings "$2" $abl \
+    timeout ${PT:-240} $PY tools/profile_decode.py -m $MODEL4B --ctx 8192 --depth $d --settings "$2" $abl ${PARGS:-} \
       --json "$OUT/profile-$4$d.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-$4$d.txt" | tail -$5
   done
 }
@@ -425,16 +426,27 @@ for s in "$@"; do
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       PT=${PT1:-330} profile_4b "${PDEPTHS1-64}" "${PSET:-plan}" none "" ${PTAIL:-12}
       profile_4b "${PDEPTHS-512 4096}" "${PSET:-plan}" none "" ${PTAIL:-12} ;;
-    solo14)
-      stage solo14
-      # the attention's split policy at short contexts (2026-12-04): solo_tiles (one split, no merge,
-      # up to 2 / 4 / 8 tiles) and one head a block, at depths PDEPTHS; then the GPU tests (TT s)
+    short14)
+      stage short14
+      # the short-context decode graph (EngineConfig.decode_short_ctx, 2026-12-04 night), first call:
+      # llama.cpp built in the background, genie-rt bench (tg128 at depth 0 runs the short graph, at
+      # 4096 the other), the prefix-reuse bench, llama-bench on the same file
+      "$0" lcpp > /dev/null
       export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      PT=${PT1:-360} profile_4b "${PDEPTHS1-64}" "${PSET:-solo}" none "" ${PTAIL:-16}
-      profile_4b "${PDEPTHS-160 320 512}" "${PSET:-solo}" none "" ${PTAIL:-16}
+      bench_4b ${BT:-300}
+      prefix_4b ${PXT:-100}
+      llama_bench_4b ${LCPP_WAIT:-300} ;;
+    heads14)
+      stage heads14
+      # the second call: one or two query heads an attention block at depths PDEPTHS (--short-ctx 0:
+      # the plans apply at every depth; where the short graph should stop), then the GPU tests (TT s)
+      export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      PT=${PT1:-330} PARGS="--short-ctx 0" profile_4b "${PDEPTHS1-1024}" "${PSET:-heads}" none "" ${PTAIL:-8}
+      PARGS="--short-ctx 0" profile_4b "${PDEPTHS-2048}" "${PSET:-heads}" none "" ${PTAIL:-8}
       [ "${TT:-0}" -gt 0 ] && GF="tests/test_backend_cuda.py tests/test_attention_rope.py tests/test_attention_gpu.py" \
-        gpu_tests_4b "${GK:-pdl or every_position or greedy or fused_rope or qwen3_4b}" $TT ;;
+        gpu_tests_4b "${GK:-short_context or pdl or every_position or greedy or fused_rope or qwen3_4b}" $TT ;;
     bench14)
       stage bench14
       # the second call: genie-rt bench, the prefix-reuse bench and llama-bench on the same file

@@ -64,10 +64,18 @@ def without(module: str, name: str, pred=None):
         setattr(mod, name, original)
 
 
+def record_step(be) -> None:
+    """One greedy decode step at the state's position, as the engine's graph of that position runs
+    it (the short-context graph below EngineConfig.decode_short_ctx)."""
+    from genie_rt.engine.device_state import S_POS
+    pos = int(be._host_state[S_POS])             # the position _set_state last wrote
+    be._record_decode("greedy", be.dws_short is not None and pos < be.ecfg.decode_short_ctx)
+
+
 def time_step(be, reps: int = 30) -> float:
     """Median ms of one decode step, recorded fresh into its own graph."""
     from genie_rt.engine.cuda_graph import time_us
-    return time_us(lambda: be._record_decode("greedy"), be.stream, per=1, reps=reps) / 1000
+    return time_us(lambda: record_step(be), be.stream, per=1, reps=reps) / 1000
 
 
 def main(argv=None) -> int:
@@ -76,6 +84,10 @@ def main(argv=None) -> int:
     p.add_argument("--ctx", type=int, default=2048)
     p.add_argument("--depth", type=int, default=512, help="context position of the profiled step")
     p.add_argument("--kv", default="int8")
+    p.add_argument("--short-ctx", type=int, default=None, metavar="N",
+                   help="EngineConfig.decode_short_ctx (default: its default): the step below position N "
+                        "runs the short-context graph; 0 for --settings that change the plans (splits, "
+                        "plan, heads, loop), which are the other graph's")
     p.add_argument("--json", default=None)
     p.add_argument("--fuse-norm", action="store_true", help="profile with the decode norms folded into the GEMVs")
     p.add_argument("--no-pdl", dest="pdl", action="store_false",
@@ -84,7 +96,7 @@ def main(argv=None) -> int:
                    help="which comparisons to check and time before the ablation, comma-separated: pdl "
                         "(each set of PDL kinds), pair (SWIGLU_PAIR), loop (the attention's loops), early "
                         "(gemv.PDL_EARLY_TRIPS), splits (the attention plans' split count), plan "
-                        "(their warps and rows a thread), solo (solo_tiles, one head a block), rope (EngineConfig.decode_fused_rope), "
+                        "(their warps and rows a thread), heads (one or two heads an attention block), rope (EngineConfig.decode_fused_rope), "
                         "q8 (decode_attention_q8); '' "
                         "for none")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
@@ -102,7 +114,8 @@ def main(argv=None) -> int:
     import importlib
     for module, _ in FAMILIES:
         importlib.import_module(module)
-    eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv,
+    short = {} if args.short_ctx is None else {"decode_short_ctx": args.short_ctx}
+    eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv, **short,
                                                  fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl))
     be = eng.backend
     rng = np.random.default_rng(0)
@@ -114,11 +127,11 @@ def main(argv=None) -> int:
     if args.trace:
         from numba import cuda
         from genie_rt.engine.cuda_graph import CUDAGraph
-        be._record_decode("greedy")                 # compiled already; once more outside capture
+        record_step(be)                             # compiled already; once more outside capture
         be.stream.synchronize()
         graph = CUDAGraph(be.stream)
         with graph.capture():
-            be._record_decode("greedy")
+            record_step(be)
         for _ in range(3):
             graph.replay()
         be.stream.synchronize()
@@ -131,7 +144,7 @@ def main(argv=None) -> int:
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
     wanted = {x for x in args.settings.split(",") if x}
-    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "solo"}
+    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -143,8 +156,8 @@ def main(argv=None) -> int:
         settings.update(gemv_knob_settings(be, "PDL_EARLY_TRIPS", (1, 2, 3)))
     if "splits" in wanted:
         settings.update(splits_settings(be))
-    if "solo" in wanted:
-        settings.update(plan_settings(be, SOLO_WAYS, "the attention's split policy"))
+    if "heads" in wanted:
+        settings.update(plan_settings(be, HEADS_WAYS, "the attention's heads a block"))
     if "plan" in wanted:
         settings.update(plan_settings(be))
     if "rope" in wanted:
@@ -364,13 +377,10 @@ def plan_settings(be, ways=None, what="the attention's block shape") -> dict:
         be.dws = dws
 
 
-# a context of at most solo_tiles tiles read by one split, without the merge (the default's 16
-# splits otherwise), and one query head a block (n_sub 4 on the 4B: twice the blocks, half the
-# registers' q slices and accumulators, each K/V row read 4 times from L2)
-SOLO_WAYS = {"solo_tiles=0 (default)": dict(solo_tiles=0), "solo_tiles=2": dict(solo_tiles=2),
-             "solo_tiles=4": dict(solo_tiles=4), "solo_tiles=8": dict(solo_tiles=8),
-             "one head a block, 8 splits": dict(n_sub=4, n_splits=8),
-             "one head a block, 8 splits, solo_tiles=4": dict(n_sub=4, n_splits=8, solo_tiles=4)}
+# two query heads a block (the default plans) against one (n_sub 4 on the 4B: twice the blocks,
+# each a shorter chain; the K/V rows read once a head, from L2) - what the short-context graph
+# (EngineConfig.decode_short_ctx) runs; profile with --short-ctx 0 so that the ways apply at every depth
+HEADS_WAYS = {"two heads a block (default)": {}, "one head a block, 8 splits": dict(n_sub=4, n_splits=8)}
 
 
 def fused_ffn_settings(be, pdl_ok: bool) -> dict:
