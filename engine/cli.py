@@ -69,7 +69,7 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
                         "chosen from the GPU's SM count; for tuning and comparisons)")
     p.add_argument("--attention-short-ctx", type=int, default=None, metavar="N",
                    help="CUDA decode: below position N the step's attention takes one query head a block "
-                        "(a graph of its own; default 512; 0: one graph at every position)")
+                        "(a graph of its own; default 1024; 0: one graph at every position)")
     p.add_argument("--attention-loop", default=None, metavar="{block,warp,warp-nopf}",
                    help="CUDA decode attention: how a block walks its rows - block (barriers a tile), warp "
                         "(each lane slot its own softmax, the next rows' loads in flight), warp-nopf "

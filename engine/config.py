@@ -267,13 +267,15 @@ class EngineConfig:
     decode_attention_splits: int | None = None  # CUDA decode attention: blocks along the context per KV
                                         # head and subgroup (kvcache/attention.py plan_decode; None: its
                                         # choice from the SM count); --attention-splits
-    decode_short_ctx: int = 512         # CUDA decode: a step at a position below this runs a graph of its
+    decode_short_ctx: int = 1024        # CUDA decode: a step at a position below this runs a graph of its
                                         # own whose attention takes one query head a block (twice the
                                         # blocks, each a shorter chain; the K/V rows read once a head, from
-                                        # L2): H200, 2026-12-04, the 4B's step at depths 64 / 160 / 320 / 512
-                                        # 1.740 / 1.749 / 1.754 / 1.784 ms against 1.781 / 1.795 / 1.791 / 1.808
-                                        # (docs/kernels/attention.md); at long contexts the shared rows win.
-                                        # 0: one graph at every position; --attention-short-ctx
+                                        # L2). H200, 2026-12-04, the 4B's step (tools/profile_decode.py
+                                        # --settings heads): depths 64 / 160 / 320 / 512 / 1,024 / 2,048
+                                        # 1.740 / 1.749 / 1.754 / 1.784 / 1.835 / 1.929 ms against two heads'
+                                        # 1.781 / 1.795 / 1.791 / 1.808 / 1.841 / 1.908 (docs/kernels/
+                                        # attention.md): past ~1,024 the shared rows win. 0: one graph at
+                                        # every position; --attention-short-ctx
     decode_attention_loop: str | None = None    # CUDA decode attention's loop (DECODE_ATTENTION_LOOPS;
                                         # None: DEFAULT_DECODE_ATTENTION_LOOP); --attention-loop
     overlap_load: bool = False          # CUDA, discrete GPU: read the weights on a thread while the

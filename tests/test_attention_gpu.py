@@ -40,6 +40,20 @@ def test_gpu_decode_qwen3_4b(pool_4b, pos, loop):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("pos", [0, 1, 63, 64, 100, 511, 1023, 4095])
+def test_gpu_decode_qwen3_4b_one_head_a_block(pool_4b, pos):
+    """The short-context decode graph's plan (EngineConfig.decode_short_ctx: one query head a block,
+    8 warps of 2 rows, splits sized for 1,024 positions), and the same blocks over the whole pool."""
+    from genie_rt.kvcache.attention import compile_decode
+    pool, kd, vd = pool_4b
+    for n_ctx in (1024, pool.n_ctx):
+        plan = plan_decode(32, 8, 128, pool.shape.dtype, n_ctx, heads_per_block=1)
+        assert (plan.heads_per_block, plan.warps, plan.rows_per_thread) == (1, 8, 2)
+        compile_decode(plan)
+        run_decode(pool, kd, vd, 32, pos, layer=0, seed=pos, heads_per_block=1, n_splits=plan.n_splits)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("loop", ["block", "warp"])
 @pytest.mark.parametrize("pos", [0, 100, 4095])
 def test_gpu_decode_q8_output_is_quantize_q8_of_out(pool_4b, pos, loop):

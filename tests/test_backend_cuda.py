@@ -448,7 +448,7 @@ def test_simulated_decode_short_context_plans(tmp_path, monkeypatch):
 
     from genie_rt.kvcache import attention
     gpu, _, cfg = _tiny_decode_backends(tmp_path, "int8", warm=False)
-    assert gpu.ecfg.decode_short_ctx == 512 and gpu.dws_short is not None
+    assert gpu.ecfg.decode_short_ctx == 1024 and gpu.dws_short is not None
     assert {p.heads_per_block for p in gpu.lay.decode_plans_short} == {1}
     assert {p.heads_per_block for p in gpu.lay.decode_plans} == {2}
     seen = []

@@ -251,11 +251,11 @@ def test_short_ctx_config_cli_and_the_layouts_short_plans(tmp_path):
     from genie_rt.engine.gguf_file import open_gguf
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
     from synth_gguf import write_synthetic_qwen3
-    assert EngineConfig().decode_short_ctx == 512
+    assert EngineConfig().decode_short_ctx == 1024
     for bad in (-1, 2.0, True, None):
         with pytest.raises(ValueError, match="decode_short_ctx"):
             EngineConfig(decode_short_ctx=bad)
-    assert _cli_config([]).decode_short_ctx == 512
+    assert _cli_config([]).decode_short_ctx == 1024
     assert _cli_config(["--attention-short-ctx", "0"]).decode_short_ctx == 0
     with pytest.raises(ValueError, match="--attention-short-ctx must be >= 0"):
         _cli_config(["--attention-short-ctx", "-5"])
