@@ -96,7 +96,8 @@ def main(argv=None) -> int:
                    help="which comparisons to check and time before the ablation, comma-separated: pdl "
                         "(each set of PDL kinds), pair (SWIGLU_PAIR), loop (the attention's loops), early "
                         "(gemv.PDL_EARLY_TRIPS), splits (the attention plans' split count), plan "
-                        "(their warps and rows a thread), heads (one or two heads an attention block), rope (EngineConfig.decode_fused_rope), "
+                        "(their warps and rows a thread), heads (one or two heads an attention block), "
+                        "short (the one-head blocks' shapes), rope (EngineConfig.decode_fused_rope), "
                         "q8 (decode_attention_q8); '' "
                         "for none")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
     wanted = {x for x in args.settings.split(",") if x}
-    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads"}
+    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads", "short"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -158,6 +159,8 @@ def main(argv=None) -> int:
         settings.update(splits_settings(be))
     if "heads" in wanted:
         settings.update(plan_settings(be, HEADS_WAYS, "the attention's heads a block"))
+    if "short" in wanted:
+        settings.update(plan_settings(be, SHORT_SHAPE_WAYS, "the short graph's block shape"))
     if "plan" in wanted:
         settings.update(plan_settings(be))
     if "rope" in wanted:
@@ -381,6 +384,11 @@ def plan_settings(be, ways=None, what="the attention's block shape") -> dict:
 # each a shorter chain; the K/V rows read once a head, from L2) - what the short-context graph
 # (EngineConfig.decode_short_ctx) runs; profile with --short-ctx 0 so that the ways apply at every depth
 HEADS_WAYS = {"two heads a block (default)": {}, "one head a block, 8 splits": dict(n_sub=4, n_splits=8)}
+# the short graph's blocks in other shapes (not measured yet): 4 warps of 2 rows (a 32-row tile, 96
+# registers: 5 blocks an SM, so 16 splits are one wave), and 8 warps of 1 row
+SHORT_SHAPE_WAYS = {"one head a block, 8 x 2, 8 splits (the short graph)": dict(n_sub=4, n_splits=8),
+                    "one head a block, 4 x 2, 16 splits": dict(n_sub=4, n_splits=16, warps=4),
+                    "one head a block, 8 x 1, 16 splits": dict(n_sub=4, n_splits=16, rows_per_thread=1)}
 
 
 def fused_ffn_settings(be, pdl_ok: bool) -> dict:
