@@ -66,7 +66,8 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
                         "own (rope_write) instead of inside the attention's (same results: for comparisons)")
     p.add_argument("--attention-splits", type=int, default=None, metavar="N",
                    help="CUDA decode attention: blocks along the context per KV head (1..64; default: "
-                        "chosen from the GPU's SM count; for tuning and comparisons)")
+                        "chosen from the GPU's SM count; for tuning and comparisons). Steps below "
+                        "--attention-short-ctx keep their own plan's")
     p.add_argument("--attention-short-ctx", type=int, default=None, metavar="N",
                    help="CUDA decode: below position N the step's attention takes one query head a block "
                         "(a graph of its own; default 1024; 0: one graph at every position)")

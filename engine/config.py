@@ -266,7 +266,8 @@ class EngineConfig:
                                         # bits), one launch fewer a layer; --no-fused-rope
     decode_attention_splits: int | None = None  # CUDA decode attention: blocks along the context per KV
                                         # head and subgroup (kvcache/attention.py plan_decode; None: its
-                                        # choice from the SM count); --attention-splits
+                                        # choice from the SM count); --attention-splits. Not for the
+                                        # short-context graph (decode_short_ctx): its plans are one wave
     decode_short_ctx: int = 1024        # CUDA decode: a step at a position below this runs a graph of its
                                         # own whose attention takes one query head a block (twice the
                                         # blocks, each a shorter chain; the K/V rows read once a head, from
@@ -274,7 +275,9 @@ class EngineConfig:
                                         # --settings heads): depths 64 / 160 / 320 / 512 / 1,024 / 2,048
                                         # 1.740 / 1.749 / 1.754 / 1.784 / 1.835 / 1.929 ms against two heads'
                                         # 1.781 / 1.795 / 1.791 / 1.808 / 1.841 / 1.908 (docs/kernels/
-                                        # attention.md): past ~1,024 the shared rows win. 0: one graph at
+                                        # attention.md): past ~1,024 the shared rows win (between 1,024 and
+                                        # 2,048 not measured). Off where one split of one-head blocks is more
+                                        # than a wave (few SMs: cuda_layout.short_plans). 0: one graph at
                                         # every position; --attention-short-ctx
     decode_attention_loop: str | None = None    # CUDA decode attention's loop (DECODE_ATTENTION_LOOPS;
                                         # None: DEFAULT_DECODE_ATTENTION_LOOP); --attention-loop

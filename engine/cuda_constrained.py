@@ -5,7 +5,8 @@ workspace).
 - A grammar (sampler.constraint, engine/constrain.py): the mask of each draw is computed on the
   host into the sampler workspace's pinned mirror, uploaded (async, 4 bytes per 32 tokens) and
   applied by the sampling graph ("sample", mode, masked, advance): gpu_mask.apply_mask, the
-  draw, S_POS += 1. The forward graph ("decode", None) of step t+1 is queued before the host
+  draw, S_POS += 1. The forward graph ("decode", None) of step t+1 (or its short-context twin,
+  CUDABackend._decode_step) is queued before the host
   reads token t, so the host's accept of token t and mask of step t+1 overlap the device's
   forward; every step stays two graph replays.
 - Probabilities (sampler.want_probs): the host sampler draws from each step's logits (copied

@@ -4,9 +4,11 @@ without a run, and the warm-up that captures every graph a request can need at l
 A mixin of CUDABackend (engine/backend_cuda.py). It uses that class's `stream`, `state`,
 `arena`, `lay`, `n_ctx`, `kv`, `use_graphs`, `_graphs` (key -> CUDAGraph), `capture_stats`,
 `pending_launch`, `_upload` (a cuda_weights.BackgroundUpload or None), `_max_splits_of`, and
-its methods `_record_prefill/_head/_decode`, `_set_state`, `_splits`, `_plans`, `_wrote`.
-Keys: ("prefill", n, splits), ("head", mode), ("decode", mode) and the constrained steps'
-("sample", ...) (engine/cuda_constrained.py).
+its methods `_record_prefill/_head/_decode`, `_set_state`, `_splits`, `_plans`, `_wrote`, and
+`dws_short` (not None: there is a short-context decode graph).
+Keys: ("prefill", n, splits), ("head", mode), ("decode", mode), ("decode", mode, "short") (a step
+below EngineConfig.decode_short_ctx) and the constrained steps' ("sample", ...)
+(engine/cuda_constrained.py).
 """
 from __future__ import annotations
 

@@ -235,6 +235,7 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
     short, splan = short_plans(cfg, ecfg, n_ctx, windows, dplan), None
     if short:
         splan = max(short.values(), key=lambda d: d.workspace_bytes)
+        assert all(d.fits(splan) for d in short.values()), "short decode plans share a workspace"
         L.add("ws.decode_short", (splan.workspace_bytes,), np.uint8)
     L.add("ws.prefill", (max(pplan.workspace_bytes, 16),), np.uint8)
     mmq_ws = 0
@@ -260,13 +261,19 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
 def short_plans(cfg, ecfg, n_ctx: int, windows, dplan) -> dict:
     """The attention plans of the short-context decode graph, by window (EngineConfig.
     decode_short_ctx): one query head a block, the splits sized for contexts below the threshold
-    (kvcache/attention.py plan_decode; decode_attention_splits is for the other graph). Empty when
-    the graph is off or would take one head a block anyway (dplan: the other graph's plan)."""
-    from genie_rt.kvcache.attention import plan_decode
+    (kvcache/attention.py plan_decode: one wave; decode_attention_splits is for the other graph).
+    Empty when the graph is off, would take one head a block anyway (dplan: the other graph's
+    plan), or when the GPU cannot hold one split of such blocks in one wave (a few SMs, as on a
+    Jetson: the blocks would run in two waves; the H200 measurement does not speak for that)."""
+    from genie_rt.kvcache.attention import default_shape, plan_decode, wave_splits
     short = int(getattr(ecfg, "decode_short_ctx", 0) or 0)
     if short <= 0 or dplan.heads_per_block == 1:
         return {}
-    return {w: plan_decode(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, min(n_ctx, short),
+    group = cfg.n_head // cfg.n_head_kv
+    if wave_splits(cfg.n_head_kv, group, 1, *default_shape(1)) < 1:
+        return {}
+    # sized for the threshold, not the pool: the workspace does not grow with the context
+    return {w: plan_decode(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, short,
                            window=w, scale=cfg.attn_scale, loop=ecfg.decode_attention_loop,
                            heads_per_block=1) for w in dict.fromkeys(windows)}
 

@@ -192,6 +192,16 @@ def _blocks_per_sm(heads_per_block: int, warps: int, rows_per_thread: int) -> in
     return blocks_at(_REGISTERS.get((gh, rows_per_thread), _REGISTERS[(gh, 4)]), warps)
 
 
+def wave_splits(n_kv: int, n_sub: int, heads_per_block: int, warps: int, rows_per_thread: int,
+                sm_count: int | None = None) -> int:
+    """Splits of one wave: the blocks the SMs hold at the kernel's occupancy (`_blocks_per_sm`)
+    over the blocks of a split (n_kv * n_sub); 0 when one split is already more than a wave.
+    sm_count None: the current device's (132 without a GPU)."""
+    if sm_count is None:
+        sm_count = 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
+    return (_blocks_per_sm(heads_per_block, warps, rows_per_thread) * sm_count) // (n_kv * n_sub)
+
+
 def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int,
                 n_splits: int | None = None, sm_count: int | None = None,
                 warps: int | None = None, rows_per_thread: int | None = None, window: int | None = None,
@@ -236,10 +246,7 @@ def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int
     keys = min(n_ctx, window) if window else n_ctx
     tiles = -(-keys // plan.tile)
     if n_splits is None:
-        if sm_count is None:
-            sm_count = 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
-        n_splits = max(1, (_blocks_per_sm(heads_per_block, warps, rows_per_thread) * sm_count)
-                       // (n_kv * n_sub))
+        n_splits = max(1, wave_splits(n_kv, n_sub, heads_per_block, warps, rows_per_thread, sm_count))
     n_splits = max(1, min(n_splits, tiles, MAX_SPLITS))
     return DecodePlan(n_head, n_kv, head_dim, kv_dtype, n_splits, n_sub, warps, rows_per_thread,
                       window, None if scale is None else float(scale), loop)

@@ -18,6 +18,7 @@ decode_int8 = decode_kernel(128, 4, "int8", loop="block")
 decode_f16 = decode_kernel(128, 8, "f16", loop="block")
 decode_q8_int8 = decode_kernel(128, 2, "int8", q8=True)   # the engine's Qwen3-4B decode (2 heads a block, q8 out)
 decode_warp_int8 = decode_kernel(128, 2, "int8", loop="warp")   # the barrier-free loop
+decode_q8_one_head_int8 = decode_kernel(128, 1, "int8", 8, 2, q8=True)   # the short-context graph's blocks
 decode_warp_f16 = decode_kernel(128, 2, "f16", loop="warp")
 decode_warp_gemma_int8 = decode_kernel(256, 4, "int8", 4, 4, 512, loop="warp")
 prefill_int8 = prefill_kernel(128, 4, "int8")
@@ -32,7 +33,8 @@ prefill_smol_int8 = prefill_kernel(64, 3, "int8")
 """
 # the quick suite compiles Qwen3's kernels and one of each new kind (window + hd 256 +
 # one KV head, group 3); the f16 twins and SmolLM2's decode (~10 s more) are `slow`
-_QUICK = ("decode_int8", "decode_f16", "decode_q8_int8", "decode_warp_int8", "decode_gemma_int8",
+_QUICK = ("decode_int8", "decode_f16", "decode_q8_int8", "decode_warp_int8", "decode_q8_one_head_int8",
+          "decode_gemma_int8",
           "prefill_int8", "prefill_f16", "prefill_gemma_int8", "prefill_smol_int8")
 _MORE = ("decode_gemma_f16", "decode_smol_int8", "prefill_gemma_f16", "decode_warp_f16",
          "decode_warp_gemma_int8")

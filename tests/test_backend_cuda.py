@@ -7,6 +7,7 @@
   continuations (64 tokens, FP16 KV) on the fixture prompts, the engine end to end,
   prefix reuse, and KV files that move between back-ends.
 """
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -30,11 +31,12 @@ def cosine_rows(a, b):
     return (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
 
 
-def make_backends(path, kv="f16", n_ctx=128, chunk=512, gemv_mode="dp4a", warm=True):
+def make_backends(path, kv="f16", n_ctx=128, chunk=512, gemv_mode="dp4a", warm=True, **ecfg_kw):
     from genie_rt.engine.backend_cuda import CUDABackend
     g = open_gguf(path)
     cfg = ModelConfig.from_gguf(g)
-    ecfg = EngineConfig(backend="cuda", n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=chunk, gemv_mode=gemv_mode)
+    ecfg = EngineConfig(backend="cuda", n_ctx=n_ctx, kv_dtype=kv, prefill_chunk=chunk, gemv_mode=gemv_mode,
+                        **ecfg_kw)
     plan = MemoryPlan(n_ctx, 0, 0, 0, 0, 0, 1 << 50, "test")
     return CUDABackend(g, cfg, ecfg, plan, warm=warm), CPUBackend(g, cfg, n_ctx, kv), cfg
 
@@ -203,11 +205,15 @@ def test_weights_read_beside_the_warm_up_give_the_same_bits(tmp_path, prompts):
 
 
 @pytest.mark.gpu
-def test_greedy_continuations_agree(fixture_gguf, prompts):
+@pytest.mark.parametrize("short_ctx", [None, 0])
+def test_greedy_continuations_agree(fixture_gguf, prompts, short_ctx):
     """The fixture's random weights leave many near-tied logits (top-2 margins < 0.01), so
     this runs the decode GEMVs on float32 activations, the arithmetic closest to the CPU
-    reference; the default q8 activations match it in cosine (above), like llama.cpp's."""
-    gpu, cpu, _ = make_backends(fixture_gguf, "f16", gemv_mode="f32")
+    reference; the default q8 activations match it in cosine (above), like llama.cpp's.
+    short_ctx 0: every step in the decode graph of long contexts (its two-head attention blocks;
+    by default these positions run the short-context graph)."""
+    kw = {} if short_ctx is None else {"decode_short_ctx": short_ctx}
+    gpu, cpu, _ = make_backends(fixture_gguf, "f16", gemv_mode="f32", **kw)
     for i, tokens in enumerate(prompts):
         assert_greedy_agrees(gpu, cpu, tokens, 64, f"prompt {i}")
 
@@ -227,6 +233,9 @@ def test_real_layer_shapes_match_cpu(tmp_path, shape, prompts):
         assert cosine_rows(got, ref)[0] >= min_cos, kv
         got, ref = gpu.decode(11, 90), cpu.decode(11, 90)
         assert cosine_rows(got, ref)[0] >= min_cos, kv
+        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_short_ctx=0)     # the long-context graph
+        got = gpu.decode(11, 90)
+        assert cosine_rows(got, ref)[0] >= min_cos, (kv, "decode_short_ctx 0")
 
 
 @pytest.mark.gpu
@@ -586,17 +595,19 @@ def test_pdl_decode_graph_gives_the_same_bits(tmp_path, prompts, monkeypatch):
     gpu, _, _ = make_backends(path, "int8", n_ctx=256)
     tokens = np.concatenate(prompts)[:40]
     gpu.prefill(tokens, 0)
-    got = []
     gemv_only = frozenset({"gemv", "q8"})
-    for use, scope in ((False, cuda_ops.PDL_ALL), (True, cuda_ops.PDL_ALL), (True, gemv_only),
-                       (False, cuda_ops.PDL_ALL), (True, cuda_ops.PDL_ALL)):
-        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_pdl=use)
-        monkeypatch.setattr(cuda_ops, "PDL_KINDS", scope)
-        for key in [k for k in gpu._graphs if k[0] == "decode"]:
-            gpu._graphs.pop(key).close()                 # captured again with this setting
-        got.append((use, scope, [gpu.decode(11, 40) for _ in range(REPLAYS)]))   # capture + run, then replays
-    ref = got[0][2][0].view(np.int32)
-    for use, scope, runs in got:
-        for k, logits in enumerate(runs):
-            np.testing.assert_array_equal(logits.view(np.int32), ref,
-                                          err_msg=f"decode_pdl={use} ({sorted(scope)}), run {k}")
+    for short_ctx in (1024, 0):        # the short-context graph (position 40 < 1024), then the other
+        got = []
+        for use, scope in ((False, cuda_ops.PDL_ALL), (True, cuda_ops.PDL_ALL), (True, gemv_only),
+                           (False, cuda_ops.PDL_ALL), (True, cuda_ops.PDL_ALL)):
+            gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_pdl=use, decode_short_ctx=short_ctx)
+            monkeypatch.setattr(cuda_ops, "PDL_KINDS", scope)
+            for key in [k for k in gpu._graphs if k[0] == "decode"]:
+                gpu._graphs.pop(key).close()                 # captured again with this setting
+            got.append((use, scope, [gpu.decode(11, 40) for _ in range(REPLAYS)]))  # capture + run, then replays
+        ref = got[0][2][0].view(np.int32)
+        for use, scope, runs in got:
+            for k, logits in enumerate(runs):
+                np.testing.assert_array_equal(logits.view(np.int32), ref,
+                                              err_msg=f"decode_short_ctx={short_ctx}, decode_pdl={use} "
+                                                      f"({sorted(scope)}), run {k}")

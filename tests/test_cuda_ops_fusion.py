@@ -239,7 +239,7 @@ def test_attention_splits_config_and_cli():
     assert plan_decode(32, 8, 128, "int8", 1024, n_splits=24).n_splits == 16
 
 
-def test_short_ctx_config_cli_and_the_layouts_short_plans(tmp_path):
+def test_short_ctx_config_cli_and_the_layouts_short_plans(tmp_path, monkeypatch):
     """EngineConfig.decode_short_ctx (--attention-short-ctx): below it the decode step runs a graph
     whose attention plans take one query head a block, in a workspace of their own in the layout;
     0, or a model whose plans take one head a block anyway, has none."""
@@ -279,6 +279,17 @@ def test_short_ctx_config_cli_and_the_layouts_short_plans(tmp_path):
     assert lay.layout.entries["ws.decode_short"].nbytes >= lay.decode_plan_short.workspace_bytes
     for key in ((8, 0), (4, 512), (4, 0)):   # off, or one head a block anyway: no short graph
         assert lays[key].decode_plans_short is None and "ws.decode_short" not in lays[key].layout.entries
+    # a GPU that cannot hold one split of one-head blocks in a wave (3 SMs here, 8 x 2 KV heads x 4
+    # subgroups; the 4B on an 8-SM Orin): no short graph either
+    from genie_rt.kvcache import attention
+    real = attention.wave_splits
+    assert real(2, 4, 1, 8, 2, sm_count=3) == 0 and real(2, 4, 1, 8, 2, sm_count=4) == 1
+    assert real(8, 4, 1, 8, 2, sm_count=8) == 0 and real(8, 2, 2, 8, 2, sm_count=8) == 1
+    monkeypatch.setattr(attention, "wave_splits", lambda *a, **k: real(*a[:5], sm_count=3))
+    g = open_gguf(tmp_path / "tiny8.gguf")
+    lay = plan_layout(g, ModelConfig.from_gguf(g), EngineConfig(backend="cuda", n_ctx=1024, kv_dtype="int8",
+                                                                prefill_chunk=16), 1024)
+    assert lay.decode_plans_short is None and "ws.decode_short" not in lay.layout.entries
 
 
 def test_the_runtime_refuses_a_recording_that_leaves_a_launch_pending():

@@ -130,3 +130,44 @@ def test_a_capture_that_only_loaded_cached_kernels_is_kept_one_that_compiled_is_
     assert ("prefill", 32, (1,)) not in b._graphs and len(closed) == 1
     assert b.capture_stats["discarded prefill (compiled kernels)"][0] == 1
     assert b.capture_stats["prefill"][0] == 1
+
+
+def test_streaming_and_grammar_decodes_choose_each_steps_graph_by_its_position(monkeypatch):
+    """CUDABackend.decode_tokens and the constrained steps (engine/cuda_constrained.py) run each
+    step's forward in the graph of that step's position: the short-context one below
+    EngineConfig.decode_short_ctx, the other from it on - across the threshold inside one stream
+    (both graphs compute the same step, so only the keys show a wrong choice)."""
+    from types import MethodType, SimpleNamespace
+
+    import numba.cuda
+
+    from genie_rt.engine.backend_cuda import CUDABackend
+    ev = SimpleNamespace(record=lambda stream: None, synchronize=lambda: None)
+    monkeypatch.setattr(numba.cuda, "event", lambda timing=False: ev, raising=False)
+    keys = []
+    be = SimpleNamespace(dws_short=object(), ecfg=SimpleNamespace(decode_short_ctx=5),
+                         _run=lambda key, record: keys.append(key), _enter=lambda: None,
+                         _begin_request=lambda sampler, history: None, _set_state=lambda **k: None,
+                         _wrote=lambda *a, **k: None, _req=SimpleNamespace(greedy=True), _read_token=lambda: 1,
+                         stream=SimpleNamespace(synchronize=lambda: None),
+                         _draw_graph=lambda masked, advance: keys.append(("draw",)) or None,
+                         _mask_step=lambda sampler: False)
+    for name in ("_decode_step", "_constrained"):
+        setattr(be, name, MethodType(getattr(CUDABackend, name), be))
+    short, other = ("decode", "greedy", "short"), ("decode", "greedy")
+    steps = CUDABackend.decode_tokens(be, 7, 3, SimpleNamespace(want_probs=False, constraint=None), [])
+    [next(steps) for _ in range(3)]          # the device runs one step ahead: positions 3 .. 6
+    steps.close()
+    assert keys == [short, short, other, other]
+    keys.clear()
+    grammar = SimpleNamespace(accept=lambda token: None)
+    steps = CUDABackend.decode_tokens(be, 7, 3, SimpleNamespace(want_probs=False, constraint=grammar), [])
+    [next(steps) for _ in range(2)]
+    steps.close()
+    assert [k for k in keys if k[0] == "decode"] == [("decode", None, "short")] * 2 + [("decode", None)]
+    be.dws_short = None                      # no short graph (off, or one head a block anyway)
+    keys.clear()
+    steps = CUDABackend.decode_tokens(be, 7, 0, SimpleNamespace(want_probs=False, constraint=None), [])
+    next(steps)
+    steps.close()
+    assert keys == [other, other]

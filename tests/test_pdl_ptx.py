@@ -122,6 +122,7 @@ _SHAPE_SOURCE = """
 from genie_rt.kvcache.attention_decode_kernels import decode_kernel
 shape_8x2 = decode_kernel(128, 2, "int8", 8, 2, pdl=True, loop="warp", rope="neox", q8=True)
 shape_4x4 = decode_kernel(128, 2, "int8", 4, 4, pdl=True, loop="warp", rope="neox", q8=True)
+shape_8x2_one_head = decode_kernel(128, 1, "int8", 8, 2, pdl=True, loop="warp", rope="neox", q8=True)
 """
 
 
@@ -141,8 +142,10 @@ def test_default_attention_shapes_fit_the_split_sizing(tmp_path):
         pytest.skip("ptxas is not installed")
     assert default_shape(2) == (8, 2) and default_shape(4) == (4, 4)
     sig = rope_signature("int8", True)
-    out = compile_in_subprocess(_SHAPE_SOURCE, {"shape_8x2": sig, "shape_4x4": sig}, ccs=((9, 0),))
-    for name, (warps, rows) in (("shape_8x2", (8, 2)), ("shape_4x4", (4, 4))):
+    out = compile_in_subprocess(_SHAPE_SOURCE, {"shape_8x2": sig, "shape_4x4": sig, "shape_8x2_one_head": sig},
+                                ccs=((9, 0),))
+    # (the short-context graph's one-head blocks are sized as two heads' 8 x 2: they must fit that too)
+    for name, (warps, rows) in (("shape_8x2", (8, 2)), ("shape_4x4", (4, 4)), ("shape_8x2_one_head", (8, 2))):
         path = tmp_path / f"{name}.ptx"
         path.write_text(out[name][(9, 0)])
         res = subprocess.run([ptxas, "-arch=sm_90", "-v", str(path), "-o", str(tmp_path / "k.cubin")],

@@ -85,9 +85,9 @@ def main(argv=None) -> int:
     p.add_argument("--depth", type=int, default=512, help="context position of the profiled step")
     p.add_argument("--kv", default="int8")
     p.add_argument("--short-ctx", type=int, default=None, metavar="N",
-                   help="EngineConfig.decode_short_ctx (default: its default): the step below position N "
-                        "runs the short-context graph; 0 for --settings that change the plans (splits, "
-                        "plan, heads, loop), which are the other graph's")
+                   help="EngineConfig.decode_short_ctx (default: its default, or 0 with --settings that "
+                        "change the plans - loop, splits, plan, heads, short - which are the other graph's): "
+                        "the step below position N runs the short-context graph")
     p.add_argument("--json", default=None)
     p.add_argument("--fuse-norm", action="store_true", help="profile with the decode norms folded into the GEMVs")
     p.add_argument("--no-pdl", dest="pdl", action="store_false",
@@ -115,6 +115,12 @@ def main(argv=None) -> int:
     import importlib
     for module, _ in FAMILIES:
         importlib.import_module(module)
+    # the settings that change the plans change the other graph's (lay.decode_plans): profile without
+    # the short-context graph then, unless asked otherwise
+    plan_kinds = {"loop", "splits", "plan", "heads", "short"} & set(args.settings.split(","))
+    if args.short_ctx is None and plan_kinds:
+        args.short_ctx = 0
+        print(f"--settings {','.join(sorted(plan_kinds))}: profiling with --short-ctx 0 (one decode graph)")
     short = {} if args.short_ctx is None else {"decode_short_ctx": args.short_ctx}
     eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv, **short,
                                                  fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl))
@@ -158,9 +164,9 @@ def main(argv=None) -> int:
     if "splits" in wanted:
         settings.update(splits_settings(be))
     if "heads" in wanted:
-        settings.update(plan_settings(be, HEADS_WAYS, "the attention's heads a block"))
+        settings.update(plan_settings(be, heads_ways(be), "the attention's heads a block"))
     if "short" in wanted:
-        settings.update(plan_settings(be, SHORT_SHAPE_WAYS, "the short graph's block shape"))
+        settings.update(plan_settings(be, short_shape_ways(be), "the short graph's block shape"))
     if "plan" in wanted:
         settings.update(plan_settings(be))
     if "rope" in wanted:
@@ -380,15 +386,21 @@ def plan_settings(be, ways=None, what="the attention's block shape") -> dict:
         be.dws = dws
 
 
-# two query heads a block (the default plans) against one (n_sub 4 on the 4B: twice the blocks,
-# each a shorter chain; the K/V rows read once a head, from L2) - what the short-context graph
-# (EngineConfig.decode_short_ctx) runs; profile with --short-ctx 0 so that the ways apply at every depth
-HEADS_WAYS = {"two heads a block (default)": {}, "one head a block, 8 splits": dict(n_sub=4, n_splits=8)}
-# the short graph's blocks in other shapes (not measured yet): 4 warps of 2 rows (a 32-row tile, 96
-# registers: 5 blocks an SM, so 16 splits are one wave), and 8 warps of 1 row
-SHORT_SHAPE_WAYS = {"one head a block, 8 x 2, 8 splits (the short graph)": dict(n_sub=4, n_splits=8),
-                    "one head a block, 4 x 2, 16 splits": dict(n_sub=4, n_splits=16, warps=4),
-                    "one head a block, 8 x 1, 16 splits": dict(n_sub=4, n_splits=16, rows_per_thread=1)}
+# two query heads a block (the default plans) against one (n_sub = the group: twice the blocks on
+# the 4B, each a shorter chain; the K/V rows read once a head, from L2) - what the short-context
+# graph (EngineConfig.decode_short_ctx) runs - and the one-head blocks in other shapes (not measured
+# yet): 4 warps of 2 rows (a 32-row tile, 96 registers: 5 blocks an SM, so twice the splits are one
+# wave), and 8 warps of 1 row. The split counts are the 4B's on the H200 (132 SMs).
+def heads_ways(be) -> dict:
+    g = be.cfg.n_head // be.cfg.n_head_kv
+    return {"two heads a block (default)": {}, "one head a block, 8 splits": dict(n_sub=g, n_splits=8)}
+
+
+def short_shape_ways(be) -> dict:
+    g = be.cfg.n_head // be.cfg.n_head_kv
+    return {"one head a block, 8 x 2, 8 splits (the short graph)": dict(n_sub=g, n_splits=8),
+            "one head a block, 4 x 2, 16 splits": dict(n_sub=g, n_splits=16, warps=4),
+            "one head a block, 8 x 1, 16 splits": dict(n_sub=g, n_splits=16, rows_per_thread=1)}
 
 
 def fused_ffn_settings(be, pdl_ok: bool) -> dict:
