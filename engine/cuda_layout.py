@@ -232,7 +232,7 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
     for d, _ in kinds.values():
         assert d.fits(dplan), "decode plans of one model share a workspace"
     L.add("ws.decode", (dplan.workspace_bytes,), np.uint8)
-    short, splan = short_plans(cfg, ecfg, n_ctx, windows, dplan), None
+    short, splan = short_plans(cfg, ecfg, windows, dplan), None
     if short:
         splan = max(short.values(), key=lambda d: d.workspace_bytes)
         assert all(d.fits(splan) for d in short.values()), "short decode plans share a workspace"
@@ -258,7 +258,7 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
                       splan, [short[w] for w in windows] if short else None)
 
 
-def short_plans(cfg, ecfg, n_ctx: int, windows, dplan) -> dict:
+def short_plans(cfg, ecfg, windows, dplan) -> dict:
     """The attention plans of the short-context decode graph, by window (EngineConfig.
     decode_short_ctx): one query head a block, the splits sized for contexts below the threshold
     (kvcache/attention.py plan_decode: one wave; decode_attention_splits is for the other graph).
