@@ -117,7 +117,6 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         self.dws = DecodeWorkspace(lay.decode_plan, A["ws.decode"], stream=self.stream)
         self.dws_short = (DecodeWorkspace(lay.decode_plan_short, A["ws.decode_short"], stream=self.stream)
                           if lay.decode_plan_short is not None else None)
-        self.recording_short = False       # a short-context decode graph is being recorded
         self.pws = PrefillWorkspace(lay.prefill_plan, A["ws.prefill"] if lay.prefill_plan.workspace_bytes else None)
         A["ws.mmq"].copy_to_device(np.zeros(A["ws.mmq"].shape, np.uint8), stream=self.stream)
         self.sws = gpu_sampling.workspace_from_arena(A, cfg.vocab_size, prefix="sampler.",
@@ -178,9 +177,9 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         return SimpleNamespace(ids=ids, **{name: A[name][:rows] for name in scratch_widths(self.cfg)})
 
     # -- the recorded sequences ----------------------------------------------------------
-    def _decode_ops(self):
+    def _decode_ops(self, short: bool = False):
         from .cuda_ops import DecodeOps
-        ops = DecodeOps(self)
+        ops = DecodeOps(self, short)
         ops.bind_scratch(self._decode_scratch)
         return ops
 
@@ -214,21 +213,22 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         """One decode step; short: with the short-context attention plans (DecodeOps.attention)."""
         from genie_rt.engine import gpu_sampling
         s = self._decode_scratch
-        self.recording_short = bool(short) and self.dws_short is not None
-        try:
-            ops = self._decode_ops()
-            self.spec.body(ops, self.weights, self.attn, s, self.cfg)
-            self._record_head(s.x, sample, ops)
-        finally:
-            self.recording_short = False
+        ops = self._decode_ops(short and self.dws_short is not None)
+        self.spec.body(ops, self.weights, self.attn, s, self.cfg)
+        self._record_head(s.x, sample, ops)
         if sample is not None:
             gpu_sampling.advance_state(self.state, stream=self.stream)
 
+    def short_at(self, pos: int) -> bool:
+        """Whether the step at position pos runs the short-context decode graph (there is one, and
+        pos is below EngineConfig.decode_short_ctx)."""
+        return self.dws_short is not None and pos < self.ecfg.decode_short_ctx
+
     def _decode_step(self, sample: str | None, pos: int) -> None:
         """Replay (capture the first time) the decode graph of a step at position pos: the
-        short-context one below EngineConfig.decode_short_ctx. Either computes the same step (the
-        position is read on the device); they differ in speed only."""
-        short = self.dws_short is not None and pos < self.ecfg.decode_short_ctx
+        short-context one where `short_at(pos)`. Either computes the same step (the position is
+        read on the device); they differ in speed only."""
+        short = self.short_at(pos)
         key = ("decode", sample, "short") if short else ("decode", sample)
         self._run(key, lambda: self._record_decode(sample, short))
 

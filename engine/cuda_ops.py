@@ -153,8 +153,12 @@ class _PendingRope(NamedTuple):
 class DecodeOps(_Ops):
     """One token: GEMVs, flash-decoding attention."""
 
-    def __init__(self, rt):
+    def __init__(self, rt, short: bool = False):
         super().__init__(rt, 1)
+        # the attention's plans and workspace: the short-context graph's (one query head a block,
+        # EngineConfig.decode_short_ctx) or the others
+        self.attn_plans, self.attn_ws = ((rt.lay.decode_plans_short, rt.dws_short) if short
+                                         else (rt.lay.decode_plans, rt.dws))
         self._q8_fresh = set()      # buffers whose xq.<name>, xs.<name> hold their current values
         self._pending: _PendingGemv | None = None
         self.fuse_norm = bool(rt.ecfg.fuse_decode_norm) and rt.q8_inputs
@@ -321,11 +325,9 @@ class DecodeOps(_Ops):
         xq = xs = None
         if self.attention_q8 and self._name(out) in Q8_SOURCES:
             xq, xs = self._q8_views(out)
-        rt = self.rt
-        # the short-context graph's plans (one query head a block) and their workspace, or the others
-        short = getattr(rt, "recording_short", False)
-        plans, ws = (rt.lay.decode_plans_short, rt.dws_short) if short else (rt.lay.decode_plans, rt.dws)
-        kw = dict(stream=self.stream, plan=plans[a.index], xq=xq, xs=xs, pdl="attention" in self.pdl_kinds)
+        rt, ws = self.rt, self.attn_ws
+        kw = dict(stream=self.stream, plan=self.attn_plans[a.index], xq=xq, xs=xs,
+                  pdl="attention" in self.pdl_kinds)
         if fuse:
             cos, sin = rt.rope_table(a)
             decode_rope_attention(r.qkv, a.q_norm, a.k_norm, self.cfg.rms_eps, cos, sin, rt.kv_layers[a.index],

@@ -152,7 +152,7 @@ def test_streaming_and_grammar_decodes_choose_each_steps_graph_by_its_position(m
                          stream=SimpleNamespace(synchronize=lambda: None),
                          _draw_graph=lambda masked, advance: keys.append(("draw",)) or None,
                          _mask_step=lambda sampler: False)
-    for name in ("_decode_step", "_constrained"):
+    for name in ("short_at", "_decode_step", "_constrained"):
         setattr(be, name, MethodType(getattr(CUDABackend, name), be))
     short, other = ("decode", "greedy", "short"), ("decode", "greedy")
     steps = CUDABackend.decode_tokens(be, 7, 3, SimpleNamespace(want_probs=False, constraint=None), [])

@@ -68,8 +68,7 @@ def record_step(be) -> None:
     """One greedy decode step at the state's position, as the engine's graph of that position runs
     it (the short-context graph below EngineConfig.decode_short_ctx)."""
     from genie_rt.engine.device_state import S_POS
-    pos = int(be._host_state[S_POS])             # the position _set_state last wrote
-    be._record_decode("greedy", be.dws_short is not None and pos < be.ecfg.decode_short_ctx)
+    be._record_decode("greedy", be.short_at(int(be._host_state[S_POS])))   # the position _set_state wrote
 
 
 def time_step(be, reps: int = 30) -> float:
@@ -358,7 +357,7 @@ PLAN_WAYS = {"warps=4, rows/thread=4, 24 splits": dict(warps=4, rows_per_thread=
 def plan_settings(be, ways=None, what="the attention's block shape") -> dict:
     """The step with the global attention plans changed by each way's DecodePlan fields (warps,
     rows_per_thread: the tile a block reads a trip, each a kernel of its own; n_splits; n_sub: the
-    heads a block; solo_tiles; a field a way leaves out keeps the loaded plan's), each way in a
+    heads a block; a field a way leaves out keeps the loaded plan's), each way in a
     workspace carved for its splits and subgroups: a logits cosine >= 0.999 with the first way's
     (the merge and the lane slots add in another grouping), then the times. The plans and the
     workspace are restored."""
