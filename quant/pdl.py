@@ -29,7 +29,7 @@ Rules for a PDL build (the factories' `PDL=True` / `pdl=True`):
    logits of 2026-12-03 (the GEMVs read their q8 activations through ldg_v4; the failure came
    and went with the timing) and of the first whole-chain run on 2026-12-04; with `ptx.ld_v4`
    for activations every kind of kernel, alone and together, gives the plain graph's bits
-   (tools/profile_decode.py, tests/test_backend_cuda.py, H200 2026-12-04). tests/test_pdl_ptx.py
+   (tools/profile_decode.py, tests/test_decode_switches.py, H200 2026-12-04). tests/test_pdl_ptx.py
    checks 1-3 on each build's PTX.
 PDL builds contain sm_90 instructions and are made only for devices of compute capability 9.0
 or more (`available()`); the Jetson (sm_87) and other sm_80+ GPUs keep the plain kernels.

@@ -4,7 +4,7 @@ if that op is the norm of x both become one launch (gemv(..., norm=GemvNorm)).
 No kernels run here: the launchers are replaced by loggers and the forwards of
 engine/models/ run on a fake runtime, so these tests check only what is launched, in what
 order - fast, on any machine. The bits of the fused launch are tests/test_gemv_norm.py's;
-a real recorded decode step (simulator) is in tests/test_backend_cuda.py.
+a real recorded decode step (simulator) is in tests/test_decode_switches.py.
 """
 import argparse
 from types import SimpleNamespace

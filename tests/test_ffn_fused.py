@@ -5,7 +5,7 @@ residual), rmsnorm_q8 (ffn_norm), gemv_swiglu, quantize_q8, gemv (ffn_down, resi
 with a next norm, rmsnorm_q8 again. The simulator runs one block (its blocks run one after
 another, so a grid barrier could not open with two): all rows go through that block's four
 warps, each warp several rows, which is the row loop every block runs on a GPU. The GPU test
-(tests/test_backend_cuda.py, marked gpu) runs it at the 4B's shapes on a full grid.
+(tests/test_decode_switches.py, marked gpu) runs it at the 4B's shapes on a full grid.
 """
 import numpy as np
 import pytest

@@ -9,7 +9,7 @@ quantize_q8, the norm weight in rmsnorm_q8, a lane's first three weight units in
 and what the kernel before wrote is read by coherent loads, never `ld.global.nc`: ptxas may
 schedule a non-coherent load (data promised unchanging while the kernel runs) above the wait,
 which on the H200 gave wrong logits (2026-12-04).
-Which kernels the engine asks for these builds: tests/test_backend_cuda.py (simulator and GPU).
+Which kernels the engine asks for these builds: tests/test_decode_switches.py (simulator and GPU).
 """
 import re
 

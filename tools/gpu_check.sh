@@ -151,7 +151,7 @@ profile_4b() {
 # within $2 s
 gpu_tests_4b() {
   timeout $2 $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs \
-    ${GF:-tests/test_backend_cuda.py tests/test_attention_gpu.py} -k "$1" > "$OUT/tests.txt" 2>&1
+    ${GF:-tests/test_backend_cuda.py tests/test_decode_switches.py tests/test_attention_gpu.py} -k "$1" > "$OUT/tests.txt" 2>&1
   echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
 }
 
@@ -191,7 +191,7 @@ for s in "$@"; do
     engine)
       stage engine
       timeout ${ET:-240} $PY -m pytest -q -m gpu -p no:cacheprovider --durations=10 \
-        ${EK:+-k "$EK"} tests/test_backend_cuda.py tests/test_mapped_memory.py 2>&1 | tee "$OUT/engine.txt" | tail -30 ;;
+        ${EK:+-k "$EK"} tests/test_backend_cuda.py tests/test_decode_switches.py tests/test_mapped_memory.py 2>&1 | tee "$OUT/engine.txt" | tail -30 ;;
     bench)
       stage bench
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -3
@@ -304,7 +304,7 @@ for s in "$@"; do
           --section Occupancy --section WarpStateStats $PY tools/norm_fold_lab.py --ncu > "$OUT/norm-fold-ncu.txt" 2>&1
         grep -E "^  [a-z_]+.*\(|Duration|Registers Per|Achieved Occupancy|DRAM Throughput|Stall" "$OUT/norm-fold-ncu.txt" | head -60
       fi
-      GENIE_RT_KERNEL_CACHE=/tmp/kc-pdl timeout ${PDLT:-200} $PY -m pytest -q -p no:cacheprovider tests/test_backend_cuda.py \
+      GENIE_RT_KERNEL_CACHE=/tmp/kc-pdl timeout ${PDLT:-200} $PY -m pytest -q -p no:cacheprovider tests/test_backend_cuda.py tests/test_decode_switches.py \
         -k pdl_decode 2>&1 | tail -2
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       timeout ${PRT:-200} $PY tools/profile_decode.py -m $MODEL4B --json "$OUT/profile.json" 2>&1 \
@@ -333,7 +333,7 @@ for s in "$@"; do
       stage fusedffn
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       (timeout ${TT:-300} $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs \
-        ${GTESTS:-tests/test_backend_cuda.py -k "fused_ffn or attention_q8"} > "$OUT/tests-ffn.txt" 2>&1;
+        ${GTESTS:-tests/test_backend_cuda.py tests/test_decode_switches.py -k "fused_ffn or attention_q8"} > "$OUT/tests-ffn.txt" 2>&1;
        echo "pytest exit $?" >> "$OUT/tests-ffn.txt") &
       timeout ${PRT:-300} $PY tools/profile_decode.py -m $MODEL4B --lab --json "$OUT/profile-ffn.json" 2>&1 \
         | grep -v "^INFO numba" | head -40
@@ -347,7 +347,7 @@ for s in "$@"; do
       timeout ${PRT:-150} $PY tools/profile_decode.py -m $MODEL4B --json "$OUT/profile.json" 2>&1 | grep -v "^INFO numba" | head -20
       timeout ${PXT:-120} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" | tee "$OUT/prefix.txt" | tail -6
       timeout ${TT:-200} $PY -m pytest -q -m gpu -n ${NW:-4} -p no:cacheprovider -rfEs \
-        ${GTESTS:-tests/test_attention_gpu.py tests/test_backend_cuda.py tests/test_norm.py tests/test_rope_write.py} > "$OUT/tests.txt" 2>&1
+        ${GTESTS:-tests/test_attention_gpu.py tests/test_backend_cuda.py tests/test_decode_switches.py tests/test_norm.py tests/test_rope_write.py} > "$OUT/tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -20
       llama_bench_4b ${LCPP_WAIT:-60}
       timeout ${AMT:-150} $PY -m genie_rt.kvcache.attention --json "$OUT/attention.json" 2>&1 \
@@ -365,7 +365,7 @@ for s in "$@"; do
         | grep -v "^INFO numba" | head -30
       bench_4b ${BT:-200}
       timeout ${TT:-150} $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs \
-        ${GTESTS:-tests/test_backend_cuda.py -k "pdl or every_position or greedy"} > "$OUT/tests.txt" 2>&1
+        ${GTESTS:-tests/test_backend_cuda.py tests/test_decode_switches.py -k "pdl or every_position or greedy"} > "$OUT/tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
       llama_bench_4b ${LCPP_WAIT:-30} ;;
     attnloop)
@@ -405,7 +405,7 @@ for s in "$@"; do
       export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       profile_4b "${PDEPTHS-512 4096}" "${PSET:-rope,q8}" abl "" ${PTAIL:-16}
-      GF="tests/test_backend_cuda.py tests/test_attention_rope.py tests/test_attention_gpu.py" \
+      GF="tests/test_backend_cuda.py tests/test_decode_switches.py tests/test_attention_rope.py tests/test_attention_gpu.py" \
         gpu_tests_4b "${GK:-fused_rope or pdl or every_position or greedy or (qwen3_4b and not prefill)}" ${TT:-170}
       tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")" \
         && ls -la "$OUT/kc.tar.gz" ;;
@@ -445,7 +445,7 @@ for s in "$@"; do
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       PT=${PT1:-330} PARGS="--short-ctx 0" profile_4b "${PDEPTHS1-1024}" "${PSET:-heads}" none "" ${PTAIL:-8}
       PARGS="--short-ctx 0" profile_4b "${PDEPTHS-2048}" "${PSET:-heads}" none "" ${PTAIL:-8}
-      [ "${TT:-0}" -gt 0 ] && GF="tests/test_backend_cuda.py tests/test_attention_rope.py tests/test_attention_gpu.py" \
+      [ "${TT:-0}" -gt 0 ] && GF="tests/test_backend_cuda.py tests/test_decode_switches.py tests/test_attention_rope.py tests/test_attention_gpu.py" \
         gpu_tests_4b "${GK:-short_context or pdl or every_position or greedy or fused_rope or qwen3_4b}" $TT ;;
     bench14)
       stage bench14
@@ -460,7 +460,7 @@ for s in "$@"; do
       prefix_4b ${PXT:-100}
       llama_bench_4b ${LCPP_WAIT:-400}
       # then the GPU tests for what time is left (TT): the fused launch's first, then the back-end's
-      [ "${TT:-0}" -gt 0 ] && GF="tests/test_attention_rope.py tests/test_backend_cuda.py" \
+      [ "${TT:-0}" -gt 0 ] && GF="tests/test_attention_rope.py tests/test_backend_cuda.py tests/test_decode_switches.py" \
         gpu_tests_4b "${GK:-fused_rope or attention_q8 or pdl or every_position or greedy}" $TT ;;
     issue14)
       stage issue14
@@ -471,7 +471,7 @@ for s in "$@"; do
       bench_4b ${BT:-300}
       prefix_4b ${PXT:-120}
       timeout ${TT:-150} $PY -m pytest -q -m gpu -p no:cacheprovider -p no:xdist -rfEs \
-        ${GTESTS:-tests/test_backend_cuda.py -k "pdl or greedy or real_layer"} > "$OUT/tests.txt" 2>&1
+        ${GTESTS:-tests/test_backend_cuda.py tests/test_decode_switches.py -k "pdl or greedy or real_layer"} > "$OUT/tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
       llama_bench_4b ${LCPP_WAIT:-300} ;;
     *) echo "unknown stage $s"; exit 2 ;;
