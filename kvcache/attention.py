@@ -113,6 +113,15 @@ def _aligned(n):
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
+# Two ways the decode kernel shortens the path of the block that finishes a launch, both the
+# same bits (decode_kernel's stash / merge_pf): the new K/V row from the block's own shared
+# memory, and the merge's partials loaded together with the splits' (max, sum). Module knobs
+# (read when a plan's kernel is built) so tools/profile_decode.py --settings chain can time
+# the step without each.
+NEW_ROW_STASH = True
+MERGE_PREFETCH = True
+
+
 @dataclass(frozen=True)
 class DecodePlan:
     """Everything fixed when the decode step is captured (one plan per layer kind: a model
@@ -143,7 +152,7 @@ class DecodePlan:
         """The kernel of this plan; rope (a ROPE build, decode_rope_attention): "neox" | "normal"."""
         return decode_kernel(self.head_dim, self.heads_per_block, self.kv_dtype, self.warps,
                              self.rows_per_thread, self.window, self.scale, q8, pdl, self.loop,
-                             rope, bool(qk_norm), bool(ring))
+                             rope, bool(qk_norm), bool(ring), NEW_ROW_STASH, MERGE_PREFETCH)
 
     @property
     def workspace_bytes(self) -> int:

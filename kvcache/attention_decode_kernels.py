@@ -54,13 +54,14 @@ from genie_rt.quant.pdl import hooks
 from genie_rt.quant import ptx
 from genie_rt.quant.ptx import SIMULATOR
 
-from .attention_decode_rope import make_rope_prologue, rows_needed
+from .attention_decode_rope import make_rope_prologue, shared_floats, stash_offsets
 from .attention_decode_tiles import block_tiles, geometry, warp_tiles
 
 FULL = 0xFFFFFFFF
 LOG2E = 1.4426950408889634
 NEG_INF = float32(-np.inf)
 MAX_SPLITS = 64                  # shared-memory weights table of the merge
+MERGE_PF = 16                    # partials a merging thread loads before the weights (merge_pf)
 
 
 # =====================================================================================
@@ -102,7 +103,8 @@ DEFAULT_LOOP = DEFAULT_DECODE_ATTENTION_LOOP     # the measured one (engine/conf
 def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int = 4,
                   rows_per_thread: int = 4, window: int = 0, scale: float | None = None,
                   q8: bool = False, pdl: bool = False, loop: str = DEFAULT_LOOP, rope: str = "",
-                  qk_norm: bool = True, ring: bool = False):
+                  qk_norm: bool = True, ring: bool = False, stash: bool = False,
+                  merge_pf: bool = False):
     """The decode kernel specialised on its compile-time constants (one per model shape
     and layer kind). window 0: keys 0 .. pos, slot = position; window W > 0: keys
     max(0, pos - W + 1) .. pos, slot = position % R (R = the layer's slots; a ring when
@@ -121,7 +123,13 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     rope: "" (q and the new K/V row come from rope_write), or "neox" / "normal": the kernel
     does rope_write's work for the new token itself (attention_decode_rope.py; qk_norm: the
     layer has QK-norm, ring: its cache is a ring of R < n_ctx slots) and takes the QKV row,
-    the norm weights, the tables and the typed cache instead of q (`rope_signature`)."""
+    the norm weights, the tables and the typed cache instead of q (`rope_signature`).
+    stash (the PDL "warp" ROPE build, int8; ignored otherwise): the block that writes the new
+    K/V row keeps it in shared memory and reads it from there (attention_decode_rope.py), not
+    from the cache after its barrier. merge_pf: the block that merges the splits issues its
+    first MERGE_PF partial accumulators' loads before it reads the splits' (max, sum), so the
+    merge waits for L2 once, not twice. Both: the same operations on the same values, the same
+    bits (NEW_ROW_STASH / MERGE_PREFETCH in kvcache/attention.py choose them)."""
     # PDL: rope_write may still be writing the new K/V row when this launch starts (a ROPE build:
     # the block writes it itself), so the cache is read coherently (ld_v4), not by the read-only path
     wait, launch_dependents, ld4 = hooks(pdl)
@@ -142,9 +150,12 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     # the PDL build of the "warp" loop waits inside it, after the first trip's loads of earlier
     # positions (attention_decode_tiles.py); every other build waits first thing
     EARLY = pdl and loop == "warp"
-    NRHD = rows_needed(GH) * HD if ROPE else 1       # shared rope rows (attention_decode_rope.py)
+    STASH = bool(stash) and ROPE and EARLY and kv_dtype == "int8"
+    MPF = MERGE_PF if merge_pf else 0
+    NPF = max(MPF, 1)
+    NRHD = shared_floats(HD, GH, STASH) if ROPE else 1   # shared rope rows (attention_decode_rope.py)
     if ROPE:
-        prologue = make_rope_prologue(HD, GH, NW, rope, qk_norm, ring, kv_dtype)
+        prologue = make_rope_prologue(HD, GH, NW, rope, qk_norm, ring, kv_dtype, STASH)
 
         @_dev
         def ready(ra):              # after the wait: rope the block's rows, then all of it visible
@@ -159,7 +170,8 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
         tiles = block_tiles(HD, GH, kv_dtype, NW, RPT, WIN, ld4, _byte, QSCALE)
     else:
         tiles = warp_tiles(HD, GH, kv_dtype, NW, RPT, WIN, ld4, _byte, QSCALE, PF=loop == "warp",
-                           wait=ready if EARLY else None)
+                           wait=ready if EARLY else None,
+                           stash=stash_offsets(HD, GH) if STASH else None)
     wait_first = hooks(False)[0] if EARLY else wait
 
     @_dev
@@ -273,6 +285,11 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
             return
         cuda.threadfence()
         # last block of this (kv head, subgroup): merge the n_active splits
+        pf = cuda.local.array(NPF, float32)      # merge_pf: the first idx's partials,
+        if MPF:                                          # in flight with the (max, sum) reads
+            for s in range(MPF):
+                if s < n_active and tid < NRED:
+                    pf[s] = part_o[s, head0 * HD + tid]
         for h in range(warp, GH, NW):
             hm = 2 * (head0 + h)
             mx = NEG_INF
@@ -298,6 +315,21 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
             a2 = float32(0)
             a3 = float32(0)
             s = 0
+            if MPF and idx == tid:               # the prefetched partials, in the order below
+                for g in range(MPF // 4):
+                    b = 4 * g
+                    if s == b:
+                        if b + 4 <= n_active:
+                            a0 += s_w[h, b] * pf[b]
+                            a1 += s_w[h, b + 1] * pf[b + 1]
+                            a2 += s_w[h, b + 2] * pf[b + 2]
+                            a3 += s_w[h, b + 3] * pf[b + 3]
+                            s = b + 4
+                        else:                    # the last 0-3 partials go to a0, as below
+                            for j in range(3):
+                                if b + j < n_active:
+                                    a0 += s_w[h, b + j] * pf[b + j]
+                            s = n_active
             while s + 4 <= n_active:             # four independent loads in flight
                 a0 += s_w[h, s] * part_o[s, col]
                 a1 += s_w[h, s + 1] * part_o[s + 1, col]

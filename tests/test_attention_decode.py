@@ -193,23 +193,48 @@ def test_decode_pdl_build_of_the_warp_loop_gives_the_plain_bits(kv_dtype, pos, n
     assert_close(outs[1], ref, 2e-5 * np.abs(vd[0]).max(), 1e-5, "pdl build")
 
 
+@pytest.mark.parametrize("pos,n_splits", [(100, 20), (127, 20), (300, 20), (40, 3)])
+def test_decode_merge_prefetch_gives_the_same_bits(monkeypatch, pos, n_splits):
+    # MERGE_PREFETCH: the merging thread's first MERGE_PF (16) partials are loaded with the
+    # splits' (max, sum) and summed in the same order - 7 active splits (a group of four and
+    # three more), 8 (two groups), 19 (past the prefetched 16), 3 (no whole group)
+    import genie_rt.kvcache.attention as A
+    pool, kd, vd = make_pool(2, 64, 512, "int8", 512, seed=pos)
+    plan = plan_decode(4, 2, 64, "int8", 512, n_splits=n_splits, warps=2, rows_per_thread=1, loop="warp")
+    ws = DecodeWorkspace(plan)
+    q = cuda.to_device(np.random.default_rng(pos).standard_normal((4, 64)).astype(np.float32))
+    state = cuda.to_device(np.array([pos], np.int32))
+    outs = []
+    for pf in (False, True):
+        monkeypatch.setattr(A, "MERGE_PREFETCH", pf)
+        out = cuda.device_array(4 * 64, np.float32)
+        decode_attention(q, pool.layer(0), state, out, ws)
+        outs.append(out.copy_to_host())
+    assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
+    assert_close(outs[1], decode_reference(q.copy_to_host(), kd[0], vd[0], pos),
+                 2e-5 * np.abs(vd[0]).max(), 1e-5, "merge prefetch")
+
+
 # ---- the PDL build's early loads never touch the new row before the wait ----------------------
 class _Watch:
     """Stand-ins for quant/pdl.hooks under the simulator (each simulated thread is a Python thread):
     `wait` marks the thread as past its wait; `ld4` records a load of the watched slot (the new
-    position's) by a thread that has not waited, and hands it garbage, as an unwritten row would."""
+    position's) by a thread that has not waited, and hands it garbage, as an unwritten row would;
+    the loads of that slot after the wait are recorded in `late`."""
     def __init__(self):
         import threading
-        self.local, self.early, self.slot, self.words = threading.local(), [], -1, 1
+        self.local, self.early, self.late, self.slot, self.words = threading.local(), [], [], -1, 1
         watch = self
 
         def wait():
             watch.local.waited = True
 
         def ld4(a, i):
-            if not getattr(watch.local, "waited", False) and i // watch.words == watch.slot:
-                watch.early.append(i)
-                return (np.uint32(0x7F7F7F7F),) * 4
+            if i // watch.words == watch.slot:
+                if not getattr(watch.local, "waited", False):
+                    watch.early.append(i)
+                    return (np.uint32(0x7F7F7F7F),) * 4
+                watch.late.append(i)            # after the wait (list.append: thread-safe)
             return (a[i], a[i + 1], a[i + 2], a[i + 3])
         self.wait, self.ld4 = wait, ld4
 

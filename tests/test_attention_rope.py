@@ -142,6 +142,32 @@ def test_fused_rope_pdl_build_reads_the_new_row_only_after_its_wait(monkeypatch)
         ADK.decode_kernel.cache_clear()
 
 
+@pytest.mark.parametrize("stash", [True, False])
+def test_fused_rope_pdl_build_takes_the_new_row_from_its_stash(monkeypatch, stash):
+    # NEW_ROW_STASH: the block that writes the new K/V row keeps it in shared memory and never
+    # loads it from the cache; without the stash it loads it again after its wait. Both give
+    # rope_write-then-attention's bits (the parametrized tests above run with the default).
+    from test_attention_decode import _Watch
+    import genie_rt.kvcache.attention as A
+    import genie_rt.kvcache.attention_decode_kernels as ADK
+    monkeypatch.setattr(A, "NEW_ROW_STASH", stash)
+    pos = 41                                 # tiles of 32 rows: the new row in the 2nd split's 1st trip
+    _same("int8", [pos], 3, "warp", pdl=True)
+    w = _Watch()
+    no_op = lambda: None   # noqa: E731
+    monkeypatch.setattr(ADK, "hooks", lambda pdl: (w.wait, no_op, w.ld4) if pdl else (no_op, no_op, w.ld4))
+    ADK.decode_kernel.cache_clear()
+    try:
+        pool = make_pool(2, 64, 64, "int8", pos, seed=7)[0]
+        w.slot, w.words = pos, 2 * 64 // 4
+        plan = plan_decode(4, 2, 64, "int8", 64, n_splits=3, warps=2, rows_per_thread=2, loop="warp")
+        _step(True, pool, 1, _inputs(4, 2, 64, 64, seed=pos), pos, plan, "neox", True, True)
+        assert not w.early
+        assert (not w.late) if stash else w.late, f"{len(w.late)} loads of the new row after the wait"
+    finally:
+        ADK.decode_kernel.cache_clear()
+
+
 def test_fused_rope_with_the_q8_output():
     # decode_attention's q8 output (EngineConfig.decode_attention_q8) from the fused launch too
     pool0 = make_pool(2, 64, 64, "int8", 30, seed=7)[0]

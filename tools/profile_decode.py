@@ -97,7 +97,8 @@ def main(argv=None) -> int:
                         "(gemv.PDL_EARLY_TRIPS), splits (the attention plans' split count), plan "
                         "(their warps and rows a thread), heads (one or two heads an attention block), "
                         "short (the one-head blocks' shapes), rope (EngineConfig.decode_fused_rope), "
-                        "q8 (decode_attention_q8); '' "
+                        "q8 (decode_attention_q8), chain (the attention's new-row stash and merge "
+                        "prefetch: kvcache/attention.py NEW_ROW_STASH, MERGE_PREFETCH); '' "
                         "for none")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
                    help="skip timing the step without each family of kernels")
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
     wanted = {x for x in args.settings.split(",") if x}
-    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads", "short"}
+    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads", "short", "chain"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -168,6 +169,8 @@ def main(argv=None) -> int:
         settings.update(plan_settings(be, short_shape_ways(be), "the short graph's block shape"))
     if "plan" in wanted:
         settings.update(plan_settings(be))
+    if "chain" in wanted:
+        settings.update(attention_chain_settings(be))
     if "rope" in wanted:
         settings.update(config_settings(be, "decode_fused_rope", (True, False)))
     if "q8" in wanted:
@@ -295,6 +298,25 @@ def gemv_knob_settings(be, name: str, values) -> dict:
                                     name)
     finally:
         setattr(gemv, name, base)
+
+
+def attention_chain_settings(be) -> dict:
+    """The step with the decode attention's two same-bits shortcuts of its last block's path
+    (kvcache/attention.py NEW_ROW_STASH, MERGE_PREFETCH) off, each alone, and both (the default):
+    the same bits, then the times; the knobs are restored after."""
+    from genie_rt.kvcache import attention as A
+    base = (A.NEW_ROW_STASH, A.MERGE_PREFETCH)
+
+    def way(stash, merge):
+        def setup():
+            A.NEW_ROW_STASH, A.MERGE_PREFETCH = stash, merge
+        return setup
+    ways = {f"stash={a}, merge_pf={b}": way(a, b)
+            for a, b in ((False, False), (True, False), (False, True), (True, True))}
+    try:
+        return same_bits_then_times(be, ways, "the attention's stash / merge prefetch")
+    finally:
+        A.NEW_ROW_STASH, A.MERGE_PREFETCH = base
 
 
 def config_settings(be, name: str, values) -> dict:
