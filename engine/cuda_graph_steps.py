@@ -2,7 +2,7 @@
 without a run, and the warm-up that captures every graph a request can need at load.
 
 A mixin of CUDABackend (engine/backend_cuda.py). It uses that class's `stream`, `state`,
-`arena`, `lay`, `n_ctx`, `kv`, `use_graphs`, `_graphs` (key -> CUDAGraph), `capture_stats`,
+`arena`, `lay`, `n_ctx`, `ecfg`, `kv`, `use_graphs`, `_graphs` (key -> CUDAGraph), `capture_stats`,
 `pending_launch`, `_upload` (a cuda_weights.BackgroundUpload or None), `_max_splits_of`, and
 its methods `_record_prefill/_head/_decode`, `_set_state`, `_splits`, `_plans`, `_wrote`, and
 `dws_short` (not None: there is a short-context decode graph).
@@ -95,6 +95,21 @@ class GraphSteps:
         st[0] += 1
         st[2] += time.perf_counter() - t0
 
+    def decode_graph_keys(self, mode) -> list:
+        """[(graph key, short)] of the decode graphs warm_up captures for a sampling mode: the
+        short-context one where there is one (`dws_short`), and the other unless every position
+        of the pool is below EngineConfig.decode_short_ctx (then no step would replay it: a
+        context of 1,024 or less on the default threshold captures three graphs fewer and
+        compiles none of its attention kernels; a step that asks for it later, with the
+        threshold changed, captures it then)."""
+        short = getattr(self, "dws_short", None) is not None
+        keys = []
+        if not (short and self.n_ctx <= self.ecfg.decode_short_ctx):
+            keys.append((("decode", mode), False))
+        if short:
+            keys.append((("decode", mode, "short"), True))
+        return keys
+
     def warm_up(self, progress: Progress = NO_PROGRESS) -> None:
         """Compile every kernel and capture the decode graphs and prefill buckets now: one
         progress step, advanced per sequence (its kernels compiled or loaded from the kernel
@@ -128,12 +143,9 @@ class GraphSteps:
                                first_try_capture=False)
                 progress.advance(1, f"head {mode or 'logits'}")
             for mode in modes:
-                self._set_state(pos=0)
-                self._warm_one(("decode", mode), lambda mode=mode: self._record_decode(mode),
-                               first_try_capture=False)
-                if getattr(self, "dws_short", None) is not None:     # the short-context graph
+                for key, short in self.decode_graph_keys(mode):
                     self._set_state(pos=0)
-                    self._warm_one(("decode", mode, "short"), lambda mode=mode: self._record_decode(mode, True),
+                    self._warm_one(key, lambda mode=mode, short=short: self._record_decode(mode, short),
                                    first_try_capture=False)
                 progress.advance(1, f"decode {mode or 'logits'}")
             self.stream.synchronize()

@@ -115,11 +115,12 @@ def _aligned(n):
 
 # Two ways the decode kernel shortens the path of the block that finishes a launch, both the
 # same bits (decode_kernel's stash / merge_pf): the new K/V row from the block's own shared
-# memory, and the merge's partials loaded together with the splits' (max, sum). Module knobs
-# (read when a plan's kernel is built) so tools/profile_decode.py --settings chain can time
-# the step without each.
-NEW_ROW_STASH = True
-MERGE_PREFETCH = True
+# memory, and the merge's partials loaded together with the splits' (max, sum). Lab knobs, read
+# when a plan's kernel is built: off until timed inside the step on a GPU (2026-12-05: built and
+# checked in the simulator and by ptxas, no device lent; `tools/gpu_check.sh chain15` runs
+# tools/profile_decode.py --settings chain, which checks the bits, then times each way).
+NEW_ROW_STASH = False
+MERGE_PREFETCH = False
 
 
 @dataclass(frozen=True)

@@ -193,7 +193,8 @@ def test_decode_pdl_build_of_the_warp_loop_gives_the_plain_bits(kv_dtype, pos, n
     assert_close(outs[1], ref, 2e-5 * np.abs(vd[0]).max(), 1e-5, "pdl build")
 
 
-@pytest.mark.parametrize("pos,n_splits", [(100, 20), (127, 20), (300, 20), (40, 3)])
+@pytest.mark.parametrize("pos,n_splits", [(100, 20), pytest.param(127, 20, marks=pytest.mark.slow),
+                                           pytest.param(300, 20, marks=pytest.mark.slow), (40, 3)])
 def test_decode_merge_prefetch_gives_the_same_bits(monkeypatch, pos, n_splits):
     # MERGE_PREFETCH: the merging thread's first MERGE_PF (16) partials are loaded with the
     # splits' (max, sum) and summed in the same order - 7 active splits (a group of four and

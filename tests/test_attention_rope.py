@@ -145,8 +145,8 @@ def test_fused_rope_pdl_build_reads_the_new_row_only_after_its_wait(monkeypatch)
 @pytest.mark.parametrize("stash", [True, False])
 def test_fused_rope_pdl_build_takes_the_new_row_from_its_stash(monkeypatch, stash):
     # NEW_ROW_STASH: the block that writes the new K/V row keeps it in shared memory and never
-    # loads it from the cache; without the stash it loads it again after its wait. Both give
-    # rope_write-then-attention's bits (the parametrized tests above run with the default).
+    # loads it from the cache; without the stash (the default, above) it loads it again after its
+    # wait. Both give rope_write-then-attention's bits (more shapes with the stash: the next test).
     from test_attention_decode import _Watch
     import genie_rt.kvcache.attention as A
     import genie_rt.kvcache.attention_decode_kernels as ADK
@@ -166,6 +166,21 @@ def test_fused_rope_pdl_build_takes_the_new_row_from_its_stash(monkeypatch, stas
         assert (not w.late) if stash else w.late, f"{len(w.late)} loads of the new row after the wait"
     finally:
         ADK.decode_kernel.cache_clear()
+
+
+@pytest.mark.slow
+def test_fused_rope_stash_gives_rope_write_then_attention_bits(monkeypatch):
+    # with the stash: two splits, three steps in a row, a ring past its first lap, head_dim 256
+    # (six rope rows on two warps), a ring window over subgroups of one head, Llama's form (group 3)
+    import genie_rt.kvcache.attention as A
+    monkeypatch.setattr(A, "NEW_ROW_STASH", True)
+    _same("int8", [16], 2, "warp", pdl=True)
+    _same("int8", [70, 71, 72], 3, "warp", pdl=True, n_ctx=128)
+    _same("int8", [40, 41], 2, "warp", pdl=True, window=16, slots=24)
+    _same("int8", [30, 31], 2, "warp", pdl=True, n_head=4, n_kv=1, hd=256, heads_per_block=4)
+    _same("int8", [100, 101], 4, "warp", pdl=True, n_head=8, n_kv=2, window=40, slots=48, n_ctx=128,
+          heads_per_block=1)
+    _same("int8", [33], 2, "warp", pdl=True, n_head=6, n_kv=2, rope="normal", qk_norm=False)
 
 
 def test_fused_rope_with_the_q8_output():
@@ -237,3 +252,17 @@ def test_gpu_fused_rope_gemma3_ring_and_smollm2(kv_dtype):
     for pdl in _pdl_cases():
         _gpu_same(kv_dtype, [2000, 2001], 4, 1, 256, 4096, pdl, window=512, slots=1023)
         _gpu_same(kv_dtype, [300, 301], 9, 3, 64, 2048, pdl, rope="normal", qk_norm=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("positions", [[0, 1], [63, 64, 65], [511, 512], [4094, 4095]])
+def test_gpu_fused_rope_stash_and_merge_prefetch_qwen3_4b_shape(monkeypatch, positions):
+    # NEW_ROW_STASH and MERGE_PREFETCH (lab knobs, off by default): the same bits as rope_write
+    # then the attention at the 4B's shape, with the plans the engine makes (the two-head plan and
+    # the short graph's one-head plan)
+    import genie_rt.kvcache.attention as A
+    monkeypatch.setattr(A, "NEW_ROW_STASH", True)
+    monkeypatch.setattr(A, "MERGE_PREFETCH", True)
+    for pdl in _pdl_cases():
+        _gpu_same("int8", positions, 32, 8, 128, 4096, pdl)
+        _gpu_same("int8", positions, 32, 8, 128, 4096, pdl, heads_per_block=1)

@@ -171,3 +171,17 @@ def test_streaming_and_grammar_decodes_choose_each_steps_graph_by_its_position(m
     next(steps)
     steps.close()
     assert keys == [other, other]
+
+
+def test_warm_up_skips_the_long_context_decode_graph_when_every_position_is_short():
+    """decode_graph_keys: a pool no longer than EngineConfig.decode_short_ctx never runs the
+    long-context decode graph, so warm_up does not capture it; a longer pool, or no short
+    graph at all, captures what it did."""
+    from types import SimpleNamespace
+    b = _Stub(False, [])
+    for n_ctx, short, keys in ((1024, True, [(("decode", "greedy", "short"), True)]),
+                               (1025, True, [(("decode", "greedy"), False), (("decode", "greedy", "short"), True)]),
+                               (512, False, [(("decode", "greedy"), False)])):
+        b.n_ctx, b.ecfg = n_ctx, SimpleNamespace(decode_short_ctx=1024)
+        b.dws_short = object() if short else None
+        assert b.decode_graph_keys("greedy") == keys, (n_ctx, short)
