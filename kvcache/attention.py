@@ -121,6 +121,12 @@ def _aligned(n):
 # tools/profile_decode.py --settings chain, which checks the bits, then times each way).
 NEW_ROW_STASH = False
 MERGE_PREFETCH = False
+# Scores by dp4a (decode_kernel's qk8; int8 caches): q quantized to int8 a lane's 16 values at a
+# time, as llama.cpp's vector kernel does for quantized caches - about a third of the loop's
+# instructions a K/V row fewer, which should show where the context is long (depth 4,096: the
+# attention is the part of the step that grows). Other numbers than the float q (cosine, not
+# bits); a lab knob until timed and checked against the CPU back-end on a GPU.
+QK_DP4A = False
 
 
 @dataclass(frozen=True)
@@ -153,7 +159,8 @@ class DecodePlan:
         """The kernel of this plan; rope (a ROPE build, decode_rope_attention): "neox" | "normal"."""
         return decode_kernel(self.head_dim, self.heads_per_block, self.kv_dtype, self.warps,
                              self.rows_per_thread, self.window, self.scale, q8, pdl, self.loop,
-                             rope, bool(qk_norm), bool(ring), NEW_ROW_STASH, MERGE_PREFETCH)
+                             rope, bool(qk_norm), bool(ring), NEW_ROW_STASH, MERGE_PREFETCH,
+                             QK_DP4A and self.kv_dtype == "int8")
 
     @property
     def workspace_bytes(self) -> int:

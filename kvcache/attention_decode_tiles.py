@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from numba import cuda, float32, int32, uint32
 
 from genie_rt.quant import ptx
@@ -127,28 +128,38 @@ def make_fill_new_row(head_dim, warps, RPT, k_off, v_off, s_off):
     return fill_new_row
 
 
-def make_row_scores(head_dim, kv_dtype, GH, byte):
-    """row_scores(kw, i, qv, sc): sc[h] = q[h] . k(row i of the trip) for the GH heads, summed
-    over the row's LPR lanes (every lane of the slot gets the total), before the int8 row scale."""
+def make_row_scores(head_dim, kv_dtype, GH, byte, qk8=False):
+    """row_scores(kw, i, qv, qw, sc): sc[h] = q[h] . k(row i of the trip) for the GH heads, summed
+    over the row's LPR lanes (every lane of the slot gets the total), before the int8 row scale.
+    qk8 (int8 caches): q is the lane's int8 words qw[h * 4 + x] with the scale qv[h * VEC]
+    (make_load_q): four dp4a a head instead of 16 conversions and 16 FMAs."""
     I8 = kv_dtype == "int8"
     VEC = 16 if I8 else 8
     LPR = head_dim // VEC
+    QK8 = bool(qk8) and I8
 
     @_dev
-    def row_scores(kw, i, qv, sc):
+    def row_scores(kw, i, qv, qw, sc):
         for h in range(GH):
             sc[h] = float32(0)
-        for x in range(4):
-            word = kw[i * 4 + x]
-            if I8:
-                for b in range(4):
-                    kval = byte(word, b)
+        if QK8:
+            for h in range(GH):
+                d = int32(0)
+                for x in range(4):
+                    d = ptx.dp4a(kw[i * 4 + x], qw[h * 4 + x], d)
+                sc[h] = float32(d) * qv[h * VEC]
+        else:
+            for x in range(4):
+                word = kw[i * 4 + x]
+                if I8:
+                    for b in range(4):
+                        kval = byte(word, b)
+                        for h in range(GH):
+                            sc[h] += qv[h * VEC + x * 4 + b] * kval
+                else:
+                    lo, hi = ptx.unpack_half2(word)
                     for h in range(GH):
-                        sc[h] += qv[h * VEC + x * 4 + b] * kval
-            else:
-                lo, hi = ptx.unpack_half2(word)
-                for h in range(GH):
-                    sc[h] += qv[h * VEC + x * 2] * lo + qv[h * VEC + x * 2 + 1] * hi
+                        sc[h] += qv[h * VEC + x * 2] * lo + qv[h * VEC + x * 2 + 1] * hi
         for h in range(GH):
             s = sc[h]
             off = LPR >> 1
@@ -181,31 +192,65 @@ def make_add_pv(head_dim, kv_dtype, GH, byte):
     return add_pv
 
 
-def make_load_q(head_dim, kv_dtype, GH, qscale):
-    """load_q(q, head0, c, qv, acc): qv[h * VEC + e] = q[(head0 + h) * HD + c * VEC + e] * qscale
-    (log2(e) * the attention scale), acc = 0."""
+MAGIC_RINT = float32(12582912.0)     # 1.5 * 2^23: (x + M) - M rounds |x| < 2^22 to an integer, ties to even
+
+
+def make_load_q(head_dim, kv_dtype, GH, qscale, qk8=False):
+    """load_q(q, head0, c, qv, qw, acc): qv[h * VEC + e] = q[(head0 + h) * HD + c * VEC + e] * qscale
+    (log2(e) * the attention scale), acc = 0. qk8 (int8 caches): the lane's VEC values of each head
+    quantized instead - s = amax / 127, q8 = rint(v * (127 / amax)) packed into qw[h * 4 .. + 3]
+    (byte b of word x: value 4x + b), s in qv[h * VEC] (`q8_slices_reference` is the host's copy)."""
     VEC = 16 if kv_dtype == "int8" else 8
     HD = head_dim
+    QK8 = bool(qk8) and kv_dtype == "int8"
 
     @_dev
-    def load_q(q, head0, c, qv, acc):
+    def load_q(q, head0, c, qv, qw, acc):
         for h in range(GH):
             for e in range(VEC):
                 qv[h * VEC + e] = q[(head0 + h) * HD + c * VEC + e] * qscale
                 acc[h * VEC + e] = float32(0)
+        if QK8:
+            for h in range(GH):
+                amax = float32(0)
+                for e in range(VEC):
+                    amax = max(amax, abs(qv[h * VEC + e]))
+                inv = float32(0)
+                if amax > float32(0):
+                    inv = float32(127) / amax
+                for x in range(4):
+                    w = uint32(0)
+                    for b in range(4):
+                        r = (qv[h * VEC + x * 4 + b] * inv + MAGIC_RINT) - MAGIC_RINT
+                        w |= (uint32(int32(r)) & uint32(0xFF)) << uint32(8 * b)
+                    qw[h * 4 + x] = w
+                qv[h * VEC] = amax / float32(127)
     return load_q
 
 
-def block_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale):
+def q8_slices_reference(q, qscale, vec=16):
+    """The q a qk8 build scores with (make_load_q), float64 [..., hd]: each vec-value slice of
+    q * qscale quantized to int8 with its own scale, dequantized, divided by qscale again."""
+    v = np.asarray(q, np.float32) * np.float32(qscale)
+    sl = v.reshape(*v.shape[:-1], -1, vec)
+    amax = np.abs(sl).max(axis=-1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, np.float32(1)), np.float32(0))
+    r = (sl * inv.astype(np.float32) + MAGIC_RINT) - MAGIC_RINT
+    deq = r.astype(np.float64) * (amax / np.float32(127)).astype(np.float64)
+    return (deq / np.float64(np.float32(qscale))).reshape(v.shape)
+
+
+def block_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, qk8=False):
     """The block-synchronous loop (module docstring). Shared arrays: s_p (GH, TILE), s_alpha (GH)."""
     I8 = kv_dtype == "int8"
     NW = warps
     VEC, EPW, LPR, RPW, STEP, TILE, WPR = geometry(head_dim, kv_dtype, warps, RPT)
     NKW = RPT * 4
     load_trip = make_load_trip(head_dim, kv_dtype, warps, RPT, WIN, ld4)
-    row_scores = make_row_scores(head_dim, kv_dtype, GH, byte)
+    row_scores = make_row_scores(head_dim, kv_dtype, GH, byte, qk8)
     add_pv = make_add_pv(head_dim, kv_dtype, GH, byte)
-    load_q = make_load_q(head_dim, kv_dtype, GH, qscale)
+    load_q = make_load_q(head_dim, kv_dtype, GH, qscale, qk8)
+    NQW = 4 * GH if qk8 else 1                  # q's int8 words (make_load_q)
 
     @_dev
     def tiles(q, head0, k_words, v_words, k_scale, v_scale, r_begin, r_end, new_row, warp, lane, slot,
@@ -215,7 +260,8 @@ def block_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale):
         ks = cuda.local.array(RPT, float32)
         vs = cuda.local.array(RPT, float32)
         sc = cuda.local.array(GH, float32)
-        load_q(q, head0, c, qv, acc)
+        qw = cuda.local.array(NQW, uint32)
+        load_q(q, head0, c, qv, qw, acc)
         if cuda.threadIdx.x < GH:
             s_m[cuda.threadIdx.x] = NEG_INF
             s_l[cuda.threadIdx.x] = float32(0)
@@ -227,7 +273,7 @@ def block_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale):
                       n_ctx, ring0, kw, vw, ks, vs)
             # 2. scores of the tile's rows -> s_p
             for i in range(RPT):
-                row_scores(kw, i, qv, sc)
+                row_scores(kw, i, qv, qw, sc)
                 rl = i * STEP + warp * RPW + slot
                 if c == 0:
                     valid = t0 + rl < r_end
@@ -277,7 +323,7 @@ def block_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale):
 
 
 def warp_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, PF=True, wait=None,
-               stash=None):
+               stash=None, qk8=False):
     """The barrier-free loop (module docstring); PF: the next trip's loads go out before this
     trip's arithmetic (twice the K/V registers). wait (a PDL build with PF: EARLY): wait(ra), the
     wait for the kernel before (and the rope rows), called here after the first trip's loads of
@@ -303,15 +349,16 @@ def warp_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, PF=Tr
     NKW = RPT * 4
     NS = RPT * GH
     load_trip = make_load_trip(head_dim, kv_dtype, warps, RPT, WIN, ld4)
-    row_scores = make_row_scores(head_dim, kv_dtype, GH, byte)
+    row_scores = make_row_scores(head_dim, kv_dtype, GH, byte, qk8)
     add_pv = make_add_pv(head_dim, kv_dtype, GH, byte)
-    load_q = make_load_q(head_dim, kv_dtype, GH, qscale)
+    load_q = make_load_q(head_dim, kv_dtype, GH, qscale, qk8)
+    NQW = 4 * GH if qk8 else 1                  # q's int8 words (make_load_q)
 
     @_dev
-    def trip(kw, vw, ks, vs, t0, r_end, warp, slot, qv, acc, m, l, s, sc):
+    def trip(kw, vw, ks, vs, t0, r_end, warp, slot, qv, qw, acc, m, l, s, sc):
         # scores of the lane's RPT rows (NEG_INF past r_end), then the slot's online softmax
         for i in range(RPT):
-            row_scores(kw, i, qv, sc)
+            row_scores(kw, i, qv, qw, sc)
             valid = t0 + i * STEP + warp * RPW + slot < r_end
             for h in range(GH):
                 if not valid:
@@ -372,7 +419,8 @@ def warp_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, PF=Tr
         elif PF:
             load_trip(k_words, v_words, k_scale, v_scale, t0, r_end, warp, slot, c, kvh, n_kv,
                       n_ctx, ring0, kw, vw, ks, vs)
-        load_q(q, head0, c, qv, acc)
+        qw = cuda.local.array(NQW, uint32)
+        load_q(q, head0, c, qv, qw, acc)
         while t0 < r_end:
             if PF:      # the next trip's loads (zeros past r_end: no load) before this one's math
                 load_trip(k_words, v_words, k_scale, v_scale, t0 + TILE, r_end, warp, slot, c, kvh,
@@ -380,7 +428,7 @@ def warp_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, PF=Tr
             else:
                 load_trip(k_words, v_words, k_scale, v_scale, t0, r_end, warp, slot, c, kvh, n_kv,
                           n_ctx, ring0, kw, vw, ks, vs)
-            trip(kw, vw, ks, vs, t0, r_end, warp, slot, qv, acc, m, l, s, sc)
+            trip(kw, vw, ks, vs, t0, r_end, warp, slot, qv, qw, acc, m, l, s, sc)
             if PF:
                 for x in range(NKW):
                     kw[x] = kn[x]

@@ -216,6 +216,32 @@ def test_decode_merge_prefetch_gives_the_same_bits(monkeypatch, pos, n_splits):
                  2e-5 * np.abs(vd[0]).max(), 1e-5, "merge prefetch")
 
 
+@pytest.mark.parametrize("loop,pos,n_splits,hd,gh", [
+    ("warp", 40, 3, 64, 2), ("block", 63, 4, 64, 4), ("warp-nopf", 17, 1, 32, 1), ("warp", 5, 2, 128, 2)])
+def test_decode_qk8_scores_by_dp4a_with_q_quantized_per_lane_slice(monkeypatch, loop, pos, n_splits, hd, gh):
+    # QK_DP4A (decode_kernel's qk8, a lab knob): each lane's 16 q values of a head become int8 with
+    # their own scale; the output is the float reference's for that q (q8_slices_reference) within
+    # the usual bound - and measurably not the float q's
+    import math
+
+    import genie_rt.kvcache.attention as A
+    from genie_rt.kvcache.attention_decode_kernels import LOG2E
+    from genie_rt.kvcache.attention_decode_tiles import q8_slices_reference
+    monkeypatch.setattr(A, "QK_DP4A", True)
+    pool, kd, vd = make_pool(2, hd, 64, "int8", 64, seed=pos)
+    plan = plan_decode(8, 2, hd, "int8", 64, n_splits=n_splits, warps=2, rows_per_thread=2, loop=loop,
+                       heads_per_block=gh)
+    q = np.random.default_rng(pos).standard_normal((8, hd)).astype(np.float32) * 2
+    out = cuda.device_array(8 * hd, np.float32)
+    decode_attention(cuda.to_device(q), pool.layer(0), cuda.to_device(np.array([pos], np.int32)), out,
+                     DecodeWorkspace(plan))
+    got = out.copy_to_host()
+    q_eff = q8_slices_reference(q, np.float32(LOG2E / math.sqrt(hd)))
+    atol = 2e-5 * np.abs(vd[0]).max()
+    assert_close(got, decode_reference(q_eff, kd[0], vd[0], pos), atol, 1e-5, "qk8")
+    assert np.abs(got - decode_reference(q, kd[0], vd[0], pos).ravel()).max() > 10 * atol
+
+
 # ---- the PDL build's early loads never touch the new row before the wait ----------------------
 class _Watch:
     """Stand-ins for quant/pdl.hooks under the simulator (each simulated thread is a Python thread):

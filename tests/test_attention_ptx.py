@@ -19,6 +19,7 @@ decode_f16 = decode_kernel(128, 8, "f16", loop="block")
 decode_q8_int8 = decode_kernel(128, 2, "int8", q8=True)   # the engine's Qwen3-4B decode (2 heads a block, q8 out)
 decode_warp_int8 = decode_kernel(128, 2, "int8", loop="warp")   # the barrier-free loop
 decode_q8_one_head_int8 = decode_kernel(128, 1, "int8", 8, 2, q8=True)   # the short-context graph's blocks
+decode_q8_qk8_int8 = decode_kernel(128, 2, "int8", 8, 2, q8=True, qk8=True)   # QK_DP4A (lab): scores by dp4a
 decode_warp_f16 = decode_kernel(128, 2, "f16", loop="warp")
 decode_warp_gemma_int8 = decode_kernel(256, 4, "int8", 4, 4, 512, loop="warp")
 prefill_int8 = prefill_kernel(128, 4, "int8")
@@ -34,7 +35,7 @@ prefill_smol_int8 = prefill_kernel(64, 3, "int8")
 # the quick suite compiles Qwen3's kernels and one of each new kind (window + hd 256 +
 # one KV head, group 3); the f16 twins and SmolLM2's decode (~10 s more) are `slow`
 _QUICK = ("decode_int8", "decode_f16", "decode_q8_int8", "decode_warp_int8", "decode_q8_one_head_int8",
-          "decode_gemma_int8",
+          "decode_q8_qk8_int8", "decode_gemma_int8",
           "prefill_int8", "prefill_f16", "prefill_gemma_int8", "prefill_smol_int8")
 _MORE = ("decode_gemma_f16", "decode_smol_int8", "prefill_gemma_f16", "decode_warp_f16",
          "decode_warp_gemma_int8")
@@ -101,3 +102,12 @@ def test_ptx_warp_loop_issues_the_next_trips_loads_before_this_trips_math(ptx_te
         first_shfl = next(i for i, line in enumerate(text.splitlines()) if "shfl.sync.bfly" in line)
         assert len(loads) == 16, (cc, len(loads))
         assert max(loads) < first_shfl, cc
+
+
+def test_ptx_qk8_build_scores_by_dp4a(ptx_text):
+    """QK_DP4A's build (decode_kernel qk8): the K side is dp4a against q's int8 words (and only the
+    V side converts bytes to floats); the default build has no dp4a."""
+    for cc, text in ptx_text["decode_q8_qk8_int8"].items():
+        assert text.count("dp4a.s32.s32") >= 8, f"sm_{cc[0]}{cc[1]}: {text.count('dp4a.s32.s32')} dp4a"
+    for cc, text in ptx_text["decode_q8_int8"].items():
+        assert "dp4a" not in text

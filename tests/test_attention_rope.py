@@ -266,3 +266,10 @@ def test_gpu_fused_rope_stash_and_merge_prefetch_qwen3_4b_shape(monkeypatch, pos
     for pdl in _pdl_cases():
         _gpu_same("int8", positions, 32, 8, 128, 4096, pdl)
         _gpu_same("int8", positions, 32, 8, 128, 4096, pdl, heads_per_block=1)
+
+
+def test_fused_rope_with_qk8_gives_rope_write_then_attention_bits(monkeypatch):
+    # QK_DP4A (q quantized a lane slice at a time, scores by dp4a) in both launches: the same bits
+    import genie_rt.kvcache.attention as A
+    monkeypatch.setattr(A, "QK_DP4A", True)
+    _same("int8", [37], 3, "warp", pdl=True)

@@ -98,7 +98,8 @@ def main(argv=None) -> int:
                         "(their warps and rows a thread), heads (one or two heads an attention block), "
                         "short (the one-head blocks' shapes), rope (EngineConfig.decode_fused_rope), "
                         "q8 (decode_attention_q8), chain (the attention's new-row stash and merge "
-                        "prefetch: kvcache/attention.py NEW_ROW_STASH, MERGE_PREFETCH); '' "
+                        "prefetch: kvcache/attention.py NEW_ROW_STASH, MERGE_PREFETCH), qk8 (the "
+                        "attention's scores by dp4a, QK_DP4A: cosine >= 0.999, not bits); '' "
                         "for none")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
                    help="skip timing the step without each family of kernels")
@@ -151,7 +152,7 @@ def main(argv=None) -> int:
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
     wanted = {x for x in args.settings.split(",") if x}
-    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads", "short", "chain"}
+    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads", "short", "chain", "qk8"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -171,6 +172,8 @@ def main(argv=None) -> int:
         settings.update(plan_settings(be))
     if "chain" in wanted:
         settings.update(attention_chain_settings(be))
+    if "qk8" in wanted:
+        settings.update(attention_knob_settings(be, "QK_DP4A", (False, True), min_cos=0.999))
     if "rope" in wanted:
         settings.update(config_settings(be, "decode_fused_rope", (True, False)))
     if "q8" in wanted:
@@ -317,6 +320,18 @@ def attention_chain_settings(be) -> dict:
         return same_bits_then_times(be, ways, "the attention's stash / merge prefetch")
     finally:
         A.NEW_ROW_STASH, A.MERGE_PREFETCH = base
+
+
+def attention_knob_settings(be, name: str, values, min_cos: float | None = None) -> dict:
+    """The step with kvcache/attention.py's knob `name` at each of `values` (the first the
+    reference): the logits' bits (min_cos None) or cosine, then the times; restored after."""
+    from genie_rt.kvcache import attention as A
+    base = getattr(A, name)
+    try:
+        return same_bits_then_times(be, {f"{name}={v}": lambda v=v: setattr(A, name, v) for v in values},
+                                    name, min_cos=min_cos)
+    finally:
+        setattr(A, name, base)
 
 
 def config_settings(be, name: str, values) -> dict:
