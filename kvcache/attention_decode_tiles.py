@@ -193,6 +193,7 @@ def make_add_pv(head_dim, kv_dtype, GH, byte):
 
 
 MAGIC_RINT = float32(12582912.0)     # 1.5 * 2^23: (x + M) - M rounds |x| < 2^22 to an integer, ties to even
+Q8_FLOOR = float32(1e-30)            # q slices with a smaller amax quantize to zeros
 
 
 def make_load_q(head_dim, kv_dtype, GH, qscale, qk8=False):
@@ -216,7 +217,7 @@ def make_load_q(head_dim, kv_dtype, GH, qscale, qk8=False):
                 for e in range(VEC):
                     amax = max(amax, abs(qv[h * VEC + e]))
                 inv = float32(0)
-                if amax > float32(0):
+                if amax > Q8_FLOOR:             # (not 0, nor so small that 127 / amax is inf)
                     inv = float32(127) / amax
                 for x in range(4):
                     w = uint32(0)
@@ -234,7 +235,8 @@ def q8_slices_reference(q, qscale, vec=16):
     v = np.asarray(q, np.float32) * np.float32(qscale)
     sl = v.reshape(*v.shape[:-1], -1, vec)
     amax = np.abs(sl).max(axis=-1, keepdims=True)
-    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, np.float32(1)), np.float32(0))
+    big = amax > Q8_FLOOR
+    inv = np.where(big, np.float32(127) / np.where(big, amax, np.float32(1)), np.float32(0))
     r = (sl * inv.astype(np.float32) + MAGIC_RINT) - MAGIC_RINT
     deq = r.astype(np.float64) * (amax / np.float32(127)).astype(np.float64)
     return (deq / np.float64(np.float32(qscale))).reshape(v.shape)

@@ -259,7 +259,8 @@ def test_gpu_fused_rope_gemma3_ring_and_smollm2(kv_dtype):
 def test_gpu_fused_rope_stash_and_merge_prefetch_qwen3_4b_shape(monkeypatch, positions):
     # NEW_ROW_STASH and MERGE_PREFETCH (lab knobs, off by default): the same bits as rope_write
     # then the attention at the 4B's shape, with the plans the engine makes (the two-head plan and
-    # the short graph's one-head plan)
+    # the short graph's one-head plan). Both launches merge with the prefetch here, so this checks
+    # the stash; the prefetch against the merge without is test_attention_gpu.py's.
     import genie_rt.kvcache.attention as A
     monkeypatch.setattr(A, "NEW_ROW_STASH", True)
     monkeypatch.setattr(A, "MERGE_PREFETCH", True)

@@ -62,7 +62,7 @@
 #             2048 (where the short graph should stop; --short-ctx 0), then TT s of GPU tests
 #   chain15   the decode attention's shortcuts of its last block's path (2026-12-05: the new row from
 #             shared memory, the merge's loads in one round trip), first call: the 4B's step at depths
-#             PDEPTHS (64 4096) with --settings chain,qk8 (the same bits first; the scores by dp4a:
+#             PDEPTHS1 (64) and PDEPTHS (4096) with --settings chain,qk8 (the same bits first; the scores by dp4a:
 #             cosine), the kernel cache as kc.tar.gz, then TT s of GPU tests (the fused rope at the
 #             4B's shape, both graphs)
 #   attnloop  the decode attention's loops (attention_decode_tiles.py, 2026-12-04): the 4B's decode
@@ -451,7 +451,7 @@ for s in "$@"; do
       tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")" \
         && ls -la "$OUT/kc.tar.gz"
       [ "${TT:-0}" -gt 0 ] && GF="tests/test_attention_rope.py tests/test_decode_switches.py tests/test_backend_cuda.py tests/test_attention_gpu.py" \
-        gpu_tests_4b "${GK:-fused_rope or qk8 or decode_qwen3_4b or short_context or pdl or every_position or greedy or real_layer}" $TT ;;
+        gpu_tests_4b "${GK:-fused_rope or qk8 or merge_prefetch or decode_qwen3_4b or short_context or pdl or every_position or greedy or real_layer}" $TT ;;
     heads14)
       stage heads14
       # the second call: one or two query heads an attention block at depths PDEPTHS (--short-ctx 0:

@@ -305,8 +305,8 @@ def gemv_knob_settings(be, name: str, values) -> dict:
 
 def attention_chain_settings(be) -> dict:
     """The step with the decode attention's two same-bits shortcuts of its last block's path
-    (kvcache/attention.py NEW_ROW_STASH, MERGE_PREFETCH) off, each alone, and both (the default):
-    the same bits, then the times; the knobs are restored after."""
+    (kvcache/attention.py NEW_ROW_STASH, MERGE_PREFETCH) off (the default, the reference), each
+    alone, and both: the same bits, then the times; the knobs are restored after."""
     from genie_rt.kvcache import attention as A
     base = (A.NEW_ROW_STASH, A.MERGE_PREFETCH)
 
