@@ -356,7 +356,7 @@ def test_pdl_early_trips_give_the_same_bits(monkeypatch, qt):
     a remainder), a row of one trip, and a row shorter than the warp (lanes with no unit)."""
     from genie_rt.quant import pdl
     monkeypatch.setattr(pdl, "launch", lambda k, grid, block, stream, *a: k[grid, block, stream](*a))
-    for cols in (9728, 2560, 256):
+    for cols, ks in ((9728, 1), (2560, 1), (256, 1), (9728, 2)):   # ks 2: profile_decode --settings ksplit
         _, w = weight(qt, "dp4a", 3, cols, seed=cols)
         x, dx, xq, xs = activations(1, cols)
         outs = []
@@ -364,9 +364,9 @@ def test_pdl_early_trips_give_the_same_bits(monkeypatch, qt):
             monkeypatch.setattr(G, "PDL", use)
             monkeypatch.setattr(G, "PDL_EARLY_TRIPS", early)
             y = cuda.to_device(np.ones((1, 3), np.float32))
-            G.gemv(w, dx, y, xq=xq, xs=xs, residual=y, ksplit=1)
+            G.gemv(w, dx, y, xq=xq, xs=xs, residual=y, ksplit=ks)
             outs.append(y.copy_to_host())
-            assert ("gemv", w.spec, 1, 1, True, 32, use, early if use else 1) in G._kernels
+            assert ("gemv", w.spec, 1, ks, True, 32, use, early if use else 1) in G._kernels
         for o in outs[1:]:
             np.testing.assert_array_equal(o, outs[0])
 

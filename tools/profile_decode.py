@@ -99,7 +99,9 @@ def main(argv=None) -> int:
                         "short (the one-head blocks' shapes), rope (EngineConfig.decode_fused_rope), "
                         "q8 (decode_attention_q8), chain (the attention's new-row stash and merge "
                         "prefetch: kvcache/attention.py NEW_ROW_STASH, MERGE_PREFETCH), qk8 (the "
-                        "attention's scores by dp4a, QK_DP4A: cosine >= 0.999, not bits); '' "
+                        "attention's scores by dp4a, QK_DP4A: cosine >= 0.999, not bits), ksplit "
+                        "(gemv.KSPLIT_WARPS_PER_SM 16 / 32: the residual GEMVs' rows over one or two "
+                        "warps, so all of ffn_down's row is loaded before its PDL wait; cosine); '' "
                         "for none")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
                    help="skip timing the step without each family of kernels")
@@ -152,7 +154,7 @@ def main(argv=None) -> int:
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
     wanted = {x for x in args.settings.split(",") if x}
-    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads", "short", "chain", "qk8"}
+    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads", "short", "chain", "qk8", "ksplit"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -172,6 +174,8 @@ def main(argv=None) -> int:
         settings.update(plan_settings(be))
     if "chain" in wanted:
         settings.update(attention_chain_settings(be))
+    if "ksplit" in wanted:      # 32: the residual GEMVs (2,560 rows) in two k-parts (a row in flight
+        settings.update(gemv_knob_settings(be, "KSPLIT_WARPS_PER_SM", (16, 32), min_cos=0.9999))   # pre-wait)
     if "qk8" in wanted:
         settings.update(attention_knob_settings(be, "QK_DP4A", (False, True), min_cos=0.999))
     if "rope" in wanted:
@@ -289,7 +293,7 @@ def pdl_settings(be) -> dict:
         be.ecfg, cuda_ops.PDL_KINDS = base, kinds
 
 
-def gemv_knob_settings(be, name: str, values) -> dict:
+def gemv_knob_settings(be, name: str, values, min_cos: float | None = None) -> dict:
     """The step with the lab knob quant/gemv.py `name` at each of `values`, the first the
     reference: the same bits, then the times; the knob is restored after. SWIGLU_PAIR (a warp's
     gate and up rows streamed together), PDL_EARLY_TRIPS (the plain GEMVs' first trips' loads
@@ -298,7 +302,7 @@ def gemv_knob_settings(be, name: str, values) -> dict:
     base = getattr(gemv, name)
     try:
         return same_bits_then_times(be, {f"{name}={v}": lambda v=v: setattr(gemv, name, v) for v in values},
-                                    name)
+                                    name, min_cos=min_cos)
     finally:
         setattr(gemv, name, base)
 
