@@ -60,11 +60,12 @@
 #             call: llama.cpp built in the background, genie-rt bench, prefix reuse, llama-bench
 #   heads14   the second: the step with one or two query heads an attention block at depths 1024 and
 #             2048 (where the short graph should stop; --short-ctx 0), then TT s of GPU tests
-#   chain15   the decode attention's shortcuts of its last block's path (2026-12-05: the new row from
-#             shared memory, the merge's loads in one round trip), first call: the 4B's step at depths
-#             PDEPTHS1 (64) and PDEPTHS (4096) with --settings chain,qk8,ksplit (the same bits first; dp4a scores,
-#             k-split residual GEMVs: cosine), the kernel cache as kc.tar.gz, then TT s of GPU tests (the fused rope at the
-#             4B's shape, both graphs)
+#   chain15   the decode experiments built on 2026-12-05 without a GPU (docs/decode-step.md 6g), one
+#             call: the 4B's step at depths PDEPTHS1 (64) and PDEPTHS (4096) with --settings PSET
+#             (chain,qk8,ksplit,lpr16: the attention's stash and merge prefetch - the same bits first -,
+#             its scores by dp4a, the residual GEMVs in two k-parts, QKV and gate/up at 16 lanes a row -
+#             a cosine first), the kernel cache as kc.tar.gz; then TT s of GPU tests (default 0: a
+#             second call, with KC= that tarball, runs them: the stash, qk8, merge prefetch, both graphs)
 #   attnloop  the decode attention's loops (attention_decode_tiles.py, 2026-12-04): the 4B's decode
 #             step at depth 4096 and 512 with each loop (logits cosine >= 0.999 with the default's),
 #             the attention GPU tests and the back-end's (CPU parity, greedy text, PDL bits), the
@@ -446,8 +447,10 @@ for s in "$@"; do
       stage chain15
       export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      PT=${PT1:-330} profile_4b "${PDEPTHS1-64}" "${PSET:-chain,qk8,ksplit}" none "" ${PTAIL:-16}
-      PT=${PT2:-180} profile_4b "${PDEPTHS-4096}" "${PSET:-chain,qk8,ksplit}" none "" ${PTAIL:-16}
+      if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
+        && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi                     # a tarball of an earlier call
+      PT=${PT1:-390} profile_4b "${PDEPTHS1-64}" "${PSET:-chain,qk8,ksplit,lpr16}" none "" ${PTAIL:-24}
+      PT=${PT2:-190} profile_4b "${PDEPTHS-4096}" "${PSET:-chain,qk8,ksplit,lpr16}" none "" ${PTAIL:-24}
       tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")" \
         && ls -la "$OUT/kc.tar.gz"
       [ "${TT:-0}" -gt 0 ] && GF="tests/test_attention_rope.py tests/test_decode_switches.py tests/test_backend_cuda.py tests/test_attention_gpu.py" \

@@ -101,7 +101,9 @@ def main(argv=None) -> int:
                         "prefetch: kvcache/attention.py NEW_ROW_STASH, MERGE_PREFETCH), qk8 (the "
                         "attention's scores by dp4a, QK_DP4A: cosine >= 0.999, not bits), ksplit "
                         "(gemv.KSPLIT_WARPS_PER_SM 16 / 32: the residual GEMVs' rows over one or two "
-                        "warps, so all of ffn_down's row is loaded before its PDL wait; cosine); '' "
+                        "warps, so all of ffn_down's row is loaded before its PDL wait; cosine), lpr16 "
+                        "(gemv.LPR16_LAYER, LAYER_EARLY_TRIPS: QKV and gate/up at 16 lanes a row, "
+                        "their whole row before the wait; cosine); '' "
                         "for none")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
                    help="skip timing the step without each family of kernels")
@@ -154,7 +156,8 @@ def main(argv=None) -> int:
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
     wanted = {x for x in args.settings.split(",") if x}
-    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads", "short", "chain", "qk8", "ksplit"}
+    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads", "short", "chain", "qk8", "ksplit",
+             "lpr16"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -178,6 +181,8 @@ def main(argv=None) -> int:
         settings.update(gemv_knob_settings(be, "KSPLIT_WARPS_PER_SM", (16, 32), min_cos=0.9999))   # pre-wait)
     if "qk8" in wanted:
         settings.update(attention_knob_settings(be, "QK_DP4A", (False, True), min_cos=0.999))
+    if "lpr16" in wanted:
+        settings.update(lpr16_settings(be))
     if "rope" in wanted:
         settings.update(config_settings(be, "decode_fused_rope", (True, False)))
     if "q8" in wanted:
@@ -324,6 +329,25 @@ def attention_chain_settings(be) -> dict:
         return same_bits_then_times(be, ways, "the attention's stash / merge prefetch")
     finally:
         A.NEW_ROW_STASH, A.MERGE_PREFETCH = base
+
+
+def lpr16_settings(be) -> dict:
+    """The step with the QKV and gate/up GEMVs at 32 lanes a row (the default, the reference), at
+    16 (gemv.LPR16_LAYER: two rows a warp, half the blocks), and at 16 with both trips of a row
+    issued before the PDL wait (LAYER_EARLY_TRIPS 2): cosine >= 0.9999 (the lanes' sums are added
+    in another order), then the times; restored after."""
+    from genie_rt.quant import gemv
+    base = (gemv.LPR16_LAYER, gemv.LAYER_EARLY_TRIPS)
+
+    def way(lpr16, early):
+        def setup():
+            gemv.LPR16_LAYER, gemv.LAYER_EARLY_TRIPS = lpr16, early
+        return setup
+    ways = {f"LPR16_LAYER={a}, LAYER_EARLY_TRIPS={b}": way(a, b) for a, b in ((False, 1), (True, 1), (True, 2))}
+    try:
+        return same_bits_then_times(be, ways, "the layer GEMVs' lanes a row", min_cos=0.9999)
+    finally:
+        gemv.LPR16_LAYER, gemv.LAYER_EARLY_TRIPS = base
 
 
 def attention_knob_settings(be, name: str, values, min_cos: float | None = None) -> dict:
