@@ -65,7 +65,8 @@
 #             (chain,qk8,ksplit,lpr16: the attention's stash and merge prefetch - the same bits first -,
 #             its scores by dp4a, the residual GEMVs in two k-parts, QKV and gate/up at 16 lanes a row -
 #             a cosine first), the kernel cache as kc.tar.gz; then TT s of GPU tests (default 0: a
-#             second call, with KC= that tarball, runs them: the stash, qk8, merge prefetch, both graphs)
+#             second call, with KC= that tarball, runs them: the stash, qk8, merge prefetch, both graphs;
+#             PSHORT=1 adds the short graph's block shapes at depth 64)
 #   attnloop  the decode attention's loops (attention_decode_tiles.py, 2026-12-04): the 4B's decode
 #             step at depth 4096 and 512 with each loop (logits cosine >= 0.999 with the default's),
 #             the attention GPU tests and the back-end's (CPU parity, greedy text, PDL bits), the
@@ -451,6 +452,8 @@ for s in "$@"; do
         && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi                     # a tarball of an earlier call
       PT=${PT1:-390} profile_4b "${PDEPTHS1-64}" "${PSET:-chain,qk8,ksplit,lpr16}" none "" ${PTAIL:-24}
       PT=${PT2:-190} profile_4b "${PDEPTHS-4096}" "${PSET:-chain,qk8,ksplit,lpr16}" none "" ${PTAIL:-24}
+      # PSHORT=1: also the short graph's one-head block shapes (4 x 2, 8 x 1) at depth 64 (6f's next step)
+      [ -n "${PSHORT:-}" ] && PT=${PT3:-150} PARGS="--short-ctx 0" profile_4b 64 short none short "${PTAIL:-24}"
       tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")" \
         && ls -la "$OUT/kc.tar.gz"
       [ "${TT:-0}" -gt 0 ] && GF="tests/test_attention_rope.py tests/test_decode_switches.py tests/test_backend_cuda.py tests/test_attention_gpu.py" \
