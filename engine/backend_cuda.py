@@ -297,11 +297,16 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
                 host[0] = value
                 upload(dev, host, self.stream)
 
-    def _begin_request(self, sampler, history) -> None:
+    def _begin_request(self, sampler, history, wait: bool = True) -> None:
+        """The request's sampler parameters and history to the device (gpu_sampling.set_request:
+        copies on the stream, after whatever is queued there). wait: synchronise the stream first,
+        as the callers that then rewrite a state slot's pinned mirror (_set_state) need; False
+        (prefill_sample, after its prefill is enqueued): the host work overlaps the device's."""
         from genie_rt.engine import gpu_sampling
         if self._req.sampler is sampler:
             return
-        self.stream.synchronize()
+        if wait:
+            self.stream.synchronize()
         gpu_sampling.set_request(self.sws, sampler.params, history, self.state, stream=self.stream)
         self._req = _Request(sampler, sampler.params.is_greedy, 0)
 
@@ -409,8 +414,8 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         if sampler.want_probs:
             logits = self.prefill(tokens, start, cancel)
             return None if logits is None else sampler.sample(logits, history)
-        self._begin_request(sampler, history)
         if sampler.constraint is not None:
+            self._begin_request(sampler, history)
             if not self._prefill_layers(np.asarray(tokens, np.int32), start, cancel):
                 return None
             self._run(("head", None), lambda: self._record_head(self.arena["x_last"], None))
@@ -421,6 +426,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
             return token
         if not self._prefill_layers(np.asarray(tokens, np.int32), start, cancel):
             return None
+        self._begin_request(sampler, history, wait=False)   # while the device runs the prefill
         mode = "greedy" if self._req.greedy else "full"
         self._run(("head", mode), lambda: self._record_head(self.arena["x_last"], mode))
         self.stream.synchronize()

@@ -313,12 +313,13 @@ def set_request(ws: SamplerWorkspace, params, history, state, stream=0) -> int:
     ring[np.arange(hist.size - keep.size, hist.size) % ws.ring_capacity] = keep
     # pinned mirrors (made at load) and raw async copies: no driver synchronisation per
     # copy (engine/h2d.py). A copy of the previous request may still be pending on the
-    # stream: wait for it before the mirrors are rewritten (free when the stream is idle).
-    if stream:
-        stream.synchronize()
+    # stream: wait for it (its event) before the mirrors are rewritten - not for the whole
+    # stream, so a caller may begin a request while the device runs its prefill.
     if ws.host is None:                      # a workspace not made by workspace_from_arena
         ws.host = _host_mirrors(ws)
     h = ws.host
+    if h.get("copied") is not None:
+        h["copied"].synchronize()
     if h.get("state") is not state:          # the state slots' view, made once per state array
         h["state"], h["state_view"] = state, state[S_COUNTER:S_HIST + 1]
     h["params_f"][:] = pf
@@ -330,7 +331,14 @@ def set_request(ws: SamplerWorkspace, params, history, state, stream=0) -> int:
     for name in ("params_f", "params_i", "bias_ids", "bias_vals", "ring"):
         upload(getattr(ws, name), h[name], stream)
     upload(h["state_view"], h["counters"], stream)
+    if stream:                               # the copies' end, for the next request's wait
+        h["copied"] = h.get("copied") or _event()
+        h["copied"].record(stream)           # (stream 0: the copies were synchronous)
     return seed
+
+
+def _event():
+    return cuda.event() if ptx.SIMULATOR else cuda.event(timing=False)
 
 
 def _host_mirrors(ws: SamplerWorkspace) -> dict:

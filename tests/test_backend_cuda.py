@@ -103,6 +103,27 @@ def test_simulated_forward_matches_cpu(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU the greedy and sampling tests cover this)")
+def test_simulated_prefill_sample_begins_the_request_after_enqueueing_the_prefill(tmp_path):
+    """prefill_sample sets the request's sampler up while the device runs the prefill (set_request
+    waits for the previous request's copies by their event, not for the stream): the greedy token
+    is the prompt's argmax, a seeded draw repeats, requests one after another each get their own."""
+    from genie_rt.engine.sampling import Sampler, SamplingParams
+    path = tmp_path / "tiny.gguf"
+    write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
+                                     vocab=300, text_tokens=274), seed=0, exact=True)
+    gpu, _, _ = make_backends(path, "f16", n_ctx=64, chunk=16, warm=False)
+    tokens = np.array([5, 17, 100, 3, 250, 9, 42], np.int32)
+    top = int(gpu.prefill(tokens, 0).argmax())
+    assert gpu.prefill_sample(tokens, 0, Sampler(SamplingParams(temperature=0)), list(tokens)) == top
+    assert gpu.sws.host["copied"] is not None                  # the event the next request waits for
+    params = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=5)
+    again = [gpu.prefill_sample(tokens, 0, Sampler(params), list(tokens)) for _ in range(2)]
+    assert again[0] == again[1]
+    assert gpu.prefill_sample(tokens, 0, Sampler(SamplingParams(temperature=0)), list(tokens)) == top
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not SIM, reason="simulator test (on a GPU the engine's choices tests cover this)")
 def test_simulated_sample_logits(tmp_path):
     """CUDABackend.sample_logits, the first draw of an engine's further choices: the sampling
