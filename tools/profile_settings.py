@@ -1,0 +1,311 @@
+"""The ways tools/profile_decode.py compares (--settings): each sets one configuration of the
+CUDA decode step up (an EngineConfig field, a module knob, the attention plans), and
+`same_bits_then_times` checks every way's logits against the first's (the same bits, or a cosine
+for a way that adds floats in another order) before it times them all, twice. Also the step's
+timing primitives (`record_step`, `time_step`). GPU only; imported by profile_decode.py.
+"""
+import numpy as np
+
+
+def record_step(be) -> None:
+    """One greedy decode step at the state's position, as the engine's graph of that position runs
+    it (the short-context graph below EngineConfig.decode_short_ctx)."""
+    from genie_rt.engine.device_state import S_POS
+    be._record_decode("greedy", be.short_at(int(be._host_state[S_POS])))   # the position _set_state wrote
+
+
+def time_step(be, reps: int = 30) -> float:
+    """Median ms of one decode step, recorded fresh into its own graph."""
+    from genie_rt.engine.cuda_graph import time_us
+    return time_us(lambda: record_step(be), be.stream, per=1, reps=reps) / 1000
+
+
+# kinds of kernel launched by programmatic dependent launch, checked and timed one set at a time
+# (cuda_ops.PDL_KINDS): nothing, each kind alone, the GEMVs with quantize_q8 (2026-12-03's form),
+# and all of them (the default)
+PDL_SETS = ((), ("gemv",), ("q8",), ("norm",), ("rope",), ("attention",), ("gemv", "q8"),
+            ("gemv", "q8", "norm", "rope", "attention"))
+
+
+def same_bits_then_times(be, ways: dict, what: str, min_cos: float | None = None) -> dict:
+    """ways: label -> a function that sets one configuration up (the first is the reference).
+    Three decode steps each way from the same state (a capture and run, then two replays):
+    every way is reported and the logits must be the reference's bits (min_cos None) or, for
+    a way that adds floats in another order, have a cosine >= min_cos with them (the GPU-vs-CPU
+    parity bar; the argmax is reported, not required: a synthetic model's logits are flat, and
+    a near tie may flip), else the profile stops; then the time of each way. The caller
+    restores its configuration; the graphs and the state are reset here."""
+    pos = int(be.state.copy_to_host()[0])
+    out, bad, ref = {}, [], None
+    try:
+        for label, setup in ways.items():
+            setup()
+            be._graphs.clear()
+            steps = [be.decode(77, pos) for _ in range(3)]     # capture + run, then two replays
+            be._set_state(pos=pos)
+            if ref is None:
+                ref = steps[0]
+            coss = [float(np.dot(x.astype(np.float64).ravel(), ref.astype(np.float64).ravel())
+                          / np.linalg.norm(x.astype(np.float64)) / np.linalg.norm(ref.astype(np.float64)))
+                    for x in steps]
+            cos = min(coss)
+            if min_cos is None:
+                same = [np.array_equal(x.view(np.int32), ref.view(np.int32)) for x in steps]
+            else:
+                same = [c >= min_cos for c in coss]
+            diff = max(float(np.max(np.abs(x - ref))) for x in steps)
+            argmax = all(int(np.argmax(x)) == int(np.argmax(ref)) for x in steps)
+            kind = "the same bits" if min_cos is None else f"cosine >= {min_cos}"
+            print(f"  {label}: logits {kind if all(same) else 'DIFFERENT'} as the first "
+                  f"way's (steps {same}, max |diff| {diff:.3g} of max |logit| "
+                  f"{float(np.max(np.abs(ref))):.3g}, cosine {cos:.6f}, same argmax {argmax})", flush=True)
+            if not all(same):
+                bad.append(label)
+        be._graphs.clear()
+        if bad:
+            raise SystemExit(f"{what} changed the logits: {', '.join(bad)}")
+        # two passes over the ways, the faster of each way's two times reported: the first steps
+        # timed in a process can be slow (a GPU that idled through the compile), and one pass
+        # would charge that to whichever way comes first
+        for rnd in (1, 2):
+            for label, setup in ways.items():
+                setup()
+                ms = time_step(be)
+                out[label] = min(ms, out.get(label, ms))
+                print(f"  {label}: {ms:.3f} ms (pass {rnd})", flush=True)
+    finally:
+        be._graphs.clear()
+        be._set_state(pos=pos)
+    return out
+
+
+def pdl_settings(be) -> dict:
+    """The step with programmatic dependent launch on each set of PDL_SETS (the first: none),
+    the same bits, then the times; the configuration is restored after."""
+    import dataclasses
+
+    from genie_rt.engine import cuda_ops
+    base, kinds = be.ecfg, cuda_ops.PDL_KINDS
+
+    def way(ks):
+        def setup():
+            be.ecfg, cuda_ops.PDL_KINDS = dataclasses.replace(base, decode_pdl=bool(ks)), frozenset(ks)
+        return setup
+    try:
+        return same_bits_then_times(be, {"decode_pdl=" + ("+".join(ks) if ks else "off"): way(ks)
+                                         for ks in PDL_SETS}, "programmatic dependent launch")
+    finally:
+        be.ecfg, cuda_ops.PDL_KINDS = base, kinds
+
+
+def gemv_knob_settings(be, name: str, values, min_cos: float | None = None) -> dict:
+    """The step with the lab knob quant/gemv.py `name` at each of `values`, the first the
+    reference: the same bits, then the times; the knob is restored after. SWIGLU_PAIR (a warp's
+    gate and up rows streamed together), PDL_EARLY_TRIPS (the plain GEMVs' first trips' loads
+    issued before their PDL wait)."""
+    from genie_rt.quant import gemv
+    base = getattr(gemv, name)
+    try:
+        return same_bits_then_times(be, {f"{name}={v}": lambda v=v: setattr(gemv, name, v) for v in values},
+                                    name, min_cos=min_cos)
+    finally:
+        setattr(gemv, name, base)
+
+
+def attention_chain_settings(be) -> dict:
+    """The step with the decode attention's two same-bits shortcuts of its last block's path
+    (kvcache/attention.py NEW_ROW_STASH, MERGE_PREFETCH) off (the default, the reference), each
+    alone, and both: the same bits, then the times; the knobs are restored after."""
+    from genie_rt.kvcache import attention as A
+    base = (A.NEW_ROW_STASH, A.MERGE_PREFETCH)
+
+    def way(stash, merge):
+        def setup():
+            A.NEW_ROW_STASH, A.MERGE_PREFETCH = stash, merge
+        return setup
+    ways = {f"stash={a}, merge_pf={b}": way(a, b)
+            for a, b in ((False, False), (True, False), (False, True), (True, True))}
+    try:
+        return same_bits_then_times(be, ways, "the attention's stash / merge prefetch")
+    finally:
+        A.NEW_ROW_STASH, A.MERGE_PREFETCH = base
+
+
+def lpr16_settings(be) -> dict:
+    """The step with the QKV and gate/up GEMVs at 32 lanes a row (the default, the reference), at
+    16 (gemv.LPR16_LAYER: two rows a warp, half the blocks), and at 16 with both trips of a row
+    issued before the PDL wait (LAYER_EARLY_TRIPS 2): cosine >= 0.9999 (the lanes' sums are added
+    in another order), then the times; restored after."""
+    from genie_rt.quant import gemv
+    base = (gemv.LPR16_LAYER, gemv.LAYER_EARLY_TRIPS)
+
+    def way(lpr16, early):
+        def setup():
+            gemv.LPR16_LAYER, gemv.LAYER_EARLY_TRIPS = lpr16, early
+        return setup
+    ways = {f"LPR16_LAYER={a}, LAYER_EARLY_TRIPS={b}": way(a, b) for a, b in ((False, 1), (True, 1), (True, 2))}
+    try:
+        return same_bits_then_times(be, ways, "the layer GEMVs' lanes a row", min_cos=0.9999)
+    finally:
+        gemv.LPR16_LAYER, gemv.LAYER_EARLY_TRIPS = base
+
+
+def attention_knob_settings(be, name: str, values, min_cos: float | None = None) -> dict:
+    """The step with kvcache/attention.py's knob `name` at each of `values` (the first the
+    reference): the logits' bits (min_cos None) or cosine, then the times; restored after."""
+    from genie_rt.kvcache import attention as A
+    base = getattr(A, name)
+    try:
+        return same_bits_then_times(be, {f"{name}={v}": lambda v=v: setattr(A, name, v) for v in values},
+                                    name, min_cos=min_cos)
+    finally:
+        setattr(A, name, base)
+
+
+def config_settings(be, name: str, values) -> dict:
+    """The step with EngineConfig field `name` at each of `values`, the first the reference: the
+    same bits, then the times; the configuration is restored after (decode_fused_rope)."""
+    import dataclasses
+    base = be.ecfg
+
+    def way(v):
+        def setup():
+            be.ecfg = dataclasses.replace(base, **{name: v})
+        return setup
+    try:
+        return same_bits_then_times(be, {f"{name}={v}": way(v) for v in values}, name)
+    finally:
+        be.ecfg = base
+
+
+def loop_settings(be) -> dict:
+    """The step with each way the decode attention walks its rows (kvcache/attention_decode_
+    tiles.py: "block", "warp", "warp-nopf"), the first the default: a logits cosine >= 0.999
+    with it (the loops add in another order), then the times; the plans are restored."""
+    import dataclasses
+
+    from genie_rt.kvcache.attention import DEFAULT_LOOP, LOOPS
+    plans = list(be.lay.decode_plans)
+
+    def way(loop):
+        def setup():
+            be.lay.decode_plans[:] = [dataclasses.replace(p, loop=loop) for p in plans]
+        return setup
+    order = (DEFAULT_LOOP,) + tuple(x for x in LOOPS if x != DEFAULT_LOOP)
+    try:
+        return same_bits_then_times(be, {f"attention loop={x}": way(x) for x in order},
+                                    "the attention loop", min_cos=0.999)
+    finally:
+        be.lay.decode_plans[:] = plans
+
+
+def splits_settings(be, values=(16, 20, 24, 28, 32)) -> dict:
+    """plan_settings with the global plans cut into each of `values` splits (DecodePlan.n_splits:
+    blocks along the context per KV head and subgroup, fixed at capture; the kernels are the same).
+    Measured 2026-12-04 with 4 x 4 blocks, whose 168 registers leave 3 an SM: one wave of 24 splits
+    on the 4B's 8 KV heads x 2 subgroups."""
+    return plan_settings(be, {f"splits={ns}": dict(n_splits=ns) for ns in values},
+                         "the attention's split count")
+
+
+# 4 warps of 4 rows (the default until 2026-12-04 night: 168 registers, 3 blocks an SM, 24 splits
+# on the 4B), shorter tiles (2 or 1 rows a thread: 126 / 125 registers, 4 blocks an SM, so 32 splits
+# are one wave too), and 8 warps of 2 rows (the same 64-row tile, half a warp's trip; 2 blocks an
+# SM: 16 splits - the default since)
+PLAN_WAYS = {"warps=4, rows/thread=4, 24 splits": dict(warps=4, rows_per_thread=4, n_splits=24),
+             "warps=4, rows/thread=2": dict(warps=4, rows_per_thread=2),
+             "warps=4, rows/thread=2, 32 splits": dict(warps=4, rows_per_thread=2, n_splits=32),
+             "warps=4, rows/thread=1": dict(warps=4, rows_per_thread=1),
+             "warps=8, rows/thread=2, 16 splits": dict(warps=8, rows_per_thread=2, n_splits=16)}
+
+
+def plan_settings(be, ways=None, what="the attention's block shape") -> dict:
+    """The step with the global attention plans changed by each way's DecodePlan fields (warps,
+    rows_per_thread: the tile a block reads a trip, each a kernel of its own; n_splits; n_sub: the
+    heads a block; a field a way leaves out keeps the loaded plan's), each way in a
+    workspace carved for its splits and subgroups: a logits cosine >= 0.999 with the first way's
+    (the merge and the lane slots add in another grouping), then the times. The plans and the
+    workspace are restored."""
+    import dataclasses
+
+    from genie_rt.kvcache.attention import DecodeWorkspace
+    from numba import cuda
+    plans, dws = list(be.lay.decode_plans), be.dws
+    ways = PLAN_WAYS if ways is None else ways
+
+    def way(kw):
+        shape = {k: v for k, v in kw.items() if k in ("n_splits", "n_sub")}
+        wplan = dataclasses.replace(dws.plan, **shape)
+        ws = DecodeWorkspace(wplan, cuda.device_array(wplan.workspace_bytes, np.uint8), stream=be.stream)
+
+        def setup():
+            be.dws = ws
+            be.lay.decode_plans[:] = [p if p.window else dataclasses.replace(p, **kw) for p in plans]
+        return setup
+    try:
+        return same_bits_then_times(be, {f"attention {label}": way(kw) for label, kw in ways.items()},
+                                    what, min_cos=0.999)
+    finally:
+        be.lay.decode_plans[:] = plans
+        be.dws = dws
+
+
+# two query heads a block (the default plans) against one (n_sub = the group: twice the blocks on
+# the 4B, each a shorter chain; the K/V rows read once a head, from L2) - what the short-context
+# graph (EngineConfig.decode_short_ctx) runs - and the one-head blocks in other shapes (not measured
+# yet): 4 warps of 2 rows (a 32-row tile, 96 registers: 5 blocks an SM, so twice the splits are one
+# wave), and 8 warps of 1 row. The split counts are the 4B's on the H200 (132 SMs).
+def heads_ways(be) -> dict:
+    g = be.cfg.n_head // be.cfg.n_head_kv
+    return {"two heads a block (default)": {}, "one head a block, 8 splits": dict(n_sub=g, n_splits=8)}
+
+
+def short_shape_ways(be) -> dict:
+    g = be.cfg.n_head // be.cfg.n_head_kv
+    return {"one head a block, 8 x 2, 8 splits (the short graph)": dict(n_sub=g, n_splits=8),
+            "one head a block, 4 x 2, 16 splits": dict(n_sub=g, n_splits=16, warps=4),
+            "one head a block, 8 x 1, 16 splits": dict(n_sub=g, n_splits=16, rows_per_thread=1)}
+
+
+def fused_ffn_settings(be, pdl_ok: bool) -> dict:
+    """The step with EngineConfig.decode_fused_ffn (quant/ffn_fused.py) at 2, 4 and 8 resident
+    blocks an SM (ffn_fused.MAX_BLOCKS_PER_SM), then at the default with decode_pdl too where
+    the device has it; the configuration is restored after."""
+    import dataclasses
+
+    from genie_rt.quant import ffn_fused
+    base, default = be.ecfg, ffn_fused.MAX_BLOCKS_PER_SM
+    out = {}
+    try:
+        pos = int(be.state.copy_to_host()[0])
+        logits = {}
+        for on in (False, True):                  # one step both ways: the bits must agree
+            be.ecfg = dataclasses.replace(base, decode_fused_ffn=on)
+            be._graphs.clear()
+            logits[on] = be.decode(77, pos)
+        be._graphs.clear()
+        be._set_state(pos=pos)
+        diff = float(np.max(np.abs(logits[True] - logits[False])))
+        same = np.array_equal(logits[True].view(np.int32), logits[False].view(np.int32))
+        print(f"  fused FFN logits vs the separate launches: {'the same bits' if same else 'DIFFERENT'}"
+              f" (max |diff| {diff:.3g}), grid {ffn_fused.grid_blocks(next(iter(ffn_fused._kernels.values())))}"
+              f" blocks", flush=True)
+        for bps in (2, 4, 8):
+            ffn_fused.MAX_BLOCKS_PER_SM = bps
+            ffn_fused._grids.clear()
+            be.ecfg = dataclasses.replace(base, decode_fused_ffn=True)
+            out[f"decode_fused_ffn=True, {bps} blocks/SM"] = time_step(be)
+            print(f"  fused FFN, {bps} blocks/SM: {out[f'decode_fused_ffn=True, {bps} blocks/SM']:.3f} ms",
+                  flush=True)
+        ffn_fused.MAX_BLOCKS_PER_SM = default
+        ffn_fused._grids.clear()
+        for q8 in (False, True):
+            be.ecfg = dataclasses.replace(base, decode_fused_ffn=True, decode_attention_q8=q8,
+                                          decode_pdl=pdl_ok)
+            out[f"decode_fused_ffn=True, decode_attention_q8={q8}, decode_pdl={pdl_ok}"] = time_step(be)
+        assert not ffn_fused.failed(be.ffn_counters), "a fused FFN barrier gave up"
+    finally:
+        ffn_fused.MAX_BLOCKS_PER_SM = default
+        ffn_fused._grids.clear()
+        be.ecfg = base
+    return out
