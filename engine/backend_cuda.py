@@ -424,6 +424,9 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
             token = self._read_token()
             sampler.constraint.accept(token)
             return token
+        if self._req.sampler is not sampler:     # bad parameters refused before any device work
+            from genie_rt.engine import gpu_sampling
+            gpu_sampling.check_request(self.sws, sampler.params, history)
         if not self._prefill_layers(np.asarray(tokens, np.int32), start, cancel):
             return None
         self._begin_request(sampler, history, wait=False)   # while the device runs the prefill

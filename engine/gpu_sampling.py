@@ -275,11 +275,9 @@ def _check_step(ws: SamplerWorkspace, logits, state, out) -> None:
     _check("out", out, np.int32)
 
 
-def set_request(ws: SamplerWorkspace, params, history, state, stream=0) -> int:
-    """Per request, before its first sample: copy the parameters, the logit_bias pairs, the
-    history (prompt tokens; the ring keeps the last ring_capacity) and state[2] = 0,
-    state[3] = len(history) to the device. Returns the 64-bit seed used (a random one when
-    params.seed is None or negative). Raises ValueError for what the kernels cannot do."""
+def check_request(ws: SamplerWorkspace, params, history) -> np.ndarray:
+    """set_request's checks, on the host only (a caller may run them before it queues any device
+    work for the request): ValueError for what the kernels cannot do. Returns the history as int64."""
     params.validate(ws.vocab)
     penalised = (params.repeat_penalty != 1.0 or params.presence_penalty != 0.0
                  or params.frequency_penalty != 0.0)
@@ -292,6 +290,16 @@ def set_request(ws: SamplerWorkspace, params, history, state, stream=0) -> int:
     hist = np.asarray(list(history), np.int64)
     if hist.size and (hist.min() < 0 or hist.max() >= ws.vocab):
         raise ValueError(f"history holds token ids outside 0..{ws.vocab - 1}")
+    return hist
+
+
+def set_request(ws: SamplerWorkspace, params, history, state, stream=0) -> int:
+    """Per request, before its first sample: copy the parameters, the logit_bias pairs, the
+    history (prompt tokens; the ring keeps the last ring_capacity) and state[2] = 0,
+    state[3] = len(history) to the device. Returns the 64-bit seed used (a random one when
+    params.seed is None or negative). Raises ValueError for what the kernels cannot do
+    (check_request)."""
+    hist = check_request(ws, params, history)
     if params.seed is not None and params.seed >= 0:
         seed = int(params.seed) & ((1 << 64) - 1)
     else:

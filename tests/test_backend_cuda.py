@@ -107,7 +107,8 @@ def test_simulated_forward_matches_cpu(tmp_path):
 def test_simulated_prefill_sample_begins_the_request_after_enqueueing_the_prefill(tmp_path):
     """prefill_sample sets the request's sampler up while the device runs the prefill (set_request
     waits for the previous request's copies by their event, not for the stream): the greedy token
-    is the prompt's argmax, a seeded draw repeats, requests one after another each get their own."""
+    is the prompt's argmax, a seeded draw repeats, requests one after another each get their own;
+    a request the sampler cannot take is refused before its prefill is queued."""
     from genie_rt.engine.sampling import Sampler, SamplingParams
     path = tmp_path / "tiny.gguf"
     write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
@@ -121,6 +122,11 @@ def test_simulated_prefill_sample_begins_the_request_after_enqueueing_the_prefil
     again = [gpu.prefill_sample(tokens, 0, Sampler(params), list(tokens)) for _ in range(2)]
     assert again[0] == again[1]
     assert gpu.prefill_sample(tokens, 0, Sampler(SamplingParams(temperature=0)), list(tokens)) == top
+    real, ran = gpu._prefill_layers, []
+    gpu._prefill_layers = lambda *a, **k: ran.append(1) or real(*a, **k)
+    with pytest.raises(ValueError, match="history holds token ids"):
+        gpu.prefill_sample(tokens, 0, Sampler(SamplingParams(temperature=0)), [5, 999])
+    assert not ran, "bad parameters must be refused before the prefill is queued"
 
 
 @pytest.mark.slow
