@@ -98,68 +98,56 @@ def pdl_settings(be) -> dict:
         be.ecfg, cuda_ops.PDL_KINDS = base, kinds
 
 
-def gemv_knob_settings(be, name: str, values, min_cos: float | None = None) -> dict:
-    """The step with the lab knob quant/gemv.py `name` at each of `values`, the first the
-    reference: the same bits, then the times; the knob is restored after. SWIGLU_PAIR (a warp's
-    gate and up rows streamed together), PDL_EARLY_TRIPS (the plain GEMVs' first trips' loads
-    issued before their PDL wait)."""
-    from genie_rt.quant import gemv
-    base = getattr(gemv, name)
+def knob_settings(be, module, names: tuple, ways, what: str, min_cos: float | None = None) -> dict:
+    """The step with the module attributes `names` (lab knobs) set to each tuple of `ways`, the
+    first the reference: the logits' bits (min_cos None) or cosine, then the times; the knobs are
+    restored after. Labels are "NAME=value, ..."."""
+    base = tuple(getattr(module, n) for n in names)
+
+    def way(values):
+        def setup():
+            for n, v in zip(names, values):
+                setattr(module, n, v)
+        return setup
     try:
-        return same_bits_then_times(be, {f"{name}={v}": lambda v=v: setattr(gemv, name, v) for v in values},
-                                    name, min_cos=min_cos)
+        return same_bits_then_times(be, {", ".join(f"{n}={v}" for n, v in zip(names, values)): way(values)
+                                         for values in ways}, what, min_cos=min_cos)
     finally:
-        setattr(gemv, name, base)
+        way(base)()
+
+
+def gemv_knob_settings(be, name: str, values, min_cos: float | None = None) -> dict:
+    """knob_settings of the quant/gemv.py lab knob `name` at each of `values`: SWIGLU_PAIR (a warp's
+    gate and up rows streamed together), PDL_EARLY_TRIPS (the plain GEMVs' first trips' loads
+    issued before their PDL wait), KSPLIT_WARPS_PER_SM."""
+    from genie_rt.quant import gemv
+    return knob_settings(be, gemv, (name,), [(v,) for v in values], name, min_cos)
 
 
 def attention_chain_settings(be) -> dict:
     """The step with the decode attention's two same-bits shortcuts of its last block's path
     (kvcache/attention.py NEW_ROW_STASH, MERGE_PREFETCH) off (the default, the reference), each
-    alone, and both: the same bits, then the times; the knobs are restored after."""
+    alone, and both: the same bits, then the times."""
     from genie_rt.kvcache import attention as A
-    base = (A.NEW_ROW_STASH, A.MERGE_PREFETCH)
-
-    def way(stash, merge):
-        def setup():
-            A.NEW_ROW_STASH, A.MERGE_PREFETCH = stash, merge
-        return setup
-    ways = {f"stash={a}, merge_pf={b}": way(a, b)
-            for a, b in ((False, False), (True, False), (False, True), (True, True))}
-    try:
-        return same_bits_then_times(be, ways, "the attention's stash / merge prefetch")
-    finally:
-        A.NEW_ROW_STASH, A.MERGE_PREFETCH = base
+    return knob_settings(be, A, ("NEW_ROW_STASH", "MERGE_PREFETCH"),
+                         ((False, False), (True, False), (False, True), (True, True)),
+                         "the attention's stash / merge prefetch")
 
 
 def lpr16_settings(be) -> dict:
     """The step with the QKV and gate/up GEMVs at 32 lanes a row (the default, the reference), at
     16 (gemv.LPR16_LAYER: two rows a warp, half the blocks), and at 16 with both trips of a row
     issued before the PDL wait (LAYER_EARLY_TRIPS 2): cosine >= 0.9999 (the lanes' sums are added
-    in another order), then the times; restored after."""
+    in another order), then the times."""
     from genie_rt.quant import gemv
-    base = (gemv.LPR16_LAYER, gemv.LAYER_EARLY_TRIPS)
-
-    def way(lpr16, early):
-        def setup():
-            gemv.LPR16_LAYER, gemv.LAYER_EARLY_TRIPS = lpr16, early
-        return setup
-    ways = {f"LPR16_LAYER={a}, LAYER_EARLY_TRIPS={b}": way(a, b) for a, b in ((False, 1), (True, 1), (True, 2))}
-    try:
-        return same_bits_then_times(be, ways, "the layer GEMVs' lanes a row", min_cos=0.9999)
-    finally:
-        gemv.LPR16_LAYER, gemv.LAYER_EARLY_TRIPS = base
+    return knob_settings(be, gemv, ("LPR16_LAYER", "LAYER_EARLY_TRIPS"), ((False, 1), (True, 1), (True, 2)),
+                         "the layer GEMVs' lanes a row", min_cos=0.9999)
 
 
 def attention_knob_settings(be, name: str, values, min_cos: float | None = None) -> dict:
-    """The step with kvcache/attention.py's knob `name` at each of `values` (the first the
-    reference): the logits' bits (min_cos None) or cosine, then the times; restored after."""
+    """knob_settings of kvcache/attention.py's knob `name` at each of `values` (QK_DP4A)."""
     from genie_rt.kvcache import attention as A
-    base = getattr(A, name)
-    try:
-        return same_bits_then_times(be, {f"{name}={v}": lambda v=v: setattr(A, name, v) for v in values},
-                                    name, min_cos=min_cos)
-    finally:
-        setattr(A, name, base)
+    return knob_settings(be, A, (name,), [(v,) for v in values], name, min_cos)
 
 
 def config_settings(be, name: str, values) -> dict:
