@@ -4,7 +4,8 @@
   shapes with awkward sizes (rows not a multiple of the rows per block, rows shorter than
   a warp's 32 units, rows longer than one trip of the row loop, n_tok 1/3/7/8, KSPLIT
   1/2/4), every format x mode, residual (separate and in place), fused QKV with mixed
-  formats, fused gate/up + SiLU with mixed formats, q8 activation quantization;
+  formats, fused gate/up + SiLU with mixed formats, q8 activation quantization (the PDL builds
+  against the plain ones: test_gemv_pdl.py);
 - PTX tests: every kernel kind compiled for sm_87 and sm_90 in one subprocess, checking
   128-bit loads, dp4a, no float64 and no local memory;
 - GPU tests (`-m gpu`): Qwen3-4B shapes on fresh random weights.
@@ -321,89 +322,6 @@ def test_launchers_refuse_what_they_cannot_handle():
         G.prepare_weight(random_weight(Q4, 1, 256, np.random.default_rng(0)))
     with pytest.raises(ValueError, match="differ"):
         G.gemv_swiglu(w, weight(Q4, "dp4a", 3, 256)[1], dx, y, xq=xq, xs=xs)
-
-
-def test_pdl_builds_compute_the_same_bits(monkeypatch):
-    """The programmatic-dependent-launch builds (quant/pdl.py: griddepcontrol waits, no-ops
-    here) of gemv (residual), QKV and gate/up + SiLU give the plain builds' bits. The
-    launch itself needs an sm_90 GPU: here pdl.launch is the plain launch."""
-    from genie_rt.quant import pdl
-    monkeypatch.setattr(pdl, "launch", lambda k, grid, block, stream, *a: k[grid, block, stream](*a))
-    _, wq = weight(Q4, "dp4a", 37, 256, seed=1)
-    _, wk = weight(Q4, "dp4a", 5, 256, seed=2)
-    _, wv = weight(Q6, "dp4a", 9, 256, seed=3)
-    x, dx, xq, xs = activations(1, 256)
-    outs = {}
-    for use in (False, True):
-        monkeypatch.setattr(G, "PDL", use)
-        y = cuda.to_device(np.ones((1, 37), np.float32))
-        G.gemv(wq, dx, y, xq=xq, xs=xs, residual=y)
-        qkv = cuda.device_array((1, 51), np.float32)
-        G.gemv_qkv(wq, wk, wv, dx, qkv, xq=xq, xs=xs)
-        h = cuda.device_array((1, 37), np.float32)
-        G.gemv_swiglu(wq, wq, dx, h, xq=xq, xs=xs)
-        outs[use] = [a.copy_to_host() for a in (y, qkv, h)]
-    for a, b in zip(outs[False], outs[True]):
-        np.testing.assert_array_equal(a, b)
-    assert ("gemv", wq.spec, 1, 1, True, 32, True, G.PDL_EARLY_TRIPS) in G._kernels   # the PDL build ran
-
-
-@pytest.mark.parametrize("qt", [Q4, Q6])
-def test_pdl_early_trips_give_the_same_bits(monkeypatch, qt):
-    """gemv.PDL_EARLY_TRIPS (gemv_kernels._make_row_dot EARLY): a PDL build of the residual GEMV
-    with the first 1, 2 or 3 trips' loads issued before its wait multiplies the units in the
-    same order - the plain build's bits - on ffn_down's row length (304 units: 3 early trips and
-    a remainder), a row of one trip, and a row shorter than the warp (lanes with no unit)."""
-    from genie_rt.quant import pdl
-    monkeypatch.setattr(pdl, "launch", lambda k, grid, block, stream, *a: k[grid, block, stream](*a))
-    for cols, ks in ((9728, 1), (2560, 1), (256, 1), (9728, 2)):   # ks 2: profile_decode --settings ksplit
-        _, w = weight(qt, "dp4a", 3, cols, seed=cols)
-        x, dx, xq, xs = activations(1, cols)
-        outs = []
-        for use, early in ((False, 1), (True, 1), (True, 2), (True, 3)):
-            monkeypatch.setattr(G, "PDL", use)
-            monkeypatch.setattr(G, "PDL_EARLY_TRIPS", early)
-            y = cuda.to_device(np.ones((1, 3), np.float32))
-            G.gemv(w, dx, y, xq=xq, xs=xs, residual=y, ksplit=ks)
-            outs.append(y.copy_to_host())
-            assert ("gemv", w.spec, 1, ks, True, 32, use, early if use else 1) in G._kernels
-        for o in outs[1:]:
-            np.testing.assert_array_equal(o, outs[0])
-
-
-def test_lpr16_layer_gemvs_with_their_whole_row_before_the_wait(monkeypatch):
-    """gemv.LPR16_LAYER / LAYER_EARLY_TRIPS (lab knobs, profile_decode --settings lpr16): the QKV and
-    SwiGLU GEMVs at 16 lanes a row of 80 units (2,560 columns, 5 units a lane) - within the bound of
-    numpy - and their PDL builds with both trips issued before the wait give the one-trip builds'
-    bits (the same units in the same order)."""
-    from genie_rt.quant import pdl
-    monkeypatch.setattr(pdl, "launch", lambda k, grid, block, stream, *a: k[grid, block, stream](*a))
-    rng = np.random.default_rng(5)
-    hs = [random_weight(q, r, 2560, rng) for q, r in ((Q4, 24), (Q4, 8), (Q6, 8))]
-    ws = [G.prepare_weight(G.to_device(h)) for h in hs]
-    hg, hu = random_weight(Q4, 24, 2560, rng), random_weight(Q4, 24, 2560, rng)
-    wg, wu = G.prepare_weight(G.to_device(hg)), G.prepare_weight(G.to_device(hu))
-    x, dx, xq, xs = activations(1, 2560, seed=5)
-    monkeypatch.setattr(G, "LPR16_LAYER", True)
-    got = []
-    for early in (1, 2):
-        monkeypatch.setattr(G, "PDL", True)
-        monkeypatch.setattr(G, "LAYER_EARLY_TRIPS", early)
-        y = cuda.device_array((1, 40), np.float32)
-        h = cuda.device_array((1, 24), np.float32)
-        G.gemv_qkv(*ws, dx, y, xq=xq, xs=xs)
-        G.gemv_swiglu(wg, wu, dx, h, xq=xq, xs=xs)
-        got.append((y.copy_to_host(), h.copy_to_host()))
-        assert ("qkv", tuple(w.spec for w in ws), 1, 1, 16, True, early) in G._kernels
-    for a, b in zip(*got):
-        np.testing.assert_array_equal(a, b)
-    y, h = got[1]
-    lo = 0
-    for hw in hs:
-        check_gemv("qkv lpr16", y[:, lo:lo + hw.rows], G.dequantize_weight(hw), x, "dp4a", xq, xs)
-        lo += hw.rows
-    _check_swiglu("swiglu lpr16", h, G.dequantize_weight(hg), G.dequantize_weight(hu), x, xq, xs,
-                  ("dp4a", "dp4a"))
 
 
 def test_choose_ksplit():

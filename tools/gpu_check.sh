@@ -167,7 +167,7 @@ for s in "$@"; do
     kernels)
       stage kernels
       timeout ${KT:-330} $PY -m pytest -q -m gpu -p no:cacheprovider --durations=10 \
-        ${KTESTS:-tests/test_ptx.py tests/test_gemv.py tests/test_mmq.py tests/test_mmq_types.py tests/test_attention_*.py \
+        ${KTESTS:-tests/test_ptx.py tests/test_gemv.py tests/test_gemv_pdl.py tests/test_mmq.py tests/test_mmq_types.py tests/test_attention_*.py \
         tests/test_rope_write.py tests/test_device_pool.py tests/test_embed.py tests/test_norm.py \
         tests/test_gpu_sampling.py} 2>&1 | tee "$OUT/kernels.txt" | tail -30 ;;
     gputests)
