@@ -43,7 +43,7 @@ from .cuda_graph_steps import GraphSteps
 from .cuda_layout import BUCKETS, MAX_BIAS, is_integrated, plan_layout, rope_keys
 from .device_state import MAX_PLANS, N_SLOTS, S_LAST, S_POS, S_SPLIT, S_TOKEN
 from .gguf_file import GGUFFile
-from .h2d import pinned_like, upload
+from .h2d import event, pinned_like, upload
 from .memory import MemoryPlan
 from .models import architecture
 from .models.ops import AttnLayer, attn_layers, scratch_widths
@@ -468,7 +468,6 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
     def decode_tokens(self, token: int, pos: int, sampler, history):
         """Yield the tokens that follow `token` (at `pos`), one decode step each, with the
         device one step ahead of the host (it never waits for Python between tokens)."""
-        from numba import cuda
         self._enter()
         if sampler.want_probs:
             yield from self._host_sampled(token, pos, sampler, history)
@@ -487,7 +486,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
             self._wrote(step[0], 1)           # each replay writes the next position
             self._decode_step(mode, step[0])
             step[0] += 1
-            ev = cuda.event(timing=False)
+            ev = event()
             ev.record(self.stream)
             pending.append(ev)
 

@@ -14,6 +14,8 @@ workspace).
 """
 from __future__ import annotations
 
+from .h2d import event
+
 
 class ConstrainedSteps:
     def _mask_step(self, sampler) -> bool:
@@ -38,7 +40,6 @@ class ConstrainedSteps:
     def _constrained(self, pos: int, sampler):
         """decode_tokens under a grammar: the forward of step t+1 is queued before the host
         reads token t, so the host's accept + mask of step t+1 overlap the device's forward."""
-        from numba import cuda
         c = sampler.constraint
         step = [pos]
 
@@ -49,7 +50,7 @@ class ConstrainedSteps:
 
         def draw():
             self._draw_graph(self._mask_step(sampler), advance=True)
-            ev = cuda.event(timing=False)
+            ev = event()
             ev.record(self.stream)
             return ev
 

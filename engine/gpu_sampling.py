@@ -90,7 +90,7 @@ from .gpu_sampling_device import (MAX_BLOCKS, NBINS, P_FREQUENCY, P_LASTN, P_MIN
                                   P_TOPP, SIMULATOR, WS_I_LEN, WS_L_LEN)
 from .gpu_sampling_greedy import _argmax_kernel, _penalties_kernel
 from .gpu_sampling_select import _hist_kernel, _select_kernel
-from .h2d import pinned_like, upload
+from .h2d import event, pinned_like, upload
 
 
 # =====================================================================================
@@ -340,13 +340,9 @@ def set_request(ws: SamplerWorkspace, params, history, state, stream=0) -> int:
         upload(getattr(ws, name), h[name], stream)
     upload(h["state_view"], h["counters"], stream)
     if stream:                               # the copies' end, for the next request's wait
-        h["copied"] = h.get("copied") or _event()
+        h["copied"] = h.get("copied") or event()
         h["copied"].record(stream)           # (stream 0: the copies were synchronous)
     return seed
-
-
-def _event():
-    return cuda.event() if ptx.SIMULATOR else cuda.event(timing=False)
 
 
 def _host_mirrors(ws: SamplerWorkspace) -> dict:

@@ -13,14 +13,21 @@ on the stream, so it is ordered with the kernels and costs a few microseconds.
     upload(dev, mirror, stream, nbytes=4 * n)
 
 The caller must not rewrite a mirror while a copy from it may still be pending (the
-back-end synchronises the stream before it rewrites any). Under the simulator both are
-plain numpy arrays and copies.
+back-end synchronises the stream before it rewrites any, or waits for an event recorded after
+the copies: `event()`, as gpu_sampling.set_request does). Under the simulator both are plain
+numpy arrays and copies.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from genie_rt.quant import ptx
+
+
+def event():
+    """A CUDA event for ordering only (no timing; the simulator's Event takes no arguments)."""
+    from numba import cuda
+    return cuda.event() if ptx.SIMULATOR else cuda.event(timing=False)
 
 
 def pinned_like(dev) -> np.ndarray:
