@@ -67,6 +67,9 @@
 #             a cosine first), the kernel cache as kc.tar.gz; then TT s of GPU tests (default 0: a
 #             second call, with KC= that tarball, runs them: the stash, qk8, merge prefetch, both graphs;
 #             PSHORT=1 adds the short graph's block shapes at depth 64)
+#   qk15      chain15's second look (2026-12-05): the ways it stopped at for a cosine under their bar
+#             (qk8, ksplit, lpr16) timed with --min-cos MINCOS (0.995) at depths PDEPTHS1 (4096 64), the
+#             ablation at PDEPTHS (4096), then genie-rt bench (BT s) with no llama.cpp build beside it
 #   attnloop  the decode attention's loops (attention_decode_tiles.py, 2026-12-04): the 4B's decode
 #             step at depth 4096 and 512 with each loop (logits cosine >= 0.999 with the default's),
 #             the attention GPU tests and the back-end's (CPU parity, greedy text, PDL bits), the
@@ -125,11 +128,17 @@ lcpp_bench() {
   if [ -x $LB ]; then echo $LB; else echo "llama.cpp build not ready:" >&2; tail -5 /tmp/lcpp-cuda/build.log >&2; fi
 }
 MODEL4B=/tmp/qwen3-4b-q4km.gguf
+# CPUs 0-3 for genie-rt's bench while llama.cpp builds beside it on the others (stage lcpp):
+# pp18's host time shared CPUs with nvcc in the call of 2026-12-05 03:44 UTC (3,946 against 4,195)
+bench_pin() {
+  if [ -f /tmp/lcpp-cuda/build.log ] && ! grep -q BUILD-OK /tmp/lcpp-cuda/build.log \
+     && command -v taskset > /dev/null && [ "$(nproc)" -gt 6 ]; then echo "taskset -c 0-3"; fi
+}
 # issue 14's table on the 4B: genie-rt bench (bench.json, a line a result) within $1 s, and
 # llama-bench on the same file (llama-bench.md) once its background build is there (waiting
 # up to $2 s for it)
 bench_4b() {
-  timeout $1 $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 \
+  timeout $1 $(bench_pin) $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 \
     --kv int8 --ctx 8192 ${BENCH_ARGS:-} --json > "$OUT/bench.json" 2> /tmp/bench.log; tail -3 /tmp/bench.log
   $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print(r['test'] + '@d' + str(r['n_depth']), round(r['avg_ts'],1), '+-', round(r['stddev_ts'],1)) for r in d['results']]" "$OUT/bench.json"
 }
@@ -149,7 +158,7 @@ prefix_4b() {
 profile_4b() {
   local d abl
   for d in $1; do
-    if [ "$3" = abl ] && [ $d = 512 ]; then abl=""; else abl="--no-ablation"; fi
+    if { [ "$3" = abl ] && [ $d = 512 ]; } || [ "$3" = ablall ]; then abl=""; else abl="--no-ablation"; fi
     timeout ${PT:-240} $PY tools/profile_decode.py -m $MODEL4B --ctx 8192 --depth $d --settings "$2" $abl ${PARGS:-} \
       --json "$OUT/profile-$4$d.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-$4$d.txt" | tail -$5
   done
@@ -462,6 +471,19 @@ for s in "$@"; do
         && ls -la "$OUT/kc.tar.gz"
       [ "${TT:-0}" -gt 0 ] && GF="tests/test_attention_rope.py tests/test_decode_switches.py tests/test_backend_cuda.py tests/test_attention_gpu.py" \
         gpu_tests_4b "${GK:-fused_rope or qk8 or merge_prefetch or decode_qwen3_4b or short_context or pdl or every_position or greedy or real_layer}" $TT ;;
+    qk15)
+      stage qk15
+      # 2026-12-05's second look: the ways chain15 stopped at (a cosine under their bar) timed with
+      # --min-cos MINCOS, the ablation at depth 4096 (where the attention's time goes), then genie-rt
+      # bench with no llama.cpp build beside it. KC= a kernel cache tarball of the same sources
+      export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
+      if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
+        && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      PT=${PT1:-100} PARGS="--min-cos ${MINCOS:-0.995}" profile_4b "${PDEPTHS1-4096 64}" "${PSET:-qk8,ksplit,lpr16}" \
+        none "" ${PTAIL:-30}
+      PT=${PT2:-120} profile_4b "${PDEPTHS-4096}" "" ablall abl ${PTAIL:-30}
+      bench_4b ${BT:-150} ;;
     heads14)
       stage heads14
       # the second call: one or two query heads an attention block at depths PDEPTHS (--short-ctx 0:

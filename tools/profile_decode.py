@@ -99,6 +99,10 @@ def main(argv=None) -> int:
                         "(gemv.LPR16_LAYER, LAYER_EARLY_TRIPS: QKV and gate/up at 16 lanes a row, "
                         "their whole row before the wait; cosine); '' "
                         "for none")
+    p.add_argument("--min-cos", type=float, default=None, metavar="C",
+                   help="the logits cosine the ways of qk8, ksplit and lpr16 must keep with the default's "
+                        "before they are timed (default 0.999, 0.9999, 0.9999); lower it to time a way "
+                        "that fails its bar - the cosine is printed either way")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
                    help="skip timing the step without each family of kernels")
     p.add_argument("--lab", action="store_true",
@@ -172,11 +176,12 @@ def main(argv=None) -> int:
     if "chain" in wanted:
         settings.update(attention_chain_settings(be))
     if "ksplit" in wanted:      # 32: the residual GEMVs (2,560 rows) in two k-parts (a row in flight
-        settings.update(gemv_knob_settings(be, "KSPLIT_WARPS_PER_SM", (16, 32), min_cos=0.9999))   # pre-wait)
+        settings.update(gemv_knob_settings(be, "KSPLIT_WARPS_PER_SM", (16, 32),
+                                           min_cos=args.min_cos or 0.9999))   # pre-wait)
     if "qk8" in wanted:
-        settings.update(attention_knob_settings(be, "QK_DP4A", (False, True), min_cos=0.999))
+        settings.update(attention_knob_settings(be, "QK_DP4A", (False, True), min_cos=args.min_cos or 0.999))
     if "lpr16" in wanted:
-        settings.update(lpr16_settings(be))
+        settings.update(lpr16_settings(be, min_cos=args.min_cos or 0.9999))
     if "rope" in wanted:
         settings.update(config_settings(be, "decode_fused_rope", (True, False)))
     if "q8" in wanted:

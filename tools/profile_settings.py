@@ -134,14 +134,14 @@ def attention_chain_settings(be) -> dict:
                          "the attention's stash / merge prefetch")
 
 
-def lpr16_settings(be) -> dict:
+def lpr16_settings(be, min_cos: float = 0.9999) -> dict:
     """The step with the QKV and gate/up GEMVs at 32 lanes a row (the default, the reference), at
     16 (gemv.LPR16_LAYER: two rows a warp, half the blocks), and at 16 with both trips of a row
-    issued before the PDL wait (LAYER_EARLY_TRIPS 2): cosine >= 0.9999 (the lanes' sums are added
+    issued before the PDL wait (LAYER_EARLY_TRIPS 2): cosine >= min_cos (the lanes' sums are added
     in another order), then the times."""
     from genie_rt.quant import gemv
     return knob_settings(be, gemv, ("LPR16_LAYER", "LAYER_EARLY_TRIPS"), ((False, 1), (True, 1), (True, 2)),
-                         "the layer GEMVs' lanes a row", min_cos=0.9999)
+                         "the layer GEMVs' lanes a row", min_cos=min_cos)
 
 
 def attention_knob_settings(be, name: str, values, min_cos: float | None = None) -> dict:
