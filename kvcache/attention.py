@@ -113,19 +113,18 @@ def _aligned(n):
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
 
-# Two ways the decode kernel shortens the path of the block that finishes a launch, both the
-# same bits (decode_kernel's stash / merge_pf): the new K/V row from the block's own shared
-# memory, and the merge's partials loaded together with the splits' (max, sum). Lab knobs, read
-# when a plan's kernel is built: off until timed inside the step on a GPU (2026-12-05: built and
-# checked in the simulator and by ptxas, no device lent; `tools/gpu_check.sh chain15` runs
-# tools/profile_decode.py --settings chain, which checks the bits, then times each way).
-NEW_ROW_STASH = False
+# The merge's partials loaded together with the splits' (max, sum) (decode_kernel's merge_pf; the
+# same bits). A lab knob, read when a plan's kernel is built. Timed in the 4B's step on the H200
+# (2026-12-05, tools/profile_decode.py --settings chain, docs/decode-step.md 6g): 15 us faster at
+# depth 4,096, the same at 2,048, 15-25 us slower at 512 (the short graph's one-head blocks):
+# off. Its companion of that day, the new K/V row kept in shared memory (the "stash"), was no
+# faster at any depth and was removed (it stays in commit 4bb5b43).
 MERGE_PREFETCH = False
 # Scores by dp4a (decode_kernel's qk8; int8 caches): q quantized to int8 a lane's 16 values at a
-# time, as llama.cpp's vector kernel does for quantized caches - about a third of the loop's
-# instructions a K/V row fewer, which should show where the context is long (depth 4,096: the
-# attention is the part of the step that grows). Other numbers than the float q (cosine, not
-# bits); a lab knob until timed and checked against the CPU back-end on a GPU.
+# time, as llama.cpp's vector kernel does for quantized caches. Other numbers than the float q
+# (cosine, not bits). Timed on the H200 (2026-12-05): the 4B's step 25 us faster at depth 4,096
+# (2.014 -> 1.989 ms), 7 us slower at 64; its logits' cosine with the float q's 0.9987 / 0.9979
+# at depth 64 / 4,096 (the CPU back-end's parity test, 0.998, passed). A lab knob, off.
 QK_DP4A = False
 
 
@@ -159,7 +158,7 @@ class DecodePlan:
         """The kernel of this plan; rope (a ROPE build, decode_rope_attention): "neox" | "normal"."""
         return decode_kernel(self.head_dim, self.heads_per_block, self.kv_dtype, self.warps,
                              self.rows_per_thread, self.window, self.scale, q8, pdl, self.loop,
-                             rope, bool(qk_norm), bool(ring), NEW_ROW_STASH, MERGE_PREFETCH,
+                             rope, bool(qk_norm), bool(ring), MERGE_PREFETCH,
                              QK_DP4A and self.kv_dtype == "int8")
 
     @property

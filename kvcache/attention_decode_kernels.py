@@ -54,7 +54,7 @@ from genie_rt.quant.pdl import hooks
 from genie_rt.quant import ptx
 from genie_rt.quant.ptx import SIMULATOR
 
-from .attention_decode_rope import make_rope_prologue, shared_floats, stash_offsets
+from .attention_decode_rope import make_rope_prologue, rows_needed
 from .attention_decode_tiles import block_tiles, geometry, warp_tiles
 
 FULL = 0xFFFFFFFF
@@ -103,8 +103,8 @@ DEFAULT_LOOP = DEFAULT_DECODE_ATTENTION_LOOP     # the measured one (engine/conf
 def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int = 4,
                   rows_per_thread: int = 4, window: int = 0, scale: float | None = None,
                   q8: bool = False, pdl: bool = False, loop: str = DEFAULT_LOOP, rope: str = "",
-                  qk_norm: bool = True, ring: bool = False, stash: bool = False,
-                  merge_pf: bool = False, qk8: bool = False):
+                  qk_norm: bool = True, ring: bool = False, merge_pf: bool = False,
+                  qk8: bool = False):
     """The decode kernel specialised on its compile-time constants (one per model shape
     and layer kind). window 0: keys 0 .. pos, slot = position; window W > 0: keys
     max(0, pos - W + 1) .. pos, slot = position % R (R = the layer's slots; a ring when
@@ -124,12 +124,9 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     does rope_write's work for the new token itself (attention_decode_rope.py; qk_norm: the
     layer has QK-norm, ring: its cache is a ring of R < n_ctx slots) and takes the QKV row,
     the norm weights, the tables and the typed cache instead of q (`rope_signature`).
-    stash (the PDL "warp" ROPE build, int8; ignored otherwise): the block that writes the new
-    K/V row keeps it in shared memory and reads it from there (attention_decode_rope.py), not
-    from the cache after its barrier. merge_pf: the block that merges the splits issues its
-    first MERGE_PF partial accumulators' loads before it reads the splits' (max, sum), so the
-    merge waits for L2 once, not twice. Both: the same operations on the same values, the same
-    bits (NEW_ROW_STASH / MERGE_PREFETCH in kvcache/attention.py choose them).
+    merge_pf: the block that merges the splits issues its first MERGE_PF partial accumulators'
+    loads before it reads the splits' (max, sum), so the merge waits for L2 once, not twice: the
+    same operations on the same values, the same bits (MERGE_PREFETCH in kvcache/attention.py).
     qk8 (int8 caches; ignored for f16): each lane quantizes its 16 q values of a head to int8 (its
     own scale) and scores a K row with four dp4a instead of 16 conversions and 16 FMAs
     (attention_decode_tiles.make_load_q) - what llama.cpp's vector kernel does for quantized
@@ -154,12 +151,11 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     # the PDL build of the "warp" loop waits inside it, after the first trip's loads of earlier
     # positions (attention_decode_tiles.py); every other build waits first thing
     EARLY = pdl and loop == "warp"
-    STASH = bool(stash) and ROPE and EARLY and kv_dtype == "int8"
     MPF = MERGE_PF if merge_pf else 0
     NPF = max(MPF, 1)
-    NRHD = shared_floats(HD, GH, STASH) if ROPE else 1   # shared rope rows (attention_decode_rope.py)
+    NRHD = rows_needed(GH) * HD if ROPE else 1       # shared rope rows (attention_decode_rope.py)
     if ROPE:
-        prologue = make_rope_prologue(HD, GH, NW, rope, qk_norm, ring, kv_dtype, STASH)
+        prologue = make_rope_prologue(HD, GH, NW, rope, qk_norm, ring, kv_dtype)
 
         @_dev
         def ready(ra):              # after the wait: rope the block's rows, then all of it visible
@@ -175,8 +171,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
         tiles = block_tiles(HD, GH, kv_dtype, NW, RPT, WIN, ld4, _byte, QSCALE, qk8=QK8)
     else:
         tiles = warp_tiles(HD, GH, kv_dtype, NW, RPT, WIN, ld4, _byte, QSCALE, PF=loop == "warp",
-                           wait=ready if EARLY else None,
-                           stash=stash_offsets(HD, GH) if STASH else None, qk8=QK8)
+                           wait=ready if EARLY else None, qk8=QK8)
     wait_first = hooks(False)[0] if EARLY else wait
 
     @_dev

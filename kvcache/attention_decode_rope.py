@@ -28,18 +28,10 @@ The rows a block ropes ("rope rows"), one warp each, in trips of NW warps:
     r < GH           query head head0 + r        -> s_rows[r * HD : (r + 1) * HD]
     r == GH          K row of KV head kvh        -> the cache (last split only)
     r == GH + 1      V row of KV head kvh        -> the cache (last split only)
-
-The stash (`stash=True`, int8 caches; 2026-12-05): the K and V rows the last split's blocks
-write also stay in s_rows - their int8 values as floats at rows GH and GH + 1, their scales at
-s_rows[SCALES], SCALES + 1 (NaN until written) - so the block takes the new row from shared
-memory instead of reloading it from the cache after its barrier (one L2 round trip fewer on
-the path of the block that finishes the attention; attention_decode_tiles.py `fill_new_row`).
 """
 from __future__ import annotations
 
-import math
-
-from numba import cuda, float32
+from numba import cuda
 
 from genie_rt.quant.ptx import SIMULATOR
 
@@ -56,19 +48,8 @@ def rows_needed(heads_per_block: int) -> int:
     return heads_per_block + 2
 
 
-def shared_floats(head_dim: int, heads_per_block: int, stash: bool) -> int:
-    """Floats of s_rows: the rope rows, and with the stash the two row scales after them."""
-    return rows_needed(heads_per_block) * head_dim + (2 if stash else 0)
-
-
-def stash_offsets(head_dim: int, heads_per_block: int):
-    """(K row, V row, K scale; the V scale follows it) offsets in s_rows of the stash."""
-    GH, HD = heads_per_block, head_dim
-    return GH * HD, (GH + 1) * HD, rows_needed(GH) * HD
-
-
 def make_rope_prologue(head_dim: int, heads_per_block: int, warps: int, rope: str, qk_norm: bool,
-                       ring: bool, kv_dtype: str, stash: bool = False):
+                       ring: bool, kv_dtype: str):
     """prologue(ra): rope_write's work for one attention block (module docstring), with
     ra = (qkv, q_norm, k_norm, eps, cos, sin, k_cache, v_cache, k_scale, v_scale, s_rows,
     head0, kvh, last, pos):
@@ -80,16 +61,12 @@ def make_rope_prologue(head_dim: int, heads_per_block: int, warps: int, rope: st
       head0, kvh: the block's first query head and its KV head; last: the block's split
       holds the new position (write its K/V row); pos: the new position
     Every thread of the block calls it (it has barriers); the caller adds one more barrier
-    before anything reads s_rows or the new row. stash (int8): the module docstring; s_rows then
-    has shared_floats(..., True) floats."""
+    before anything reads s_rows or the new row."""
     if rope not in ROPE_MODES:
         raise ValueError(f"decode attention rope must be one of {ROPE_MODES}, not '{rope}'")
     HD, GH, NW = head_dim, heads_per_block, warps
     NR = rows_needed(GH)
-    STASH = bool(stash) and kv_dtype == "int8"
-    head_row = make_head_row(rope == "neox", qk_norm, ring, kv_dtype == "int8", STASH)
-    SCALES = stash_offsets(HD, GH)[2]
-    NAN = float32(math.nan)
+    head_row = make_head_row(rope == "neox", qk_norm, ring, kv_dtype == "int8")
 
     @_dev
     def prologue(ra):
@@ -100,9 +77,6 @@ def make_rope_prologue(head_dim: int, heads_per_block: int, warps: int, rope: st
         n_kv = k_cache.shape[1]
         n_head = qkv.shape[1] // HD - 2 * n_kv
         none = n_head + 2 * n_kv                 # head_row's "no row" (still at its barriers)
-        if STASH and cuda.threadIdx.x == 0:      # "not written": head_row's barriers order this
-            s_rows[SCALES] = NAN                 # before its scale stores
-            s_rows[SCALES + 1] = NAN
         for r0 in range(0, NR, NW):              # constant trips: every thread, every barrier
             r = r0 + warp
             row = none
@@ -113,6 +87,5 @@ def make_rope_prologue(head_dim: int, heads_per_block: int, warps: int, rope: st
             elif r == GH + 1 and last:
                 row = n_head + n_kv + kvh
             head_row(qkv, 0, row, HD, n_head, n_kv, q_norm, k_norm, eps, cos, sin, pos, s_rows,
-                     min(r, NR - 1) * HD, lane, k_cache, v_cache, k_scale, v_scale,
-                     SCALES + min(max(r - GH, 0), 1))
+                     min(r, NR - 1) * HD, lane, k_cache, v_cache, k_scale, v_scale)
     return prologue

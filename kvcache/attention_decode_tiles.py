@@ -103,31 +103,6 @@ def make_load_trip(head_dim, kv_dtype, warps, RPT, WIN, ld4):
     return load_trip
 
 
-def make_fill_new_row(head_dim, warps, RPT, k_off, v_off, s_off):
-    """fill_new_row(sr, t0, new_row, warp, slot, c, kw, vw, ks, vs): the lane's row of the trip
-    at t0 that is new_row (if any) from the stash in shared memory (attention_decode_rope.py:
-    its int8 values as floats at sr[k_off:], sr[v_off:], its scales at sr[s_off], sr[s_off + 1])
-    - the words and scales load_trip reads from the cache once the block has written the row."""
-    VEC, EPW, LPR, RPW, STEP, TILE, WPR = geometry(head_dim, "int8", warps, RPT)
-
-    @_dev
-    def fill_new_row(sr, t0, new_row, warp, slot, c, kw, vw, ks, vs):
-        for i in range(RPT):
-            if t0 + i * STEP + warp * RPW + slot == new_row:
-                for x in range(4):
-                    wk = uint32(0)
-                    wv = uint32(0)
-                    for b in range(4):
-                        e = c * VEC + x * 4 + b
-                        wk |= (uint32(int32(sr[k_off + e])) & uint32(0xFF)) << uint32(8 * b)
-                        wv |= (uint32(int32(sr[v_off + e])) & uint32(0xFF)) << uint32(8 * b)
-                    kw[i * 4 + x] = wk
-                    vw[i * 4 + x] = wv
-                ks[i] = sr[s_off]
-                vs[i] = sr[s_off + 1]
-    return fill_new_row
-
-
 def make_row_scores(head_dim, kv_dtype, GH, byte, qk8=False):
     """row_scores(kw, i, qv, qw, sc): sc[h] = q[h] . k(row i of the trip) for the GH heads, summed
     over the row's LPR lanes (every lane of the slot gets the total), before the int8 row scale.
@@ -325,26 +300,13 @@ def block_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, qk8=
 
 
 def warp_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, PF=True, wait=None,
-               stash=None, qk8=False):
+               qk8=False):
     """The barrier-free loop (module docstring); PF: the next trip's loads go out before this
     trip's arithmetic (twice the K/V registers). wait (a PDL build with PF: EARLY): wait(ra), the
     wait for the kernel before (and the rope rows), called here after the first trip's loads of
-    earlier positions. stash (EARLY int8 ROPE builds): (k_off, v_off, s_off) of the new row the
-    block's prologue kept in its shared rows (q): when the first trip holds the new row and the
-    stash was written (its scales not NaN), its lanes take it from there instead of the whole
-    trip being loaded again. Shared arrays: s_mw, s_lw (NW, GH)."""
+    earlier positions. Shared arrays: s_mw, s_lw (NW, GH)."""
     EARLY = wait is not None
     assert PF or not EARLY, "the early loads are the first trip's prefetch"
-    STASH = stash is not None
-    assert not STASH or (EARLY and kv_dtype == "int8"), "the stash is the EARLY int8 build's"
-    if STASH:
-        fill_new_row = make_fill_new_row(head_dim, warps, RPT, *stash)
-        S_OFF = stash[2]
-    else:
-        @_dev
-        def fill_new_row(sr, t0, new_row, warp, slot, c, kw, vw, ks, vs):   # never called
-            pass
-        S_OFF = 0
     I8 = kv_dtype == "int8"
     NW = warps
     VEC, EPW, LPR, RPW, STEP, TILE, WPR = geometry(head_dim, kv_dtype, warps, RPT)
@@ -412,12 +374,9 @@ def warp_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, PF=Tr
             load_trip(k_words, v_words, k_scale, v_scale, t0, min(r_end, new_row), warp, slot, c, kvh,
                       n_kv, n_ctx, ring0, kw, vw, ks, vs)
             wait(ra)
-            if new_row < t0 + TILE:         # the trip holds the new row
-                if STASH and q[S_OFF] == q[S_OFF] and q[S_OFF + 1] == q[S_OFF + 1]:
-                    fill_new_row(q, t0, new_row, warp, slot, c, kw, vw, ks, vs)   # block-uniform
-                else:                       # load it again, whole
-                    load_trip(k_words, v_words, k_scale, v_scale, t0, r_end, warp, slot, c, kvh, n_kv,
-                              n_ctx, ring0, kw, vw, ks, vs)
+            if new_row < t0 + TILE:         # the trip holds the new row: load it again, whole
+                load_trip(k_words, v_words, k_scale, v_scale, t0, r_end, warp, slot, c, kvh, n_kv,
+                          n_ctx, ring0, kw, vw, ks, vs)
         elif PF:
             load_trip(k_words, v_words, k_scale, v_scale, t0, r_end, warp, slot, c, kvh, n_kv,
                       n_ctx, ring0, kw, vw, ks, vs)

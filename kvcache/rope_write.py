@@ -164,22 +164,17 @@ def rope_write_kernel(kv_dtype: str, neox: bool = True, qk_norm: bool = True,
     return _rope_write_kernel(kv_dtype, bool(neox), bool(qk_norm), bool(ring), bool(pdl))
 
 
-def make_head_row(neox: bool, qk_norm: bool, ring: bool, int8_cache: bool, stash: bool = False):
+def make_head_row(neox: bool, qk_norm: bool, ring: bool, int8_cache: bool):
     """head_row(qkv, t, row, hd, n_head, n_kv, q_norm, k_norm, eps, cos, sin, pos, buf, bo, lane,
-    k_cache, v_cache, k_scale, v_scale, so) -> True when buf[bo : bo + hd] holds the normed, roped
+    k_cache, v_cache, k_scale, v_scale) -> True when buf[bo : bo + hd] holds the normed, roped
     query row `row` of token t (position pos); a k or v row is written to the cache instead
     (slot pos, or pos % R in a ring) and a row >= n_head + 2 n_kv does nothing. One warp per
     row (lane = its lane); buf is a float32 shared array the warp may use at bo .. bo + hd.
     It calls cuda.syncthreads() twice: every thread of the block must call it together (a
     thread without a row passes row = n_head + 2 n_kv). Used by this file's kernel and by the
     decode attention that does the new token's rope itself (attention_decode_rope.py): the
-    same device code, so the same bits.
-    stash (int8 caches only): a k or v row it writes to the cache also stays in buf - buf[bo + d]
-    = the stored int8 value (as float32, exact) and buf[so] = its row scale - so the attention
-    block that wrote it reads it from shared memory instead of reloading it from the cache
-    (attention_decode_tiles.py `fill_new_row`); without stash `so` is not read."""
+    same device code, so the same bits."""
     NEOX, QK_NORM, RING, I8 = bool(neox), bool(qk_norm), bool(ring), bool(int8_cache)
-    STASH = bool(stash) and I8
 
     @cuda.jit(device=True, inline=True)
     def pair(i, half):
@@ -190,7 +185,7 @@ def make_head_row(neox: bool, qk_norm: bool, ring: bool, int8_cache: bool, stash
 
     @cuda.jit(device=True, inline=True)
     def head_row(qkv, t, row, hd, n_head, n_kv, q_norm, k_norm, eps, cos, sin, pos, buf, bo, lane,
-                 k_cache, v_cache, k_scale, v_scale, so):
+                 k_cache, v_cache, k_scale, v_scale):
         half = hd >> 1
         n_slots = k_cache.shape[0]
         row_ok = row < n_head + 2 * n_kv
@@ -285,15 +280,11 @@ def make_head_row(neox: bool, qk_norm: bool, ring: bool, int8_cache: bool, stash
                     v_cache[slot, kvh, d] = int32(r)
                 else:
                     k_cache[slot, kvh, d] = int32(r)
-                if STASH:
-                    buf[bo + d] = r              # this lane's own element: read above, not after
             if lane == 0:
                 if is_v:
                     v_scale[slot, kvh] = scale
                 else:
                     k_scale[slot, kvh] = scale
-                if STASH:
-                    buf[so] = scale
         else:
             for d in range(lane, hd, 32):
                 if is_v:
@@ -334,7 +325,7 @@ def _rope_write_kernel(kv_dtype: str, neox: bool, qk_norm: bool, ring: bool, pdl
         buf = cuda.shared.array(BUF, float32)
         bo = warp * MAX_HD
         if head_row(qkv, t, row, hd, n_head, k_cache.shape[1], q_norm, k_norm, eps, cos, sin,
-                    state[0] + t, buf, bo, lane, k_cache, v_cache, k_scale, v_scale, 0):
+                    state[0] + t, buf, bo, lane, k_cache, v_cache, k_scale, v_scale):
             for d in range(lane, hd, 32):
                 q_out[t, row, d] = buf[bo + d]
     return kernel_cache.attach(kernel)

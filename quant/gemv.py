@@ -270,31 +270,8 @@ def _gemv_kernel(spec, n_tok, ks, resid, lpr, norm=0, pdl=False, norm_shape=(0, 
                                       NORM_D=norm_shape[0], NORM_VB=norm_shape[1]))
 
 
-# Lab knobs for the layer GEMVs that read the norm's q8 (QKV, gate/up; docs/decode-step.md 6g): 16
-# lanes a row where a row is 80 units (2,560 columns: two rows a warp, half the blocks - one wave
-# where the registers allow), and their PDL builds' first LAYER_EARLY_TRIPS trips issued before the
-# wait (at 16 lanes a row of 80 units is two trips: all of it with 2). Off until timed
-# (tools/profile_decode.py --settings lpr16).
-LPR16_LAYER = False
-LAYER_EARLY_TRIPS = 1
-
-
-def _layer_lanes(rows, units, ksplit, lpr):
-    """_split_lanes for the QKV and gate/up GEMVs, with LPR16_LAYER."""
-    if lpr is None and LPR16_LAYER and units == 80 and ksplit in (None, 1):
-        lpr = 16
-        ksplit = 1
-    return _split_lanes(rows, units, ksplit, lpr)
-
-
-def _layer_early(pdl: bool) -> int:
-    return LAYER_EARLY_TRIPS if pdl else 1
-
-
 def _qkv_kernel(specs, n_tok, ks, lpr, pdl=False):
-    early = _layer_early(pdl)
-    return _get(("qkv", specs, n_tok, ks, lpr, pdl, early),
-                lambda: K.qkv_kernel(specs, n_tok, ks, lpr, PDL=pdl, EARLY=early))
+    return _get(("qkv", specs, n_tok, ks, lpr, pdl), lambda: K.qkv_kernel(specs, n_tok, ks, lpr, PDL=pdl))
 
 
 # The SwiGLU GEMV streams a warp's gate and up rows together where it can (K.pairable:
@@ -304,9 +281,8 @@ SWIGLU_PAIR = False
 
 def _swiglu_kernel(g, u, n_tok, ks, lpr, act="silu", pdl=False):
     pair = SWIGLU_PAIR and K.pairable(g, u, n_tok)
-    early = 1 if pair else _layer_early(pdl)          # (the pair loop issues one trip early)
-    return _get(("swiglu", g, u, n_tok, ks, lpr, act, pdl, pair, early),
-                lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr, act, PDL=pdl, PAIR=pair, EARLY=early))
+    return _get(("swiglu", g, u, n_tok, ks, lpr, act, pdl, pair),
+                lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr, act, PDL=pdl, PAIR=pair))
 
 
 def _blocks(rows: int, ks: int, lpr: int = 32) -> int:
@@ -533,7 +509,7 @@ def gemv_qkv(wq, wk, wv, x, y, *, xq=None, xs=None, stream=0, ksplit=None, lpr=N
     xf, xqf, xsf, n_tok, cols = _activations(ws, x, xq, xs)
     total = sum(w.rows for w in ws)
     _check_out(y, "y", n_tok, total, x)
-    ks, lpr = _layer_lanes(total, min(w.units for w in ws), ksplit, lpr)
+    ks, lpr = _split_lanes(total, min(w.units for w in ws), ksplit, lpr)
     pdl = _pdl(pdl)
     kern = _qkv_kernel(tuple(w.spec for w in ws), n_tok, ks, lpr, pdl)
     b1 = _blocks(ws[0].rows, ks, lpr)
@@ -548,7 +524,7 @@ def gemv_qkv(wq, wk, wv, x, y, *, xq=None, xs=None, stream=0, ksplit=None, lpr=N
 def compile_qkv(wq, wk, wv, n_tok=1, ksplit=None, lpr=None, pdl=None):
     ws = tuple(_prepared(w) for w in (wq, wk, wv))
     total = sum(w.rows for w in ws)
-    ks, lpr = _layer_lanes(total, min(w.units for w in ws), ksplit, lpr)
+    ks, lpr = _split_lanes(total, min(w.units for w in ws), ksplit, lpr)
     return _compile(_qkv_kernel(tuple(w.spec for w in ws), n_tok, ks, lpr, _pdl(pdl)), SIG_QKV)
 
 
@@ -566,7 +542,7 @@ def gemv_swiglu(wg, wu, x, h, *, xq=None, xs=None, stream=0, ksplit=None, lpr=No
         raise ValueError(f"gemv_swiglu: gate {wg.rows}x{wg.cols} and up {wu.rows}x{wu.cols} differ")
     xf, xqf, xsf, n_tok, cols = _activations((wg, wu), x, xq, xs)
     _check_out(h, "h", n_tok, wg.rows, x)
-    ks, lpr = _layer_lanes(wg.rows, min(wg.units, wu.units), ksplit, lpr)
+    ks, lpr = _split_lanes(wg.rows, min(wg.units, wu.units), ksplit, lpr)
     pdl = _pdl(pdl)
     kern = _swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr, act, pdl)
     _launch(kern, _blocks(wg.rows, ks, lpr), stream, pdl, SIG_SWIGLU, *_w_args(wg), *_w_args(wu), wg.rows,
@@ -575,7 +551,7 @@ def gemv_swiglu(wg, wu, x, h, *, xq=None, xs=None, stream=0, ksplit=None, lpr=No
 
 def compile_swiglu(wg, wu, n_tok=1, ksplit=None, lpr=None, act="silu", pdl=None):
     wg, wu = _prepared(wg), _prepared(wu)
-    ks, lpr = _layer_lanes(wg.rows, min(wg.units, wu.units), ksplit, lpr)
+    ks, lpr = _split_lanes(wg.rows, min(wg.units, wu.units), ksplit, lpr)
     return _compile(_swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr, act, _pdl(pdl)), SIG_SWIGLU)
 
 

@@ -354,13 +354,12 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_
     return kernel_cache.attach(gemv_norm)
 
 
-def qkv_kernel(specs, NT, KSPLIT, LPR=32, PDL=False, EARLY=1):
+def qkv_kernel(specs, NT, KSPLIT, LPR=32, PDL=False):
     """Three weights in one launch; segment s owns blocks [start_s, start_s+1) and writes
     y[t, off_s + r] with off = (0, rows0, rows0 + rows1), ldy = rows0 + rows1 + rows2.
     specs = ((qtype, mode),) * 3. Arguments: per weight (wa, wb, wc, wd, nu, rows), then
-    blk1, blk2 (first block of segments 1 and 2), xf, xq, xs, cols, y [NT * ldy]. EARLY (PDL
-    builds): _make_row_dot's trips issued before the wait."""
-    dots = [_make_row_dot(q, m, NT, PDL, EARLY if PDL else 1) for q, m in specs]
+    blk1, blk2 (first block of segments 1 and 2), xf, xq, xs, cols, y [NT * ldy]."""
+    dots = [_make_row_dot(q, m, NT, PDL) for q, m in specs]
     dot0, dot1, dot2 = dots
     launch_dependents = pdl.hooks(PDL)[1]
     reduce = _make_reduce(NT, KSPLIT, LPR)
@@ -408,7 +407,7 @@ GELU_S = np.float32(0.79788456080286535587989211986876)   # ggml's SQRT_2_OVER_P
 ACTS = ("silu", "gelu")
 
 
-def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False, PAIR=False, EARLY=1):
+def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False, PAIR=False):
     """h[t, r] = act(Wg x)[t, r] * (Wu x)[t, r]: each warp streams row r of both weights
     (gate then up; mixed formats just mean two different row loops). act = silu (SwiGLU:
     Qwen, Llama) or gelu, the tanh form (GeGLU: Gemma; engine/norm.py's gelu_reference).
@@ -418,8 +417,8 @@ def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False, PAIR=Fals
     assert ACT in ACTS, ACT
     assert not PAIR or pairable(gate, up, NT), (gate, up, NT)
     GELU = ACT == "gelu"
-    dot_g = _make_row_dot(gate[0], gate[1], NT, PDL, EARLY if PDL else 1)
-    dot_u = _make_row_dot(up[0], up[1], NT, PDL, EARLY if PDL else 1)
+    dot_g = _make_row_dot(gate[0], gate[1], NT, PDL)
+    dot_u = _make_row_dot(up[0], up[1], NT, PDL)
     pair = make_pair_dot(gate[0], up[0], PDL) if PAIR else dot_g
     launch_dependents = pdl.hooks(PDL)[1]
     NT2 = 2 * NT

@@ -1,8 +1,7 @@
 """The decode GEMVs' programmatic-dependent-launch builds (quant/pdl.py) against the plain ones,
 under the simulator (griddepcontrol is a no-op there; pdl.launch is replaced by the plain launch,
 since the launch itself needs an sm_90 GPU): the same bits, with the early trips' loads issued
-before the wait (PDL_EARLY_TRIPS, and a k-split of 2), and the QKV and gate/up GEMVs at 16 lanes a
-row with their whole row before the wait (the lab knobs LPR16_LAYER / LAYER_EARLY_TRIPS). The PTX
+before the wait (PDL_EARLY_TRIPS, and a k-split of 2). The PTX
 rules of these builds are tests/test_pdl_ptx.py; the helpers and bounds are test_gemv.py's.
 """
 import numpy as np
@@ -10,8 +9,7 @@ import pytest
 from numba import cuda
 
 from genie_rt.quant import gemv as G
-from genie_rt.quant.gemv_bench import random_weight
-from test_gemv import Q4, Q6, _check_swiglu, activations, check_gemv, weight
+from test_gemv import Q4, Q6, activations, weight
 
 
 @pytest.fixture
@@ -62,36 +60,3 @@ def test_pdl_early_trips_give_the_same_bits(monkeypatch, plain_launch, qt):
             assert ("gemv", w.spec, 1, ks, True, 32, use, early if use else 1) in G._kernels
         for o in outs[1:]:
             np.testing.assert_array_equal(o, outs[0])
-
-
-def test_lpr16_layer_gemvs_with_their_whole_row_before_the_wait(monkeypatch, plain_launch):
-    """gemv.LPR16_LAYER / LAYER_EARLY_TRIPS (lab knobs, profile_decode --settings lpr16): the QKV and
-    SwiGLU GEMVs at 16 lanes a row of 80 units (2,560 columns, 5 units a lane) - within the bound of
-    numpy - and their PDL builds with both trips issued before the wait give the one-trip builds'
-    bits (the same units in the same order)."""
-    rng = np.random.default_rng(5)
-    hs = [random_weight(q, r, 2560, rng) for q, r in ((Q4, 24), (Q4, 8), (Q6, 8))]
-    ws = [G.prepare_weight(G.to_device(h)) for h in hs]
-    hg, hu = random_weight(Q4, 24, 2560, rng), random_weight(Q4, 24, 2560, rng)
-    wg, wu = G.prepare_weight(G.to_device(hg)), G.prepare_weight(G.to_device(hu))
-    x, dx, xq, xs = activations(1, 2560, seed=5)
-    monkeypatch.setattr(G, "LPR16_LAYER", True)
-    got = []
-    for early in (1, 2):
-        monkeypatch.setattr(G, "PDL", True)
-        monkeypatch.setattr(G, "LAYER_EARLY_TRIPS", early)
-        y = cuda.device_array((1, 40), np.float32)
-        h = cuda.device_array((1, 24), np.float32)
-        G.gemv_qkv(*ws, dx, y, xq=xq, xs=xs)
-        G.gemv_swiglu(wg, wu, dx, h, xq=xq, xs=xs)
-        got.append((y.copy_to_host(), h.copy_to_host()))
-        assert ("qkv", tuple(w.spec for w in ws), 1, 1, 16, True, early) in G._kernels
-    for a, b in zip(*got):
-        np.testing.assert_array_equal(a, b)
-    y, h = got[1]
-    lo = 0
-    for hw in hs:
-        check_gemv("qkv lpr16", y[:, lo:lo + hw.rows], G.dequantize_weight(hw), x, "dp4a", xq, xs)
-        lo += hw.rows
-    _check_swiglu("swiglu lpr16", h, G.dequantize_weight(hg), G.dequantize_weight(hu), x, xq, xs,
-                  ("dp4a", "dp4a"))

@@ -41,9 +41,9 @@ attention_rope_pdl = decode_kernel(128, 2, "int8", pdl=True, loop="warp", rope="
 attention_rope_gemma_pdl = decode_kernel(256, 4, "f16", 4, 4, 512, pdl=True, loop="warp", rope="neox", ring=True)
 attention_rope_llama_pdl = decode_kernel(64, 3, "int8", pdl=True, loop="block", rope="normal", qk_norm=False)
 attention_rope_plain = decode_kernel(128, 2, "int8", loop="warp", rope="neox")
-# the lab knobs NEW_ROW_STASH and MERGE_PREFETCH (kvcache/attention.py): the engine's build with both
+# the lab knob MERGE_PREFETCH (kvcache/attention.py): the engine's build with it
 attention_rope_chain_pdl = decode_kernel(128, 2, "int8", 8, 2, q8=True, pdl=True, loop="warp", rope="neox",
-                                         stash=True, merge_pf=True)
+                                         merge_pf=True)
 swiglu_pair_pdl = K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), 1, 1, 32, "silu", True, True)
 """
 _LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.", re.M)
@@ -128,11 +128,10 @@ from genie_rt.kvcache.attention_decode_kernels import decode_kernel
 shape_8x2 = decode_kernel(128, 2, "int8", 8, 2, pdl=True, loop="warp", rope="neox", q8=True)
 shape_4x4 = decode_kernel(128, 2, "int8", 4, 4, pdl=True, loop="warp", rope="neox", q8=True)
 shape_8x2_one_head = decode_kernel(128, 1, "int8", 8, 2, pdl=True, loop="warp", rope="neox", q8=True)
-# with the lab knobs NEW_ROW_STASH and MERGE_PREFETCH on: the split sizing must still hold
-chain_8x2 = decode_kernel(128, 2, "int8", 8, 2, pdl=True, loop="warp", rope="neox", q8=True, stash=True,
-                          merge_pf=True)
+# with the lab knob MERGE_PREFETCH on: the split sizing must still hold
+chain_8x2 = decode_kernel(128, 2, "int8", 8, 2, pdl=True, loop="warp", rope="neox", q8=True, merge_pf=True)
 chain_8x2_one_head = decode_kernel(128, 1, "int8", 8, 2, pdl=True, loop="warp", rope="neox", q8=True,
-                                   stash=True, merge_pf=True)
+                                   merge_pf=True)
 """
 
 

@@ -60,15 +60,14 @@
 #             call: llama.cpp built in the background, genie-rt bench, prefix reuse, llama-bench
 #   heads14   the second: the step with one or two query heads an attention block at depths 1024 and
 #             2048 (where the short graph should stop; --short-ctx 0), then TT s of GPU tests
-#   chain15   the decode experiments built on 2026-12-05 without a GPU (docs/decode-step.md 6g), one
-#             call: the 4B's step at depths PDEPTHS1 (64) and PDEPTHS (4096) with --settings PSET
-#             (chain,qk8,ksplit,lpr16: the attention's stash and merge prefetch - the same bits first -,
-#             its scores by dp4a, the residual GEMVs in two k-parts, QKV and gate/up at 16 lanes a row -
-#             a cosine first), the kernel cache as kc.tar.gz; then TT s of GPU tests (default 0: a
-#             second call, with KC= that tarball, runs them: the stash, qk8, merge prefetch, both graphs;
-#             PSHORT=1 adds the short graph's block shapes at depth 64)
+#   chain15   the decode experiments of 2026-12-05 (docs/decode-step.md 6g), one call: the 4B's
+#             step at depths PDEPTHS1 (64) and PDEPTHS (4096) with --settings PSET (chain,qk8,ksplit:
+#             the attention's merge prefetch - the same bits first -, its scores by dp4a, the residual
+#             GEMVs in two k-parts - a cosine first), the kernel cache as kc.tar.gz; then TT s of GPU
+#             tests (default 0: a second call, with KC= that tarball, runs them: qk8, merge prefetch,
+#             both graphs; PSHORT=1 adds the short graph's block shapes at depth 64)
 #   qk15      chain15's second look (2026-12-05): the ways it stopped at for a cosine under their bar
-#             (qk8, ksplit, lpr16) timed with --min-cos MINCOS (0.995) at depths PDEPTHS1 (4096 64), the
+#             (qk8, ksplit) timed with --min-cos MINCOS (0.995) at depths PDEPTHS1 (4096 64), the
 #             ablation at PDEPTHS (4096), then genie-rt bench (BT s) with no llama.cpp build beside it
 #   attnloop  the decode attention's loops (attention_decode_tiles.py, 2026-12-04): the 4B's decode
 #             step at depth 4096 and 512 with each loop (logits cosine >= 0.999 with the default's),
@@ -463,8 +462,8 @@ for s in "$@"; do
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
         && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi                     # a tarball of an earlier call
-      PT=${PT1:-390} profile_4b "${PDEPTHS1-64}" "${PSET:-chain,qk8,ksplit,lpr16}" none "" ${PTAIL:-24}
-      PT=${PT2:-190} profile_4b "${PDEPTHS-4096}" "${PSET:-chain,qk8,ksplit,lpr16}" none "" ${PTAIL:-24}
+      PT=${PT1:-390} profile_4b "${PDEPTHS1-64}" "${PSET:-chain,qk8,ksplit}" none "" ${PTAIL:-24}
+      PT=${PT2:-190} profile_4b "${PDEPTHS-4096}" "${PSET:-chain,qk8,ksplit}" none "" ${PTAIL:-24}
       # PSHORT=1: also the short graph's one-head block shapes (4 x 2, 8 x 1) at depth 64 (6f's next step)
       [ -n "${PSHORT:-}" ] && PT=${PT3:-150} PARGS="--short-ctx 0" profile_4b 64 short none short "${PTAIL:-24}"
       tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")" \
@@ -480,7 +479,7 @@ for s in "$@"; do
       if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
         && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      PT=${PT1:-100} PARGS="--min-cos ${MINCOS:-0.995}" profile_4b "${PDEPTHS1-4096 64}" "${PSET:-qk8,ksplit,lpr16}" \
+      PT=${PT1:-100} PARGS="--min-cos ${MINCOS:-0.995}" profile_4b "${PDEPTHS1-4096 64}" "${PSET:-qk8,ksplit}" \
         none "" ${PTAIL:-30}
       PT=${PT2:-120} profile_4b "${PDEPTHS-4096}" "" ablall abl ${PTAIL:-30}
       bench_4b ${BT:-150} ;;

@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_settings import (attention_chain_settings, attention_knob_settings, config_settings,  # noqa: E402
                               fused_ffn_settings, gemv_knob_settings, heads_ways, loop_settings,
-                              lpr16_settings, pdl_settings, plan_settings, record_step,
+                              pdl_settings, plan_settings, record_step,
                               short_shape_ways, splits_settings, time_step)
 
 # (module, function) the decode step launches through
@@ -91,17 +91,15 @@ def main(argv=None) -> int:
                         "(gemv.PDL_EARLY_TRIPS), splits (the attention plans' split count), plan "
                         "(their warps and rows a thread), heads (one or two heads an attention block), "
                         "short (the one-head blocks' shapes), rope (EngineConfig.decode_fused_rope), "
-                        "q8 (decode_attention_q8), chain (the attention's new-row stash and merge "
-                        "prefetch: kvcache/attention.py NEW_ROW_STASH, MERGE_PREFETCH), qk8 (the "
+                        "q8 (decode_attention_q8), chain (the attention's merge prefetch: "
+                        "kvcache/attention.py MERGE_PREFETCH), qk8 (the "
                         "attention's scores by dp4a, QK_DP4A: cosine >= 0.999, not bits), ksplit "
                         "(gemv.KSPLIT_WARPS_PER_SM 16 / 32: the residual GEMVs' rows over one or two "
-                        "warps, so all of ffn_down's row is loaded before its PDL wait; cosine), lpr16 "
-                        "(gemv.LPR16_LAYER, LAYER_EARLY_TRIPS: QKV and gate/up at 16 lanes a row, "
-                        "their whole row before the wait; cosine); '' "
+                        "warps, so all of ffn_down's row is loaded before its PDL wait; cosine); '' "
                         "for none")
     p.add_argument("--min-cos", type=float, default=None, metavar="C",
-                   help="the logits cosine the ways of qk8, ksplit and lpr16 must keep with the default's "
-                        "before they are timed (default 0.999, 0.9999, 0.9999); lower it to time a way "
+                   help="the logits cosine the ways of qk8 and ksplit must keep with the default's "
+                        "before they are timed (default 0.999, 0.9999); lower it to time a way "
                         "that fails its bar - the cosine is printed either way")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
                    help="skip timing the step without each family of kernels")
@@ -154,8 +152,7 @@ def main(argv=None) -> int:
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
     wanted = {x for x in args.settings.split(",") if x}
-    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads", "short", "chain", "qk8", "ksplit",
-             "lpr16"}
+    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads", "short", "chain", "qk8", "ksplit"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -180,8 +177,6 @@ def main(argv=None) -> int:
                                            min_cos=args.min_cos or 0.9999))   # pre-wait)
     if "qk8" in wanted:
         settings.update(attention_knob_settings(be, "QK_DP4A", (False, True), min_cos=args.min_cos or 0.999))
-    if "lpr16" in wanted:
-        settings.update(lpr16_settings(be, min_cos=args.min_cos or 0.9999))
     if "rope" in wanted:
         settings.update(config_settings(be, "decode_fused_rope", (True, False)))
     if "q8" in wanted:

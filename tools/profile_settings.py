@@ -125,23 +125,10 @@ def gemv_knob_settings(be, name: str, values, min_cos: float | None = None) -> d
 
 
 def attention_chain_settings(be) -> dict:
-    """The step with the decode attention's two same-bits shortcuts of its last block's path
-    (kvcache/attention.py NEW_ROW_STASH, MERGE_PREFETCH) off (the default, the reference), each
-    alone, and both: the same bits, then the times."""
+    """The step with the decode attention's merge prefetch (kvcache/attention.py MERGE_PREFETCH)
+    off (the default, the reference) and on: the same bits, then the times."""
     from genie_rt.kvcache import attention as A
-    return knob_settings(be, A, ("NEW_ROW_STASH", "MERGE_PREFETCH"),
-                         ((False, False), (True, False), (False, True), (True, True)),
-                         "the attention's stash / merge prefetch")
-
-
-def lpr16_settings(be, min_cos: float = 0.9999) -> dict:
-    """The step with the QKV and gate/up GEMVs at 32 lanes a row (the default, the reference), at
-    16 (gemv.LPR16_LAYER: two rows a warp, half the blocks), and at 16 with both trips of a row
-    issued before the PDL wait (LAYER_EARLY_TRIPS 2): cosine >= min_cos (the lanes' sums are added
-    in another order), then the times."""
-    from genie_rt.quant import gemv
-    return knob_settings(be, gemv, ("LPR16_LAYER", "LAYER_EARLY_TRIPS"), ((False, 1), (True, 1), (True, 2)),
-                         "the layer GEMVs' lanes a row", min_cos=min_cos)
+    return knob_settings(be, A, ("MERGE_PREFETCH",), ((False,), (True,)), "the attention's merge prefetch")
 
 
 def attention_knob_settings(be, name: str, values, min_cos: float | None = None) -> dict:
