@@ -229,13 +229,19 @@ def _bench(argv=None) -> int:
     from genie_rt.engine.cuda_graph import time_us
     ap = argparse.ArgumentParser(description="gemv_mma (int8 tensor cores, 1-8 tokens) vs the dp4a GEMV")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--ncu", action="store_true",
+                    help="ffn_gate only: each kernel (mma ks4 and dp4a at 1 and 8 tokens) checked, then launched "
+                         "once between cuProfilerStart/Stop, for ncu --profile-from-start off (no timing)")
     args = ap.parse_args(argv)
     if ptx.SIMULATOR:
         raise SystemExit("needs a GPU")
     stream = cuda.stream()
     out = []
-    for name, rows, cols in (("attn_q", 4096, 2560), ("ffn_gate", 9728, 2560), ("attn_output", 2560, 4096),
-                             ("ffn_down", 2560, 9728)):
+    shapes = (("attn_q", 4096, 2560), ("ffn_gate", 9728, 2560), ("attn_output", 2560, 4096),
+              ("ffn_down", 2560, 9728))
+    if args.ncu:
+        return _ncu(stream)
+    for name, rows, cols in shapes:
         hw = random_weight(QType.Q4_K, rows, cols, np.random.default_rng(0))
         W = G.dequantize_weight(hw)
         gw = G.prepare_weight(G.to_device(hw), "dp4a")
@@ -268,5 +274,45 @@ def _bench(argv=None) -> int:
     return 0 if all(v for r in out for k, v in r.items() if k.endswith("_ok")) else 1
 
 
-if __name__ == "__main__":      # python -m genie_rt.quant.gemv_mma [--json PATH]
+def _ncu(stream, rows: int = 9728, cols: int = 2560) -> int:
+    """--ncu: why the mma GEMV is 2-4x the dp4a GEMV at one token (docs/kernels/gemv.md 8b) - one
+    profiled launch each of ffn_gate (9728 x 2560 Q4_K) by mma (k-split 4) and by dp4a, at 1 and 8
+    tokens, after a check against numpy."""
+    from . import gemv as G
+    from .gemv_bench import random_weight
+    hw = random_weight(QType.Q4_K, rows, cols, np.random.default_rng(0))
+    W = G.dequantize_weight(hw)
+    gw = G.prepare_weight(G.to_device(hw), "dp4a")
+    runs = []
+    for n_tok in (1, 8):
+        x = np.random.default_rng(1).standard_normal((n_tok, cols)).astype(np.float32)
+        dx = cuda.to_device(x)
+        xq = cuda.device_array((n_tok, cols), np.int8)
+        xs = cuda.device_array((n_tok, cols // 8), np.float32)
+        G.quantize_q8(dx, xq, xs, stream=stream)
+        y = cuda.device_array((n_tok, rows), np.float32)
+        stream.synchronize()
+        xt = G.dequantize_q8(xq.copy_to_host(), xs.copy_to_host())
+        ref, bound = G.gemv_reference(W, xt), G.error_bound(W, xt, "f32")
+        def mma(dx=dx, xq=xq, xs=xs, y=y, n=n_tok):        # this token count's buffers, bound now
+            gemv_mma(gw, xq, xs, y, n, ksplit=4, stream=stream)
+
+        def dp4a(dx=dx, xq=xq, xs=xs, y=y):
+            G.gemv(gw, dx, y, xq=xq, xs=xs, stream=stream)
+        for label, fn in ((f"mma ks4 n_tok={n_tok}", mma), (f"dp4a n_tok={n_tok}", dp4a)):
+            fn()
+            stream.synchronize()
+            if not np.all(np.abs(y.copy_to_host() - ref) <= bound):
+                raise SystemExit(f"{label}: outside the error bound of numpy")
+            runs.append((label, fn))
+    cuda.profile_start()
+    for label, fn in runs:
+        fn()
+        stream.synchronize()
+        print("profiled", label, flush=True)
+    cuda.profile_stop()
+    return 0
+
+
+if __name__ == "__main__":      # python -m genie_rt.quant.gemv_mma [--json PATH | --ncu]
     raise SystemExit(_bench())

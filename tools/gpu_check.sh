@@ -69,6 +69,10 @@
 #   qk15      chain15's second look (2026-12-05): the ways it stopped at for a cosine under their bar
 #             (qk8, ksplit) timed with --min-cos MINCOS (0.995) at depths PDEPTHS1 (4096 64), the
 #             ablation at PDEPTHS (4096), then genie-rt bench (BT s) with no llama.cpp build beside it
+#   ncu15     Nsight Compute for the two kernels issue 14 needs next (2026-12-05): the decode attention at
+#             depth NDEPTH (4096; the graph's nodes, kernels named "kernel": the attention and the
+#             step's small kernels, ncu-attn.txt) and the mma GEMV against the dp4a GEMV at 1 and 8 tokens
+#             (python -m genie_rt.quant.gemv_mma --ncu, ncu-mma.txt)
 #   attnloop  the decode attention's loops (attention_decode_tiles.py, 2026-12-04): the 4B's decode
 #             step at depth 4096 and 512 with each loop (logits cosine >= 0.999 with the default's),
 #             the attention GPU tests and the back-end's (CPU parity, greedy text, PDL bits), the
@@ -483,6 +487,24 @@ for s in "$@"; do
         none "" ${PTAIL:-30}
       PT=${PT2:-120} profile_4b "${PDEPTHS-4096}" "" ablall abl ${PTAIL:-30}
       bench_4b ${BT:-150} ;;
+    ncu15)
+      stage ncu15
+      export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
+      if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
+        && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi
+      NCU=$(ncu_path); SECS="--section SpeedOfLight --section Occupancy --section WarpStateStats --section \
+        MemoryWorkloadAnalysis --section LaunchStats --section SchedulerStats --section InstructionStats"
+      [ -n "$NCU" ] || { echo "no ncu on this machine"; continue; }
+      timeout ${NT:-240} "$NCU" --profile-from-start off $SECS $PY -m genie_rt.quant.gemv_mma --ncu 2>&1 \
+        | grep -v "Warning\|warn(" > "$OUT/ncu-mma.txt"
+      echo "ncu (mma GEMV) exit $?"
+      grep -E "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Eligible Warps|Executed Ipc" "$OUT/ncu-mma.txt" | head -60
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      timeout ${NT:-240} "$NCU" --graph-profiling node --profile-from-start off --kernel-name regex:^kernel \
+        --launch-count ${NCUK:-4} $SECS $PY tools/profile_decode.py -m $MODEL4B --ctx 8192 --depth ${NDEPTH:-4096} \
+        --trace 1 2>&1 | grep -v "Warning\|warn(" > "$OUT/ncu-attn.txt"
+      echo "ncu (attention) exit $?"
+      grep -E "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Eligible Warps" "$OUT/ncu-attn.txt" | head -40 ;;
     heads14)
       stage heads14
       # the second call: one or two query heads an attention block at depths PDEPTHS (--short-ctx 0:
