@@ -219,13 +219,40 @@ def gemv_mma(w, xq, xs, y, n_tok: int, residual=None, ksplit: int = 4, stream=0)
         w.wa, w.wb, w.units, rows, xq, xs, cols, n_tok, yf, rf, int(residual is not None))
 
 
+def _weight(rows: int, cols: int):
+    """A random Q4_K weight for the lab runs: (its dequantized float matrix, the GemvWeight)."""
+    from . import gemv as G
+    from .gemv_bench import random_weight
+    hw = random_weight(QType.Q4_K, rows, cols, np.random.default_rng(0))
+    return G.dequantize_weight(hw), G.prepare_weight(G.to_device(hw), "dp4a")
+
+
+def _activations(W, n_tok: int, stream):
+    """n_tok random rows quantized to q8 on the device, an output buffer, and numpy's result and
+    error bound for W: (dx, xq, xs, y, ref, bound)."""
+    from . import gemv as G
+    rows, cols = W.shape
+    x = np.random.default_rng(1).standard_normal((n_tok, cols)).astype(np.float32)
+    dx = cuda.to_device(x)
+    xq = cuda.device_array((n_tok, cols), np.int8)
+    xs = cuda.device_array((n_tok, cols // 8), np.float32)
+    G.quantize_q8(dx, xq, xs, stream=stream)
+    y = cuda.device_array((n_tok, rows), np.float32)
+    stream.synchronize()
+    xt = G.dequantize_q8(xq.copy_to_host(), xs.copy_to_host())
+    return dx, xq, xs, y, G.gemv_reference(W, xt), G.error_bound(W, xt, "f32")
+
+
+def _within(y, ref, bound) -> bool:
+    return bool(np.all(np.abs(y.copy_to_host() - ref) <= bound))
+
+
 def _bench(argv=None) -> int:
     """Time gemv_mma against the dp4a GEMV at the 4B's Q4_K shapes (GPU only)."""
     import argparse
     import json
 
     from . import gemv as G
-    from .gemv_bench import random_weight
     from genie_rt.engine.cuda_graph import time_us
     ap = argparse.ArgumentParser(description="gemv_mma (int8 tensor cores, 1-8 tokens) vs the dp4a GEMV")
     ap.add_argument("--json", default=None)
@@ -236,30 +263,19 @@ def _bench(argv=None) -> int:
     if ptx.SIMULATOR:
         raise SystemExit("needs a GPU")
     stream = cuda.stream()
-    out = []
-    shapes = (("attn_q", 4096, 2560), ("ffn_gate", 9728, 2560), ("attn_output", 2560, 4096),
-              ("ffn_down", 2560, 9728))
     if args.ncu:
         return _ncu(stream)
-    for name, rows, cols in shapes:
-        hw = random_weight(QType.Q4_K, rows, cols, np.random.default_rng(0))
-        W = G.dequantize_weight(hw)
-        gw = G.prepare_weight(G.to_device(hw), "dp4a")
+    out = []
+    for name, rows, cols in (("attn_q", 4096, 2560), ("ffn_gate", 9728, 2560), ("attn_output", 2560, 4096),
+                             ("ffn_down", 2560, 9728)):
+        W, gw = _weight(rows, cols)
         for n_tok in (1, 2, 4, 8):
-            x = np.random.default_rng(1).standard_normal((n_tok, cols)).astype(np.float32)
-            dx = cuda.to_device(x)
-            xq = cuda.device_array((n_tok, cols), np.int8)
-            xs = cuda.device_array((n_tok, cols // 8), np.float32)
-            G.quantize_q8(dx, xq, xs)
-            y = cuda.device_array((n_tok, rows), np.float32)
-            xt = G.dequantize_q8(xq.copy_to_host(), xs.copy_to_host())
-            ref = G.gemv_reference(W, xt)
-            bound = G.error_bound(W, xt, "f32")
+            dx, xq, xs, y, ref, bound = _activations(W, n_tok, stream)
             row = dict(gemv=name, rows=rows, cols=cols, n_tok=n_tok)
             for ks in (2, 4, 8):
                 gemv_mma(gw, xq, xs, y, n_tok, ksplit=ks, stream=stream)
                 stream.synchronize()
-                ok = bool(np.all(np.abs(y.copy_to_host() - ref) <= bound))
+                ok = _within(y, ref, bound)
                 row[f"mma_ks{ks}_ok"] = ok
                 if ok:
                     row[f"mma_ks{ks}_us"] = time_us(lambda: gemv_mma(gw, xq, xs, y, n_tok, ksplit=ks,
@@ -279,22 +295,12 @@ def _ncu(stream, rows: int = 9728, cols: int = 2560) -> int:
     profiled launch each of ffn_gate (9728 x 2560 Q4_K) by mma (k-split 4) and by dp4a, at 1 and 8
     tokens, after a check against numpy."""
     from . import gemv as G
-    from .gemv_bench import random_weight
-    hw = random_weight(QType.Q4_K, rows, cols, np.random.default_rng(0))
-    W = G.dequantize_weight(hw)
-    gw = G.prepare_weight(G.to_device(hw), "dp4a")
+    W, gw = _weight(rows, cols)
     runs = []
     for n_tok in (1, 8):
-        x = np.random.default_rng(1).standard_normal((n_tok, cols)).astype(np.float32)
-        dx = cuda.to_device(x)
-        xq = cuda.device_array((n_tok, cols), np.int8)
-        xs = cuda.device_array((n_tok, cols // 8), np.float32)
-        G.quantize_q8(dx, xq, xs, stream=stream)
-        y = cuda.device_array((n_tok, rows), np.float32)
-        stream.synchronize()
-        xt = G.dequantize_q8(xq.copy_to_host(), xs.copy_to_host())
-        ref, bound = G.gemv_reference(W, xt), G.error_bound(W, xt, "f32")
-        def mma(dx=dx, xq=xq, xs=xs, y=y, n=n_tok):        # this token count's buffers, bound now
+        dx, xq, xs, y, ref, bound = _activations(W, n_tok, stream)
+
+        def mma(xq=xq, xs=xs, y=y, n=n_tok):               # this token count's buffers, bound now
             gemv_mma(gw, xq, xs, y, n, ksplit=4, stream=stream)
 
         def dp4a(dx=dx, xq=xq, xs=xs, y=y):
@@ -302,7 +308,7 @@ def _ncu(stream, rows: int = 9728, cols: int = 2560) -> int:
         for label, fn in ((f"mma ks4 n_tok={n_tok}", mma), (f"dp4a n_tok={n_tok}", dp4a)):
             fn()
             stream.synchronize()
-            if not np.all(np.abs(y.copy_to_host() - ref) <= bound):
+            if not _within(y, ref, bound):
                 raise SystemExit(f"{label}: outside the error bound of numpy")
             runs.append((label, fn))
     cuda.profile_start()

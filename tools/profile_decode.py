@@ -172,11 +172,14 @@ def main(argv=None) -> int:
         settings.update(plan_settings(be))
     if "chain" in wanted:
         settings.update(attention_chain_settings(be))
+    def bar(default: float) -> float:       # --min-cos, where given, replaces a way's cosine bar
+        return default if args.min_cos is None else args.min_cos
+
     if "ksplit" in wanted:      # 32: the residual GEMVs (2,560 rows) in two k-parts (a row in flight
         settings.update(gemv_knob_settings(be, "KSPLIT_WARPS_PER_SM", (16, 32),
-                                           min_cos=args.min_cos or 0.9999))   # pre-wait)
+                                           min_cos=bar(0.9999)))   # pre-wait)
     if "qk8" in wanted:
-        settings.update(attention_knob_settings(be, "QK_DP4A", (False, True), min_cos=args.min_cos or 0.999))
+        settings.update(attention_knob_settings(be, "QK_DP4A", (False, True), min_cos=bar(0.999)))
     if "rope" in wanted:
         settings.update(config_settings(be, "decode_fused_rope", (True, False)))
     if "q8" in wanted:
