@@ -71,10 +71,11 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--attention-short-ctx", type=int, default=None, metavar="N",
                    help="CUDA decode: below position N the step's attention takes one query head a block "
                         "(a graph of its own; default 1024; 0: one graph at every position)")
-    p.add_argument("--attention-loop", default=None, metavar="{block,warp,warp-nopf}",
+    p.add_argument("--attention-loop", default=None, metavar="{block,warp,warp-nopf,mma}",
                    help="CUDA decode attention: how a block walks its rows - block (barriers a tile), warp "
                         "(each lane slot its own softmax, the next rows' loads in flight), warp-nopf "
-                        "(warp without that prefetch); default: the measured best, warp (for comparisons)")
+                        "(warp without that prefetch), mma (tensor cores, the whole GQA group a block; int8 "
+                        "cache); default: the measured best, warp (for comparisons)")
     p.add_argument("--overlap-load", action="store_true",
                    help="CUDA, discrete GPU: read the weights on a thread while the kernels load and the "
                         "graphs are captured (same bits; no faster on the H200 since the warm-up "

@@ -21,7 +21,9 @@ from .gguf_file import GGUFError, GGUFFile, short_repr as _short
 # loads before the wait). The default, "warp": H200, 2026-12-04 12:43 UTC, the 4B's decode step
 # (tools/profile_decode.py --settings loop): warp / block / warp-nopf 1.976 / 2.034 / 2.034 ms at
 # depth 512, 2.277 / 2.419 / 2.320 ms at 4096 (docs/decode-step.md, section 6c)
-DECODE_ATTENTION_LOOPS = ("block", "warp", "warp-nopf")
+# "mma" (2026-12-05, int8 caches): scores and P x V on the tensor cores, the whole GQA group a block
+# (kvcache/attention_decode_mma.py); a lab loop until it is timed on the GPU.
+DECODE_ATTENTION_LOOPS = ("block", "warp", "warp-nopf", "mma")
 MAX_DECODE_ATTENTION_SPLITS = 64        # kvcache/attention_decode_kernels.MAX_SPLITS (a test keeps them equal)
 DEFAULT_DECODE_ATTENTION_LOOP = "warp"
 

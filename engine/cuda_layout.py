@@ -263,11 +263,12 @@ def short_plans(cfg, ecfg, windows, dplan) -> dict:
     decode_short_ctx): one query head a block, the splits sized for contexts below the threshold
     (kvcache/attention.py plan_decode: one wave; decode_attention_splits is for the other graph).
     Empty when the graph is off, would take one head a block anyway (dplan: the other graph's
-    plan), or when the GPU cannot hold one split of such blocks in one wave (a few SMs, as on a
-    Jetson: the blocks would run in two waves; the H200 measurement does not speak for that)."""
+    plan), when the GPU cannot hold one split of such blocks in one wave (a few SMs, as on a
+    Jetson: the blocks would run in two waves; the H200 measurement does not speak for that), or
+    with the tensor-core loop ("mma"), whose point is the whole GQA group a block."""
     from genie_rt.kvcache.attention import default_shape, plan_decode, wave_splits
     short = int(getattr(ecfg, "decode_short_ctx", 0) or 0)
-    if short <= 0 or dplan.heads_per_block == 1:
+    if short <= 0 or dplan.heads_per_block == 1 or dplan.loop == "mma":
         return {}
     group = cfg.n_head // cfg.n_head_kv
     if wave_splits(cfg.n_head_kv, group, 1, *default_shape(1)) < 1:

@@ -150,6 +150,8 @@ class DecodePlan:
 
     @property
     def tile(self) -> int:
+        if self.loop == "mma":           # rows_per_thread: 16-row chunks a warp's trip
+            return self.warps * 16 * self.rows_per_thread
         lpr = self.head_dim // (16 if self.kv_dtype == "int8" else 8)
         return self.warps * (32 // lpr) * self.rows_per_thread
 
@@ -192,30 +194,40 @@ def default_shape(heads_per_block: int) -> tuple[int, int]:
 _REGISTERS = {(2, 4): 168, (2, 2): 126, (2, 1): 125, (4, 4): 249}
 
 
+# the "mma" loop (the whole group a block, up to 8 heads), by 16-row chunks a warp's trip: ptxas 13,
+# sm_90, the engine's build (PDL, rope, q8; head_dim 128, 4 heads), 2026-12-05. 8 warps of one chunk
+# take 166. Its block shape by default (warps, chunks a trip): 4 x 1, three blocks an SM (not yet
+# timed: docs/decode-step.md 6h)
+_MMA_REGISTERS = {1: 160, 2: 254}
+MMA_SHAPE = (4, 1)
+
+
 def blocks_at(registers: int, warps: int) -> int:
     """Blocks of `warps` warps an SM holds at `registers` a thread (65,536 registers an SM,
     allocated in steps of 8 a thread)."""
     return max(1, 65536 // (-(-registers // 8) * 8 * 32 * warps))
 
 
-def _blocks_per_sm(heads_per_block: int, warps: int, rows_per_thread: int) -> int:
+def _blocks_per_sm(heads_per_block: int, warps: int, rows_per_thread: int, loop: str = "") -> int:
     """Blocks an SM the default split count is sized for: one wave of the kernel at its occupancy.
     4 warps of 4 rows at two heads (168 registers) make 3 an SM, 8 warps of 2 rows (126) 2 (a shape
     not in `_REGISTERS` counts as its heads' 4-row one). The 4B's step at depth 4,096 with 4 x 4
     (H200, 2026-12-04 17:48 UTC, --settings splits): 16 splits (2 an SM) 2.113 / 2.131 ms, 24 (3)
     2.071 / 2.089, 32 (two waves) 2.081 / 2.084."""
+    if loop == "mma":
+        return blocks_at(_MMA_REGISTERS.get(rows_per_thread, _MMA_REGISTERS[1]), warps)
     gh = 2 if heads_per_block <= 2 else 4
     return blocks_at(_REGISTERS.get((gh, rows_per_thread), _REGISTERS[(gh, 4)]), warps)
 
 
 def wave_splits(n_kv: int, n_sub: int, heads_per_block: int, warps: int, rows_per_thread: int,
-                sm_count: int | None = None) -> int:
+                sm_count: int | None = None, loop: str = "") -> int:
     """Splits of one wave: the blocks the SMs hold at the kernel's occupancy (`_blocks_per_sm`)
     over the blocks of a split (n_kv * n_sub); 0 when one split is already more than a wave.
     sm_count None: the current device's (132 without a GPU)."""
     if sm_count is None:
         sm_count = 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
-    return (_blocks_per_sm(heads_per_block, warps, rows_per_thread) * sm_count) // (n_kv * n_sub)
+    return (_blocks_per_sm(heads_per_block, warps, rows_per_thread, loop) * sm_count) // (n_kv * n_sub)
 
 
 def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int,
@@ -241,28 +253,35 @@ def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int
     loop = DEFAULT_LOOP if loop is None else loop
     if loop not in LOOPS:
         raise ValueError(f"decode attention loop '{loop}' is not one of {LOOPS}")
+    mma = loop == "mma"
+    if mma and kv_dtype != "int8":
+        raise ValueError("the 'mma' decode attention loop reads int8 caches only: use the int8 KV "
+                         f"cache or another loop ({', '.join(x for x in LOOPS if x != 'mma')})")
+    if mma and head_dim % 32:
+        raise ValueError(f"the 'mma' decode attention loop needs head_dim a multiple of 32, not {head_dim}")
     window = int(window or 0)
     if window < 0:
         raise ValueError(f"window {window} must be >= 1 (or 0 / None: a global layer)")
     if scale is not None and not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"attention scale {scale} must be finite and > 0")
     group = n_head // n_kv
-    max_gh = 64 // vec                           # registers: q slice + accumulators <= 2 x 64
-    if heads_per_block is None:
-        heads_per_block = next(h for h in range(min(group, DEFAULT_HEADS_PER_BLOCK), 0, -1)
-                               if group % h == 0)
+    max_gh = 8 if mma else 64 // vec             # mma: its n = 8; else q slice + accumulators <= 2 x 64
+    if heads_per_block is None:                  # mma: the whole group, as far as 8 go
+        heads_per_block = next(h for h in range(min(group, max_gh if mma else DEFAULT_HEADS_PER_BLOCK),
+                                                0, -1) if group % h == 0)
     if not (1 <= heads_per_block <= min(group, max_gh) and group % heads_per_block == 0):
         raise ValueError(f"heads_per_block {heads_per_block} must divide the group of "
                          f"{group} query heads per KV head and be <= {max_gh}")
     n_sub = group // heads_per_block
-    dw, dr = default_shape(heads_per_block)
+    dw, dr = MMA_SHAPE if mma else default_shape(heads_per_block)
     warps = dw if warps is None else warps
     rows_per_thread = dr if rows_per_thread is None else rows_per_thread
-    plan = DecodePlan(n_head, n_kv, head_dim, kv_dtype, 1, n_sub, warps, rows_per_thread)
+    plan = DecodePlan(n_head, n_kv, head_dim, kv_dtype, 1, n_sub, warps, rows_per_thread, loop=loop)
     keys = min(n_ctx, window) if window else n_ctx
     tiles = -(-keys // plan.tile)
     if n_splits is None:
-        n_splits = max(1, wave_splits(n_kv, n_sub, heads_per_block, warps, rows_per_thread, sm_count))
+        n_splits = max(1, wave_splits(n_kv, n_sub, heads_per_block, warps, rows_per_thread, sm_count,
+                                      loop))
     n_splits = max(1, min(n_splits, tiles, MAX_SPLITS))
     return DecodePlan(n_head, n_kv, head_dim, kv_dtype, n_splits, n_sub, warps, rows_per_thread,
                       window, None if scale is None else float(scale), loop)

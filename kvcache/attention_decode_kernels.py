@@ -55,6 +55,7 @@ from genie_rt.quant import ptx
 from genie_rt.quant.ptx import SIMULATOR
 
 from .attention_decode_rope import make_rope_prologue, rows_needed
+from .attention_decode_mma import mma_geometry, mma_tiles
 from .attention_decode_tiles import block_tiles, geometry, warp_tiles
 
 FULL = 0xFFFFFFFF
@@ -143,14 +144,19 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     Q8 = bool(q8)
     assert not Q8 or (GH * HD) % 32 == 0, "q8 output needs whole 32-value blocks per block"
     WIN = int(window)
+    MMA = loop == "mma"
+    if MMA and kv_dtype != "int8":
+        raise ValueError("the 'mma' decode attention loop reads int8 caches only")
     VEC, EPW, LPR, RPW, STEP, TILE, WPR = geometry(HD, kv_dtype, NW, RPT)
+    if MMA:                          # rows_per_thread: 16-row chunks a warp's trip
+        TILE = mma_geometry(HD, NW, RPT)[3]
     NQ = GH * VEC                    # q values (and accumulators) per thread
     NRED = GH * HD
     NT = 32 * NW
     QSCALE = float32(LOG2E / math.sqrt(HD) if scale is None else LOG2E * float(scale))
     # the PDL build of the "warp" loop waits inside it, after the first trip's loads of earlier
     # positions (attention_decode_tiles.py); every other build waits first thing
-    EARLY = pdl and loop == "warp"
+    EARLY = pdl and loop in ("warp", "mma")
     MPF = MERGE_PF if merge_pf else 0
     NPF = max(MPF, 1)
     NRHD = rows_needed(GH) * HD if ROPE else 1       # shared rope rows (attention_decode_rope.py)
@@ -167,7 +173,9 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
         def ready(ra):
             wait()
     QK8 = bool(qk8) and kv_dtype == "int8"
-    if loop == "block":
+    if MMA:
+        tiles = mma_tiles(HD, GH, NW, RPT, WIN, ld4, QSCALE, PF=True, wait=ready if EARLY else None)
+    elif loop == "block":
         tiles = block_tiles(HD, GH, kv_dtype, NW, RPT, WIN, ld4, _byte, QSCALE, qk8=QK8)
     else:
         tiles = warp_tiles(HD, GH, kv_dtype, NW, RPT, WIN, ld4, _byte, QSCALE, PF=loop == "warp",
@@ -237,26 +245,27 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
 
         qv = cuda.local.array(NQ, float32)                   # q[h][c*VEC + e], pre-scaled
         acc = cuda.local.array(NQ, float32)
-        if ROPE:
-            if not EARLY:           # (EARLY: the loop calls ready() after its first loads)
-                prologue(ra)
-                cuda.syncthreads()
-            tiles(s_rows, 0, k_words, v_words, k_scale, v_scale, r_begin, r_end, ctx - 1, warp, lane,
-                  slot, c, kvh, n_kv, n_ctx, ring0, qv, acc, s_m, s_l, s_p, s_alpha, s_mw, s_lw, ra)
+        if ROPE and not EARLY:      # (EARLY: the loop calls ready() after its first loads)
+            prologue(ra)
+            cuda.syncthreads()
+        qsrc = s_rows if ROPE else q
+        q0 = 0 if ROPE else head0
+        if MMA:                     # leaves each warp's sums in s_red itself
+            tiles(qsrc, q0, k_words, v_words, k_scale, v_scale, r_begin, r_end, ctx - 1, warp, lane,
+                  kvh, n_kv, n_ctx, ring0, s_m, s_l, s_mw, s_lw, s_red, ra)
         else:
-            tiles(q, head0, k_words, v_words, k_scale, v_scale, r_begin, r_end, ctx - 1, warp, lane,
+            tiles(qsrc, q0, k_words, v_words, k_scale, v_scale, r_begin, r_end, ctx - 1, warp, lane,
                   slot, c, kvh, n_kv, n_ctx, ring0, qv, acc, s_m, s_l, s_p, s_alpha, s_mw, s_lw, ra)
-
-        # sum the RPW row slots of each warp, then the warps
-        off = LPR
-        while off < 32:
-            for j in range(NQ):
-                acc[j] += cuda.shfl_xor_sync(FULL, acc[j], off)
-            off <<= 1
-        if slot == 0:
-            for h in range(GH):
-                for e in range(VEC):
-                    s_red[warp, h * HD + c * VEC + e] = acc[h * VEC + e]
+            # sum the RPW row slots of each warp, then the warps
+            off = LPR
+            while off < 32:
+                for j in range(NQ):
+                    acc[j] += cuda.shfl_xor_sync(FULL, acc[j], off)
+                off <<= 1
+            if slot == 0:
+                for h in range(GH):
+                    for e in range(VEC):
+                        s_red[warp, h * HD + c * VEC + e] = acc[h * VEC + e]
         cuda.syncthreads()
         for idx in range(tid, NRED, NT):
             v = float32(0)

@@ -210,3 +210,28 @@ def test_gpu_prefill_gemma3_global_and_smollm2(kv_dtype, n, start):
     plan = run_prefill_w(pool, kd, vd, 9, n, start, 0, seed=n)
     run_prefill_w(pool, kd, vd, 9, n, start, 0, n_splits=4, seed=n)
     _no_spills(plan.kernel(), f"prefill smollm2 {kv_dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pos", [0, 1, 15, 16, 63, 64, 100, 1023, 2500, 4095])
+def test_gpu_decode_qwen3_4b_mma_loop(pool_4b, pos):
+    """The tensor-core loop ("mma", attention_decode_mma.py; int8 caches) at the 4B's shape against
+    the reference (its tolerance: f16 P), at its default plan, one split and 64; its PDL build the
+    plain build's bits; no spills. The f16 pool is refused."""
+    from test_attention_decode_mma import MMA_TOL
+    from genie_rt.kvcache.attention import compile_decode
+    pool, kd, vd = pool_4b
+    if pool.shape.dtype != "int8":
+        with pytest.raises(ValueError, match="int8 caches only"):
+            plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx, loop="mma")
+        return
+    plan = plan_decode(32, 8, 128, "int8", pool.n_ctx, loop="mma")
+    compile_decode(plan)
+    outs = []
+    for pdl in (False, True):
+        run_decode(pool, kd, vd, 32, pos, layer=0, seed=pos, loop="mma", tol=MMA_TOL, pdl=pdl)
+        outs.append(run_decode.out)
+    assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32)), "PDL build: other bits"
+    for n_splits in (1, 64):
+        run_decode(pool, kd, vd, 32, pos, layer=0, seed=pos, n_splits=n_splits, loop="mma", tol=MMA_TOL)
+    _no_spills(plan.kernel(), "decode mma")

@@ -1,7 +1,7 @@
 """Decode and prefill attention kernels compiled to PTX for sm_87 and sm_90 (in a
 subprocess without the simulator): no float64 instructions, no local memory; decode uses
 128-bit loads and the atomic merge, prefill the tensor cores (mma.sync + ldmatrix).
-Qwen3's kernels and one of each newer kind (window, head_dim 256, one KV head, group 3)
+Qwen3's kernels (and the tensor-core decode loop) and one of each newer kind (window, head_dim 256, one KV head, group 3)
 in the quick suite, the rest `slow`.
 """
 import pytest
@@ -21,6 +21,7 @@ decode_warp_int8 = decode_kernel(128, 2, "int8", loop="warp")   # the barrier-fr
 decode_q8_one_head_int8 = decode_kernel(128, 1, "int8", 8, 2, q8=True)   # the short-context graph's blocks
 decode_q8_qk8_int8 = decode_kernel(128, 2, "int8", 8, 2, q8=True, qk8=True)   # QK_DP4A (lab): scores by dp4a
 decode_warp_f16 = decode_kernel(128, 2, "f16", loop="warp")
+decode_q8_mma_int8 = decode_kernel(128, 4, "int8", 4, 1, q8=True, loop="mma")   # the tensor-core loop (lab)
 decode_warp_gemma_int8 = decode_kernel(256, 4, "int8", 4, 4, 512, loop="warp")
 prefill_int8 = prefill_kernel(128, 4, "int8")
 prefill_f16 = prefill_kernel(128, 4, "f16")
@@ -35,7 +36,7 @@ prefill_smol_int8 = prefill_kernel(64, 3, "int8")
 # the quick suite compiles Qwen3's kernels and one of each new kind (window + hd 256 +
 # one KV head, group 3); the f16 twins and SmolLM2's decode (~10 s more) are `slow`
 _QUICK = ("decode_int8", "decode_f16", "decode_q8_int8", "decode_warp_int8", "decode_q8_one_head_int8",
-          "decode_q8_qk8_int8", "decode_gemma_int8",
+          "decode_q8_qk8_int8", "decode_q8_mma_int8", "decode_gemma_int8",
           "prefill_int8", "prefill_f16", "prefill_gemma_int8", "prefill_smol_int8")
 _MORE = ("decode_gemma_f16", "decode_smol_int8", "prefill_gemma_f16", "decode_warp_f16",
          "decode_warp_gemma_int8")
@@ -111,3 +112,17 @@ def test_ptx_qk8_build_scores_by_dp4a(ptx_text):
         assert text.count("dp4a.s32.s32") >= 8, f"sm_{cc[0]}{cc[1]}: {text.count('dp4a.s32.s32')} dp4a"
     for cc, text in ptx_text["decode_q8_int8"].items():
         assert "dp4a" not in text
+
+
+def test_ptx_mma_loop_scores_and_weights_values_on_the_tensor_cores(ptx_text):
+    """The "mma" loop (attention_decode_mma.py), one 16-row chunk a trip at head_dim 128: 16 score
+    mma (8 k-steps, q in two f16 parts) and 8 P x V mma a trip, bytes to f16 by prmt, the P
+    transfer by indexed shuffles; the FMA loops' builds have no mma."""
+    for cc, text in ptx_text["decode_q8_mma_int8"].items():
+        where = f"sm_{cc[0]}{cc[1]}"
+        n_mma = text.count("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32")
+        assert n_mma % 24 == 0 and n_mma >= 24, f"{where}: {n_mma} mma"
+        assert_ptx_contains(text, "prmt.b32", "fma.rn.f16x2", "shfl.sync.idx.b32", "cvt.rn.f16x2.f32",
+                            where=where)
+    for cc, text in ptx_text["decode_q8_int8"].items():
+        assert "mma.sync" not in text

@@ -3,7 +3,7 @@ kvcache/attention.py `decode_rope_attention`) against what it replaces: `rope_wr
 `decode_attention`. Both run rope_write's device code for the rows and the same attention
 loop, so the output and the cache (K/V rows and int8 scales) must be the same bits:
 
-- the loops (block, warp, warp-nopf) and the PDL build (griddepcontrol is a no-op in the
+- the loops (block, warp, warp-nopf, mma) and the PDL build (griddepcontrol is a no-op in the
   simulator; the PTX rules are tests/test_pdl_ptx.py), one split or several (the new row in
   the last split only), int8 and f16 caches;
 - Qwen3's form (NeoX pairs, QK-norm), Llama's (adjacent pairs, no QK-norm, group 3), a ring
@@ -91,7 +91,7 @@ def _layer_rows(pool):
 @pytest.mark.parametrize("kv_dtype,pos,n_splits,loop,pdl", [
     ("int8", 5, 1, "warp", False), ("int8", 37, 3, "warp", True), ("int8", 16, 2, "warp", True),
     ("f16", 50, 3, "block", False), ("int8", 20, 2, "warp-nopf", False), ("f16", 0, 1, "warp", True),
-    ("int8", 63, 4, "block", True)])
+    ("int8", 63, 4, "block", True), ("int8", 37, 3, "mma", True), ("int8", 9, 1, "mma", False)])
 def test_fused_rope_gives_rope_write_then_attention_bits(kv_dtype, pos, n_splits, loop, pdl):
     _same(kv_dtype, [pos], n_splits, loop, pdl)
 

@@ -1,0 +1,192 @@
+"""kvcache/attention_decode_mma.py: the tensor-core decode loop ("mma") under the simulator.
+
+The simulator's mma is numpy on the PTX fragment layouts (quant/ptx_fallbacks.py), so these
+tests check the loop's lane bookkeeping - which lane holds which row, dimension and head in
+each fragment, the P transfer between them, the byte tricks - against the float64 reference.
+Its numbers are not the FMA loops' (P' is rounded to f16; q is two f16 parts): the tolerance
+is MMA_TOL, ten times the FMA loops', and a test below shows a one-part q would miss it.
+The PTX side (it compiles for sm_80 and sm_90, without spills) is in test_attention_ptx.py.
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from attention_helpers import make_pool, make_ring_pool, run_decode, run_decode_w
+from genie_rt.kvcache.attention import DecodeWorkspace, decode_attention, plan_decode
+from genie_rt.kvcache import attention_decode_mma as M
+from genie_rt.quant.ptx import SIMULATOR as SIM, hfma2_reference
+
+MMA_TOL = (2e-4, 1e-4)          # (atol / max |v|, rtol); measured 0.7-1.1e-4 of max |v|
+
+
+@pytest.mark.parametrize("hd,n_head,n_kv,pos,n_splits,chunks", [
+    (64, 8, 2, 0, 1, 1),          # one valid row
+    (64, 8, 2, 40, 1, 1),         # group 4, one split, rows past the context in the last chunk
+    (64, 8, 2, 63, 3, 1),         # three splits merged
+    (128, 8, 2, 50, 2, 2),        # Qwen3's head_dim, two chunks a trip
+    (32, 16, 2, 33, 2, 1),        # group 8: every column of the mma's n
+    (64, 2, 2, 20, 2, 1),         # group 1: seven zero columns
+    (64, 6, 2, 29, 2, 1),         # group 3: a head pair split between lanes
+])
+def test_mma_decode_matches_reference(hd, n_head, n_kv, pos, n_splits, chunks):
+    pool, kd, vd = make_pool(n_kv, hd, 64, "int8", 64, seed=pos + hd)
+    plan = run_decode(pool, kd, vd, n_head, pos, n_splits=n_splits, warps=2, rows_per_thread=chunks,
+                      loop="mma", tol=MMA_TOL)
+    assert plan.loop == "mma" and plan.n_sub == 1 and plan.tile == 32 * chunks
+
+
+def test_mma_decode_pdl_build_gives_the_plain_bits():
+    # EARLY: the first trip's earlier rows before the wait, the trip with the new row again after
+    # it; the plain build loads the first trip whole: the same arithmetic on the same rows
+    pool, kd, vd = make_pool(2, 64, 64, "int8", 64, seed=9)
+    outs = []
+    for pdl in (False, True):
+        run_decode(pool, kd, vd, 8, 45, n_splits=2, warps=2, rows_per_thread=1, loop="mma",
+                   tol=MMA_TOL, pdl=pdl)
+        outs.append(run_decode.out)
+    assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
+
+
+def test_mma_decode_window_through_a_ring():
+    # ring of 12 slots, window 12, position 29: the oldest key lives in slot 6 and the window wraps
+    pool, kd, vd = make_ring_pool(2, 32, 64, 12, "int8", 30, seed=30)
+    run_decode_w(pool, kd, vd, 8, 29, 12, n_splits=2, warps=1, rows_per_thread=1, loop="mma",
+                 tol=MMA_TOL)
+
+
+def test_mma_decode_a_zero_v_row_stays_finite():
+    # an all-zero V row has scale 0: its log2 is clamped (VS_FLOOR), its p still counts in l
+    pool, kd, vd = make_pool(2, 64, 64, "int8", 48, seed=5)
+    lay = pool.layer(1)
+    v, vs = lay.v.copy_to_host(), lay.v_scale.copy_to_host()
+    v[7] = 0
+    vs[7] = 0
+    lay.v.copy_to_device(v)
+    lay.v_scale.copy_to_device(vs)
+    vd = vd.copy()
+    vd[1, 7] = 0
+    run_decode(pool, kd, vd, 8, 40, n_splits=2, warps=2, rows_per_thread=1, loop="mma", tol=MMA_TOL)
+
+
+def test_mma_decode_one_f16_q_would_miss_the_tolerance(monkeypatch):
+    # what the second q part buys: with q as one f16 the same case is off by more than MMA_TOL
+    # (the loop's QL switch, read when the kernel is built)
+    import genie_rt.kvcache.attention_decode_kernels as K
+    pool, kd, vd = make_pool(2, 128, 64, "int8", 64, seed=178)
+    run_decode(pool, kd, vd, 8, 50, n_splits=1, warps=2, rows_per_thread=2, loop="mma", tol=MMA_TOL)
+    monkeypatch.setattr(M, "Q_PARTS", 1)
+    K.decode_kernel.cache_clear()
+    try:
+        with pytest.raises(AssertionError, match="elements off"):
+            run_decode(pool, kd, vd, 8, 50, n_splits=1, warps=2, rows_per_thread=2, loop="mma",
+                       tol=MMA_TOL)
+    finally:
+        K.decode_kernel.cache_clear()
+
+
+def _byte_perm(x, y, s):
+    """numpy __nv_byte_perm (test_attention_decode.py's)."""
+    src = [(v >> np.uint32(8 * i)) & np.uint32(0xFF) for v in (x, y) for i in range(4)]
+    out = np.zeros_like(x)
+    for n in range(4):
+        out |= src[(s >> 4 * n) & 7] << np.uint32(8 * n)
+    return out
+
+
+def test_mma_byte_tricks_are_exact_for_every_byte():
+    # K: prmt(w ^ 0x80808080, 0x64646464, 0x4140 / 0x4342) is f16 1152 + b of bytes 0, 1 / 2, 3;
+    # V: (prmt(a, b, sel) & 0x00FF00FF) ^ 0x64806480, then hfma2(., 1, -1152), is exactly
+    # (a's byte i, b's byte i) - the device's libdevice.byte_perm, checked here in numpy
+    b = np.arange(256, dtype=np.uint32)
+    w = b * np.uint32(0x01010101)                        # every byte value in every position
+    signed = w.view(np.int8).reshape(-1, 4)[:, 0].astype(np.float32)
+    for sel in (0x4140, 0x4342):
+        f16 = _byte_perm(w ^ np.uint32(M.SIGN), np.full_like(w, M.C64), sel)
+        half = f16.view(np.float16).reshape(-1, 2).astype(np.float32)
+        assert np.array_equal(half, np.stack([signed + 1152] * 2, axis=1))
+    a = w
+    bw = np.roll(w, 1)                                   # another row's bytes
+    sb = bw.view(np.int8).reshape(-1, 4)[:, 0].astype(np.float32)
+    for i in range(4):
+        x = (_byte_perm(a, bw, i | (4 + i) << 8) & np.uint32(M.LOW)) ^ np.uint32(M.HI64)
+        v = hfma2_reference(x, np.full_like(x, M.ONE2), np.full_like(x, M.NEG2))
+        pair = v.view(np.float16).reshape(-1, 2).astype(np.float32)
+        assert np.array_equal(pair, np.stack([signed, sb], axis=1)), i
+
+
+def test_mma_plans_and_refusals():
+    p = plan_decode(32, 8, 128, "int8", 4096, loop="mma", sm_count=132)    # Qwen3-4B
+    assert (p.heads_per_block, p.n_sub, p.warps, p.rows_per_thread, p.tile) == (4, 1, 4, 1, 64)
+    assert p.n_splits == 3 * 132 // 8            # 160 registers: 3 blocks of 4 warps an SM
+    p = plan_decode(32, 2, 128, "int8", 4096, loop="mma", sm_count=132)    # group 16: two blocks
+    assert (p.heads_per_block, p.n_sub) == (8, 2)
+    with pytest.raises(ValueError, match="int8 caches only"):
+        plan_decode(32, 8, 128, "f16", 4096, loop="mma")
+    with pytest.raises(ValueError, match="multiple of 32"):
+        plan_decode(4, 2, 16, "int8", 64, loop="mma")
+    with pytest.raises(ValueError, match="heads_per_block"):
+        plan_decode(32, 2, 128, "int8", 4096, loop="mma", heads_per_block=16)
+
+
+def test_mma_workspace_replay_at_growing_positions():
+    # one workspace, launches at positions crossing chunk and split edges, as a captured graph does
+    pool, kd, vd = make_pool(2, 64, 64, "int8", 64, seed=2)
+    plan = plan_decode(8, 2, 64, "int8", 64, n_splits=3, warps=1, rows_per_thread=1, loop="mma")
+    ws = DecodeWorkspace(plan)
+    from genie_rt.kvcache.attention import decode_reference
+    q = np.random.default_rng(3).standard_normal((8, 64)).astype(np.float32)
+    for pos in (14, 15, 16, 47, 48):
+        out = cuda.device_array(8 * 64, np.float32)
+        decode_attention(cuda.to_device(q), pool.layer(0), cuda.to_device(np.array([pos], np.int32)),
+                         out, ws)
+        ref = decode_reference(q, kd[0], vd[0], pos)
+        got = out.copy_to_host()
+        assert np.abs(got - ref).max() <= MMA_TOL[0] * np.abs(vd[0]).max() + MMA_TOL[1] * np.abs(ref).max()
+        assert not ws.tickets.copy_to_host().any()
+
+
+# ---- the engine with the mma loop -------------------------------------------------------------
+def _decode_steps(be, tokens, nexts):
+    """Logits of a prefill of `tokens`, then of one decode step for each of `nexts`."""
+    out = [np.atleast_2d(be.prefill(tokens, 0))[-1]]
+    for i, tok in enumerate(nexts):
+        out.append(np.atleast_2d(be.decode(int(tok), len(tokens) + i))[-1])
+    return np.array(out, np.float64)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU test_gpu_mma_loop_decode_matches_cpu)")
+def test_simulated_engine_with_the_mma_loop_matches_cpu(tmp_path):
+    # EngineConfig.decode_attention_loop="mma" reaches the decode step's attention, with no
+    # short-context graph (cuda_layout.short_plans); its steps' logits against the CPU's, int8 cache
+    from test_backend_cuda import cosine_rows, make_backends, write_synthetic_qwen3
+    path = tmp_path / "tiny.gguf"
+    write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=8, kv_heads=2, head_dim=64, ffn=256,
+                                     vocab=300, text_tokens=274), seed=0, exact=True)
+    gpu, cpu, _ = make_backends(path, "int8", n_ctx=64, chunk=16, warm=False, decode_attention_loop="mma")
+    assert {p.loop for p in gpu.lay.decode_plans} == {"mma"} and gpu.lay.decode_plan.heads_per_block == 4
+    assert gpu.lay.decode_plans_short is None
+    tokens, nexts = np.array([5, 17, 100, 3, 250, 9, 42], np.int32), [77, 8]
+    got, ref = _decode_steps(gpu, tokens, nexts), _decode_steps(cpu, tokens, nexts)
+    assert cosine_rows(got, ref).min() >= 0.998
+
+
+@pytest.mark.gpu
+def test_gpu_mma_loop_decode_matches_cpu(fixture_gguf, llamacpp_logits):
+    # the fixture's prompts, then 24 decode steps on the CPU's greedy tokens: each step's logits
+    # against the CPU back-end's (the int8 cache's bar, 0.998) and the default loop's (0.999)
+    from test_backend_cuda import cosine_rows, make_backends
+    mma, cpu, _ = make_backends(fixture_gguf, "int8", decode_attention_loop="mma", decode_short_ctx=0)
+    warp = make_backends(fixture_gguf, "int8", decode_short_ctx=0)[0]
+    for i in range(3):
+        tokens = llamacpp_logits[f"tokens_{i}"]
+        ref = [np.atleast_2d(cpu.prefill(tokens, 0))[-1]]
+        nexts = []
+        for k in range(24):
+            nexts.append(int(ref[-1].argmax()))
+            ref.append(np.atleast_2d(cpu.decode(nexts[-1], len(tokens) + k))[-1])
+        ref = np.array(ref[:-1], np.float64)
+        got = _decode_steps(mma, tokens, nexts[:-1])
+        assert cosine_rows(got, ref).min() >= 0.998, f"prompt {i}: {cosine_rows(got, ref).min():.5f}"
+        base = _decode_steps(warp, tokens, nexts[:-1])
+        assert cosine_rows(got, base).min() >= 0.999, f"prompt {i}: {cosine_rows(got, base).min():.5f}"
