@@ -73,6 +73,15 @@
 #             depth NDEPTH (4096; the graph's nodes, kernels named "kernel": the attention and the
 #             step's small kernels, ncu-attn.txt) and the mma GEMV against the dp4a GEMV at 1 and 8 tokens
 #             (python -m genie_rt.quant.gemv_mma --ncu, ncu-mma.txt)
+#   mma16     the tensor-core decode attention (loop "mma", kvcache/attention_decode_mma.py, 2026-12-05),
+#             first of two calls: the 4B's step at depths PDEPTHS1 (4096 512 64) in its block shapes
+#             against the loaded plan (--settings mma: cosine >= 0.999 first, then times), the ablation
+#             at depth 4096 with it (profile-mmaabl4096), the attention microbenchmark (--quick: the mma
+#             plans beside the warp loop's, kernel alone), the kernel cache as kc.tar.gz, then TT s of
+#             its GPU tests (the 4B's shape, CPU parity)
+#   mmabench  the second call: genie-rt bench with the loaded plans and with --attention-loop mma
+#             (MMA_ARGS: more, e.g. "--attention-splits 33"), prefix reuse with mma, llama-bench on the
+#             same file if a build is there (lcpp-src.tar.xz carried in .gpu/: built in the background)
 #   attnloop  the decode attention's loops (attention_decode_tiles.py, 2026-12-04): the 4B's decode
 #             step at depth 4096 and 512 with each loop (logits cosine >= 0.999 with the default's),
 #             the attention GPU tests and the back-end's (CPU parity, greedy text, PDL bits), the
@@ -487,6 +496,32 @@ for s in "$@"; do
         none "" ${PTAIL:-30}
       PT=${PT2:-120} profile_4b "${PDEPTHS-4096}" "" ablall abl ${PTAIL:-30}
       bench_4b ${BT:-150} ;;
+    mma16)
+      stage mma16
+      export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
+      if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
+        && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      PT=${PT1:-300} profile_4b "${PDEPTHS1-4096 512 64}" "${PSET:-mma}" none mma ${PTAIL:-10}
+      PT=${PT2:-120} PARGS="--attention-loop mma --short-ctx 0" profile_4b "${PDEPTHS-4096}" "" ablall mmaabl ${PTAIL:-30}
+      timeout ${AMT:-120} $PY -m genie_rt.kvcache.attention --quick --json "$OUT/attention.json" 2>&1 \
+        | grep -v "^INFO numba" > "$OUT/attention.txt"; grep -E "int8.*(GB/s)|FAILED" "$OUT/attention.txt" | tail -40
+      tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")" \
+        && ls -la "$OUT/kc.tar.gz"
+      [ "${TT:-0}" -gt 0 ] && GF="tests/test_attention_gpu.py tests/test_attention_decode_mma.py tests/test_attention_rope.py" \
+        gpu_tests_4b "${GK:-mma}" $TT ;;
+    mmabench)
+      stage mmabench
+      export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
+      if [ ! -d "$GENIE_RT_KERNEL_CACHE" ] && [ -n "${KC:-}" ] && [ -f "$KC" ]; then
+        mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
+      bench_4b ${BT:-150}; cp "$OUT/bench.json" "$OUT/bench-default.json"
+      BENCH_ARGS="--attention-loop mma ${MMA_ARGS:-}" bench_4b ${BT:-150}; mv "$OUT/bench.json" "$OUT/bench-mma.json"
+      timeout ${PXT:-100} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B ${PX_ARGS:-} 2>&1 | grep -v "^INFO numba" \
+        | tee "$OUT/prefix.txt" | tail -4
+      [ -f /tmp/lcpp-cuda/build.log ] && llama_bench_4b ${LCPP_WAIT:-200} ;;
     ncu15)
       stage ncu15
       export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}

@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_settings import (attention_chain_settings, attention_knob_settings, config_settings,  # noqa: E402
                               fused_ffn_settings, gemv_knob_settings, heads_ways, loop_settings,
-                              pdl_settings, plan_settings, record_step,
+                              mma_ways, pdl_settings, plan_settings, record_step,
                               short_shape_ways, splits_settings, time_step)
 
 # (module, function) the decode step launches through
@@ -81,6 +81,8 @@ def main(argv=None) -> int:
                    help="EngineConfig.decode_short_ctx (default: its default, or 0 with --settings that "
                         "change the plans - loop, splits, plan, heads, short - which are the other graph's): "
                         "the step below position N runs the short-context graph")
+    p.add_argument("--attention-loop", default=None, metavar="LOOP",
+                   help="EngineConfig.decode_attention_loop (the profile's loaded plans; e.g. mma)")
     p.add_argument("--json", default=None)
     p.add_argument("--fuse-norm", action="store_true", help="profile with the decode norms folded into the GEMVs")
     p.add_argument("--no-pdl", dest="pdl", action="store_false",
@@ -95,8 +97,8 @@ def main(argv=None) -> int:
                         "kvcache/attention.py MERGE_PREFETCH), qk8 (the "
                         "attention's scores by dp4a, QK_DP4A: cosine >= 0.999, not bits), ksplit "
                         "(gemv.KSPLIT_WARPS_PER_SM 16 / 32: the residual GEMVs' rows over one or two "
-                        "warps, so all of ffn_down's row is loaded before its PDL wait; cosine); '' "
-                        "for none")
+                        "warps, so all of ffn_down's row is loaded before its PDL wait; cosine), mma (the "
+                        "attention on the tensor cores, loop 'mma', in five block shapes; cosine); '' for none")
     p.add_argument("--min-cos", type=float, default=None, metavar="C",
                    help="the logits cosine the ways of qk8 and ksplit must keep with the default's "
                         "before they are timed (default 0.999, 0.9999); lower it to time a way "
@@ -118,11 +120,13 @@ def main(argv=None) -> int:
         importlib.import_module(module)
     # the settings that change the plans change the other graph's (lay.decode_plans): profile without
     # the short-context graph then, unless asked otherwise
-    plan_kinds = {"loop", "splits", "plan", "heads", "short"} & set(args.settings.split(","))
+    plan_kinds = {"loop", "splits", "plan", "heads", "short", "mma"} & set(args.settings.split(","))
     if args.short_ctx is None and plan_kinds:
         args.short_ctx = 0
         print(f"--settings {','.join(sorted(plan_kinds))}: profiling with --short-ctx 0 (one decode graph)")
     short = {} if args.short_ctx is None else {"decode_short_ctx": args.short_ctx}
+    if args.attention_loop:
+        short["decode_attention_loop"] = args.attention_loop
     eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv, **short,
                                                  fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl))
     be = eng.backend
@@ -152,7 +156,8 @@ def main(argv=None) -> int:
         print(f"traced {args.trace} decode steps at depth {args.depth}")
         return 0
     wanted = {x for x in args.settings.split(",") if x}
-    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads", "short", "chain", "qk8", "ksplit"}
+    known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads", "short", "chain", "qk8", "ksplit",
+             "mma"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -170,6 +175,8 @@ def main(argv=None) -> int:
         settings.update(plan_settings(be, short_shape_ways(be), "the short graph's block shape"))
     if "plan" in wanted:
         settings.update(plan_settings(be))
+    if "mma" in wanted:
+        settings.update(plan_settings(be, mma_ways(be), "the tensor-core attention loop"))
     if "chain" in wanted:
         settings.update(attention_chain_settings(be))
     def bar(default: float) -> float:       # --min-cos, where given, replaces a way's cosine bar

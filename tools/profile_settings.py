@@ -166,7 +166,8 @@ def loop_settings(be) -> dict:
         def setup():
             be.lay.decode_plans[:] = [dataclasses.replace(p, loop=loop) for p in plans]
         return setup
-    order = (DEFAULT_LOOP,) + tuple(x for x in LOOPS if x != DEFAULT_LOOP)
+    # (the "mma" loop takes its own block shapes: --settings mma, mma_ways)
+    order = (DEFAULT_LOOP,) + tuple(x for x in LOOPS if x not in (DEFAULT_LOOP, "mma"))
     try:
         return same_bits_then_times(be, {f"attention loop={x}": way(x) for x in order},
                                     "the attention loop", min_cos=0.999)
@@ -192,6 +193,29 @@ PLAN_WAYS = {"warps=4, rows/thread=4, 24 splits": dict(warps=4, rows_per_thread=
              "warps=4, rows/thread=2, 32 splits": dict(warps=4, rows_per_thread=2, n_splits=32),
              "warps=4, rows/thread=1": dict(warps=4, rows_per_thread=1),
              "warps=8, rows/thread=2, 16 splits": dict(warps=8, rows_per_thread=2, n_splits=16)}
+
+
+def mma_ways(be) -> dict:
+    """plan_settings' ways for the tensor-core attention loop ("mma", kvcache/attention_decode_
+    mma.py: the whole GQA group a block) against the loaded plans (the first way): its default
+    shape (4 warps of one 16-row chunk, 160 registers, 3 blocks an SM) and split count, half those
+    splits, 8 warps (166: one block an SM), two chunks a trip (254: two blocks), 2 warps (6 blocks)."""
+    from genie_rt.kvcache.attention import plan_decode
+    p = next(x for x in be.lay.decode_plans if not x.window)
+    n_ctx = be.lay.kv_shape.n_ctx
+
+    def mma(warps, chunks, n_splits=None):
+        m = plan_decode(p.n_head, p.n_kv, p.head_dim, p.kv_dtype, n_ctx, loop="mma", warps=warps,
+                        rows_per_thread=chunks, n_splits=n_splits)
+        return dict(loop="mma", n_sub=m.n_sub, warps=warps, rows_per_thread=chunks, n_splits=m.n_splits)
+    d = mma(4, 1)
+    ways = {f"loop={p.loop}, {p.warps} x {p.rows_per_thread}, {p.n_splits} splits (the loaded plan)": {},
+            f"loop=mma, 4 warps x 1 chunk, {d['n_splits']} splits": d}
+    for label, kw in (("4 warps x 1 chunk", mma(4, 1, max(1, d["n_splits"] // 2))),
+                      ("8 warps x 1 chunk", mma(8, 1)), ("4 warps x 2 chunks", mma(4, 2)),
+                      ("2 warps x 1 chunk", mma(2, 1))):
+        ways[f"loop=mma, {label}, {kw['n_splits']} splits"] = kw
+    return ways
 
 
 def plan_settings(be, ways=None, what="the attention's block shape") -> dict:
