@@ -257,8 +257,9 @@ def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int
     if mma and kv_dtype != "int8":
         raise ValueError("the 'mma' decode attention loop reads int8 caches only: use the int8 KV "
                          f"cache or another loop ({', '.join(x for x in LOOPS if x != 'mma')})")
-    if mma and head_dim % 32:
-        raise ValueError(f"the 'mma' decode attention loop needs head_dim a multiple of 32, not {head_dim}")
+    if mma and (head_dim % 32 or head_dim > 128):   # 256: 255 registers and spills (ptxas, sm_87)
+        raise ValueError(f"the 'mma' decode attention loop needs head_dim a multiple of 32 up to 128, "
+                         f"not {head_dim}: use the 'warp' loop")
     window = int(window or 0)
     if window < 0:
         raise ValueError(f"window {window} must be >= 1 (or 0 / None: a global layer)")

@@ -97,8 +97,9 @@ else:
 
 def mma_geometry(head_dim: int, warps: int, chunks: int):
     """(KS k-steps = K words a lane holds of a row, VWD V words a lane holds of a row, CH rows a
-    warp's trip, TILE rows a block's trip) of an mma build with `chunks` 16-row chunks a trip."""
-    assert head_dim % 32 == 0, f"head_dim {head_dim}: the mma loop needs a multiple of 32"
+    warp's trip, TILE rows a block's trip) of an mma build with `chunks` 16-row chunks a trip.
+    head_dim 32 .. 128 (256 takes 255 registers and spills: ptxas sm_87, 2026-12-05)."""
+    assert head_dim % 32 == 0 and head_dim <= 128, f"head_dim {head_dim}: the mma loop takes 32 .. 128"
     return head_dim // 16, head_dim // 32, 16 * chunks, 16 * chunks * warps
 
 

@@ -77,8 +77,9 @@
 #             first of two calls: the 4B's step at depths PDEPTHS1 (4096 512 64) in its block shapes
 #             against the loaded plan (--settings mma: cosine >= 0.999 first, then times), the ablation
 #             at depth 4096 with it (profile-mmaabl4096), the attention microbenchmark (--quick: the mma
-#             plans beside the warp loop's, kernel alone), the kernel cache as kc.tar.gz, then TT s of
-#             its GPU tests (the 4B's shape, CPU parity)
+#             plans beside the warp loop's, kernel alone), the kernel cache as kc.tar.gz, TT s of its
+#             GPU tests (the 4B's shape, CPU parity), then Nsight Compute on its kernel at NDEPTH (4096;
+#             ncu-mma-attn.txt; NO_NCU=1 skips it)
 #   mmabench  the second call: genie-rt bench with the loaded plans and with --attention-loop mma
 #             (MMA_ARGS: more, e.g. "--attention-splits 33"), prefix reuse with mma, llama-bench on the
 #             same file if a build is there (lcpp-src.tar.xz carried in .gpu/: built in the background)
@@ -509,7 +510,17 @@ for s in "$@"; do
       tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")" \
         && ls -la "$OUT/kc.tar.gz"
       [ "${TT:-0}" -gt 0 ] && GF="tests/test_attention_gpu.py tests/test_attention_decode_mma.py tests/test_attention_rope.py" \
-        gpu_tests_4b "${GK:-mma}" $TT ;;
+        gpu_tests_4b "${GK:-mma}" $TT
+      NCU=$(ncu_path)    # Nsight Compute on the mma attention at depth NDEPTH, as ncu15 on the warp loop's
+      if [ -n "$NCU" ] && [ -z "${NO_NCU:-}" ]; then
+        timeout ${NT:-150} "$NCU" --graph-profiling node --profile-from-start off --kernel-name regex:^kernel \
+          --launch-count ${NCUK:-4} --section SpeedOfLight --section Occupancy --section WarpStateStats \
+          --section MemoryWorkloadAnalysis --section LaunchStats --section InstructionStats $PY tools/profile_decode.py \
+          -m $MODEL4B --ctx 8192 --depth ${NDEPTH:-4096} --attention-loop mma --short-ctx 0 --trace 1 2>&1 \
+          | grep -v "Warning\|warn(" > "$OUT/ncu-mma-attn.txt"
+        grep -E "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Eligible Warps" \
+          "$OUT/ncu-mma-attn.txt" | head -40
+      fi ;;
     mmabench)
       stage mmabench
       export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
