@@ -61,6 +61,8 @@ from numba import cuda, float32, int32, uint32
 
 from genie_rt.quant import ptx
 
+from .attention_decode_tiles import make_block_stats
+
 FULL = 0xFFFFFFFF
 NEG_INF = float32(-math.inf)
 VS_FLOOR = float32(2.0 ** -100)  # log2(v_scale) >= -100: a zero V row (scale 0) stays finite
@@ -123,6 +125,7 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
     NO = 4 * MT                   # accumulators of P x V
     K4 = KS % 4 == 0              # 16-byte loads (else word by word: head_dim 32 or 64)
     V4 = VWD % 4 == 0
+    block_stats = make_block_stats(GH, NW)
 
     @_dev
     def slot_of(r, n_ctx, ring0):
@@ -132,6 +135,22 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
                 r -= n_ctx
         return r
 
+    def row_loader(n, by4):
+        """words(src, wi, dst, o): dst[o .. o + n - 1] = src[wi ..] (16-byte loads where n allows)."""
+        @_dev
+        def words(src, wi, dst, o):
+            if by4:
+                for x4 in range(n // 4):
+                    w4 = ld4(src, wi + 4 * x4)
+                    for x in range(4):
+                        dst[o + 4 * x4 + x] = w4[x]
+            else:
+                for x in range(n):
+                    dst[o + x] = src[wi + x]
+        return words
+    k_row = row_loader(KS, K4)
+    v_row = row_loader(VWD, V4)
+
     @_dev
     def load(k_words, v_words, k_scale, v_scale, t0, r_end, g, t, kvh, n_kv, n_ctx, ring0, kw, vw, sc):
         for u in range(U):
@@ -140,15 +159,7 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
                 o = (u * 2 + i) * KS
                 if r < r_end:
                     s = slot_of(r, n_ctx, ring0)
-                    wi = (s * n_kv + kvh) * WPR + t * KS
-                    if K4:
-                        for x4 in range(KS // 4):
-                            w4 = ld4(k_words, wi + 4 * x4)
-                            for x in range(4):
-                                kw[o + 4 * x4 + x] = w4[x]
-                    else:
-                        for x in range(KS):
-                            kw[o + x] = k_words[wi + x]
+                    k_row(k_words, (s * n_kv + kvh) * WPR + t * KS, kw, o)
                     sc[u * 4 + i] = k_scale[s, kvh]
                     sc[u * 4 + 2 + i] = v_scale[s, kvh]
                 else:
@@ -160,16 +171,7 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
                 r = t0 + 16 * u + 4 * t + i
                 o = (u * 4 + i) * VWD
                 if r < r_end:
-                    s = slot_of(r, n_ctx, ring0)
-                    wi = (s * n_kv + kvh) * WPR + g * VWD
-                    if V4:
-                        for x4 in range(VWD // 4):
-                            w4 = ld4(v_words, wi + 4 * x4)
-                            for x in range(4):
-                                vw[o + 4 * x4 + x] = w4[x]
-                    else:
-                        for x in range(VWD):
-                            vw[o + x] = v_words[wi + x]
+                    v_row(v_words, (slot_of(r, n_ctx, ring0) * n_kv + kvh) * WPR + g * VWD, vw, o)
                 else:
                     for x in range(VWD):
                         vw[o + x] = uint32(0)
@@ -373,14 +375,6 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
                     s_red[warp, h * HD + dim0 + 2 * mt] = o[mt * 4 + e] * f
                     s_red[warp, h * HD + dim0 + 2 * mt + 1] = o[mt * 4 + 2 + e] * f
         cuda.syncthreads()
-        if cuda.threadIdx.x < GH:
-            h = cuda.threadIdx.x
-            mb = NEG_INF
-            lb = float32(0)
-            for w in range(NW):
-                mb = max(mb, s_mw[w, h])
-                lb += s_lw[w, h]
-            s_m[h] = mb
-            s_l[h] = lb
+        block_stats(s_m, s_l, s_mw, s_lw)
         # (the kernel's epilogue has a barrier before it reads s_m, s_l and s_red)
     return tiles

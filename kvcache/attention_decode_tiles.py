@@ -317,6 +317,7 @@ def warp_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, PF=Tr
     add_pv = make_add_pv(head_dim, kv_dtype, GH, byte)
     load_q = make_load_q(head_dim, kv_dtype, GH, qscale, qk8)
     NQW = 4 * GH if qk8 else 1                  # q's int8 words (make_load_q)
+    block_stats = make_block_stats(GH, NW)
 
     @_dev
     def trip(kw, vw, ks, vs, t0, r_end, warp, slot, qv, qw, acc, m, l, s, sc):
@@ -423,6 +424,17 @@ def warp_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, PF=Tr
             if lane == 0:
                 s_lw[warp, h] = lf
         cuda.syncthreads()
+        block_stats(s_m, s_l, s_mw, s_lw)
+        # (the kernel's epilogue has a barrier before it reads s_m, s_l)
+    return tiles
+
+
+def make_block_stats(GH, NW):
+    """block_stats(s_m, s_l, s_mw, s_lw): the block's max and sum of each head from its warps'
+    (s_mw, s_lw (NW, GH): every warp's sum already scaled to the block's max), by threads 0 .. GH-1
+    after a barrier; the warp loop's and the mma loop's end."""
+    @_dev
+    def block_stats(s_m, s_l, s_mw, s_lw):
         if cuda.threadIdx.x < GH:
             h = cuda.threadIdx.x
             mb = NEG_INF
@@ -432,5 +444,4 @@ def warp_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, PF=Tr
                 lb += s_lw[w, h]
             s_m[h] = mb
             s_l[h] = lb
-        # (the kernel's epilogue has a barrier before it reads s_m, s_l)
-    return tiles
+    return block_stats

@@ -41,6 +41,17 @@ def make_pool(n_kv, hd, n_ctx, kv_dtype, filled, seed=0, layers=2):
     return pool, kd, vd
 
 
+def byte_perm(x, y, s):
+    """numpy __nv_byte_perm (the device's libdevice.byte_perm, PRMT): result byte n = byte
+    (s >> 4n) & 7 of the 8 bytes {y:x}; x uint32 array, y uint32 array or scalar."""
+    y = np.full_like(x, y)
+    src = [(v >> np.uint32(8 * i)) & np.uint32(0xFF) for v in (x, y) for i in range(4)]
+    out = np.zeros_like(x)
+    for n in range(4):
+        out |= src[(s >> 4 * n) & 7] << np.uint32(8 * n)
+    return out
+
+
 def assert_close(got, ref, atol, rtol, what):
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     err = np.abs(got - ref)

@@ -11,18 +11,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from attention_helpers import assert_close, make_pool, run_decode
+from attention_helpers import assert_close, byte_perm, make_pool, run_decode
 from genie_rt.kvcache.attention import DecodeWorkspace, decode_attention, decode_reference, plan_decode
-
-
-def _byte_perm(x, y, s):
-    """numpy __nv_byte_perm: result byte n = byte (s >> 4n) & 7 of the 8 bytes {y:x}."""
-    y = np.full_like(x, y)
-    src = [(v >> np.uint32(8 * i)) & np.uint32(0xFF) for v in (x, y) for i in range(4)]
-    out = np.zeros_like(x)
-    for n in range(4):
-        out |= src[(s >> 4 * n) & 7] << np.uint32(8 * n)
-    return out
 
 
 def test_int8_to_float_magic_is_exact():
@@ -32,7 +22,7 @@ def test_int8_to_float_magic_is_exact():
     words[:256] = np.arange(256, dtype=np.uint32) * np.uint32(0x01010101)   # every byte value
     signed = words.view(np.int8).reshape(-1, 4).astype(np.float32)
     for b in range(4):
-        bits = _byte_perm(words ^ np.uint32(0x80808080), np.uint32(0x4B000000), 0x7440 | b)
+        bits = byte_perm(words ^ np.uint32(0x80808080), np.uint32(0x4B000000), 0x7440 | b)
         got = bits.view(np.float32) - MAGIC_I8
         assert np.array_equal(got, signed[:, b]), b
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from attention_helpers import make_pool, make_ring_pool, run_decode, run_decode_w
+from attention_helpers import byte_perm, make_pool, make_ring_pool, run_decode, run_decode_w
 from genie_rt.kvcache.attention import DecodeWorkspace, decode_attention, plan_decode
 from genie_rt.kvcache import attention_decode_mma as M
 from genie_rt.quant.ptx import SIMULATOR as SIM, hfma2_reference
@@ -84,15 +84,6 @@ def test_mma_decode_one_f16_q_would_miss_the_tolerance(monkeypatch):
         K.decode_kernel.cache_clear()
 
 
-def _byte_perm(x, y, s):
-    """numpy __nv_byte_perm (test_attention_decode.py's)."""
-    src = [(v >> np.uint32(8 * i)) & np.uint32(0xFF) for v in (x, y) for i in range(4)]
-    out = np.zeros_like(x)
-    for n in range(4):
-        out |= src[(s >> 4 * n) & 7] << np.uint32(8 * n)
-    return out
-
-
 def test_mma_byte_tricks_are_exact_for_every_byte():
     # K: prmt(w ^ 0x80808080, 0x64646464, 0x4140 / 0x4342) is f16 1152 + b of bytes 0, 1 / 2, 3;
     # V: (prmt(a, b, sel) & 0x00FF00FF) ^ 0x64806480, then hfma2(., 1, -1152), is exactly
@@ -101,14 +92,14 @@ def test_mma_byte_tricks_are_exact_for_every_byte():
     w = b * np.uint32(0x01010101)                        # every byte value in every position
     signed = w.view(np.int8).reshape(-1, 4)[:, 0].astype(np.float32)
     for sel in (0x4140, 0x4342):
-        f16 = _byte_perm(w ^ np.uint32(M.SIGN), np.full_like(w, M.C64), sel)
+        f16 = byte_perm(w ^ np.uint32(M.SIGN), M.C64, sel)
         half = f16.view(np.float16).reshape(-1, 2).astype(np.float32)
         assert np.array_equal(half, np.stack([signed + 1152] * 2, axis=1))
     a = w
     bw = np.roll(w, 1)                                   # another row's bytes
     sb = bw.view(np.int8).reshape(-1, 4)[:, 0].astype(np.float32)
     for i in range(4):
-        x = (_byte_perm(a, bw, i | (4 + i) << 8) & np.uint32(M.LOW)) ^ np.uint32(M.HI64)
+        x = (byte_perm(a, bw, i | (4 + i) << 8) & np.uint32(M.LOW)) ^ np.uint32(M.HI64)
         v = hfma2_reference(x, np.full_like(x, M.ONE2), np.full_like(x, M.NEG2))
         pair = v.view(np.float16).reshape(-1, 2).astype(np.float32)
         assert np.array_equal(pair, np.stack([signed, sb], axis=1)), i

@@ -141,6 +141,13 @@ lcpp_bench() {
   if [ -x $LB ]; then echo $LB; else echo "llama.cpp build not ready:" >&2; tail -5 /tmp/lcpp-cuda/build.log >&2; fi
 }
 MODEL4B=/tmp/qwen3-4b-q4km.gguf
+# the kernel cache of this call: GENIE_RT_KERNEL_CACHE (default /tmp/kc), or the one in the tarball
+# KC= (kc.tar.gz of an earlier call of the same package sources, carried)
+use_kernel_cache() {
+  export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
+  if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
+    && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi
+}
 # CPUs 0-3 for genie-rt's bench while llama.cpp builds beside it on the others (stage lcpp):
 # pp18's host time shared CPUs with nvcc in the call of 2026-12-05 03:44 UTC (3,946 against 4,195)
 bench_pin() {
@@ -489,9 +496,7 @@ for s in "$@"; do
       # 2026-12-05's second look: the ways chain15 stopped at (a cosine under their bar) timed with
       # --min-cos MINCOS, the ablation at depth 4096 (where the attention's time goes), then genie-rt
       # bench with no llama.cpp build beside it. KC= a kernel cache tarball of the same sources
-      export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
-      if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
-        && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi
+      use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       PT=${PT1:-100} PARGS="--min-cos ${MINCOS:-0.995}" profile_4b "${PDEPTHS1-4096 64}" "${PSET:-qk8,ksplit}" \
         none "" ${PTAIL:-30}
@@ -499,9 +504,7 @@ for s in "$@"; do
       bench_4b ${BT:-150} ;;
     mma16)
       stage mma16
-      export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
-      if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
-        && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi
+      use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       PT=${PT1:-300} profile_4b "${PDEPTHS1-4096 512 64}" "${PSET:-mma}" none mma ${PTAIL:-10}
       PT=${PT2:-120} PARGS="--attention-loop mma --short-ctx 0" profile_4b "${PDEPTHS-4096}" "" ablall mmaabl ${PTAIL:-30}
@@ -535,9 +538,7 @@ for s in "$@"; do
       [ -f /tmp/lcpp-cuda/build.log ] && llama_bench_4b ${LCPP_WAIT:-200} ;;
     ncu15)
       stage ncu15
-      export GENIE_RT_KERNEL_CACHE=${GENIE_RT_KERNEL_CACHE:-/tmp/kc}
-      if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
-        && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi
+      use_kernel_cache
       NCU=$(ncu_path); SECS="--section SpeedOfLight --section Occupancy --section WarpStateStats --section \
         MemoryWorkloadAnalysis --section LaunchStats --section SchedulerStats --section InstructionStats"
       [ -n "$NCU" ] || { echo "no ncu on this machine"; continue; }
