@@ -35,13 +35,15 @@ def test_mma_decode_matches_reference(hd, n_head, n_kv, pos, n_splits, chunks):
     assert plan.loop == "mma" and plan.n_sub == 1 and plan.tile == 32 * chunks
 
 
-def test_mma_decode_pdl_build_gives_the_plain_bits():
+@pytest.mark.parametrize("pos,n_splits,warps", [(45, 2, 2), (63, 1, 1)])
+def test_mma_decode_pdl_build_gives_the_plain_bits(pos, n_splits, warps):
     # EARLY: the first trip's earlier rows before the wait, the trip with the new row again after
-    # it; the plain build loads the first trip whole: the same arithmetic on the same rows
+    # it; the plain build loads the first trip whole: the same arithmetic on the same rows. (63, 1,
+    # 1): one warp's four trips, the new row in the last
     pool, kd, vd = make_pool(2, 64, 64, "int8", 64, seed=9)
     outs = []
     for pdl in (False, True):
-        run_decode(pool, kd, vd, 8, 45, n_splits=2, warps=2, rows_per_thread=1, loop="mma",
+        run_decode(pool, kd, vd, 8, pos, n_splits=n_splits, warps=warps, rows_per_thread=1, loop="mma",
                    tol=MMA_TOL, pdl=pdl)
         outs.append(run_decode.out)
     assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))

@@ -111,7 +111,7 @@ def test_fused_rope_ring_layer_past_its_first_lap(kv_dtype):
     _same(kv_dtype, [40, 41], 2, "warp", pdl=True, window=16, slots=24)
 
 
-@pytest.mark.parametrize("kv_dtype,loop", [("int8", "warp"), ("f16", "block")])
+@pytest.mark.parametrize("kv_dtype,loop", [("int8", "warp"), ("f16", "block"), ("int8", "mma")])
 def test_fused_rope_ring_window_over_several_splits_and_subgroups(kv_dtype, loop):
     # a window of 40 over a ring of 48 slots at positions 100, 101: two or more active splits
     # (tiles of 16 / 32 rows), 4 query heads a KV head in 4 subgroups (every block of the last
