@@ -27,8 +27,9 @@ A warp's chunk of 16 rows, lane = 4 g + t (the PTX fragment names):
   softmax  s = (S - bias) * k_scale (log2 domain: q is pre-scaled by log2(e) / sqrt(HD)), and
            s' = s + log2(v_scale) (v_scale clamped at VS_FLOOR): the V row's int8 scale rides in the
            exponent, so P' = 2^(s' - m') <= 1 holds p * v_scale relative to the running max m'
-           of s', in f16 without underflow, and l = sum 2^(s - m'). (m', P' x V, l) is the
-           usual flash triple with another reference max; the splits' merge takes it as is.
+           of s', in f16 without underflow, and l = sum 2^(s - m') (P' is that term times
+           v_scale: one ex2 a score). (m', P' x V, l) is the usual flash triple with another
+           reference max; the splits' merge takes it as is.
            The max of a head over the chunk: 3 shuffles; the lanes of a head share one m'.
   P x V    O^T (HD dims x 8 heads) = V^T (HD x 16 rows) . P'^T (16 rows x 8 heads), HD / 16 m-tiles.
            V is the A operand, which wants two rows' values of one dimension in a register: lane
@@ -232,12 +233,15 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
             s[u * 4 + 3] = (c3 - b1h) * ks1 if r0 + 1 < r_end else NEG_INF
         # the running max m' of s' = s + log2(v_scale), one per head: the chunk's 16 rows lie in
         # the 8 lanes of a t (g = 0 .. 7)
+        for u in range(U):
+            for i in range(2):
+                lv = math.log2(max(sc[u * 4 + 2 + i], VS_FLOOR))
+                for e in range(2):
+                    p[u * 4 + 2 * i + e] = s[u * 4 + 2 * i + e] + lv       # s' (NEG_INF stays)
         for e in range(2):
             mx = m[e]
             for u in range(U):
                 for i in range(2):
-                    lv = math.log2(max(sc[u * 4 + 2 + i], VS_FLOOR))
-                    p[u * 4 + 2 * i + e] = s[u * 4 + 2 * i + e] + lv       # s' (NEG_INF stays)
                     mx = max(mx, p[u * 4 + 2 * i + e])
             mx = max(mx, cuda.shfl_xor_sync(FULL, mx, 4))
             mx = max(mx, cuda.shfl_xor_sync(FULL, mx, 8))
@@ -249,8 +253,9 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
             for u in range(U):
                 for i in range(2):
                     x = u * 4 + 2 * i + e
-                    lsum += math.exp2(s[x] - mu)
-                    p[x] = math.exp2(p[x] - mu)                          # P' <= 1
+                    pe = math.exp2(s[x] - mu)                              # <= 2^100 (VS_FLOOR)
+                    lsum += pe
+                    p[x] = pe * sc[u * 4 + 2 + i]        # P' = 2^(s' - m') <= 1 (v_scale 0: 0)
             l[e] = lsum
             al[e] = alpha
         a0 = al[0]

@@ -16,7 +16,7 @@ from genie_rt.kvcache.attention import DecodeWorkspace, decode_attention, plan_d
 from genie_rt.kvcache import attention_decode_mma as M
 from genie_rt.quant.ptx import SIMULATOR as SIM, hfma2_reference
 
-MMA_TOL = (2e-4, 1e-4)          # (atol / max |v|, rtol); measured 0.7-1.1e-4 of max |v|
+MMA_TOL = (2e-4, 1e-4)          # (atol / max |v|, rtol); measured 0.5-0.8e-4 of max |v|
 
 
 @pytest.mark.parametrize("hd,n_head,n_kv,pos,n_splits,chunks", [

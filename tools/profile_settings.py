@@ -199,7 +199,7 @@ def mma_ways(be) -> dict:
     """plan_settings' ways for the tensor-core attention loop ("mma", kvcache/attention_decode_
     mma.py: the whole GQA group a block) against the loaded plans (the first way): its default
     shape (4 warps of one 16-row chunk, 160 registers, 3 blocks an SM) and split count, half those
-    splits, 8 warps (166: one block an SM), two chunks a trip (254: two blocks), 2 warps (6 blocks)."""
+    splits, 8 warps (166: one block an SM), two chunks a trip (246: two blocks), 2 warps (6 blocks)."""
     from genie_rt.kvcache.attention import plan_decode
     p = next(x for x in be.lay.decode_plans if not x.window)
     n_ctx = be.lay.kv_shape.n_ctx
