@@ -263,19 +263,21 @@ def short_plans(cfg, ecfg, windows, dplan) -> dict:
     decode_short_ctx): one query head a block, the splits sized for contexts below the threshold
     (kvcache/attention.py plan_decode: one wave; decode_attention_splits is for the other graph).
     Empty when the graph is off, would take one head a block anyway (dplan: the other graph's
-    plan), when the GPU cannot hold one split of such blocks in one wave (a few SMs, as on a
-    Jetson: the blocks would run in two waves; the H200 measurement does not speak for that), or
-    with the tensor-core loop ("mma"), whose point is the whole GQA group a block."""
+    plan), or when the GPU cannot hold one split of such blocks in one wave (a few SMs, as on a
+    Jetson: the blocks would run in two waves; the H200 measurement does not speak for that).
+    With the tensor-core loop ("mma": the whole GQA group a block) in the other graph, this one
+    keeps the default loop's one-head blocks (decode_short_ctx 0: mma at every position)."""
     from genie_rt.kvcache.attention import default_shape, plan_decode, wave_splits
     short = int(getattr(ecfg, "decode_short_ctx", 0) or 0)
-    if short <= 0 or dplan.heads_per_block == 1 or dplan.loop == "mma":
+    if short <= 0 or dplan.heads_per_block == 1:
         return {}
     group = cfg.n_head // cfg.n_head_kv
     if wave_splits(cfg.n_head_kv, group, 1, *default_shape(1)) < 1:
         return {}
     # sized for the threshold, not the pool: the workspace does not grow with the context
+    loop = None if ecfg.decode_attention_loop == "mma" else ecfg.decode_attention_loop
     return {w: plan_decode(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, short,
-                           window=w, scale=cfg.attn_scale, loop=ecfg.decode_attention_loop,
+                           window=w, scale=cfg.attn_scale, loop=loop,
                            heads_per_block=1) for w in dict.fromkeys(windows)}
 
 

@@ -151,13 +151,24 @@ def _decode_steps(be, tokens, nexts):
 @pytest.mark.slow
 @pytest.mark.skipif(not SIM, reason="simulator test (on a GPU test_gpu_mma_loop_decode_matches_cpu)")
 def test_simulated_engine_with_the_mma_loop_matches_cpu(tmp_path):
-    # EngineConfig.decode_attention_loop="mma" reaches the decode step's attention, with no
-    # short-context graph (cuda_layout.short_plans); its steps' logits against the CPU's, int8 cache
+    # EngineConfig.decode_attention_loop="mma" reaches the decode step's attention (decode_short_ctx
+    # 0: every position; else the short graph keeps the default loop's one-head blocks); its steps'
+    # logits against the CPU's, int8 cache
     from test_backend_cuda import cosine_rows, make_backends, write_synthetic_qwen3
+    from genie_rt.engine.config import EngineConfig, ModelConfig
+    from genie_rt.engine.cuda_layout import plan_layout
+    from genie_rt.engine.gguf_file import open_gguf
+    from genie_rt.kvcache.attention import DEFAULT_LOOP
     path = tmp_path / "tiny.gguf"
     write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=8, kv_heads=2, head_dim=64, ffn=256,
                                      vocab=300, text_tokens=274), seed=0, exact=True)
-    gpu, cpu, _ = make_backends(path, "int8", n_ctx=64, chunk=16, warm=False, decode_attention_loop="mma")
+    g = open_gguf(path)
+    lay = plan_layout(g, ModelConfig.from_gguf(g), EngineConfig(backend="cuda", n_ctx=2048, kv_dtype="int8",
+                                                                decode_attention_loop="mma"), 2048)
+    assert lay.decode_plan.loop == "mma" and lay.decode_plan.heads_per_block == 4
+    assert {(p.loop, p.heads_per_block) for p in lay.decode_plans_short} == {(DEFAULT_LOOP, 1)}
+    gpu, cpu, _ = make_backends(path, "int8", n_ctx=64, chunk=16, warm=False, decode_attention_loop="mma",
+                                decode_short_ctx=0)
     assert {p.loop for p in gpu.lay.decode_plans} == {"mma"} and gpu.lay.decode_plan.heads_per_block == 4
     assert gpu.lay.decode_plans_short is None
     tokens, nexts = np.array([5, 17, 100, 3, 250, 9, 42], np.int32), [77, 8]

@@ -81,7 +81,8 @@
 #             GPU tests (the 4B's shape, CPU parity), then Nsight Compute on its kernel at NDEPTH (4096;
 #             ncu-mma-attn.txt; NO_NCU=1 skips it)
 #   mmabench  the second call: genie-rt bench with the loaded plans and with --attention-loop mma
-#             (MMA_ARGS: more, e.g. "--attention-splits 33"), prefix reuse with mma, llama-bench on the
+#             (the short graph below 1,024 keeps its one-head blocks; MMA_ARGS: more, e.g.
+#             "--attention-short-ctx 0" for mma at every position), prefix reuse, llama-bench on the
 #             same file if a build is there (lcpp-src.tar.xz carried in .gpu/: built in the background)
 #   attnloop  the decode attention's loops (attention_decode_tiles.py, 2026-12-04): the 4B's decode
 #             step at depth 4096 and 512 with each loop (logits cosine >= 0.999 with the default's),
@@ -533,8 +534,7 @@ for s in "$@"; do
       [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
       bench_4b ${BT:-150}; cp "$OUT/bench.json" "$OUT/bench-default.json"
       BENCH_ARGS="--attention-loop mma ${MMA_ARGS:-}" bench_4b ${BT:-150}; mv "$OUT/bench.json" "$OUT/bench-mma.json"
-      timeout ${PXT:-100} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B ${PX_ARGS:-} 2>&1 | grep -v "^INFO numba" \
-        | tee "$OUT/prefix.txt" | tail -4
+      prefix_4b ${PXT:-100}
       [ -f /tmp/lcpp-cuda/build.log ] && llama_bench_4b ${LCPP_WAIT:-200} ;;
     ncu15)
       stage ncu15
