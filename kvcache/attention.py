@@ -126,6 +126,11 @@ MERGE_PREFETCH = False
 # (2.014 -> 1.989 ms), 7 us slower at 64; its logits' cosine with the float q's 0.9987 / 0.9979
 # at depth 64 / 4,096 (the CPU back-end's parity test, 0.998, passed). A lab knob, off.
 QK_DP4A = False
+# The warp loops' rescale of a head's accumulators only when some lane of the warp saw its max grow
+# (decode_kernel's skip_rescale, a warp vote): 32 of a trip's ~350 instructions at two heads, the
+# same bits (x * 1 is x). Built 2026-12-05 without a GPU (docs/decode-step.md 7, item 4); a lab
+# knob, off, until profile_decode --settings skip times it.
+SKIP_RESCALE = False
 
 
 @dataclass(frozen=True)
@@ -161,7 +166,7 @@ class DecodePlan:
         return decode_kernel(self.head_dim, self.heads_per_block, self.kv_dtype, self.warps,
                              self.rows_per_thread, self.window, self.scale, q8, pdl, self.loop,
                              rope, bool(qk_norm), bool(ring), MERGE_PREFETCH,
-                             QK_DP4A and self.kv_dtype == "int8")
+                             QK_DP4A and self.kv_dtype == "int8", SKIP_RESCALE)
 
     @property
     def workspace_bytes(self) -> int:

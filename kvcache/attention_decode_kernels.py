@@ -105,7 +105,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
                   rows_per_thread: int = 4, window: int = 0, scale: float | None = None,
                   q8: bool = False, pdl: bool = False, loop: str = DEFAULT_LOOP, rope: str = "",
                   qk_norm: bool = True, ring: bool = False, merge_pf: bool = False,
-                  qk8: bool = False):
+                  qk8: bool = False, skip_rescale: bool = False):
     """The decode kernel specialised on its compile-time constants (one per model shape
     and layer kind). window 0: keys 0 .. pos, slot = position; window W > 0: keys
     max(0, pos - W + 1) .. pos, slot = position % R (R = the layer's slots; a ring when
@@ -131,7 +131,9 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     qk8 (int8 caches; ignored for f16): each lane quantizes its 16 q values of a head to int8 (its
     own scale) and scores a K row with four dp4a instead of 16 conversions and 16 FMAs
     (attention_decode_tiles.make_load_q) - what llama.cpp's vector kernel does for quantized
-    caches; other numbers than the float q (kvcache/attention.py QK_DP4A)."""
+    caches; other numbers than the float q (kvcache/attention.py QK_DP4A).
+    skip_rescale (the "warp" loops): a head's accumulators are rescaled only when some lane's max
+    grew (a warp vote), the same bits (kvcache/attention.py SKIP_RESCALE)."""
     # PDL: rope_write may still be writing the new K/V row when this launch starts (a ROPE build:
     # the block writes it itself), so the cache is read coherently (ld_v4), not by the read-only path
     wait, launch_dependents, ld4 = hooks(pdl)
@@ -179,7 +181,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
         tiles = block_tiles(HD, GH, kv_dtype, NW, RPT, WIN, ld4, _byte, QSCALE, qk8=QK8)
     else:
         tiles = warp_tiles(HD, GH, kv_dtype, NW, RPT, WIN, ld4, _byte, QSCALE, PF=loop == "warp",
-                           wait=ready if EARLY else None, qk8=QK8)
+                           wait=ready if EARLY else None, qk8=QK8, skip_rescale=skip_rescale)
     wait_first = hooks(False)[0] if EARLY else wait
 
     @_dev

@@ -300,11 +300,14 @@ def block_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, qk8=
 
 
 def warp_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, PF=True, wait=None,
-               qk8=False):
+               qk8=False, skip_rescale=False):
     """The barrier-free loop (module docstring); PF: the next trip's loads go out before this
     trip's arithmetic (twice the K/V registers). wait (a PDL build with PF: EARLY): wait(ra), the
     wait for the kernel before (and the rope rows), called here after the first trip's loads of
-    earlier positions. Shared arrays: s_mw, s_lw (NW, GH)."""
+    earlier positions. skip_rescale: a head's VEC accumulators are multiplied by its alpha only
+    when some lane of the warp has alpha != 1 (a vote; the same bits: x * 1 is x). Shared arrays:
+    s_mw, s_lw (NW, GH)."""
+    SKIP = bool(skip_rescale)
     EARLY = wait is not None
     assert PF or not EARLY, "the early loads are the first trip's prefetch"
     I8 = kv_dtype == "int8"
@@ -340,8 +343,9 @@ def warp_tiles(head_dim, GH, kv_dtype, warps, RPT, WIN, ld4, byte, qscale, PF=Tr
             alpha = math.exp2(m[h] - mu)
             m[h] = mx
             lsum = l[h] * alpha
-            for e in range(VEC):
-                acc[h * VEC + e] *= alpha
+            if not SKIP or cuda.any_sync(FULL, alpha != float32(1)):
+                for e in range(VEC):
+                    acc[h * VEC + e] *= alpha
             for i in range(RPT):
                 p = math.exp2(s[i * GH + h] - mu)
                 lsum += p

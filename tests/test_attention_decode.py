@@ -206,6 +206,27 @@ def test_decode_merge_prefetch_gives_the_same_bits(monkeypatch, pos, n_splits):
                  2e-5 * np.abs(vd[0]).max(), 1e-5, "merge prefetch")
 
 
+@pytest.mark.parametrize("loop,pos,pdl", [("warp", 63, False), ("warp-nopf", 40, False), ("warp", 50, True)])
+def test_decode_skip_rescale_gives_the_same_bits(monkeypatch, loop, pos, pdl):
+    # SKIP_RESCALE: a head's accumulators are multiplied by alpha only when some lane's max grew
+    # (a warp vote) - one warp walks several trips of 8 rows, the max grows in some and not in others
+    import genie_rt.kvcache.attention as A
+    pool, kd, vd = make_pool(2, 64, 64, "int8", 64, seed=pos)
+    plan = plan_decode(4, 2, 64, "int8", 64, n_splits=1, warps=1, rows_per_thread=1, loop=loop)
+    ws = DecodeWorkspace(plan)
+    q = cuda.to_device(np.random.default_rng(pos).standard_normal((4, 64)).astype(np.float32))
+    state = cuda.to_device(np.array([pos], np.int32))
+    outs = []
+    for skip in (False, True):
+        monkeypatch.setattr(A, "SKIP_RESCALE", skip)
+        out = cuda.device_array(4 * 64, np.float32)
+        decode_attention(q, pool.layer(0), state, out, ws, pdl=pdl)
+        outs.append(out.copy_to_host())
+    assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
+    assert_close(outs[1], decode_reference(q.copy_to_host(), kd[0], vd[0], pos),
+                 2e-5 * np.abs(vd[0]).max(), 1e-5, "skip rescale")
+
+
 @pytest.mark.parametrize("loop,pos,n_splits,hd,gh", [
     ("warp", 40, 3, 64, 2), ("block", 63, 4, 64, 4), ("warp-nopf", 17, 1, 32, 1), ("warp", 5, 2, 128, 2)])
 def test_decode_qk8_scores_by_dp4a_with_q_quantized_per_lane_slice(monkeypatch, loop, pos, n_splits, hd, gh):

@@ -75,7 +75,8 @@
 #             (python -m genie_rt.quant.gemv_mma --ncu, ncu-mma.txt)
 #   mma16     the tensor-core decode attention (loop "mma", kvcache/attention_decode_mma.py, 2026-12-05),
 #             first of two calls: the 4B's step at depths PDEPTHS1 (4096 512 64) in its block shapes
-#             against the loaded plan (--settings mma: cosine >= 0.999 first, then times), the ablation
+#             against the loaded plan (--settings mma: cosine >= 0.999 first, then times) and with the
+#             warp loop's SKIP_RESCALE (--settings skip: the same bits, then times), the ablation
 #             at depth 4096 with it (profile-mmaabl4096), the attention microbenchmark (--quick: the mma
 #             plans beside the warp loop's, kernel alone), the kernel cache as kc.tar.gz, TT s of its
 #             GPU tests (the 4B's shape, CPU parity), then Nsight Compute on its kernel at NDEPTH (4096;
@@ -507,7 +508,7 @@ for s in "$@"; do
       stage mma16
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      PT=${PT1:-300} profile_4b "${PDEPTHS1-4096 512 64}" "${PSET:-mma}" none mma ${PTAIL:-10}
+      PT=${PT1:-300} profile_4b "${PDEPTHS1-4096 512 64}" "${PSET:-mma,skip}" none mma ${PTAIL:-10}
       PT=${PT2:-120} PARGS="--attention-loop mma --short-ctx 0" profile_4b "${PDEPTHS-4096}" "" ablall mmaabl ${PTAIL:-30}
       timeout ${AMT:-120} $PY -m genie_rt.kvcache.attention --quick --json "$OUT/attention.json" 2>&1 \
         | grep -v "^INFO numba" > "$OUT/attention.txt"; grep -E "int8.*(GB/s)|FAILED" "$OUT/attention.txt" | tail -40

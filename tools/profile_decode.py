@@ -98,7 +98,8 @@ def main(argv=None) -> int:
                         "attention's scores by dp4a, QK_DP4A: cosine >= 0.999, not bits), ksplit "
                         "(gemv.KSPLIT_WARPS_PER_SM 16 / 32: the residual GEMVs' rows over one or two "
                         "warps, so all of ffn_down's row is loaded before its PDL wait; cosine), mma (the "
-                        "attention on the tensor cores, loop 'mma', in five block shapes; cosine); '' for none")
+                        "attention on the tensor cores, loop 'mma', in five block shapes; cosine), skip (the warp loops' "
+                        "rescale only when a max grew, SKIP_RESCALE: the same bits); '' for none")
     p.add_argument("--min-cos", type=float, default=None, metavar="C",
                    help="the logits cosine the ways of qk8 and ksplit must keep with the default's "
                         "before they are timed (default 0.999, 0.9999); lower it to time a way "
@@ -157,7 +158,7 @@ def main(argv=None) -> int:
         return 0
     wanted = {x for x in args.settings.split(",") if x}
     known = {"pdl", "pair", "loop", "early", "rope", "q8", "splits", "plan", "heads", "short", "chain", "qk8", "ksplit",
-             "mma"}
+             "mma", "skip"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -185,6 +186,8 @@ def main(argv=None) -> int:
     if "ksplit" in wanted:      # 32: the residual GEMVs (2,560 rows) in two k-parts (a row in flight
         settings.update(gemv_knob_settings(be, "KSPLIT_WARPS_PER_SM", (16, 32),
                                            min_cos=bar(0.9999)))   # pre-wait)
+    if "skip" in wanted:        # the same bits
+        settings.update(attention_knob_settings(be, "SKIP_RESCALE", (False, True)))
     if "qk8" in wanted:
         settings.update(attention_knob_settings(be, "QK_DP4A", (False, True), min_cos=bar(0.999)))
     if "rope" in wanted:
