@@ -44,7 +44,8 @@ if not HAS_GPU:
 # are all `slow` and the README's quick suite (`-m "not slow"`) leaves them to the full suite.
 # On a GPU machine they run on the device in seconds and stay in the quick suite.
 SIMULATOR_MODULES = frozenset({
-    "test_attention_chain.py", "test_attention_decode.py", "test_attention_gpu.py", "test_attention_merge.py",
+    "test_attention_chain.py", "test_attention_decode.py", "test_attention_decode_mma.py", "test_attention_gpu.py",
+    "test_attention_merge.py",
     "test_attention_prefill.py", "test_attention_ptx.py", "test_attention_window.py",
     "test_backend_cuda.py", "test_decode_switches.py", "test_device_pool.py", "test_embed.py", "test_gemv.py",
     "test_gemv_norm.py", "test_gemv_pdl.py",
