@@ -260,7 +260,8 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
             al[e] = alpha
         a0 = al[0]
         a1 = al[1]
-        if cuda.any_sync(FULL, a0 != float32(1) or a1 != float32(1)):
+        # (a head past GH has q = 0: its max follows v_scale alone and must not force the rescale)
+        if cuda.any_sync(FULL, (a0 != float32(1) and 2 * t < GH) or (a1 != float32(1) and 2 * t + 1 < GH)):
             for mt in range(MT):
                 o[mt * 4] *= a0
                 o[mt * 4 + 1] *= a1
