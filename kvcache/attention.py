@@ -201,9 +201,9 @@ _REGISTERS = {(2, 4): 168, (2, 2): 126, (2, 1): 125, (4, 4): 249}
 
 # the "mma" loop (the whole group a block, up to 8 heads), by 16-row chunks a warp's trip: ptxas 13,
 # sm_90, the engine's build (PDL, rope, q8; head_dim 128, 4 heads), 2026-12-05. 8 warps of one chunk
-# take 166. Its block shape by default (warps, chunks a trip): 4 x 1, three blocks an SM (not yet
+# take 161. Its block shape by default (warps, chunks a trip): 4 x 1, three blocks an SM (not yet
 # timed: docs/decode-step.md 6h)
-_MMA_REGISTERS = {1: 160, 2: 246}
+_MMA_REGISTERS = {1: 158, 2: 248}
 MMA_SHAPE = (4, 1)
 
 

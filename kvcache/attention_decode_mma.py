@@ -7,27 +7,30 @@ sum of p * v for head h, scaled to the block's max) and `s_m[h]`, `s_l[h]` - so 
 the row slots' shuffle tree. Why (docs/decode-step.md 6h and 7): the FMA loops issue ~2,200 PTX
 instructions a lane for 16 rows of 4 heads (two blocks of 2 heads); here one block takes the
 whole GQA group (up to 8 query heads, every K/V byte read and converted once) and a 16-row chunk
-of 4 heads is ~620. A warp walks its own chunks of 16 rows (U of them a trip) with its own
+of 4 heads is ~660. A warp walks its own chunks of 16 rows (U of them a trip) with its own
 running softmax, like the "warp" loop.
 
 A warp's chunk of 16 rows, lane = 4 g + t (the PTX fragment names):
 
   scores   S^T (16 rows x 8 heads) = K (16 rows x HD) . Q^T, HD / 16 mma k-steps. K is the A
            operand straight from the cache: lane (g, t) holds rows 2g and 2g + 1, words
-           t * HD/16 .. of each (one 16-byte load a row at HD 128); k-step j takes word
+           t * HD/16 .. of each (two 16-byte loads a row at HD 128); k-step j takes word
            W = t * HD/16 + j, whose four int8 values are the fragment's four k positions of
            the row (the k order inside an mma is free; q's B fragment is permuted the same).
            An int8 byte b becomes f16 1152 + b by `prmt` with 0x64 high bytes (the GEMV's
-           0x6400 trick, after flipping the sign bit): no conversion instruction; the 1152 * sum(q)
-           it adds to every score of a head is subtracted after the mma (`bias`).
+           0x6400 trick, after flipping the sign bit), then exactly b by an hfma2 (x 1 - 1152).
+           (Leaving the 1152 in and subtracting 1152 * sum(q) after the mma was tried first: the
+           f32 accumulator then carries 1152 * sum(q), and its rounding grows with q's mean - 5e-4
+           of max |v| at a q offset of 50 in the simulator, 4x the tolerance; a review found it.)
            q is two f16 parts, hi + lo, each its own mma on the same K fragment: one f16 q (11
            bits) had 3-6 times the error of everything else here (simulator, 2026-12-05: 1.1-1.6e-3
            against 2-4e-4 at head_dim 128), so the scores are as good as a float32 q's.
            C: lane (g, t) has rows 2g, 2g + 1 of heads 2t, 2t + 1.
-  softmax  s = (S - bias) * k_scale (log2 domain: q is pre-scaled by log2(e) / sqrt(HD)), and
+  softmax  s = S * k_scale (log2 domain: q is pre-scaled by log2(e) / sqrt(HD)), and
            s' = s + log2(v_scale) (v_scale clamped at VS_FLOOR): the V row's int8 scale rides in the
            exponent, so P' = 2^(s' - m') <= 1 holds p * v_scale relative to the running max m'
-           of s', in f16 without underflow, and l = sum 2^(s - m') (P' is that term times
+           of s' in f16 (a row far below the max goes subnormal or 0 there, as its p would in
+           f16; the scale does not push the rest under), and l = sum 2^(s - m') (P' is that term times
            v_scale: one ex2 a score). (m', P' x V, l) is the usual flash triple with another
            reference max; the splits' merge takes it as is.
            The max of a head over the chunk: 3 shuffles; the lanes of a head share one m'.
@@ -47,7 +50,8 @@ GH .. 7 are zero columns of q, whose lanes compute and drop. Rows past r_end rea
 (no load) and score -inf.
 
 The numbers are not the FMA loops': q and P' are rounded to f16 (11 bits), and the tensor core
-sums in its own order. Tested against numpy with a tolerance (tests/test_attention_decode_mma.py),
+sums in its own order. q * log2(e) / sqrt(HD) must fit f16 (|q| below ~5e5 at head_dim 128; a
+QK-normed q is far inside), else its head's output is NaN. Tested against numpy with a tolerance (tests/test_attention_decode_mma.py),
 as the "warp" loop is; the int8 K/V values themselves are exact.
 
 EARLY (the PDL build): the first trip's rows of earlier positions are loaded before `wait(ra)`,
@@ -67,7 +71,6 @@ from .attention_decode_tiles import make_block_stats
 FULL = 0xFFFFFFFF
 NEG_INF = float32(-math.inf)
 VS_FLOOR = float32(2.0 ** -100)  # log2(v_scale) >= -100: a zero V row (scale 0) stays finite
-BIAS = float32(1152.0)           # the f16 of byte b is 1152 + b before the bias comes off
 C64 = uint32(0x64646464)         # high bytes of f16 1024 + u
 SIGN = uint32(0x80808080)
 LOW = uint32(0x00FF00FF)
@@ -181,8 +184,7 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
     def load_q(q, head0, g, t, qb):
         """qb[NQB * 2j + 2P], [.. + 1]: the B fragment of k-step j, part P (head g's q at dims
         4W .. 4W + 3, W = t * KS + j, pre-scaled, f16: P 0 the value, P 1 (q_lo) what f16 left
-        of it); returns 1152 * the sum of head g's q as the parts hold it (the bias)."""
-        part = float32(0)
+        of it)."""
         for j in range(KS):
             w = t * KS + j
             for x in range(2):                       # b0: dims 4W, 4W + 1; b1: 4W + 2, 4W + 3
@@ -193,21 +195,13 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
                     v0 = q[base] * qscale
                     v1 = q[base + 1] * qscale
                 hi = ptx.pack_half2(v0, v1)
-                h0, h1 = ptx.unpack_half2(hi)
                 qb[NQB * 2 * j + x] = hi
                 if QL:
-                    lo = ptx.pack_half2(v0 - h0, v1 - h1)
-                    l0, l1 = ptx.unpack_half2(lo)
-                    qb[NQB * 2 * j + 2 + x] = lo
-                    part += (h0 + l0) + (h1 + l1)
-                else:
-                    part += h0 + h1
-        part += cuda.shfl_xor_sync(FULL, part, 1)
-        part += cuda.shfl_xor_sync(FULL, part, 2)
-        return part * BIAS
+                    h0, h1 = ptx.unpack_half2(hi)
+                    qb[NQB * 2 * j + 2 + x] = ptx.pack_half2(v0 - h0, v1 - h1)
 
     @_dev
-    def trip(kw, vw, sc, t0, r_end, g, t, qb, b0h, b1h, o, m, l, s, p, al):
+    def trip(kw, vw, sc, t0, r_end, g, t, qb, o, m, l, s, p, al):
         # scores of the U chunks: s[u * 4 + 2i + e] = row 2g + i, head 2t + e (log2 domain)
         for u in range(U):
             c0 = float32(0)
@@ -217,20 +211,20 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
             for j in range(KS):
                 xa = kw[(u * 2) * KS + j] ^ SIGN
                 xb = kw[(u * 2 + 1) * KS + j] ^ SIGN
-                ka0 = _prmt(xa, C64, 0x4140)
-                ka1 = _prmt(xb, C64, 0x4140)
-                ka2 = _prmt(xa, C64, 0x4342)
-                ka3 = _prmt(xb, C64, 0x4342)
+                ka0 = ptx.hfma2(_prmt(xa, C64, 0x4140), ONE2, NEG2)     # bytes 0, 1 of row 2g
+                ka1 = ptx.hfma2(_prmt(xb, C64, 0x4140), ONE2, NEG2)     # of row 2g + 1
+                ka2 = ptx.hfma2(_prmt(xa, C64, 0x4342), ONE2, NEG2)     # bytes 2, 3
+                ka3 = ptx.hfma2(_prmt(xb, C64, 0x4342), ONE2, NEG2)
                 for x in range(NQB):
                     c0, c1, c2, c3 = ptx.mma_f16_f32(ka0, ka1, ka2, ka3, qb[NQB * 2 * j + 2 * x],
                                                      qb[NQB * 2 * j + 2 * x + 1], c0, c1, c2, c3)
             r0 = t0 + 16 * u + 2 * g
             ks0 = sc[u * 4]
             ks1 = sc[u * 4 + 1]
-            s[u * 4] = (c0 - b0h) * ks0 if r0 < r_end else NEG_INF
-            s[u * 4 + 1] = (c1 - b1h) * ks0 if r0 < r_end else NEG_INF
-            s[u * 4 + 2] = (c2 - b0h) * ks1 if r0 + 1 < r_end else NEG_INF
-            s[u * 4 + 3] = (c3 - b1h) * ks1 if r0 + 1 < r_end else NEG_INF
+            s[u * 4] = c0 * ks0 if r0 < r_end else NEG_INF
+            s[u * 4 + 1] = c1 * ks0 if r0 < r_end else NEG_INF
+            s[u * 4 + 2] = c2 * ks1 if r0 + 1 < r_end else NEG_INF
+            s[u * 4 + 3] = c3 * ks1 if r0 + 1 < r_end else NEG_INF
         # the running max m' of s' = s + log2(v_scale), one per head: the chunk's 16 rows lie in
         # the 8 lanes of a t (g = 0 .. 7)
         for u in range(U):
@@ -337,9 +331,7 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
         elif PF:
             load(k_words, v_words, k_scale, v_scale, t0, r_end, g, t, kvh, n_kv, n_ctx, ring0,
                  kw, vw, sc)
-        bias = load_q(q, head0, g, t, qb)
-        b0h = cuda.shfl_sync(FULL, bias, 8 * t)                 # heads 2t, 2t + 1 of the C lanes
-        b1h = cuda.shfl_sync(FULL, bias, 8 * t + 4)
+        load_q(q, head0, g, t, qb)
         while t0 < r_end:
             if PF or EARLY:     # the next trip's loads (zeros past r_end: no load) before the math
                 load(k_words, v_words, k_scale, v_scale, t0 + TILE, r_end, g, t, kvh, n_kv, n_ctx,
@@ -347,7 +339,7 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
             else:
                 load(k_words, v_words, k_scale, v_scale, t0, r_end, g, t, kvh, n_kv, n_ctx, ring0,
                      kw, vw, sc)
-            trip(kw, vw, sc, t0, r_end, g, t, qb, b0h, b1h, o, m, l, s, p, al)
+            trip(kw, vw, sc, t0, r_end, g, t, qb, o, m, l, s, p, al)
             if PF or EARLY:
                 for x in range(NKW):
                     kw[x] = kn[x]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from attention_helpers import byte_perm, make_pool, make_ring_pool, run_decode, run_decode_w
+from attention_helpers import assert_close, byte_perm, make_pool, make_ring_pool, run_decode, run_decode_w
 from genie_rt.kvcache.attention import DecodeWorkspace, decode_attention, plan_decode
 from genie_rt.kvcache import attention_decode_mma as M
 from genie_rt.quant.ptx import SIMULATOR as SIM, hfma2_reference
@@ -54,6 +54,32 @@ def test_mma_decode_window_through_a_ring():
     pool, kd, vd = make_ring_pool(2, 32, 64, 12, "int8", 30, seed=30)
     run_decode_w(pool, kd, vd, 8, 29, 12, n_splits=2, warps=1, rows_per_thread=1, loop="mma",
                  tol=MMA_TOL)
+
+
+@pytest.mark.parametrize("dc", [0, 50, 100])
+def test_mma_decode_q_far_from_zero_mean(dc):
+    # q with a large offset on every dimension (K rows of zero mean, so the scores stay moderate):
+    # the scores' error must follow the scores, not sum(q). K converted as 1152 + b with 1152 *
+    # sum(q) taken off after the mma (the first version) was off by 5e-4 of max |v| at dc 50
+    from genie_rt.kvcache.device_pool import DeviceKVPool
+    from genie_rt.kvcache.pool import KVShape, quantize_rows_int8
+    from genie_rt.kvcache.attention import decode_reference
+    rng = np.random.default_rng(1)
+    k = rng.standard_normal((1, 64, 1, 128)) * 2
+    k -= k.mean(-1, keepdims=True)
+    v = rng.standard_normal((1, 64, 1, 128))
+    (kq, ks), (vq, vs) = quantize_rows_int8(k), quantize_rows_int8(v)
+    pool = DeviceKVPool(KVShape(1, 64, 1, 128, "int8"))
+    pool.import_positions(dict(k=kq, v=vq, k_scale=ks, v_scale=vs), 64)
+    kd, vd = kq * ks[..., None].astype(np.float64), vq * vs[..., None].astype(np.float64)
+    q = (rng.standard_normal((4, 128)) * 2 + dc).astype(np.float32)
+    plan = plan_decode(4, 1, 128, "int8", 64, n_splits=1, warps=2, rows_per_thread=1, loop="mma")
+    out = cuda.device_array(4 * 128, np.float32)
+    decode_attention(cuda.to_device(q), pool.layer(0), cuda.to_device(np.array([63], np.int32)), out,
+                     DecodeWorkspace(plan))
+    ref = decode_reference(q, kd[0], vd[0], 63)
+    vmax = np.abs(vd[0]).max()
+    assert_close(out.copy_to_host(), ref, MMA_TOL[0] * vmax, MMA_TOL[1], f"q offset {dc}")
 
 
 def test_mma_decode_a_zero_v_row_stays_finite():
@@ -110,7 +136,7 @@ def test_mma_byte_tricks_are_exact_for_every_byte():
 def test_mma_plans_and_refusals():
     p = plan_decode(32, 8, 128, "int8", 4096, loop="mma", sm_count=132)    # Qwen3-4B
     assert (p.heads_per_block, p.n_sub, p.warps, p.rows_per_thread, p.tile) == (4, 1, 4, 1, 64)
-    assert p.n_splits == 3 * 132 // 8            # 160 registers: 3 blocks of 4 warps an SM
+    assert p.n_splits == 3 * 132 // 8            # 158 registers: 3 blocks of 4 warps an SM
     p = plan_decode(32, 2, 128, "int8", 4096, loop="mma", sm_count=132)    # group 16: two blocks
     assert (p.heads_per_block, p.n_sub) == (8, 2)
     with pytest.raises(ValueError, match="int8 caches only"):

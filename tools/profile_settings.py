@@ -198,8 +198,8 @@ PLAN_WAYS = {"warps=4, rows/thread=4, 24 splits": dict(warps=4, rows_per_thread=
 def mma_ways(be) -> dict:
     """plan_settings' ways for the tensor-core attention loop ("mma", kvcache/attention_decode_
     mma.py: the whole GQA group a block) against the loaded plans (the first way) and the short
-    graph's one-head blocks (the default below position 1,024): its default shape (4 warps of one 16-row chunk, 160 registers, 3 blocks an SM) and split count, half those
-    splits, 8 warps (166: one block an SM), two chunks a trip (246: two blocks), 2 warps (6 blocks)."""
+    graph's one-head blocks (the default below position 1,024): its default shape (4 warps of one 16-row chunk, 158 registers, 3 blocks an SM) and split count, half those
+    splits, 8 warps (161: one block an SM), two chunks a trip (248: two blocks), 2 warps (6 blocks)."""
     from genie_rt.engine.config import EngineConfig
     from genie_rt.kvcache.attention import plan_decode
     p = next(x for x in be.lay.decode_plans if not x.window)
