@@ -144,7 +144,7 @@ class DecodePlan:
     n_splits: int              # blocks along the context per (kv head, subgroup)
     n_sub: int                 # head subgroups per kv head (group / heads_per_block)
     warps: int = 4
-    rows_per_thread: int = 4
+    rows_per_thread: int = 4   # loop "mma": 16-row chunks a warp's trip
     window: int = 0            # 0: every key 0 .. pos; W: keys pos - W + 1 .. pos (ring-safe)
     scale: float | None = None  # attention scale; None: 1 / sqrt(head_dim)
     loop: str = DEFAULT_LOOP   # how a block walks its rows (LOOPS; engine/config.py says why this one)

@@ -17,7 +17,8 @@ Inside a block, each K/V row (hd * 1 or 2 bytes) is read by `lanes_per_row` lane
 rows per load instruction, once for all gh heads of the group (GQA: each row is read from
 memory once per block). How the block walks its rows is attention_decode_tiles.py's: the
 "warp" loop (the default since 2026-12-04: every lane slot its own running softmax, no barrier
-a trip, the next trip's loads in flight) or the "block" loop, per tile:
+a trip, the next trip's loads in flight) or the "block" loop, per tile (a third, "mma", puts
+the scores and P x V on the tensor cores: attention_decode_mma.py):
   1. every lane loads its rows' K and V words (all loads in flight together);
   2. scores: dot(q_slice, k_slice) per head, summed over the row's lanes by shuffles,
      times the K row scale -> shared s_p[h][row] (log2 domain: q is pre-scaled by
@@ -120,7 +121,9 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     loop: how a block walks its rows (attention_decode_tiles.py): "block" (barriers a tile),
     "warp" (every lane slot its own running softmax, the next trip's loads in flight; its PDL
     build loads the first trip's earlier rows before the wait), "warp-nopf" (the warp loop
-    without the prefetch, and so without the loads before the wait).
+    without the prefetch, and so without the loads before the wait), "mma" (int8: scores and
+    P x V on the tensor cores, attention_decode_mma.py; rows_per_thread is then its 16-row
+    chunks a warp's trip, and the block's result reaches s_red from the loop itself).
     rope: "" (q and the new K/V row come from rope_write), or "neox" / "normal": the kernel
     does rope_write's work for the new token itself (attention_decode_rope.py; qk_norm: the
     layer has QK-norm, ring: its cache is a ring of R < n_ctx slots) and takes the QKV row,
