@@ -40,6 +40,7 @@ from genie_rt.quant.ptx import SIMULATOR
 
 from .attention_decode_kernels import (DECODE_SIGNATURE, DECODE_SIGNATURE_Q8, DEFAULT_LOOP, LOOPS, MAX_SPLITS,
                                        decode_kernel, rope_signature)
+from .attention_decode_mma import check_mma
 from .device_pool import KVLayer
 from .rope_write import check_rope_args
 
@@ -259,12 +260,8 @@ def plan_decode(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_ctx: int
     if loop not in LOOPS:
         raise ValueError(f"decode attention loop '{loop}' is not one of {LOOPS}")
     mma = loop == "mma"
-    if mma and kv_dtype != "int8":
-        raise ValueError("the 'mma' decode attention loop reads int8 caches only: use the int8 KV "
-                         f"cache or another loop ({', '.join(x for x in LOOPS if x != 'mma')})")
-    if mma and (head_dim % 32 or head_dim > 128):   # 256: 255 registers and spills (ptxas, sm_87)
-        raise ValueError(f"the 'mma' decode attention loop needs head_dim a multiple of 32 up to 128, "
-                         f"not {head_dim}: use the 'warp' loop")
+    if mma:
+        check_mma(kv_dtype, head_dim)
     window = int(window or 0)
     if window < 0:
         raise ValueError(f"window {window} must be >= 1 (or 0 / None: a global layer)")

@@ -56,7 +56,7 @@ from genie_rt.quant import ptx
 from genie_rt.quant.ptx import SIMULATOR
 
 from .attention_decode_rope import make_rope_prologue, rows_needed
-from .attention_decode_mma import mma_geometry, mma_tiles
+from .attention_decode_mma import check_mma, mma_geometry, mma_tiles
 from .attention_decode_tiles import block_tiles, geometry, warp_tiles
 
 FULL = 0xFFFFFFFF
@@ -150,8 +150,8 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     assert not Q8 or (GH * HD) % 32 == 0, "q8 output needs whole 32-value blocks per block"
     WIN = int(window)
     MMA = loop == "mma"
-    if MMA and kv_dtype != "int8":
-        raise ValueError("the 'mma' decode attention loop reads int8 caches only")
+    if MMA:
+        check_mma(kv_dtype, HD)
     VEC, EPW, LPR, RPW, STEP, TILE, WPR = geometry(HD, kv_dtype, NW, RPT)
     if MMA:                          # rows_per_thread: 16-row chunks a warp's trip
         TILE = mma_geometry(HD, NW, RPT)[3]
@@ -179,7 +179,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
             wait()
     QK8 = bool(qk8) and kv_dtype == "int8"
     if MMA:
-        tiles = mma_tiles(HD, GH, NW, RPT, WIN, ld4, QSCALE, PF=True, wait=ready if EARLY else None)
+        tiles = mma_tiles(HD, GH, NW, RPT, WIN, ld4, QSCALE, wait=ready if EARLY else None)
     elif loop == "block":
         tiles = block_tiles(HD, GH, kv_dtype, NW, RPT, WIN, ld4, _byte, QSCALE, qk8=QK8)
     else:

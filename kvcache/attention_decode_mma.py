@@ -66,7 +66,9 @@ from numba import cuda, float32, int32, uint32
 
 from genie_rt.quant import ptx
 
-from .attention_decode_tiles import make_block_stats
+from genie_rt.engine.config import DECODE_ATTENTION_LOOPS
+
+from .attention_decode_tiles import make_block_stats, make_slot_of
 
 FULL = 0xFFFFFFFF
 NEG_INF = float32(-math.inf)
@@ -101,17 +103,28 @@ else:
         return uint32(libdevice.byte_perm(int32(x), int32(y), int32(s)))
 
 
+def check_mma(kv_dtype: str, head_dim: int) -> None:
+    """ValueError unless the mma loop can take this layer: an int8 cache, head_dim 32 .. 128 in
+    steps of 32 (256 takes 255 registers and spills: ptxas sm_87, 2026-12-05)."""
+    if kv_dtype != "int8":
+        others = ", ".join(x for x in DECODE_ATTENTION_LOOPS if x != "mma")
+        raise ValueError("the 'mma' decode attention loop reads int8 caches only: use the int8 KV "
+                         f"cache or another loop ({others})")
+    if head_dim % 32 or head_dim > 128:
+        raise ValueError(f"the 'mma' decode attention loop needs head_dim a multiple of 32 up to 128, "
+                         f"not {head_dim}: use the 'warp' loop")
+
+
 def mma_geometry(head_dim: int, warps: int, chunks: int):
     """(KS k-steps = K words a lane holds of a row, VWD V words a lane holds of a row, CH rows a
-    warp's trip, TILE rows a block's trip) of an mma build with `chunks` 16-row chunks a trip.
-    head_dim 32 .. 128 (256 takes 255 registers and spills: ptxas sm_87, 2026-12-05)."""
-    assert head_dim % 32 == 0 and head_dim <= 128, f"head_dim {head_dim}: the mma loop takes 32 .. 128"
+    warp's trip, TILE rows a block's trip) of an mma build with `chunks` 16-row chunks a trip
+    (a head_dim check_mma takes)."""
     return head_dim // 16, head_dim // 32, 16 * chunks, 16 * chunks * warps
 
 
-def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
-    """The tensor-core walk (module docstring): U chunks of 16 rows a warp's trip; PF: the next
-    trip's loads go out before this trip's arithmetic; wait (EARLY): the wait for the kernel
+def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, wait=None):
+    """The tensor-core walk (module docstring): U chunks of 16 rows a warp's trip, the next
+    trip's loads issued before this trip's arithmetic; wait (EARLY): the wait for the kernel
     before (and the rope rows), called after the first trip's loads of earlier positions.
     Shared arrays: s_mw, s_lw (NW, GH), s_red (NW, GH * HD)."""
     NQB = Q_PARTS                 # q's f16 parts (module docstring)
@@ -130,14 +143,7 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
     K4 = KS % 4 == 0              # 16-byte loads (else word by word: head_dim 32 or 64)
     V4 = VWD % 4 == 0
     block_stats = make_block_stats(GH, NW)
-
-    @_dev
-    def slot_of(r, n_ctx, ring0):
-        if WIN != 0:                                     # position -> ring slot
-            r -= ring0
-            if r >= n_ctx:
-                r -= n_ctx
-        return r
+    slot_of = make_slot_of(WIN)                          # position -> ring slot
 
     def row_loader(n, by4):
         """words(src, wi, dst, o): dst[o .. o + n - 1] = src[wi ..] (16-byte loads where n allows)."""
@@ -318,7 +324,7 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
         for e in range(2):
             m[e] = NEG_INF
             l[e] = float32(0)
-        for x in range(MT * 4):
+        for x in range(NO):
             o[x] = float32(0)
         t0 = r_begin + warp * CH
         if EARLY:       # rows before the new one: earlier steps wrote them; then the wait
@@ -328,25 +334,21 @@ def mma_tiles(head_dim, GH, warps, U, WIN, ld4, qscale, PF=False, wait=None):
             if t0 <= new_row and new_row < t0 + CH:     # the trip holds the new row: load it again, whole
                 load(k_words, v_words, k_scale, v_scale, t0, r_end, g, t, kvh, n_kv, n_ctx, ring0,
                      kw, vw, sc)
-        elif PF:
+        else:
             load(k_words, v_words, k_scale, v_scale, t0, r_end, g, t, kvh, n_kv, n_ctx, ring0,
                  kw, vw, sc)
         load_q(q, head0, g, t, qb)
         while t0 < r_end:
-            if PF or EARLY:     # the next trip's loads (zeros past r_end: no load) before the math
-                load(k_words, v_words, k_scale, v_scale, t0 + TILE, r_end, g, t, kvh, n_kv, n_ctx,
-                     ring0, kn, vn, scn)
-            else:
-                load(k_words, v_words, k_scale, v_scale, t0, r_end, g, t, kvh, n_kv, n_ctx, ring0,
-                     kw, vw, sc)
+            # the next trip's loads (zeros past r_end: no load) before this trip's math
+            load(k_words, v_words, k_scale, v_scale, t0 + TILE, r_end, g, t, kvh, n_kv, n_ctx,
+                 ring0, kn, vn, scn)
             trip(kw, vw, sc, t0, r_end, g, t, qb, o, m, l, s, p, al)
-            if PF or EARLY:
-                for x in range(NKW):
-                    kw[x] = kn[x]
-                for x in range(NVW):
-                    vw[x] = vn[x]
-                for x in range(NSC):
-                    sc[x] = scn[x]
+            for x in range(NKW):
+                kw[x] = kn[x]
+            for x in range(NVW):
+                vw[x] = vn[x]
+            for x in range(NSC):
+                sc[x] = scn[x]
             t0 += TILE
         # l over the 8 lanes of a t; then one max per head for the block (warps in shared)
         for e in range(2):

@@ -68,12 +68,27 @@ def geometry(head_dim: int, kv_dtype: str, warps: int, rows_per_thread: int):
     return VEC, EPW, LPR, RPW, STEP, STEP * rows_per_thread, head_dim // EPW
 
 
+def make_slot_of(WIN):
+    """slot_of(r, n_ctx, ring0): the cache slot of position r - r itself, or in a windowed build
+    (WIN > 0) its place in the ring of n_ctx slots whose slot 0 holds position ring0 (r is in
+    ring0 .. ring0 + 2 n_ctx - 1: the window's positions)."""
+    @_dev
+    def slot_of(r, n_ctx, ring0):
+        if WIN != 0:
+            r -= ring0
+            if r >= n_ctx:
+                r -= n_ctx
+        return r
+    return slot_of
+
+
 def make_load_trip(head_dim, kv_dtype, warps, RPT, WIN, ld4):
     """load_trip(k_words, v_words, k_scale, v_scale, t0, r_end, warp, slot, c, kvh, n_kv,
     n_ctx, ring0, kw, vw, ks, vs): this lane's RPT rows of the trip at t0 - K and V words
     (2 * RPT 16-byte loads in flight), int8 row scales; rows past r_end read as zero."""
     I8 = kv_dtype == "int8"
     VEC, EPW, LPR, RPW, STEP, TILE, WPR = geometry(head_dim, kv_dtype, warps, RPT)
+    slot_of = make_slot_of(WIN)
 
     @_dev
     def load_trip(k_words, v_words, k_scale, v_scale, t0, r_end, warp, slot, c, kvh, n_kv, n_ctx,
@@ -81,10 +96,7 @@ def make_load_trip(head_dim, kv_dtype, warps, RPT, WIN, ld4):
         for i in range(RPT):
             r = t0 + i * STEP + warp * RPW + slot
             if r < r_end:
-                if WIN != 0:                             # position -> ring slot
-                    r -= ring0
-                    if r >= n_ctx:
-                        r -= n_ctx
+                r = slot_of(r, n_ctx, ring0)             # position -> ring slot
                 wi = (r * n_kv + kvh) * WPR + c * 4
                 w4 = ld4(k_words, wi)
                 u4 = ld4(v_words, wi)
