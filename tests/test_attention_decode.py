@@ -183,48 +183,40 @@ def test_decode_pdl_build_of_the_warp_loop_gives_the_plain_bits(kv_dtype, pos, n
     assert_close(outs[1], ref, 2e-5 * np.abs(vd[0]).max(), 1e-5, "pdl build")
 
 
+def _knob_keeps_the_bits(monkeypatch, knob, n_ctx, pos, n_splits, warps, loop, pdl=False):
+    """The decode output with kvcache/attention.py's `knob` off and on (each build compiled anew):
+    the same bits, and within the float64 reference's bound."""
+    import genie_rt.kvcache.attention as A
+    pool, kd, vd = make_pool(2, 64, n_ctx, "int8", n_ctx, seed=pos)
+    plan = plan_decode(4, 2, 64, "int8", n_ctx, n_splits=n_splits, warps=warps, rows_per_thread=1, loop=loop)
+    ws = DecodeWorkspace(plan)
+    q = cuda.to_device(np.random.default_rng(pos).standard_normal((4, 64)).astype(np.float32))
+    state = cuda.to_device(np.array([pos], np.int32))
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(A, knob, on)
+        out = cuda.device_array(4 * 64, np.float32)
+        decode_attention(q, pool.layer(0), state, out, ws, pdl=pdl)
+        outs.append(out.copy_to_host())
+    assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
+    assert_close(outs[1], decode_reference(q.copy_to_host(), kd[0], vd[0], pos),
+                 2e-5 * np.abs(vd[0]).max(), 1e-5, knob)
+
+
 @pytest.mark.parametrize("pos,n_splits", [(100, 20), pytest.param(127, 20, marks=pytest.mark.slow),
                                            pytest.param(300, 20, marks=pytest.mark.slow), (40, 3)])
 def test_decode_merge_prefetch_gives_the_same_bits(monkeypatch, pos, n_splits):
     # MERGE_PREFETCH: the merging thread's first MERGE_PF (16) partials are loaded with the
     # splits' (max, sum) and summed in the same order - 7 active splits (a group of four and
     # three more), 8 (two groups), 19 (past the prefetched 16), 3 (no whole group)
-    import genie_rt.kvcache.attention as A
-    pool, kd, vd = make_pool(2, 64, 512, "int8", 512, seed=pos)
-    plan = plan_decode(4, 2, 64, "int8", 512, n_splits=n_splits, warps=2, rows_per_thread=1, loop="warp")
-    ws = DecodeWorkspace(plan)
-    q = cuda.to_device(np.random.default_rng(pos).standard_normal((4, 64)).astype(np.float32))
-    state = cuda.to_device(np.array([pos], np.int32))
-    outs = []
-    for pf in (False, True):
-        monkeypatch.setattr(A, "MERGE_PREFETCH", pf)
-        out = cuda.device_array(4 * 64, np.float32)
-        decode_attention(q, pool.layer(0), state, out, ws)
-        outs.append(out.copy_to_host())
-    assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
-    assert_close(outs[1], decode_reference(q.copy_to_host(), kd[0], vd[0], pos),
-                 2e-5 * np.abs(vd[0]).max(), 1e-5, "merge prefetch")
+    _knob_keeps_the_bits(monkeypatch, "MERGE_PREFETCH", 512, pos, n_splits, 2, "warp")
 
 
 @pytest.mark.parametrize("loop,pos,pdl", [("warp", 63, False), ("warp-nopf", 40, False), ("warp", 50, True)])
 def test_decode_skip_rescale_gives_the_same_bits(monkeypatch, loop, pos, pdl):
     # SKIP_RESCALE: a head's accumulators are multiplied by alpha only when some lane's max grew
     # (a warp vote) - one warp walks several trips of 8 rows, the max grows in some and not in others
-    import genie_rt.kvcache.attention as A
-    pool, kd, vd = make_pool(2, 64, 64, "int8", 64, seed=pos)
-    plan = plan_decode(4, 2, 64, "int8", 64, n_splits=1, warps=1, rows_per_thread=1, loop=loop)
-    ws = DecodeWorkspace(plan)
-    q = cuda.to_device(np.random.default_rng(pos).standard_normal((4, 64)).astype(np.float32))
-    state = cuda.to_device(np.array([pos], np.int32))
-    outs = []
-    for skip in (False, True):
-        monkeypatch.setattr(A, "SKIP_RESCALE", skip)
-        out = cuda.device_array(4 * 64, np.float32)
-        decode_attention(q, pool.layer(0), state, out, ws, pdl=pdl)
-        outs.append(out.copy_to_host())
-    assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
-    assert_close(outs[1], decode_reference(q.copy_to_host(), kd[0], vd[0], pos),
-                 2e-5 * np.abs(vd[0]).max(), 1e-5, "skip rescale")
+    _knob_keeps_the_bits(monkeypatch, "SKIP_RESCALE", 64, pos, 1, 1, loop, pdl)
 
 
 @pytest.mark.parametrize("loop,pos,n_splits,hd,gh", [
