@@ -72,7 +72,7 @@
 #   ncu15     Nsight Compute for the two kernels issue 14 needs next (2026-12-05): the decode attention at
 #             depth NDEPTH (4096; the graph's nodes, kernels named "kernel": the attention and the
 #             step's small kernels, ncu-attn.txt) and the mma GEMV against the dp4a GEMV at 1 and 8 tokens
-#             (python -m genie_rt.quant.gemv_mma --ncu, ncu-mma.txt)
+#             (python -m genie_rt.quant.gemv_mma --ncu, ncu-mma.txt; NO_NCU_ATTN=1: that part alone)
 #   mma16     the tensor-core decode attention (loop "mma", kvcache/attention_decode_mma.py, 2026-12-05),
 #             first of two calls: the 4B's step at depths PDEPTHS1 (4096 512 64) in its block shapes
 #             against the loaded plan (--settings mma: cosine >= 0.999 first, then times) and with the
@@ -547,6 +547,7 @@ for s in "$@"; do
         | grep -v "Warning\|warn(" > "$OUT/ncu-mma.txt"
       echo "ncu (mma GEMV) exit $?"
       grep -E "^  [A-Za-z_].*\(|Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Eligible Warps|Executed Ipc" "$OUT/ncu-mma.txt" | head -60
+      [ -n "${NO_NCU_ATTN:-}" ] && continue        # the GEMV part alone (it compiles two kernels, not the engine's)
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       timeout ${NT:-240} "$NCU" --graph-profiling node --profile-from-start off --kernel-name regex:^kernel \
         --launch-count ${NCUK:-4} $SECS $PY tools/profile_decode.py -m $MODEL4B --ctx 8192 --depth ${NDEPTH:-4096} \
