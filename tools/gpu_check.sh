@@ -69,6 +69,9 @@
 #   qk15      chain15's second look (2026-12-05): the ways it stopped at for a cosine under their bar
 #             (qk8, ksplit) timed with --min-cos MINCOS (0.995) at depths PDEPTHS1 (4096 64), the
 #             ablation at PDEPTHS (4096), then genie-rt bench (BT s) with no llama.cpp build beside it
+#   one16     mma16's and mmabench's essentials in one call: genie-rt bench default and with
+#             --attention-loop mma (tg128 at depths 0 / 4096), the mma loop's GPU tests (TT s),
+#             llama-bench on the same file (built in the background meanwhile)
 #   ncu15     Nsight Compute for the two kernels issue 14 needs next (2026-12-05): the decode attention at
 #             depth NDEPTH (4096; the graph's nodes, kernels named "kernel": the attention and the
 #             step's small kernels, ncu-attn.txt) and the mma GEMV against the dp4a GEMV at 1 and 8 tokens
@@ -537,6 +540,21 @@ for s in "$@"; do
       BENCH_ARGS="--attention-loop mma ${MMA_ARGS:-}" bench_4b ${BT:-150}; mv "$OUT/bench.json" "$OUT/bench-mma.json"
       prefix_4b ${PXT:-100}
       [ -f /tmp/lcpp-cuda/build.log ] && llama_bench_4b ${LCPP_WAIT:-200} ;;
+    one16)
+      stage one16
+      # mma16 + mmabench in one call, for a session with one call's device time (2026-12-05):
+      # llama.cpp built in the background, genie-rt bench with the loaded plans (bench-default.json),
+      # tg128 at depths 0 / 4096 with --attention-loop mma (bench-mma.json), TT s of the mma loop's
+      # GPU tests, llama-bench on the same file, the kernel cache as kc.tar.gz
+      use_kernel_cache
+      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      bench_4b ${BT:-300}; cp "$OUT/bench.json" "$OUT/bench-default.json"
+      BENCH_ARGS="-p 0 --attention-loop mma ${MMA_ARGS:-}" bench_4b ${BT2:-120}; mv "$OUT/bench.json" "$OUT/bench-mma.json"
+      [ "${TT:-0}" -gt 0 ] && GF="tests/test_attention_decode_mma.py tests/test_attention_gpu.py" \
+        gpu_tests_4b "${GK:-mma}" $TT
+      llama_bench_4b ${LCPP_WAIT:-150}
+      tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")" ;;
     ncu15)
       stage ncu15
       use_kernel_cache
