@@ -70,8 +70,9 @@
 #             (qk8, ksplit) timed with --min-cos MINCOS (0.995) at depths PDEPTHS1 (4096 64), the
 #             ablation at PDEPTHS (4096), then genie-rt bench (BT s) with no llama.cpp build beside it
 #   one16     mma16's and mmabench's essentials in one call: genie-rt bench default and with
-#             --attention-loop mma (tg128 at depths 0 / 4096), the mma loop's GPU tests (TT s),
+#             --attention-loop ALT (warp; tg128 at depths 0 / 4096), the mma loop's GPU tests (TT s),
 #             llama-bench on the same file (built in the background meanwhile)
+#   long16    tg128 at depths 4,096 and 16,384 with --attention-loop warp and with mma
 #   ncu15     Nsight Compute for the two kernels issue 14 needs next (2026-12-05): the decode attention at
 #             depth NDEPTH (4096; the graph's nodes, kernels named "kernel": the attention and the
 #             step's small kernels, ncu-attn.txt) and the mma GEMV against the dp4a GEMV at 1 and 8 tokens
@@ -84,7 +85,8 @@
 #             plans beside the warp loop's, kernel alone), the kernel cache as kc.tar.gz, TT s of its
 #             GPU tests (the 4B's shape, CPU parity), then Nsight Compute on its kernel at NDEPTH (4096;
 #             ncu-mma-attn.txt; NO_NCU=1 skips it)
-#   mmabench  the second call: genie-rt bench with the loaded plans and with --attention-loop mma
+#   mmabench  the second call: genie-rt bench with the loaded plans and with --attention-loop ALT (warp;
+#             mma before 2026-12-05, when the loaded plans were the warp loop's)
 #             (the short graph below 1,024 keeps its one-head blocks; MMA_ARGS: more, e.g.
 #             "--attention-short-ctx 0" for mma at every position), prefix reuse, llama-bench on the
 #             same file if a build is there (lcpp-src.tar.xz carried in .gpu/: built in the background)
@@ -537,24 +539,39 @@ for s in "$@"; do
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
       bench_4b ${BT:-150}; cp "$OUT/bench.json" "$OUT/bench-default.json"
-      BENCH_ARGS="--attention-loop mma ${MMA_ARGS:-}" bench_4b ${BT:-150}; mv "$OUT/bench.json" "$OUT/bench-mma.json"
+      BENCH_ARGS="--attention-loop ${ALT:-warp} ${MMA_ARGS:-}" bench_4b ${BT:-150}; mv "$OUT/bench.json" "$OUT/bench-${ALT:-warp}.json"
       prefix_4b ${PXT:-100}
       [ -f /tmp/lcpp-cuda/build.log ] && llama_bench_4b ${LCPP_WAIT:-200} ;;
     one16)
       stage one16
       # mma16 + mmabench in one call, for a session with one call's device time (2026-12-05):
       # llama.cpp built in the background, genie-rt bench with the loaded plans (bench-default.json),
-      # tg128 at depths 0 / 4096 with --attention-loop mma (bench-mma.json), TT s of the mma loop's
-      # GPU tests, llama-bench on the same file, the kernel cache as kc.tar.gz
+      # tg128 at depths 0 / 4096 with --attention-loop ALT (default warp: since 2026-12-05 the loaded
+      # plans take mma from position 1,024 on sm_90; bench-ALT.json), TT s of the mma loop's GPU tests,
+      # llama-bench on the same file, the kernel cache as kc.tar.gz
       use_kernel_cache
       [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       bench_4b ${BT:-300}; cp "$OUT/bench.json" "$OUT/bench-default.json"
-      BENCH_ARGS="-p 0 --attention-loop mma ${MMA_ARGS:-}" bench_4b ${BT2:-120}; mv "$OUT/bench.json" "$OUT/bench-mma.json"
+      BENCH_ARGS="-p 0 --attention-loop ${ALT:-warp} ${MMA_ARGS:-}" bench_4b ${BT2:-120}
+      mv "$OUT/bench.json" "$OUT/bench-${ALT:-warp}.json"
       [ "${TT:-0}" -gt 0 ] && GF="tests/test_attention_decode_mma.py tests/test_attention_gpu.py" \
         gpu_tests_4b "${GK:-mma}" $TT
       llama_bench_4b ${LCPP_WAIT:-150}
       tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")" ;;
+    long16)
+      stage long16
+      # the tensor-core attention where it was faster alone (depth 16,384 on an H100, 2026-12-05):
+      # tg128 at depths LDEPTHS (4096,16384) with --attention-loop warp and mma (long-warp.json,
+      # long-mma.json), one process each (named: since 2026-12-05 mma is sm_90's default there)
+      use_kernel_cache
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      for w in warp mma; do
+        A="--attention-loop $w"
+        timeout ${BT:-300} $PY -m genie_rt.engine.cli bench -m $MODEL4B -p 0 -n 128 -d ${LDEPTHS:-4096,16384} -r 3 \
+          --kv int8 --ctx ${LCTX:-16640} $A --json > "$OUT/long-$w.json" 2> /tmp/long.log; tail -2 /tmp/long.log
+        $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print(sys.argv[2], r['test'] + '@d' + str(r['n_depth']), round(r['avg_ts'],1), '+-', round(r['stddev_ts'],1)) for r in d['results']]" "$OUT/long-$w.json" $w
+      done ;;
     ncu15)
       stage ncu15
       use_kernel_cache
