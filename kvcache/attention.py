@@ -202,10 +202,12 @@ _REGISTERS = {(2, 4): 168, (2, 2): 126, (2, 1): 125, (4, 4): 249}
 
 # the "mma" loop (the whole group a block, up to 8 heads), by 16-row chunks a warp's trip: ptxas 13,
 # sm_90, the engine's build (PDL, rope, q8; head_dim 128, 4 heads), 2026-12-05. 8 warps of one chunk
-# take 161. Its block shape by default (warps, chunks a trip): 4 x 1, three blocks an SM (not yet
-# timed: docs/decode-step.md 6h)
+# take 161. Its block shape by default (warps, chunks a trip): 8 x 1, one block an SM, 16 splits on
+# the 4B - alone on an H100 (2026-12-05, docs/decode-step.md 6h) 14.24 / 23.59 us at depths 4,096 /
+# 16,384 against 20.28 / 31.88 for 4 x 1 (three blocks an SM, 49 splits): more splits cost more
+# than the occupancy gains, as for the warp loop
 _MMA_REGISTERS = {1: 158, 2: 248}
-MMA_SHAPE = (4, 1)
+MMA_SHAPE = (8, 1)
 
 
 def blocks_at(registers: int, warps: int) -> int:

@@ -117,7 +117,7 @@ def _bench_shape(shape, kv_dtype, H, KV, HD, n_ctx, W, R, ctxs, cases, n_max, sm
                  plan_decode(H, KV, HD, kv_dtype, n_ctx, n_splits=2 * base.n_splits, window=W, loop="warp")]
     if kv_dtype == "int8" and HD % 32 == 0:               # the tensor-core loop: the group a block
         variants += [plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, window=W, loop="mma"),
-                     plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, window=W, loop="mma", warps=8)]
+                     plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, window=W, loop="mma", warps=4)]
     variants = list(dict.fromkeys(variants))             # n_splits is capped by the tiles
     if not quick:
         variants += [plan_decode(H, KV, HD, kv_dtype, n_ctx, sm_count=sms, warps=4, rows_per_thread=4,

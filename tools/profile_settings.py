@@ -198,10 +198,11 @@ PLAN_WAYS = {"warps=4, rows/thread=4, 24 splits": dict(warps=4, rows_per_thread=
 def mma_ways(be) -> dict:
     """plan_settings' ways for the tensor-core attention loop ("mma", kvcache/attention_decode_
     mma.py: the whole GQA group a block) against the loaded plans (the first way) and the short
-    graph's one-head blocks (the default below position 1,024): its default shape (4 warps of one 16-row chunk, 158 registers, 3 blocks an SM) and split count, half those
-    splits, 8 warps (161: one block an SM), two chunks a trip (248: two blocks), 2 warps (6 blocks)."""
+    graph's one-head blocks (the default below position 1,024): its default shape (MMA_SHAPE: 8 warps
+    of one 16-row chunk, 161 registers, one block an SM) and split count, half those splits, 4 warps
+    (158: three blocks an SM), two chunks a trip (248: two blocks), 2 warps (6 blocks)."""
     from genie_rt.engine.config import EngineConfig
-    from genie_rt.kvcache.attention import plan_decode
+    from genie_rt.kvcache.attention import MMA_SHAPE, plan_decode
     p = next(x for x in be.lay.decode_plans if not x.window)
     n_ctx = be.lay.kv_shape.n_ctx
 
@@ -209,16 +210,16 @@ def mma_ways(be) -> dict:
         m = plan_decode(p.n_head, p.n_kv, p.head_dim, p.kv_dtype, n_ctx, loop="mma", warps=warps,
                         rows_per_thread=chunks, n_splits=n_splits)
         return dict(loop="mma", n_sub=m.n_sub, warps=warps, rows_per_thread=chunks, n_splits=m.n_splits)
-    d = mma(4, 1)
+    d = mma(*MMA_SHAPE)
     short = plan_decode(p.n_head, p.n_kv, p.head_dim, p.kv_dtype, min(n_ctx, EngineConfig().decode_short_ctx),
                         heads_per_block=1)       # the short-context graph's plan (cuda_layout.short_plans)
     ways = {f"loop={p.loop}, {p.warps} x {p.rows_per_thread}, {p.n_splits} splits (the loaded plan)": {},
             f"loop={short.loop}, one head a block, {short.n_splits} splits (the short graph's plan)":
                 dict(loop=short.loop, n_sub=short.n_sub, warps=short.warps,
                      rows_per_thread=short.rows_per_thread, n_splits=short.n_splits),
-            f"loop=mma, 4 warps x 1 chunk, {d['n_splits']} splits": d}
-    for label, kw in (("4 warps x 1 chunk", mma(4, 1, max(1, d["n_splits"] // 2))),
-                      ("8 warps x 1 chunk", mma(8, 1)), ("4 warps x 2 chunks", mma(4, 2)),
+            f"loop=mma, {MMA_SHAPE[0]} warps x {MMA_SHAPE[1]} chunk, {d['n_splits']} splits": d}
+    for label, kw in ((f"{MMA_SHAPE[0]} warps x {MMA_SHAPE[1]} chunk", mma(*MMA_SHAPE, max(1, d["n_splits"] // 2))),
+                      ("4 warps x 1 chunk", mma(4, 1)), ("4 warps x 2 chunks", mma(4, 2)),
                       ("2 warps x 1 chunk", mma(2, 1))):
         ways[f"loop=mma, {label}, {kw['n_splits']} splits"] = kw
     return ways
