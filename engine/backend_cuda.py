@@ -341,6 +341,8 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
                 "decode_short_ctx": (self.ecfg.decode_short_ctx if self.dws_short is not None else 0),
                 "decode_attention_splits_short": (self.lay.decode_plan_short.n_splits
                                                   if self.dws_short is not None else None),
+                "decode_attention_loop_short": (self.lay.decode_plan_short.loop
+                                                if self.dws_short is not None else None),
                 "decode_fused_rope": bool(getattr(self.ecfg, "decode_fused_rope", False)),
                 "decode_attention_q8": bool(getattr(self.ecfg, "decode_attention_q8", False)),
                 "gemv_pdl_early_trips": gemv.PDL_EARLY_TRIPS}

@@ -22,7 +22,8 @@ from .gguf_file import GGUFError, GGUFFile, short_repr as _short
 # (tools/profile_decode.py --settings loop): warp / block / warp-nopf 1.976 / 2.034 / 2.034 ms at
 # depth 512, 2.277 / 2.419 / 2.320 ms at 4096 (docs/decode-step.md, section 6c)
 # "mma" (2026-12-05, int8 caches): scores and P x V on the tensor cores, the whole GQA group a block
-# (kvcache/attention_decode_mma.py); a lab loop until it is timed on the GPU.
+# (kvcache/attention_decode_mma.py); since its H100 measurement (2026-12-05) the long-context graph's
+# loop by default on sm_90 (engine/cuda_layout.decode_loop), DEFAULT_DECODE_ATTENTION_LOOP elsewhere.
 DECODE_ATTENTION_LOOPS = ("block", "warp", "warp-nopf", "mma")
 MAX_DECODE_ATTENTION_SPLITS = 64        # kvcache/attention_decode_kernels.MAX_SPLITS (a test keeps them equal)
 DEFAULT_DECODE_ATTENTION_LOOP = "warp"
@@ -282,7 +283,9 @@ class EngineConfig:
                                         # than a wave (few SMs: cuda_layout.short_plans). 0: one graph at
                                         # every position; --attention-short-ctx
     decode_attention_loop: str | None = None    # CUDA decode attention's loop (DECODE_ATTENTION_LOOPS;
-                                        # None: DEFAULT_DECODE_ATTENTION_LOOP); --attention-loop
+                                        # None: DEFAULT_DECODE_ATTENTION_LOOP, but "mma" for the long-
+                                        # context graph where it was measured faster: sm_90+, int8
+                                        # cache, cuda_layout.decode_loop); --attention-loop
     overlap_load: bool = False          # CUDA, discrete GPU: read the weights on a thread while the
                                         # kernels load and the graphs are captured (cuda_weights.
                                         # BackgroundUpload; --overlap-load). H200, 2026-12-03: the

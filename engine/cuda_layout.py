@@ -222,8 +222,9 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
     L.add("logits", (1, cfg.vocab_size), np.float32)
     # one attention plan per kind of layer (global, or windowed with its W); the workspaces
     # are carved for the largest and shared (DecodePlan.fits)
+    long_loop = decode_loop(cfg, ecfg, windows, mma_measured_here())
     kinds = {w: (plan_decode(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, n_ctx,
-                             window=w, scale=cfg.attn_scale, loop=ecfg.decode_attention_loop,
+                             window=w, scale=cfg.attn_scale, loop=long_loop,
                              n_splits=getattr(ecfg, "decode_attention_splits", None)),
                  plan_prefill(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, N,
                               window=w, scale=cfg.attn_scale)) for w in dict.fromkeys(windows)}
@@ -258,6 +259,44 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
                       splan, [short[w] for w in windows] if short else None)
 
 
+def mma_measured_here() -> bool:
+    """A real device of compute capability 9.x (the H100 and H200): where the tensor-core decode
+    attention was measured faster (H100, 2026-12-05). The simulator, sm_80 / sm_87 and newer chips,
+    not measured, keep the default loop."""
+    from genie_rt.quant import ptx
+    if ptx.SIMULATOR:
+        return False
+    try:
+        return device().compute_capability[0] == 9
+    except Exception:               # noqa: BLE001 - no GPU: nothing measured
+        return False
+
+
+def decode_loop(cfg, ecfg, windows, measured: bool, sm_count: int | None = None) -> str | None:
+    """The long-context decode graph's attention loop: EngineConfig.decode_attention_loop when
+    given; by default the tensor-core loop ("mma", the whole GQA group a block) where it was
+    measured: on sm_90 (`measured`), an int8 cache, a head_dim it takes (32, 64, 128), groups of 4-8
+    query heads, global layers only, and beside a short-context graph that keeps the warp loop's
+    one-head blocks below decode_short_ctx (where mma is slower alone: 10.8 against 9.4 us at 512).
+    H100, 2026-12-05 (docs/decode-step.md 6h): tg128 463.7 / 391.9 at depths 4,096 / 16,384
+    against 457.0 / 351.7. Anything else: None (the kernel module's DEFAULT_LOOP)."""
+    from genie_rt.kvcache.attention import default_shape, wave_splits
+    from genie_rt.kvcache.attention_decode_mma import check_mma
+    if ecfg.decode_attention_loop is not None or not measured:
+        return ecfg.decode_attention_loop
+    group = cfg.n_head // cfg.n_head_kv
+    if ecfg.kv_dtype != "int8" or not 4 <= group <= 8 or any(w for w in windows):
+        return None
+    try:
+        check_mma(ecfg.kv_dtype, cfg.head_dim)
+    except ValueError:
+        return None
+    short = int(getattr(ecfg, "decode_short_ctx", 0) or 0)
+    if short <= 0 or wave_splits(cfg.n_head_kv, group, 1, *default_shape(1), sm_count=sm_count) < 1:
+        return None                  # no short graph: the long one would run every position
+    return "mma"
+
+
 def short_plans(cfg, ecfg, windows, dplan) -> dict:
     """The attention plans of the short-context decode graph, by window (EngineConfig.
     decode_short_ctx): one query head a block, the splits sized for contexts below the threshold
@@ -266,7 +305,8 @@ def short_plans(cfg, ecfg, windows, dplan) -> dict:
     plan), or when the GPU cannot hold one split of such blocks in one wave (a few SMs, as on a
     Jetson: the blocks would run in two waves; the H200 measurement does not speak for that).
     With the tensor-core loop ("mma": the whole GQA group a block) in the other graph, this one
-    keeps the default loop's one-head blocks (decode_short_ctx 0: mma at every position)."""
+    keeps the default loop's one-head blocks (decode_short_ctx 0 with --attention-loop mma: mma at
+    every position; decode_loop's default needs this graph)."""
     from genie_rt.kvcache.attention import default_shape, plan_decode, wave_splits
     short = int(getattr(ecfg, "decode_short_ctx", 0) or 0)
     if short <= 0 or dplan.heads_per_block == 1:
@@ -275,7 +315,7 @@ def short_plans(cfg, ecfg, windows, dplan) -> dict:
     if wave_splits(cfg.n_head_kv, group, 1, *default_shape(1)) < 1:
         return {}
     # sized for the threshold, not the pool: the workspace does not grow with the context
-    loop = None if ecfg.decode_attention_loop == "mma" else ecfg.decode_attention_loop
+    loop = None if dplan.loop == "mma" else ecfg.decode_attention_loop
     return {w: plan_decode(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, short,
                            window=w, scale=cfg.attn_scale, loop=loop,
                            heads_per_block=1) for w in dict.fromkeys(windows)}

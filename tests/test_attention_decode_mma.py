@@ -135,8 +135,10 @@ def test_mma_byte_tricks_are_exact_for_every_byte():
 
 def test_mma_plans_and_refusals():
     p = plan_decode(32, 8, 128, "int8", 4096, loop="mma", sm_count=132)    # Qwen3-4B
-    assert (p.heads_per_block, p.n_sub, p.warps, p.rows_per_thread, p.tile) == (4, 1, 4, 1, 64)
-    assert p.n_splits == 3 * 132 // 8            # 158 registers: 3 blocks of 4 warps an SM
+    assert (p.heads_per_block, p.n_sub, p.warps, p.rows_per_thread, p.tile) == (4, 1, 8, 1, 128)
+    assert p.n_splits == 132 // 8                # MMA_SHAPE 8 x 1, ~160 registers: one block an SM
+    p = plan_decode(32, 8, 128, "int8", 4096, loop="mma", sm_count=132, warps=4)
+    assert (p.tile, p.n_splits) == (64, 3 * 132 // 8)   # 4 warps: 3 blocks an SM
     p = plan_decode(32, 2, 128, "int8", 4096, loop="mma", sm_count=132)    # group 16: two blocks
     assert (p.heads_per_block, p.n_sub) == (8, 2)
     with pytest.raises(ValueError, match="int8 caches only"):
@@ -200,6 +202,34 @@ def test_simulated_engine_with_the_mma_loop_matches_cpu(tmp_path):
     tokens, nexts = np.array([5, 17, 100, 3, 250, 9, 42], np.int32), [77, 8]
     got, ref = _decode_steps(gpu, tokens, nexts), _decode_steps(cpu, tokens, nexts)
     assert cosine_rows(got, ref).min() >= 0.998
+
+
+@pytest.mark.skipif(not SIM, reason="simulator test (plans only)")
+def test_the_layout_takes_the_mma_loop_by_default_where_it_was_measured(tmp_path, monkeypatch):
+    # cuda_layout.decode_loop's default reaches the layout: on a device it was measured on (patched
+    # here), the long graph's plans are mma with the whole group a block and the short graph keeps
+    # the warp loop's one-head blocks; without the short graph, or elsewhere, the warp loop's plans
+    from test_backend_cuda import write_synthetic_qwen3
+    from genie_rt.engine import cuda_layout
+    from genie_rt.engine.config import EngineConfig, ModelConfig
+    from genie_rt.engine.gguf_file import open_gguf
+    from genie_rt.kvcache.attention import DEFAULT_LOOP
+    path = tmp_path / "tiny.gguf"
+    write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=8, kv_heads=2, head_dim=64, ffn=256,
+                                     vocab=300, text_tokens=274), seed=0, exact=True)
+    g = open_gguf(path)
+    cfg = ModelConfig.from_gguf(g)
+
+    def lay(**kw):
+        return cuda_layout.plan_layout(g, cfg, EngineConfig(backend="cuda", n_ctx=2048, kv_dtype="int8", **kw), 2048)
+    for measured in (True, False):
+        monkeypatch.setattr(cuda_layout, "mma_measured_here", lambda m=measured: m)
+        got = lay(decode_short_ctx=512)
+        long = {(p.loop, p.heads_per_block) for p in got.decode_plans}
+        assert long == ({("mma", 4)} if measured else {(DEFAULT_LOOP, 2)})
+        assert {(p.loop, p.heads_per_block) for p in got.decode_plans_short} == {(DEFAULT_LOOP, 1)}
+        assert {p.loop for p in lay(decode_short_ctx=0).decode_plans} == {DEFAULT_LOOP}
+        assert {p.loop for p in lay(decode_short_ctx=512, decode_attention_loop="warp").decode_plans} == {"warp"}
 
 
 @pytest.mark.gpu

@@ -259,6 +259,8 @@ def test_short_ctx_config_cli_and_the_layouts_short_plans(tmp_path, monkeypatch)
     assert _cli_config(["--attention-short-ctx", "0"]).decode_short_ctx == 0
     with pytest.raises(ValueError, match="--attention-short-ctx must be >= 0"):
         _cli_config(["--attention-short-ctx", "-5"])
+    from genie_rt.engine import cuda_layout
+    monkeypatch.setattr(cuda_layout, "mma_measured_here", lambda: False)   # the warp loop's plans, on any GPU
     lays = {}
     for heads, kv in ((8, 2), (4, 4)):
         path = tmp_path / f"tiny{heads}.gguf"
@@ -359,3 +361,33 @@ def test_attention_loop_config_cli_and_the_layouts_plans(tmp_path):
         lay = plan_layout(g, cfg, ecfg, 64)
         assert {p.loop for p in lay.decode_plans} == {loop or DEFAULT_LOOP}
         assert lay.decode_plan.loop == (loop or DEFAULT_LOOP)
+
+
+def test_the_long_graphs_default_loop_is_mma_only_where_it_was_measured():
+    """cuda_layout.decode_loop: with no --attention-loop the long-context graph takes the tensor-core
+    loop on sm_90+ (H100, 2026-12-05: 463.7 / 391.9 tokens/s at depths 4,096 / 16,384 against
+    457.0 / 351.7) for the shapes it was measured on, and the kernel module's default anywhere else;
+    a given loop always wins."""
+    from types import SimpleNamespace
+
+    from genie_rt.engine.config import EngineConfig
+    from genie_rt.engine.cuda_layout import decode_loop
+
+    def cfg(heads=32, kv=8, hd=128):
+        return SimpleNamespace(n_head=heads, n_head_kv=kv, head_dim=hd)
+
+    def loop(c=None, measured=True, windows=(None,), **kw):
+        ecfg = EngineConfig(backend="cuda", kv_dtype=kw.pop("kv_dtype", "int8"), **kw)
+        return decode_loop(c or cfg(), ecfg, list(windows), measured, sm_count=132)
+    assert loop() == "mma"                                    # Qwen3-4B: 32 / 8 heads, hd 128
+    assert loop(cfg(32, 8, 64)) == "mma" and loop(cfg(64, 8, 128)) == "mma"   # hd 64; a group of 8
+    assert loop(measured=False) is None                       # the simulator, sm_80 / sm_87
+    assert loop(kv_dtype="f16") is None                       # the mma loop reads int8 caches only
+    assert loop(cfg(16, 8, 128)) is None and loop(cfg(96, 8, 128)) is None   # groups of 2 and 12
+    assert loop(cfg(4, 1, 256)) is None                       # head_dim 256 (Gemma 3) would spill
+    assert loop(windows=(512, None)) is None                  # windowed layers: not measured
+    assert loop(decode_short_ctx=0) is None                   # no short graph: every position
+    ecfg = EngineConfig(backend="cuda", kv_dtype="int8")      # nor where one-head blocks overflow a wave
+    assert decode_loop(cfg(), ecfg, [None], True, sm_count=8) is None     # the 4B on an 8-SM Orin
+    assert loop(decode_attention_loop="warp") == "warp"
+    assert loop(measured=False, decode_attention_loop="mma") == "mma"

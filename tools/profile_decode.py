@@ -128,6 +128,18 @@ def main(argv=None) -> int:
     short = {} if args.short_ctx is None else {"decode_short_ctx": args.short_ctx}
     if args.attention_loop:
         short["decode_attention_loop"] = args.attention_loop
+    elif args.short_ctx == 0 and plan_kinds:
+        # one graph, with the loop the default long-context graph takes (cuda_layout.decode_loop:
+        # mma on sm_90 for the 4B), not the loop a config without the short graph would get
+        from genie_rt.engine.cuda_layout import decode_loop, mma_measured_here
+        from genie_rt.engine.gguf_file import open_gguf
+        from genie_rt.engine.config import ModelConfig
+        mc = ModelConfig.from_gguf(open_gguf(args.model))
+        loop = decode_loop(mc, EngineConfig(backend="cuda", kv_dtype=args.kv),
+                           [mc.window(i) for i in range(mc.n_layers)], mma_measured_here())
+        if loop:
+            short["decode_attention_loop"] = loop
+            print(f"  the loaded plans: the long-context graph's default loop, {loop}")
     eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv, **short,
                                                  fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl))
     be = eng.backend
