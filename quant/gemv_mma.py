@@ -34,9 +34,10 @@ of token g at the same weight positions (gemv_formats.py's unit layout):
 D's (row g, token 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1) are then scaled by the rows' block
 header (d, dmin, 6-bit scales/mins: gemv_formats._k_scales) and the tokens' xs.
 
-Status: built and checked in the simulator (tests/test_gemv_mma.py) on 2026-12-03 after the
-session's last GPU lease; not yet compiled for or timed on a GPU (`python -m
-genie_rt.quant.gemv_mma` times it against the dp4a GEMV at 8 tokens). Not used by the engine.
+Status: checked in the simulator (tests/test_gemv_mma.py) and timed on the H200 (2026-12-03:
+flat in the tokens, but 2-4x the dp4a GEMV at one token) and profiled on an H100 (2026-12-05: 2.15x
+the dp4a GEMV's instructions at one token; docs/kernels/gemv.md 8b says where they go). `python -m
+genie_rt.quant.gemv_mma` times it against the dp4a GEMV at 1-8 tokens. Not used by the engine.
 Deliberately not here (yet): Q6_K (its 16-weight scales need k = 16 steps), epilogues other
 than the residual add, more than 8 tokens (a second B fragment), loads pipelined across chunks.
 """
