@@ -199,8 +199,8 @@ for pkg in (genie_rt.engine, genie_rt.quant, genie_rt.kvcache):       # every mo
         ks += [v for v in vars(m).values() if type(v).__name__ == "CUDADispatcher"
                and not v.targetoptions.get("device") and v.py_func.__module__ == m.__name__]
 ks += list(embed._KERNELS.values())                                  # made from one table
-from genie_rt.quant import gemv_mma
-ks += [gemv_mma.mma_q4k_kernel(4)]                                   # the lab's factory too
+from genie_rt.quant import gemv_mma, gemv_mma_k
+ks += [gemv_mma.mma_q4k_kernel(4), gemv_mma_k.mma_q4k_q8k_kernel(4)]  # the lab's factories too
 ks += [G.gemv_kernel(QType.Q4_K, "dp4a", 1, 1, False), G.gemv_kernel(QType.Q4_K, "dp4a", 1, 2, False),
        G.gemv_kernel(QType.Q4_K, "dp4a", 1, 1, True, 32, 1),                   # the fused norm (NORM)
        G.qkv_kernel(((QType.Q4_K, "dp4a"),) * 3, 1, 1), G.swiglu_kernel((QType.Q4_K, "dp4a"), (QType.Q4_K, "dp4a"), 1, 1),

@@ -73,6 +73,8 @@
 #             --attention-loop ALT (warp; tg128 at depths 0 / 4096), the mma loop's GPU tests (TT s),
 #             llama-bench on the same file (built in the background meanwhile)
 #   long16    tg128 at depths 4,096 and 16,384 with --attention-loop warp and with mma
+#   mmak16    python -m genie_rt.quant.gemv_mma_k: the mma GEMV with an integer epilogue (q8_K activations)
+#             against gemv_mma and the dp4a GEMV, 1-8 tokens (gemv-mma-k.json)
 #   ncu15     Nsight Compute for the two kernels issue 14 needs next (2026-12-05): the decode attention at
 #             depth NDEPTH (4096; the graph's nodes, kernels named "kernel": the attention and the
 #             step's small kernels, ncu-attn.txt) and the mma GEMV against the dp4a GEMV at 1 and 8 tokens
@@ -572,6 +574,12 @@ for s in "$@"; do
           --kv int8 --ctx ${LCTX:-16640} $A --json > "$OUT/long-$w.json" 2> /tmp/long.log; tail -2 /tmp/long.log
         $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print(sys.argv[2], r['test'] + '@d' + str(r['n_depth']), round(r['avg_ts'],1), '+-', round(r['stddev_ts'],1)) for r in d['results']]" "$OUT/long-$w.json" $w
       done ;;
+    mmak16)
+      stage mmak16
+      # the mma GEMV with the integer epilogue (quant/gemv_mma_k.py, 2026-12-05) against gemv_mma and
+      # the dp4a GEMV at the 4B's Q4_K shapes, 1-8 tokens, each checked against numpy first
+      timeout ${MT:-240} $PY -m genie_rt.quant.gemv_mma_k --json "$OUT/gemv-mma-k.json" 2>&1 | grep -v "^INFO numba" \
+        | tee "$OUT/gemv-mma-k.txt" | tail -${MTAIL:-16} | cut -c1-400 ;;
     ncu15)
       stage ncu15
       use_kernel_cache

@@ -1,0 +1,122 @@
+"""quant/gemv_mma_k.py: the int8 tensor-core GEMV with an integer epilogue (lab), in the simulator.
+
+Q4_K weights at tiny shapes (rows not a multiple of the 16-row tile, several 256-weight blocks,
+k split over 1-8 warps with ranges that start and end inside a block), 1, 3 and 8 tokens, with
+and without the residual add: within the dp4a GEMV's error bound of numpy (W @ the dequantized
+q8_K x), and within float rounding of gemv_mma.py's kernel fed the same values as q8 (its
+32-value scales all equal to the block's: the same integer dots, summed in another order).
+"""
+import numpy as np
+import pytest
+from numba import cuda
+
+from genie_rt.quant import gemv as G
+from genie_rt.quant import gemv_mma as M
+from genie_rt.quant import gemv_mma_k as K
+from genie_rt.quant.formats import QType
+from genie_rt.quant.gemv_bench import random_weight
+
+
+def _case(rows, cols, n_tok, seed):
+    hw = random_weight(QType.Q4_K, rows, cols, np.random.default_rng(seed))
+    W = G.dequantize_weight(hw)
+    gw = G.prepare_weight(G.to_device(hw), "dp4a")
+    x = np.random.default_rng(seed + 1).standard_normal((n_tok, cols)).astype(np.float32)
+    x[:, :32] *= 8                                   # a sub-block far above the rest of its block
+    return W, gw, x
+
+
+def test_quantize_q8k_reference():
+    x = np.random.default_rng(0).standard_normal((3, 512)).astype(np.float32)
+    x[1, 256:] = 0                                   # an all-zero block: scale 0, values 0
+    xq, xd, xb = K.quantize_q8k(x)
+    assert xq.dtype == np.int8 and xd.shape == (3, 2) and xb.shape == (3, 16) and xb.dtype == np.int32
+    assert xd[1, 1] == 0 and not xq[1, 256:].any()
+    assert np.abs(xq).max() == 127
+    np.testing.assert_array_equal(xb, xq.reshape(3, 16, 32).astype(np.int32).sum(axis=2))
+    back = K.dequantize_q8k(xq, xd)
+    assert np.all(np.abs(back - x) <= np.repeat(xd, 256, axis=1) / 2 + 1e-6)
+    with pytest.raises(ValueError, match="multiple of 256"):
+        K.quantize_q8k(np.zeros((1, 100), np.float32))
+
+
+@pytest.mark.parametrize("rows,cols,n_tok,ksplit,resid", [
+    (16, 256, 1, 1, False),      # one tile, one block, one token
+    (21, 512, 3, 2, True),       # a partial second tile, two blocks over two warps
+    (9, 768, 8, 4, False),       # 12 chunks over 4 warps: ranges 0-2, 3-5 (a block edge inside), ...
+    (5, 512, 8, 8, True),        # 8 chunks over 8 warps, rows only in the first half-tile
+    (20, 1280, 2, 4, False)])    # 20 chunks: 5 a warp, every range across a block edge
+def test_gemv_mma_k_matches_numpy_and_gemv_mma(rows, cols, n_tok, ksplit, resid):
+    W, gw, x = _case(rows, cols, n_tok, rows + cols)
+    xq, xd, xb = K.quantize_q8k(x)
+    r = np.random.default_rng(7).standard_normal((n_tok, rows)).astype(np.float32)
+    y = cuda.to_device(r) if resid else cuda.device_array((n_tok, rows), np.float32)
+    K.gemv_mma_k(gw, cuda.to_device(xq), cuda.to_device(xd), cuda.to_device(xb), y, n_tok,
+                 residual=y if resid else None, ksplit=ksplit)
+    got = y.copy_to_host()
+    xt = K.dequantize_q8k(xq, xd)
+    ref = G.gemv_reference(W, xt, r if resid else None)
+    bound = G.error_bound(W, xt, "f32")
+    assert np.all(np.abs(got - ref) <= bound), float(np.max(np.abs(got - ref) / bound))
+    # the same values as q8 (each 32-value block's scale = its 256-block's): gemv_mma's result
+    xs = np.zeros((n_tok, cols // 32, 4), np.float32)
+    d = np.repeat(xd, 8, axis=1)
+    q = xq.reshape(n_tok, cols // 32, 32).astype(np.float32)
+    xs[..., 0], xs[..., 1], xs[..., 2], xs[..., 3] = d, d * q[..., :16].sum(-1), d * q[..., 16:].sum(-1), d * q.sum(-1)
+    y2 = cuda.to_device(r) if resid else cuda.device_array((n_tok, rows), np.float32)
+    M.gemv_mma(gw, cuda.to_device(xq), cuda.to_device(xs.reshape(n_tok, cols // 8)), y2, n_tok,
+               residual=y2 if resid else None, ksplit=ksplit)
+    np.testing.assert_allclose(got, y2.copy_to_host(), rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+
+
+def test_gemv_mma_k_uses_every_sum_and_scale():
+    # a wrong sub-block sum or block scale must show: the result moves outside the bound
+    rows, cols, n_tok = 16, 512, 2
+    W, gw, x = _case(rows, cols, n_tok, 3)
+    xq, xd, xb = K.quantize_q8k(x)
+    xt = K.dequantize_q8k(xq, xd)
+    ref, bound = G.gemv_reference(W, xt), G.error_bound(W, xt, "f32")
+    for what in ("xb", "xd"):
+        bad_b, bad_d = xb.copy(), xd.copy()
+        if what == "xb":
+            bad_b[1, 9] += 40
+        else:
+            bad_d[0, 1] *= 1.01
+        y = cuda.device_array((n_tok, rows), np.float32)
+        K.gemv_mma_k(gw, cuda.to_device(xq), cuda.to_device(bad_d), cuda.to_device(bad_b), y, n_tok, ksplit=2)
+        assert not np.all(np.abs(y.copy_to_host() - ref) <= bound), what
+
+
+def test_gemv_mma_k_refuses_what_it_does_not_do():
+    W, gw, x = _case(16, 256, 1, 0)
+    xq, xd, xb = (cuda.to_device(a) for a in K.quantize_q8k(x))
+    y = cuda.device_array((1, 16), np.float32)
+    with pytest.raises(ValueError, match="n_tok"):
+        K.gemv_mma_k(gw, xq, xd, xb, y, 9)
+    with pytest.raises(ValueError, match="ksplit"):
+        K.gemv_mma_k(gw, xq, xd, xb, y, 1, ksplit=3)
+    with pytest.raises(ValueError, match="xb must be int32"):
+        K.gemv_mma_k(gw, xq, xd, xd, y, 1)
+    hw6 = random_weight(QType.Q6_K, 16, 256, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="only Q4_K"):
+        K.gemv_mma_k(G.prepare_weight(G.to_device(hw6), "dp4a"), xq, xd, xb, y, 1)
+
+
+@pytest.mark.slow
+def test_gemv_mma_k_ptx_uses_the_int8_tensor_cores_and_unsigned_indices():
+    # sm_87 and sm_90: the s8 mma, no f64, no local memory, both chunks' loads of a trip before its
+    # first mma, and the scalar loads without Numba's negative-index wrap-around (shr.s64 x, 63 +
+    # and + add a load: unsigned indices; 2026-12-05, 441 PTX instructions a two-chunk trip
+    # against gemv_mma's 578)
+    from ptx_helpers import assert_no_f64, assert_ptx_contains, compile_in_subprocess, local_memory_bytes
+    src = "from genie_rt.quant.gemv_mma_k import mma_q4k_q8k_kernel\nmmak_ks4 = mma_q4k_q8k_kernel(4)\n"
+    out = compile_in_subprocess(src, {"mmak_ks4": K.SIGNATURE})
+    for cc, text in out["mmak_ks4"].items():
+        where = f"gemv_mma_k sm_{cc[0]}{cc[1]}"
+        assert_no_f64(text, where=where)
+        assert local_memory_bytes(text) == 0, f"{where}: local memory used"
+        assert_ptx_contains(text, "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32", "ld.global.nc.v4.u32",
+                            where=where)
+        first, last = text.index("mma.sync"), text.rindex("mma.sync")
+        assert text[first:last].count("ld.global") == 0, f"{where}: a load between the trip's mmas"
+        assert ", 63;" not in text, f"{where}: negative-index wrap-around code"
