@@ -120,6 +120,32 @@ def _math(v, c):
             (fa1 * s1[0] * float32(ia[3]) - ma1 * s1[1]) + (fb1 * s1[2] * float32(ib[3]) - mb1 * s1[3]))
 
 
+def make_finish(NW: int):
+    """finish(acc, warp, lane, r0, t0, rows, n_tok, y, res, resid), how both mma GEMVs end: the
+    lane's four sums (the mma's D layout: row r0 + 8 * (k >> 1), token t0 + (k & 1)) added over
+    the block's NW warps in shared memory, then stored by warp 0 (plus res where resid != 0;
+    an unsigned index: no negative-index wrap-around code)."""
+    @_dev
+    def finish(acc, warp, lane, r0, t0, rows, n_tok, y, res, resid):
+        if NW > 1:                                   # the warps' k-ranges meet in shared memory
+            red = cuda.shared.array((NW, 32, 4), float32)
+            for k in range(4):
+                red[warp, lane, k] = acc[k]
+            cuda.syncthreads()
+            if warp != 0:
+                return
+            for other in range(1, NW):
+                for k in range(4):
+                    acc[k] += red[other, lane, k]
+        for k in range(4):
+            r = r0 + 8 * (k >> 1)
+            tk = t0 + (k & 1)
+            if r < rows and tk < n_tok:
+                i = uint32(tk * rows + r)
+                y[i] = acc[k] + res[i] if resid != 0 else acc[k]
+    return finish
+
+
 @functools.lru_cache(maxsize=None)
 def mma_q4k_kernel(KSPLIT: int = 4):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= 8; grid ceil(rows / 16)
@@ -128,6 +154,7 @@ def mma_q4k_kernel(KSPLIT: int = 4):
     xs (float32 [n_tok * cols / 8]), cols, n_tok, y (float32 [n_tok * rows]), res (read when
     resid != 0; may be y), resid."""
     NW = KSPLIT
+    finish = make_finish(NW)
 
     @cuda.jit
     def kernel(wa, wb, nu, rows, xq, xs, cols, n_tok, y, res, resid):
@@ -174,42 +201,32 @@ def mma_q4k_kernel(KSPLIT: int = 4):
                 for k in range(4):
                     acc[k] += p[k]
             ch += 2
-        if NW > 1:                                   # the warps' k-ranges meet in shared memory
-            red = cuda.shared.array((NW, 32, 4), float32)
-            for k in range(4):
-                red[warp, lane, k] = acc[k]
-            cuda.syncthreads()
-            if warp != 0:
-                return
-            for other in range(1, NW):
-                for k in range(4):
-                    acc[k] += red[other, lane, k]
-        for k in range(4):
-            r = r0 + 8 * (k >> 1)
-            tk = t0 + (k & 1)
-            if r < rows and tk < n_tok:
-                i = tk * rows + r
-                y[i] = acc[k] + res[i] if resid != 0 else acc[k]
+        finish(acc, warp, lane, r0, t0, rows, n_tok, y, res, resid)
     return kernel_cache.attach(kernel)
 
 
-def _flat(a, dtype, n, what):
+def _flat(a, dtype, n, what, who="gemv_mma"):
     if a.dtype != dtype or a.size != n:
-        raise ValueError(f"gemv_mma: {what} must be {np.dtype(dtype).name} with {n} elements, "
+        raise ValueError(f"{who}: {what} must be {np.dtype(dtype).name} with {n} elements, "
                          f"got {a.dtype} {tuple(a.shape)}")
     return a.reshape(n) if a.ndim != 1 else a
+
+
+def _check(w, n_tok: int, ksplit: int, who="gemv_mma") -> None:
+    """The launch arguments both mma GEMVs take: a Q4_K weight, 1-8 tokens, a k-split of 1-8 warps."""
+    if w.qtype != QType.Q4_K:
+        raise ValueError(f"{who}: only Q4_K weights (got {w.qtype.name})")
+    if not 1 <= n_tok <= MAX_TOK:
+        raise ValueError(f"{who}: n_tok {n_tok} must be 1..{MAX_TOK}")
+    if ksplit not in (1, 2, 4, 8):
+        raise ValueError(f"{who}: ksplit {ksplit} must be 1, 2, 4 or 8")
 
 
 def gemv_mma(w, xq, xs, y, n_tok: int, residual=None, ksplit: int = 4, stream=0) -> None:
     """y [n_tok, rows] = x W^T (+ residual) for a Q4_K GemvWeight `w` (gemv.prepare_weight, dp4a
     mode) and q8 activations xq int8 [n_tok, cols] / xs float32 [n_tok, cols / 8]
     (gemv.quantize_q8); 1 <= n_tok <= 8. No allocation, no synchronization."""
-    if w.qtype != QType.Q4_K:
-        raise ValueError(f"gemv_mma: only Q4_K weights (got {w.qtype.name})")
-    if not 1 <= n_tok <= MAX_TOK:
-        raise ValueError(f"gemv_mma: n_tok {n_tok} must be 1..{MAX_TOK}")
-    if ksplit not in (1, 2, 4, 8):
-        raise ValueError(f"gemv_mma: ksplit {ksplit} must be 1, 2, 4 or 8")
+    _check(w, n_tok, ksplit)
     rows, cols = w.rows, w.cols
     xq = _flat(xq, np.int8, n_tok * cols, "xq").view(np.uint32)
     xs = _flat(xs, np.float32, n_tok * cols // 8, "xs")

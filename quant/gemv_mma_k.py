@@ -37,9 +37,8 @@ from numba import cuda, float32, int32, uint32
 from genie_rt.engine import kernel_cache
 
 from . import ptx
-from .formats import QType
 from .gemv_formats import _k_scales
-from .gemv_mma import LO4, MAX_TOK, ROWS, _dev, _flat
+from .gemv_mma import LO4, ROWS, _check, _dev, _flat, make_finish
 
 QK = 256                    # values a q8_K block (one scale)
 SIGNATURE = ("void(uint32[::1], uint32[::1], int64, int64, uint32[::1], float32[::1], int32[::1], int64, "
@@ -138,6 +137,7 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4):
     (int32 [n_tok * cols / 32]), cols, n_tok, y (float32 [n_tok * rows]), res, resid."""
     NW = KSPLIT
     SH = KSPLIT.bit_length() - 1                     # KSPLIT is a power of two: >> for //
+    finish = make_finish(NW)
 
     @cuda.jit
     def kernel(wa, wb, nu, rows, xq, xd, xb, cols, n_tok, y, res, resid):
@@ -191,22 +191,7 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4):
             ch += 2
         if c_lo < c_hi:
             _flush(acc, si, v[4], v[5], v[12], v[13])
-        if NW > 1:                                   # the warps' k-ranges meet in shared memory
-            red = cuda.shared.array((NW, 32, 4), float32)
-            for k in range(4):
-                red[warp, lane, k] = acc[k]
-            cuda.syncthreads()
-            if warp != 0:
-                return
-            for other in range(1, NW):
-                for k in range(4):
-                    acc[k] += red[other, lane, k]
-        for k in range(4):
-            r = r0 + 8 * (k >> 1)
-            tk = t0 + (k & 1)
-            if r < rows and tk < n_tok:
-                i = uint32(tk * rows + r)
-                y[i] = acc[k] + res[i] if resid != 0 else acc[k]
+        finish(acc, warp, lane, r0, t0, rows, n_tok, y, res, resid)
     return kernel_cache.attach(kernel)
 
 
@@ -214,18 +199,13 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int = 4, str
     """y [n_tok, rows] = x W^T (+ residual) for a Q4_K GemvWeight `w` (gemv.prepare_weight, dp4a
     mode) and q8_K activations xq int8 [n_tok, cols], xd float32 [n_tok, cols / 256], xb int32
     [n_tok, cols / 32] (`quantize_q8k`); 1 <= n_tok <= 8. No allocation, no synchronization."""
-    if w.qtype != QType.Q4_K:
-        raise ValueError(f"gemv_mma_k: only Q4_K weights (got {w.qtype.name})")
-    if not 1 <= n_tok <= MAX_TOK:
-        raise ValueError(f"gemv_mma_k: n_tok {n_tok} must be 1..{MAX_TOK}")
-    if ksplit not in (1, 2, 4, 8):
-        raise ValueError(f"gemv_mma_k: ksplit {ksplit} must be 1, 2, 4 or 8")
+    _check(w, n_tok, ksplit, "gemv_mma_k")
     rows, cols = w.rows, w.cols
-    xq = _flat(xq, np.int8, n_tok * cols, "xq").view(np.uint32)
-    xd = _flat(xd, np.float32, n_tok * cols // QK, "xd")
-    xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb")
-    yf = _flat(y, np.float32, n_tok * rows, "y")
-    rf = yf if residual is None else _flat(residual, np.float32, n_tok * rows, "residual")
+    xq = _flat(xq, np.int8, n_tok * cols, "xq", "gemv_mma_k").view(np.uint32)
+    xd = _flat(xd, np.float32, n_tok * cols // QK, "xd", "gemv_mma_k")
+    xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb", "gemv_mma_k")
+    yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_k")
+    rf = yf if residual is None else _flat(residual, np.float32, n_tok * rows, "residual", "gemv_mma_k")
     kern = mma_q4k_q8k_kernel(ksplit)
     kern[(rows + ROWS - 1) // ROWS, 32 * ksplit, stream](
         w.wa, w.wb, w.units, rows, xq, xd, xb, cols, n_tok, yf, rf, int(residual is not None))

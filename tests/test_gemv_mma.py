@@ -61,16 +61,23 @@ def test_gemv_mma_refuses_what_it_does_not_do():
         M.gemv_mma(G.prepare_weight(G.to_device(hw6), "dp4a"), xq, xs, y, 1)
 
 
-@pytest.mark.slow
-def test_gemv_mma_ptx_uses_the_int8_tensor_cores_without_local_memory():
+def check_mma_gemv_ptx(src, name, signature, what):
+    """Compile kernel `name` of `src` for sm_87 and sm_90 and check what both mma GEMVs promise:
+    the s8 mma, no f64, no local memory, a trip's loads all before its first mma; {cc: PTX}."""
     from ptx_helpers import assert_no_f64, assert_ptx_contains, compile_in_subprocess, local_memory_bytes
-    src = "from genie_rt.quant.gemv_mma import mma_q4k_kernel\nmma_ks8 = mma_q4k_kernel(8)\n"
-    out = compile_in_subprocess(src, {"mma_ks8": M.SIGNATURE})
-    for cc, text in out["mma_ks8"].items():
-        where = f"gemv_mma sm_{cc[0]}{cc[1]}"
+    out = compile_in_subprocess(src, {name: signature})[name]
+    for cc, text in out.items():
+        where = f"{what} sm_{cc[0]}{cc[1]}"
         assert_no_f64(text, where=where)
         assert local_memory_bytes(text) == 0, f"{where}: local memory used"
         assert_ptx_contains(text, "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32", "ld.global.nc.v4.u32",
                             where=where)
         first, last = text.index("mma.sync"), text.rindex("mma.sync")
         assert text[first:last].count("ld.global") == 0, f"{where}: a load between the trip's mmas"
+    return out
+
+
+@pytest.mark.slow
+def test_gemv_mma_ptx_uses_the_int8_tensor_cores_without_local_memory():
+    check_mma_gemv_ptx("from genie_rt.quant.gemv_mma import mma_q4k_kernel\nmma_ks8 = mma_q4k_kernel(8)\n",
+                       "mma_ks8", M.SIGNATURE, "gemv_mma")

@@ -108,15 +108,8 @@ def test_gemv_mma_k_ptx_uses_the_int8_tensor_cores_and_unsigned_indices():
     # first mma, and the scalar loads without Numba's negative-index wrap-around (shr.s64 x, 63 +
     # and + add a load: unsigned indices; 2026-12-05, 441 PTX instructions a two-chunk trip
     # against gemv_mma's 578)
-    from ptx_helpers import assert_no_f64, assert_ptx_contains, compile_in_subprocess, local_memory_bytes
-    src = "from genie_rt.quant.gemv_mma_k import mma_q4k_q8k_kernel\nmmak_ks4 = mma_q4k_q8k_kernel(4)\n"
-    out = compile_in_subprocess(src, {"mmak_ks4": K.SIGNATURE})
-    for cc, text in out["mmak_ks4"].items():
-        where = f"gemv_mma_k sm_{cc[0]}{cc[1]}"
-        assert_no_f64(text, where=where)
-        assert local_memory_bytes(text) == 0, f"{where}: local memory used"
-        assert_ptx_contains(text, "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32", "ld.global.nc.v4.u32",
-                            where=where)
-        first, last = text.index("mma.sync"), text.rindex("mma.sync")
-        assert text[first:last].count("ld.global") == 0, f"{where}: a load between the trip's mmas"
-        assert ", 63;" not in text, f"{where}: negative-index wrap-around code"
+    from test_gemv_mma import check_mma_gemv_ptx
+    out = check_mma_gemv_ptx("from genie_rt.quant.gemv_mma_k import mma_q4k_q8k_kernel\n"
+                             "mmak_ks4 = mma_q4k_q8k_kernel(4)\n", "mmak_ks4", K.SIGNATURE, "gemv_mma_k")
+    for cc, text in out.items():
+        assert ", 63;" not in text, f"gemv_mma_k sm_{cc[0]}{cc[1]}: negative-index wrap-around code"
