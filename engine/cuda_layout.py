@@ -280,7 +280,6 @@ def decode_loop(cfg, ecfg, windows, measured: bool, sm_count: int | None = None)
     one-head blocks below decode_short_ctx (where mma is slower alone: 10.8 against 9.4 us at 512).
     H100, 2026-12-05 (docs/decode-step.md 6h): tg128 463.7 / 391.9 at depths 4,096 / 16,384
     against 457.0 / 351.7. Anything else: None (the kernel module's DEFAULT_LOOP)."""
-    from genie_rt.kvcache.attention import default_shape, wave_splits
     from genie_rt.kvcache.attention_decode_mma import check_mma
     if ecfg.decode_attention_loop is not None or not measured:
         return ecfg.decode_attention_loop
@@ -291,10 +290,18 @@ def decode_loop(cfg, ecfg, windows, measured: bool, sm_count: int | None = None)
         check_mma(ecfg.kv_dtype, cfg.head_dim)
     except ValueError:
         return None
-    short = int(getattr(ecfg, "decode_short_ctx", 0) or 0)
-    if short <= 0 or wave_splits(cfg.n_head_kv, group, 1, *default_shape(1), sm_count=sm_count) < 1:
+    if not short_graph_fits(cfg, ecfg, sm_count):
         return None                  # no short graph: the long one would run every position
     return "mma"
+
+
+def short_graph_fits(cfg, ecfg, sm_count: int | None = None) -> bool:
+    """EngineConfig.decode_short_ctx asks for a short-context graph and the GPU holds one split of
+    its one-head blocks in one wave (sm_count None: the current device's SMs)."""
+    from genie_rt.kvcache.attention import default_shape, wave_splits
+    short = int(getattr(ecfg, "decode_short_ctx", 0) or 0)
+    return short > 0 and wave_splits(cfg.n_head_kv, cfg.n_head // cfg.n_head_kv, 1, *default_shape(1),
+                                     sm_count=sm_count) >= 1
 
 
 def short_plans(cfg, ecfg, windows, dplan) -> dict:
@@ -307,13 +314,10 @@ def short_plans(cfg, ecfg, windows, dplan) -> dict:
     With the tensor-core loop ("mma": the whole GQA group a block) in the other graph, this one
     keeps the default loop's one-head blocks (decode_short_ctx 0 with --attention-loop mma: mma at
     every position; decode_loop's default needs this graph)."""
-    from genie_rt.kvcache.attention import default_shape, plan_decode, wave_splits
-    short = int(getattr(ecfg, "decode_short_ctx", 0) or 0)
-    if short <= 0 or dplan.heads_per_block == 1:
+    from genie_rt.kvcache.attention import plan_decode
+    if dplan.heads_per_block == 1 or not short_graph_fits(cfg, ecfg):
         return {}
-    group = cfg.n_head // cfg.n_head_kv
-    if wave_splits(cfg.n_head_kv, group, 1, *default_shape(1)) < 1:
-        return {}
+    short = int(ecfg.decode_short_ctx)
     # sized for the threshold, not the pool: the workspace does not grow with the context
     loop = None if dplan.loop == "mma" else ecfg.decode_attention_loop
     return {w: plan_decode(cfg.n_head, cfg.n_head_kv, cfg.head_dim, ecfg.kv_dtype, short,
