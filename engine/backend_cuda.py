@@ -336,6 +336,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
                 # its attention's loop (and whether it does rope_write's work) and the PDL GEMVs'
                 # trips before the wait
                 "decode_pdl": bool(self.ecfg.decode_pdl) and pdl.available(),
+                "prefill_pdl": bool(self.ecfg.prefill_pdl) and pdl.available(),
                 "decode_attention_loop": self.lay.decode_plan.loop,
                 "decode_attention_splits": self.lay.decode_plan.n_splits,
                 "decode_short_ctx": (self.ecfg.decode_short_ctx if self.dws_short is not None else 0),

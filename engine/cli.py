@@ -61,6 +61,9 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--no-pdl", dest="pdl", action="store_false",
                    help="CUDA decode on sm_90+: launch each kernel only after the one before has finished "
                         "(no programmatic dependent launch; same results, slower: for comparisons)")
+    p.add_argument("--prefill-pdl", action="store_true",
+                   help="CUDA prefill on sm_90+ (lab): launch each GEMM by programmatic dependent launch, "
+                        "its first weights copied while the kernel before it runs (same results)")
     p.add_argument("--no-fused-rope", dest="fused_rope", action="store_false",
                    help="CUDA decode: QK-norm, RoPE and the KV write of the new token in a launch of their "
                         "own (rope_write) instead of inside the attention's (same results: for comparisons)")
@@ -132,7 +135,8 @@ def _engine_config(args):
                         threads=args.threads,
                         min_headroom_bytes=None if args.min_headroom_mb is None else args.min_headroom_mb << 20,
                         thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory,
-                        fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl, overlap_load=args.overlap_load,
+                        fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl,
+                        prefill_pdl=bool(args.prefill_pdl and args.pdl), overlap_load=args.overlap_load,
                         decode_attention_loop=args.attention_loop, decode_fused_rope=args.fused_rope,
                         decode_attention_splits=args.attention_splits,
                         **({} if args.attention_short_ctx is None else

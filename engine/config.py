@@ -252,6 +252,12 @@ class EngineConfig:
                                         # it starts while the one before runs and waits on the device;
                                         # the same bits). sm_80/87 (the Jetson) run the plain kernels
                                         # whatever this says. --no-pdl turns it off
+    prefill_pdl: bool = False           # CUDA prefill on sm_90+: every GEMM (quant/mmq.py) launched by
+                                        # programmatic dependent launch, its first weight stages copied
+                                        # while the input conversion before it runs (the same bits).
+                                        # A lab switch until measured (tools/profile_prefill.py --pdl);
+                                        # sm_80/87 run the plain kernels whatever this says. --no-pdl
+                                        # turns it off
     decode_attention_q8: bool = True    # CUDA decode: the attention launch also writes the q8 blocks of
                                         # its output (kvcache/attention.py xq=, xs=; same bits as
                                         # quantize_q8), one launch fewer a layer. Off until the rope went
@@ -313,6 +319,8 @@ class EngineConfig:
             raise ValueError(f"overlap_load must be True or False, got {self.overlap_load!r}")
         if not isinstance(self.decode_pdl, bool):
             raise ValueError(f"decode_pdl must be True or False, got {self.decode_pdl!r}")
+        if not isinstance(self.prefill_pdl, bool):
+            raise ValueError(f"prefill_pdl must be True or False, got {self.prefill_pdl!r}")
         if not isinstance(self.decode_attention_q8, bool):
             raise ValueError(f"decode_attention_q8 must be True or False, got {self.decode_attention_q8!r}")
         if not isinstance(self.decode_fused_ffn, bool):

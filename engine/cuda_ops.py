@@ -65,7 +65,8 @@ class _Ops:
     def __init__(self, rt, rows: int):
         self.rt, self.A, self.stream, self.cfg = rt, rt.arena, rt.stream, rt.cfg
         self.rows = rows
-        # the kernel kinds launched by programmatic dependent launch (quant/pdl.py; DecodeOps only)
+        # the kernel kinds launched by programmatic dependent launch (quant/pdl.py; DecodeOps' kinds;
+        # PrefillOps has its own switch, self.pdl)
         self.pdl_kinds = frozenset()
         self._names = {}            # id(buffer view) -> scratch name (for the preparation tracking)
         self._no_float = set()      # buffers whose float values were not written (prefill norm)
@@ -373,6 +374,10 @@ class PrefillOps(_Ops):
                         for i, (p, k) in enumerate(zip(rt._plans(), n_splits))}
         self._x16_holds = None      # the buffer whose fp16 copy is in x16 now
         self._merge: _PendingMerge | None = None
+        # EngineConfig.prefill_pdl on sm_90+: every GEMM launched by programmatic dependent launch
+        # (its first weights copied while the kernel before it runs); the input conversions before
+        # them let them launch at once (quant/mmq.py, quant/pdl.py)
+        self.pdl = bool(getattr(rt.ecfg, "prefill_pdl", False)) and _pdl_available()
 
     embed = _flushing(_Ops.embed)
     rope_write = _flushing(_Ops.rope_write)
@@ -411,13 +416,13 @@ class PrefillOps(_Ops):
             self._merge = None
             self.rt.pending_launch = None
             merge_prepare_x(self.rt.pws.part_o, self.rt.pws.part_ml, m.most, self.rt.state, m.at, x, xe, xscale,
-                            stream=self.stream)
+                            stream=self.stream, pdl=self.pdl)
             self._x16_holds = self._name(x)
             return xe, xscale
         self._flush()
         if self._x16_holds != self._name(x):
             self._reads_float(x)
-            mmq.prepare_x(x, xe, xscale, stream=self.stream)
+            mmq.prepare_x(x, xe, xscale, stream=self.stream, pdl=self.pdl)
             self._x16_holds = self._name(x)
         return xe, xscale
 
@@ -428,7 +433,7 @@ class PrefillOps(_Ops):
         self._reads_float(x)
         self._wrote(out)
         xe, xscale = self._x16(x.shape[1]), self.A["xscale"][:self.n]
-        mmq.prepare_x(x, xe, xscale, stream=self.stream, norm_weight=w, eps=self.cfg.rms_eps)
+        mmq.prepare_x(x, xe, xscale, stream=self.stream, norm_weight=w, eps=self.cfg.rms_eps, pdl=self.pdl)
         self._x16_holds = self._name(out)
         self._no_float.add(self._name(out))
 
@@ -439,13 +444,13 @@ class PrefillOps(_Ops):
         xe, xscale = self._prepared(x)
         ws = self.A["ws.mmq"]
         if len(stacks) == 1:
-            mmq.mmq(stacks[0], xe, xscale, out, mode, workspace=ws, stream=self.stream)
+            mmq.mmq(stacks[0], xe, xscale, out, mode, workspace=ws, stream=self.stream, pdl=self.pdl)
             return
         assert mode == "store"
         col = 0
         for j, w in enumerate(stacks):
             tmp = self.A["part_a" if j % 2 == 0 else "part_b"].reshape(-1)[:self.n * w.rows].reshape(self.n, w.rows)
-            mmq.mmq(w, xe, xscale, tmp, "store", workspace=ws, stream=self.stream)
+            mmq.mmq(w, xe, xscale, tmp, "store", workspace=ws, stream=self.stream, pdl=self.pdl)
             copy_cols(tmp, out, col, stream=self.stream)
             col += w.rows
 

@@ -20,20 +20,34 @@ bits under the simulator).
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from numba import cuda, float32
 
 from genie_rt.engine import kernel_cache
 from genie_rt.quant.mmq_prep import PREP_THREADS, _norm_and_scale, _pair_pos
-from genie_rt.quant.ptx import pack_half2
+from genie_rt.quant.pdl import hooks
+from genie_rt.quant.ptx import SIMULATOR, pack_half2
 
 from .attention_prefill_kernels import merge_value, merge_weights
 
 MAX_HEADS = 128                       # query heads per token row (shared memory per block)
+_dev = cuda.jit(device=True) if SIMULATOR else cuda.jit(device=True, forceinline=True)
 
 
-@cuda.jit
-def merge_prepare_x_kernel(part_o, part_ml, n_splits, state, splits_at, x, out16, xscale):
+def _make_merge_prepare_x(PDL: bool):
+    _, launch_dependents, _ = hooks(PDL)
+
+    @cuda.jit
+    def merge_prepare_x_kernel(part_o, part_ml, n_splits, state, splits_at, x, out16, xscale):
+        launch_dependents()        # the PDL build: the O-projection's mmq may launch at once
+        _merge_prepare_x_body(part_o, part_ml, n_splits, state, splits_at, x, out16, xscale)
+    return kernel_cache.attach(merge_prepare_x_kernel)
+
+
+@_dev
+def _merge_prepare_x_body(part_o, part_ml, n_splits, state, splits_at, x, out16, xscale):
     # part_o  f32 [S, >= n*n_head, hd]; part_ml f32 [S, >= n*n_head, 2] (the split workspace)
     # n_splits i32: the launch's most splits; splits_at i32 >= 0: the count in use is
     #          state[splits_at] (clamped to 1 .. n_splits), < 0: n_splits
@@ -84,17 +98,26 @@ def merge_prepare_x_kernel(part_o, part_ml, n_splits, state, splits_at, x, out16
         q += PREP_THREADS
 
 
-kernel_cache.attach(merge_prepare_x_kernel)
+@functools.lru_cache(maxsize=None)
+def merge_prepare_x_kernel_for(pdl: bool = False):
+    """The merge + prepare_x kernel; pdl: the build that executes griddepcontrol.launch_dependents
+    first (sm_90+), so the O-projection's mmq launched after it by programmatic dependent launch
+    copies its weights at once (quant/pdl.py). Launched as always either way."""
+    return _make_merge_prepare_x(bool(pdl))
+
+
+merge_prepare_x_kernel = merge_prepare_x_kernel_for(False)
 MERGE_PREPARE_SIGNATURE = ("void(float32[:, :, ::1], float32[:, :, ::1], int32, int32[::1], int32, "
                            "float32[:, ::1], uint32[:, ::1], float32[::1])")
 
 
 def merge_prepare_x(part_o, part_ml, n_splits: int, state, splits_at: int | None, x, x16, xscale,
-                    stream=0) -> None:
+                    stream=0, pdl: bool = False) -> None:
     """The split merge of a prefill attention launch (its workspace part_o / part_ml, its most
     splits n_splits, the count in use from state[splits_at] or n_splits when None) into x
     float32 [n, n_head * hd], then prepare_x(x) into x16 float16 [n, cols] and xscale float32
-    [n] - one launch. Same bits as prefill_merge then quant.mmq.prepare_x."""
+    [n] - one launch. Same bits as prefill_merge then quant.mmq.prepare_x. pdl: the build that
+    lets the next kernel launch at once (merge_prepare_x_kernel_for)."""
     if x.dtype != np.float32 or x.ndim != 2:
         raise ValueError(f"merge_prepare_x: x must be float32 [n, cols], got {x.dtype} {tuple(x.shape)}")
     n, cols = x.shape
@@ -110,5 +133,8 @@ def merge_prepare_x(part_o, part_ml, n_splits: int, state, splits_at: int | None
     if tuple(xscale.shape) != (n,) or xscale.dtype != np.float32:
         raise ValueError(f"merge_prepare_x: xscale must be float32 [{n}], got {xscale.dtype} {tuple(xscale.shape)}")
     at = np.int32(-1 if splits_at is None else splits_at)
-    merge_prepare_x_kernel[n, PREP_THREADS, stream](part_o, part_ml, np.int32(n_splits), state, at, x,
-                                                    x16.view(np.uint32), xscale)
+    if pdl and not SIMULATOR:
+        from genie_rt.quant.pdl import available
+        pdl = available()
+    merge_prepare_x_kernel_for(bool(pdl))[n, PREP_THREADS, stream](part_o, part_ml, np.int32(n_splits), state,
+                                                             at, x, x16.view(np.uint32), xscale)

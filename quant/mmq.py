@@ -70,10 +70,11 @@ from .ptx import SIMULATOR
 _KERNELS = {}
 
 
-def _kernel(fmt, cfg: MP.TileConfig, epi, red=D.RED_LAST):
-    key = (fmt, cfg, epi, red)
+def _kernel(fmt, cfg: MP.TileConfig, epi, red=D.RED_LAST, pdl: bool = False):
+    key = (fmt, cfg, epi, red, bool(pdl))
     if key not in _KERNELS:
-        _KERNELS[key] = K.build_mmq_kernel(fmt, cfg.wm, cfg.wn, cfg.mt, cfg.nt, cfg.stages, epi, red)
+        _KERNELS[key] = K.build_mmq_kernel(fmt, cfg.wm, cfg.wn, cfg.mt, cfg.nt, cfg.stages, epi, red,
+                                           pdl=bool(pdl))
     return _KERNELS[key]
 
 
@@ -138,6 +139,15 @@ def _ensure_compiled(kern, fmt):
     _READY.add(key)
 
 
+def _pdl(asked) -> bool:
+    """The PDL builds where asked for and the device has programmatic dependent launch (sm_90+;
+    quant/pdl.py), or under the simulator (which runs them plainly); else the plain ones."""
+    if not asked:
+        return False
+    from .pdl import available
+    return SIMULATOR or available()
+
+
 def _check(cond, msg):
     if not cond:
         raise ValueError("mmq: " + msg)
@@ -149,10 +159,11 @@ def _c_contig(a):
     return bool(a.flags.c_contiguous)
 
 
-def compile_for(weights, n_values=(18, 33, 128, 512), modes=("store",)) -> None:
+def compile_for(weights, n_values=(18, 33, 128, 512), modes=("store",), pdl: bool = False) -> None:
     """Compile at load, before the first request, every kernel mmq will launch for these
     weights (PackedWeights: their exact plans; QTypes: every candidate config), token
-    counts and modes; also prepare_x. A kernel takes a few seconds to compile; anything
+    counts and modes; also prepare_x. pdl: the programmatic-dependent-launch builds (the
+    launches' pdl=True; sm_90+) instead. A kernel takes a few seconds to compile; anything
     not compiled here compiles on first use. No-op under the simulator."""
     if SIMULATOR:
         return
@@ -176,22 +187,23 @@ def compile_for(weights, n_values=(18, 33, 128, 512), modes=("store",)) -> None:
                 for cfg, red in cfgs:
                     keys.add((fmt, cfg, MP.MODES[mode], red))
     for fmt, cfg, epi, red in sorted(keys, key=str):
-        _ensure_compiled(_kernel(fmt, cfg, epi, red), fmt)
+        _ensure_compiled(_kernel(fmt, cfg, epi, red, pdl), fmt)
         if red == D.RED_KERNEL:                   # (compiled even if no plan splits K)
             _reduce_kernel(epi).compile(REDUCE_SIGNATURE)
     P.prepare_x_kernel.compile(PREPARE_X_SIGNATURE)
     for cols in {item.cols for item in weights if isinstance(item, PackedWeight)}:
-        P.prepare_x_kernel_for(cols).compile(PREPARE_X_SIGNATURE)   # the register-resident variants
+        P.prepare_x_kernel_for(cols, pdl).compile(PREPARE_X_SIGNATURE)   # the register-resident variants
 
 
-def prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps: float = 1e-6) -> None:
+def prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps: float = 1e-6, pdl: bool = False) -> None:
     """x float32 [N, cols] -> x16 float16 [N, cols] (MMQ order), xscale float32 [N].
 
     With norm_weight (float32 [cols]) the RMSNorm is fused in: the values converted are
     x / sqrt(mean(x^2) + eps) * norm_weight (engine/models/reference.py's rmsnorm), so the residual
     stream feeds MMQ in one kernel. xscale[t] is 1 unless max|v[t]| > 16384, then the
     power of two that brings the row below it (fp16 overflows at 65504; mmq multiplies
-    it back in its epilogue)."""
+    it back in its epilogue). pdl: the build that lets the next kernel (an mmq launched with
+    pdl=True) launch at once; it is itself launched as always."""
     _check(len(x.shape) == 2 and x.dtype == np.float32 and _c_contig(x),
            f"x must be a C-contiguous float32 [N, cols], got {x.dtype}{tuple(x.shape)}")
     n, cols = x.shape
@@ -206,12 +218,12 @@ def prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps: float = 1e-6) -> 
         w, has_norm = norm_weight, 1
     else:
         w, has_norm = xscale, 0                          # never read
-    P.prepare_x_kernel_for(cols)[n, P.PREP_THREADS, stream](x, w, x16.view(np.uint32), xscale, cols,
+    P.prepare_x_kernel_for(cols, _pdl(pdl))[n, P.PREP_THREADS, stream](x, w, x16.view(np.uint32), xscale, cols,
                                                   np.float32(eps), has_norm)
 
 
 def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, stream=0,
-        config: MP.TileConfig = None, splits: int = None, reduce: str = None) -> None:
+        config: MP.TileConfig = None, splits: int = None, reduce: str = None, pdl: bool = False) -> None:
     """Y = X W^T on the tensor cores (see the module docstring for the modes).
 
     w          PackedWeight, planes are device arrays ([rows, bytes], C-contiguous rows)
@@ -224,6 +236,10 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
     stream     numba stream (or 0); config/splits/reduce override the automatic plan
                (benchmarks)
     With a split K and reduce "kernel" this is two launches: the GEMM, then the reduction.
+    pdl        the GEMM's programmatic-dependent-launch build, launched with programmatic stream
+               serialization (quant/pdl.py; sm_90+, ignored on other devices; the simulator runs
+               the build plainly): it copies its first weights while the kernel before it
+               (prepare_x's pdl build, or anything) finishes. The reduction launches as always.
     """
     _check(w.qtype in MP.SUPPORTED, f"{QType(w.qtype).name} weights are not supported "
            f"(supported: {', '.join(sorted(q.name for q in MP.SUPPORTED))})")
@@ -261,11 +277,16 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
     else:
         flat = y.reshape(y.shape[0] * y.shape[1])        # never touched with one split
         ws, cnt = flat, flat.view(np.int32)
-    kern = _kernel(fmt, p.config, p.epi, p.red)   # (one split: either reduction, same path)
+    pdl = _pdl(pdl)
+    kern = _kernel(fmt, p.config, p.epi, p.red, pdl)   # (one split: either reduction, same path)
     _ensure_compiled(kern, fmt)
-    kern[p.grid, p.config.threads, stream, p.smem](
-        slots[0], slots[1], slots[2], slots[3], x16, xscale, y, ws, cnt,
-        n, rows_out, p.n_stages, p.stages_per_split, p.splits)
+    args = (slots[0], slots[1], slots[2], slots[3], x16, xscale, y, ws, cnt,
+            n, rows_out, p.n_stages, p.stages_per_split, p.splits)
+    if pdl and not SIMULATOR:
+        from .pdl import launch
+        launch(kern, p.grid, p.config.threads, stream, *args, shmem=p.smem)
+    else:                       # (the simulator runs a PDL build's griddepcontrol as no-ops)
+        kern[p.grid, p.config.threads, stream, p.smem](*args)
     if p.red == D.RED_KERNEL and p.splits > 1:
         grid = (-(-rows_out // R.REDUCE_THREADS), n)
         _reduce_kernel(p.epi)[grid, R.REDUCE_THREADS, stream](ws, xscale, y, n, rows_out, p.splits)

@@ -53,6 +53,7 @@ from .mmq_defs import (EPI_ADD, EPI_GEGLU, EPI_STORE, EPI_SWIGLU, GATED, MAX_REG
                        RED_KERNEL, RED_LAST, SC_ENTRIES, SC_WORDS, U, X_WORDS, _gate_act, _inline,
                        _wait_group, register_capped)
 from .mmq_kquants import KQ45, Q4_K, Q5_K, Q6_K, Q8_0
+from .pdl import hooks
 from .ptx import (SIMULATOR, cp_async16_zfill, cp_async_commit, ldmatrix_x2, ldmatrix_x4,
                   mma_f16_f32)
 
@@ -61,7 +62,7 @@ from .ptx import (SIMULATOR, cp_async16_zfill, cp_async_commit, ldmatrix_x2, ldm
 # The GEMM kernel factory. Compile-time constants are closure variables (numba freezes
 # them); each (format, tile shape, stages, epilogue) is its own kernel.
 # =====================================================================================
-def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
+def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST, pdl=False):
     """Return the lazily-compiled `@cuda.jit` kernel
 
     kernel(p0, p1, p2, p3, x, xscale, y, ws, cnt,
@@ -88,6 +89,11 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
 
     grid = (ceil(rows_out / BM_out), ceil(N / BN), splits), block = 32 * wm * wn threads,
     dynamic shared memory = smem_bytes(...).
+
+    pdl: the programmatic-dependent-launch build (sm_90+, quant/pdl.py): it lets the next kernel
+    launch at once, copies the prologue stages' weights before griddepcontrol.wait and reads X,
+    xscale, y and the workspace only after it (rules 1-3 of pdl.py; X by cp.async, which goes
+    through L2). Same operations in the same order after the copies land: the same bits.
     """
     assert fmt in (Q4_K, Q6_K, Q8_0, Q5_K) + L.LEGACY + F.FLOAT
     assert epi in (EPI_STORE, EPI_ADD, EPI_SWIGLU, EPI_GEGLU)
@@ -117,6 +123,8 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
     X_OFF = FLAG + 4
     assert X_OFF % 4 == 0
     wait_group = _wait_group(stages)
+    PDL = bool(pdl)
+    wait, launch_dependents, _ = hooks(PDL)
     gate_act = _gate_act(epi)
     ACC_WORDS = mt * nt * 4                # accumulators per thread
     # uint32 versions of the constants used in index math
@@ -147,7 +155,7 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
 
     # ---- stage loader: raw weight chunks + X rows, all through cp.async ---------------
     @_inline
-    def load_stage(smem, p0, p1, p2, x, st, buf, m0, n0, n_tok, rows_out, x_rows_blk, tid):
+    def load_weights(smem, p0, p1, p2, st, buf, m0, rows_out, tid):
         rb = buf * uRAW_STAGE
         sb = st >> U(1)                                  # super-block (k-quants) index
         if LG:              # qs of the stage's 4 blocks (d, m, qh: lg_prefetch)
@@ -166,6 +174,9 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
         else:               # qs 128 B of the stage; fp16 d of the super-block's 8 blocks
             load_plane(smem, p0, rb, U(0), U(3), st * U(128), U(16), m0, rows_out, tid)
             load_plane(smem, p1, rb, U(32), U(0), sb * U(8), U(8), m0, rows_out, tid)
+
+    @_inline
+    def load_x(smem, x, st, buf, n0, n_tok, x_rows_blk, tid):
         xb = uX_OFF + buf * uBN * uXW
         c = tid
         while c < x_rows_blk * U(16):                   # 16 chunks of 8 fp16 per token
@@ -183,6 +194,11 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
                 nbytes = U(0)
             cp_async16_zfill(smem, xb + tk * uXW + part * U(4), x, (tok, xc), nbytes)
             c += uNTH
+
+    @_inline
+    def load_stage(smem, p0, p1, p2, x, st, buf, m0, n0, n_tok, rows_out, x_rows_blk, tid):
+        load_weights(smem, p0, p1, p2, st, buf, m0, rows_out, tid)
+        load_x(smem, x, st, buf, n0, n_tok, x_rows_blk, tid)
 
     # ---- tensor-core inner step: one k16 group, all m/n tiles of the warp ------------
     @_inline
@@ -285,6 +301,7 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
     @cuda.jit(**jit_options)
     def kernel(p0, p1, p2, p3, x, xscale, y, ws, cnt, n_tok_, rows_out_, n_stages_,
                stages_per_split_, splits_):
+        launch_dependents()                              # PDL: the next kernel may launch
         smem = cuda.shared.array(0, uint32, alignment=16)
         tid = uint32(cuda.threadIdx.x) & U(NTH - 1)       # masked: provably < NTH
         lane = tid & U(31)
@@ -321,12 +338,25 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
         if LG:
             lg_prefetch(p1, p2, pf, st0, m0, rows_out, tid)
 
-        # prologue: stages st0 .. st0 + stages - 2 in flight
-        for s in range(stages - 1):
-            if st0 + U(s) < st1:
-                load_stage(smem, p0, p1, p2, x, st0 + U(s), U(s), m0, n0, n_tok, rows_out,
-                           x_rows_blk, tid)
-            cp_async_commit()
+        # prologue: stages st0 .. st0 + stages - 2 in flight. A PDL build issues their weight
+        # copies (constants) before griddepcontrol.wait and X's (prepare_x's output) after it;
+        # the first commit group then holds every prologue stage's weights (a wait_group for
+        # stage st0 waits for all of them: they were issued first anyway)
+        if PDL:
+            for s in range(stages - 1):
+                if st0 + U(s) < st1:
+                    load_weights(smem, p0, p1, p2, st0 + U(s), U(s), m0, rows_out, tid)
+            wait()
+            for s in range(stages - 1):
+                if st0 + U(s) < st1:
+                    load_x(smem, x, st0 + U(s), U(s), n0, n_tok, x_rows_blk, tid)
+                cp_async_commit()
+        else:
+            for s in range(stages - 1):
+                if st0 + U(s) < st1:
+                    load_stage(smem, p0, p1, p2, x, st0 + U(s), U(s), m0, n0, n_tok, rows_out,
+                               x_rows_blk, tid)
+                cp_async_commit()
 
         acc = cuda.local.array((mt, nt, 4), float32)
         for i in range(mt):
@@ -428,6 +458,6 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST):
                 cnt[tile] = int32(0)                     # ready for the next launch
         epilogue(y, xscale, acc, m0, n0, wrow_out0, g, t, xtok0, nt_w, n_tok, rows_out)
 
-    kernel.mmq_meta = dict(fmt=fmt, wm=wm, wn=wn, mt=mt, nt=nt, stages=stages, epi=epi, red=red,
+    kernel.mmq_meta = dict(fmt=fmt, wm=wm, wn=wn, mt=mt, nt=nt, stages=stages, epi=epi, red=red, pdl=PDL,
                            threads=NTH, bm=BM, bm_out=BM // 2 if swiglu else BM, bn=8 * nt * wn)
     return kernel_cache.attach(kernel)

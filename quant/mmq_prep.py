@@ -10,6 +10,7 @@ from numba import cuda, float32, uint32
 from genie_rt.engine import kernel_cache
 
 from .ptx import SIMULATOR, mma_f16_f32, pack_half2
+from .pdl import hooks
 
 U = np.uint32
 
@@ -116,20 +117,28 @@ _FULL = 0xFFFFFFFF
 _RESIDENT = {}
 
 
-def prepare_x_kernel_for(cols: int):
+def prepare_x_kernel_for(cols: int, pdl: bool = False):
     """The prepare_x kernel for rows of `cols` values (same arguments and launch as
-    prepare_x_kernel: one block of PREP_THREADS per row)."""
+    prepare_x_kernel: one block of PREP_THREADS per row). pdl: the build that executes
+    griddepcontrol.launch_dependents first (sm_90+), so an mmq launched after it by
+    programmatic dependent launch starts copying its weights at once (quant/pdl.py); launched
+    as always, it waits for nothing itself. Rows wider than the resident kernel's keep
+    prepare_x_kernel (no early launch after them)."""
     j = -(-(cols // 2) // PREP_THREADS)
     if j > PREP_PAIRS_MAX:
         return prepare_x_kernel
-    if j not in _RESIDENT:
-        _RESIDENT[j] = _make_resident(max(j, 1))
-    return _RESIDENT[j]
+    key = (j, bool(pdl))
+    if key not in _RESIDENT:
+        _RESIDENT[key] = _make_resident(max(j, 1), bool(pdl))
+    return _RESIDENT[key]
 
 
-def _make_resident(J):
+def _make_resident(J, PDL=False):
+    _, launch_dependents, _ = hooks(PDL)
+
     @cuda.jit
     def prepare_x_resident(x, norm_w, out, xscale, cols, eps, has_norm):
+        launch_dependents()
         red_max = cuda.shared.array(_WARPS, float32)
         red_ss = cuda.shared.array(_WARPS, float32)
         row = cuda.blockIdx.x

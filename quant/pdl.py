@@ -86,10 +86,12 @@ def _dim3(d) -> tuple:
     return tuple(int(v) for v in d) + (1,) * (3 - len(d))
 
 
-def launch(dispatcher, grid, block, stream, *args, programmatic: bool = True) -> None:
-    """dispatcher[grid, block, stream](*args), launched with programmatic stream
+def launch(dispatcher, grid, block, stream, *args, programmatic: bool = True, shmem: int = 0) -> None:
+    """dispatcher[grid, block, stream, shmem](*args), launched with programmatic stream
     serialization. The dispatcher must have exactly one compiled signature (the engine
-    compiles every kernel eagerly at load) and be a PDL build."""
+    compiles every kernel eagerly at load) and be a PDL build; shmem: bytes of dynamic
+    shared memory (above 48 KB the kernel's attribute must allow it: quant/mmq.py
+    `_ensure_compiled`)."""
     from cuda.core import LaunchConfig
     from cuda.core import launch as core_launch
     from numba.cuda.cudadrv import driver
@@ -103,7 +105,7 @@ def launch(dispatcher, grid, block, stream, *args, programmatic: bool = True) ->
     retr, kernelargs = [], []
     for t, v in zip(kernel.argument_types, args):
         kernel._prepare_args(t, v, stream, retr, kernelargs)
-    config = LaunchConfig(grid=_dim3(grid), block=_dim3(block), shmem_size=0,
+    config = LaunchConfig(grid=_dim3(grid), block=_dim3(block), shmem_size=int(shmem),
                           programmatic_stream_serialization=programmatic)
     core_launch(driver._to_core_stream(stream), config, cufunc.kernel, *kernelargs)
     for wb in retr:                 # numba's write-backs (none for device arrays)

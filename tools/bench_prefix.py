@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--user-tokens", type=int, default=8)
     p.add_argument("--repeat", type=int, default=5, help="measurements per case (median reported)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prefill-pdl", action="store_true",
+                   help="CUDA: EngineConfig.prefill_pdl (the prefill's GEMMs by programmatic dependent launch)")
     args = p.parse_args(argv)
 
     from genie_rt.engine.config import EngineConfig
@@ -102,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp)
         model = Path(args.model) if args.model else synth_model(tmp, args.seed)
         n_ctx = args.system_tokens + 2 * args.user_tokens + 16
-        engine = Engine.load(model, EngineConfig(backend=args.backend, n_ctx=n_ctx, kv_dtype=args.kv))
+        engine = Engine.load(model, EngineConfig(backend=args.backend, n_ctx=n_ctx, kv_dtype=args.kv,
+                                                 prefill_pdl=args.prefill_pdl))
         store = KVStore(tmp / "kv")
         rng = np.random.default_rng(args.seed)
         vocab = min(engine.cfg.vocab_size, 4000)

@@ -75,6 +75,9 @@
 #   long16    tg128 at depths 4,096 and 16,384 with --attention-loop warp and with mma
 #   mmak16    python -m genie_rt.quant.gemv_mma_k: the mma GEMV with an integer epilogue (q8_K activations)
 #             against gemv_mma and the dp4a GEMV, 1-8 tokens (gemv-mma-k.json)
+#   ppdl16    the prefill's GEMMs by programmatic dependent launch (EngineConfig.prefill_pdl): the prefill
+#             graph off / on with the bits compared (profile_prefill --pdl both), bench_prefix both ways,
+#             TT s of GPU tests
 #   ncu15     Nsight Compute for the two kernels issue 14 needs next (2026-12-05): the decode attention at
 #             depth NDEPTH (4096; the graph's nodes, kernels named "kernel": the attention and the
 #             step's small kernels, ncu-attn.txt) and the mma GEMV against the dp4a GEMV at 1 and 8 tokens
@@ -580,6 +583,24 @@ for s in "$@"; do
       # the dp4a GEMV at the 4B's Q4_K shapes, 1-8 tokens, each checked against numpy first
       timeout ${MT:-240} $PY -m genie_rt.quant.gemv_mma_k --json "$OUT/gemv-mma-k.json" 2>&1 | grep -v "^INFO numba" \
         | tee "$OUT/gemv-mma-k.txt" | tail -${MTAIL:-16} | cut -c1-400 ;;
+    ppdl16)
+      stage ppdl16
+      # the prefill's GEMMs by programmatic dependent launch (EngineConfig.prefill_pdl, 2026-12-05):
+      # the prefill graph off / on in turn with the bits compared (tools/profile_prefill.py --pdl both:
+      # 8 / 16 / 33 rows after 500 cached tokens, 512 from 0; ppdl.txt), the prefix-reuse bench both
+      # ways (prefix-off.txt, prefix-on.txt), then TT s of GPU tests (GK=, default: the PDL prefill's
+      # and the mma attention default's)
+      use_kernel_cache
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      timeout ${PT:-300} $PY tools/profile_prefill.py -m $MODEL4B --ctx 2048 --sizes ${PSIZES:-8,16,33} \
+        --start ${PSTART:-500} --pdl both --no-ablation 2>&1 | grep -v "^INFO numba" | tee "$OUT/ppdl.txt" | tail -24
+      for w in off on; do
+        A=""; [ $w = on ] && A="--prefill-pdl"
+        timeout ${PXT:-150} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B $A 2>&1 | grep -v "^INFO numba" \
+          > "$OUT/prefix-$w.txt"; echo "prefix-reuse, prefill_pdl $w:"; grep -E "warm|cold" "$OUT/prefix-$w.txt" | head -3
+      done
+      [ "${TT:-0}" -gt 0 ] && GF="tests/test_prefill_pdl.py tests/test_mmq.py tests/test_backend_cuda.py tests/test_attention_decode_mma.py" \
+        gpu_tests_4b "${GK:-pdl or default or every_position or greedy}" $TT ;;
     ncu15)
       stage ncu15
       use_kernel_cache

@@ -9,6 +9,7 @@ garbage in the ablated graphs; the timing of the remaining kernels does not depe
 them (no kernel's work depends on the data). Medians of several replays (CUDA events).
 """
 import argparse
+import dataclasses
 import importlib
 import json
 import sys
@@ -43,6 +44,25 @@ def time_prefill(be, n: int, reps: int = 20, splits: tuple = (1,)) -> float:
     return time_us(lambda: be._record_prefill(n, splits), be.stream, per=1, reps=reps) / 1000
 
 
+def compare_pdl(be, n: int, splits: tuple) -> dict:
+    """The n-row prefill graph with EngineConfig.prefill_pdl off and on, twice in turn: ms each
+    time, and whether the residual stream after the last layer has the same bits both ways."""
+    import numpy as np
+    res, bits = {}, {}
+    for rnd in (1, 2):
+        for on in (False, True):
+            be.ecfg = dataclasses.replace(be.ecfg, prefill_pdl=on)     # read by each recording
+            ms = time_prefill(be, n, splits=splits)
+            res.setdefault(f"prefill_pdl={on}", []).append(ms)
+            x = be._prefill_scratch[n].x.copy_to_host()
+            bits.setdefault(on, x)
+            print(f"  prefill_pdl={on}: {ms:.3f} ms (pass {rnd})", flush=True)
+    same = bool(np.array_equal(bits[False], bits[True]))
+    diff = float(np.max(np.abs(bits[False] - bits[True])))
+    print(f"  prefill_pdl on against off: same bits {same} (max |diff| {diff:.3g})", flush=True)
+    return dict(ms=res, same_bits=same, max_abs_diff=diff)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-m", "--model", required=True)
@@ -52,6 +72,12 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--start", type=int, default=0, help="first position of the prefill (tokens already "
                    "in the cache, as after prefix reuse; default 0)")
+    p.add_argument("--pdl", choices=("off", "on", "both"), default="off",
+                   help="EngineConfig.prefill_pdl (sm_90+: the GEMMs by programmatic dependent launch); "
+                        "both: time the graph each way in turn and check that the residual stream has "
+                        "the same bits (the ablation then runs with it off)")
+    p.add_argument("--no-ablation", dest="ablation", action="store_false",
+                   help="time the whole graph only, not each family's share")
     args = p.parse_args(argv)
     if args.start < 0:
         p.error(f"--start must be >= 0, got {args.start}")
@@ -59,7 +85,8 @@ def main(argv=None) -> int:
     from genie_rt.engine.engine import Engine
     for module in MODULES:
         importlib.import_module(module)
-    eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv))
+    eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv,
+                                               prefill_pdl=args.pdl == "on"))
     be = eng.backend
     out = []
     for n in (int(v) for v in args.sizes.split(",")):
@@ -70,10 +97,17 @@ def main(argv=None) -> int:
         used = be._splits(n, args.start)                 # in use at this start (device state)
         be._set_state(pos=args.start, last=n - 1, splits=used)
         splits = be._max_splits(n)                       # the bucket graph's grid, as served
+        ways = {}
+        if args.pdl == "both":
+            ways = compare_pdl(be, n, splits)
+            be.ecfg = dataclasses.replace(be.ecfg, prefill_pdl=False)
         full = time_prefill(be, n, splits=splits)
         print(f"prefill of {n} tokens at position {args.start} ({used} of at most {splits} attention splits), "
               f"{be.device_info()['device']}: {full:.3f} ms "
-              f"({n / full * 1000:.0f} tokens/s, graph only)", flush=True)
+              f"({n / full * 1000:.0f} tokens/s, graph only), prefill_pdl={be.ecfg.prefill_pdl}", flush=True)
+        if not args.ablation:
+            out.append(dict(n=n, start=args.start, ms=full, pdl=ways))
+            continue
         rows = []
         for label, module, name, pred in families(be.cfg):
             with without(module, name, pred):
@@ -83,7 +117,7 @@ def main(argv=None) -> int:
                   f"  ({(full - rest) * 1000 / be.cfg.n_layers:6.1f} us per layer)", flush=True)
         acc = sum(r["ms"] for r in rows)
         print(f"  {'(sum of the families)':<28} {acc * 1000:8.1f} us  {100 * acc / full:5.1f} %", flush=True)
-        out.append(dict(n=n, start=args.start, ms=full, families=rows))
+        out.append(dict(n=n, start=args.start, ms=full, families=rows, pdl=ways))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
