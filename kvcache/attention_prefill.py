@@ -130,9 +130,14 @@ def plan_prefill(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_max: in
                        None if scale is None else float(scale))
 
 
+# the fewest key tiles a split keeps (prefill_splits); a lab knob: tools/profile_prefill.py
+# --split-tiles times other values (short chunks after a cached prefix, 2026-12-05)
+MIN_SPLIT_TILES = 4
+
+
 def prefill_splits(plan: PrefillPlan, n: int, start: int, sm_count: int | None = None) -> int:
     """Context splits for a launch of n tokens at `start` (host-side choice): split only
-    when the blocks would not fill the GPU and every split keeps >= 4 key tiles."""
+    when the blocks would not fill the GPU and every split keeps >= MIN_SPLIT_TILES key tiles."""
     if sm_count is None:
         sm_count = 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
     blocks = -(-n * plan.group // BM) * plan.n_kv * plan.o_splits
@@ -140,7 +145,7 @@ def prefill_splits(plan: PrefillPlan, n: int, start: int, sm_count: int | None =
     tiles = -(-(before + n) // plan.block_n)
     if blocks >= sm_count:
         return 1
-    return max(1, min(plan.max_splits, -(-sm_count // blocks), tiles // 4))
+    return max(1, min(plan.max_splits, -(-sm_count // blocks), tiles // MIN_SPLIT_TILES))
 
 
 class PrefillWorkspace:

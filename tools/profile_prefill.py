@@ -44,6 +44,26 @@ def time_prefill(be, n: int, reps: int = 20, splits: tuple = (1,)) -> float:
     return time_us(lambda: be._record_prefill(n, splits), be.stream, per=1, reps=reps) / 1000
 
 
+def compare_split_tiles(be, n: int, start: int, values: list) -> dict:
+    """The n-row prefill graph at `start` with attention_prefill.MIN_SPLIT_TILES at each value
+    (then back to the default): ms and the splits in use each time."""
+    from genie_rt.kvcache import attention_prefill as AP
+    default, res = AP.MIN_SPLIT_TILES, {}
+    try:
+        for k in values:
+            AP.MIN_SPLIT_TILES = k
+            be._max_splits_of.clear()
+            used, most = be._splits(n, start), be._max_splits(n)
+            be._set_state(pos=start, last=n - 1, splits=used)
+            ms = time_prefill(be, n, splits=most)
+            res[k] = dict(ms=ms, splits=list(used))
+            print(f"  MIN_SPLIT_TILES={k}: {ms:.3f} ms ({used} splits in use, at most {most})", flush=True)
+    finally:
+        AP.MIN_SPLIT_TILES = default
+        be._max_splits_of.clear()
+    return res
+
+
 def compare_pdl(be, n: int, splits: tuple) -> dict:
     """The n-row prefill graph with EngineConfig.prefill_pdl off and on, twice in turn: ms each
     time, and whether the residual stream after the last layer has the same bits both ways."""
@@ -76,6 +96,9 @@ def main(argv=None) -> int:
                    help="EngineConfig.prefill_pdl (sm_90+: the GEMMs by programmatic dependent launch); "
                         "both: time the graph each way in turn and check that the residual stream has "
                         "the same bits (the ablation then runs with it off)")
+    p.add_argument("--split-tiles", default=None, metavar="K,K,...",
+                   help="also time the graph with kvcache/attention_prefill.MIN_SPLIT_TILES at each value "
+                        "(the fewest key tiles a split of the attention keeps; default 4)")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
                    help="time the whole graph only, not each family's share")
     args = p.parse_args(argv)
@@ -98,6 +121,10 @@ def main(argv=None) -> int:
         be._set_state(pos=args.start, last=n - 1, splits=used)
         splits = be._max_splits(n)                       # the bucket graph's grid, as served
         ways = {}
+        if args.split_tiles:
+            ways["split_tiles"] = compare_split_tiles(be, n, args.start, [int(v) for v in args.split_tiles.split(",")])
+            used, splits = be._splits(n, args.start), be._max_splits(n)
+            be._set_state(pos=args.start, last=n - 1, splits=used)
         if args.pdl == "both":
             ways = compare_pdl(be, n, splits)
             be.ecfg = dataclasses.replace(be.ecfg, prefill_pdl=False)
