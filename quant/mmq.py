@@ -202,8 +202,9 @@ def prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps: float = 1e-6, pdl
     x / sqrt(mean(x^2) + eps) * norm_weight (engine/models/reference.py's rmsnorm), so the residual
     stream feeds MMQ in one kernel. xscale[t] is 1 unless max|v[t]| > 16384, then the
     power of two that brings the row below it (fp16 overflows at 65504; mmq multiplies
-    it back in its epilogue). pdl: the build that lets the next kernel (an mmq launched with
-    pdl=True) launch at once; it is itself launched as always."""
+    it back in its epilogue). pdl: the programmatic-dependent-launch build and launch (sm_90+;
+    ignored elsewhere): it starts while the kernel before it finishes and waits for it on the
+    device, and lets the next kernel (an mmq launched with pdl=True) launch at once."""
     _check(len(x.shape) == 2 and x.dtype == np.float32 and _c_contig(x),
            f"x must be a C-contiguous float32 [N, cols], got {x.dtype}{tuple(x.shape)}")
     n, cols = x.shape
@@ -218,8 +219,11 @@ def prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps: float = 1e-6, pdl
         w, has_norm = norm_weight, 1
     else:
         w, has_norm = xscale, 0                          # never read
-    P.prepare_x_kernel_for(cols, _pdl(pdl))[n, P.PREP_THREADS, stream](x, w, x16.view(np.uint32), xscale, cols,
-                                                  np.float32(eps), has_norm)
+    kern = P.prepare_x_kernel_for(cols, _pdl(pdl))
+    args = (x, w, x16.view(np.uint32), xscale, cols, np.float32(eps), has_norm)
+    from .pdl import launch_or_plain
+    launch_or_plain(kern, n, P.PREP_THREADS, stream, PREPARE_X_SIGNATURE,
+                    _pdl(pdl) and kern is not P.prepare_x_kernel, *args)
 
 
 def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, stream=0,

@@ -119,11 +119,11 @@ _RESIDENT = {}
 
 def prepare_x_kernel_for(cols: int, pdl: bool = False):
     """The prepare_x kernel for rows of `cols` values (same arguments and launch as
-    prepare_x_kernel: one block of PREP_THREADS per row). pdl: the build that executes
-    griddepcontrol.launch_dependents first (sm_90+), so an mmq launched after it by
-    programmatic dependent launch starts copying its weights at once (quant/pdl.py); launched
-    as always, it waits for nothing itself. Rows wider than the resident kernel's keep
-    prepare_x_kernel (no early launch after them)."""
+    prepare_x_kernel: one block of PREP_THREADS per row). pdl: the programmatic-dependent-launch
+    build (sm_90+, quant/pdl.py): griddepcontrol.launch_dependents first, so the mmq launched
+    after it starts copying its weights at once, then griddepcontrol.wait before it reads x;
+    launched with programmatic stream serialization (mmq.prepare_x). Rows wider than the
+    resident kernel's keep prepare_x_kernel (plain)."""
     j = -(-(cols // 2) // PREP_THREADS)
     if j > PREP_PAIRS_MAX:
         return prepare_x_kernel
@@ -134,11 +134,12 @@ def prepare_x_kernel_for(cols: int, pdl: bool = False):
 
 
 def _make_resident(J, PDL=False):
-    _, launch_dependents, _ = hooks(PDL)
+    wait, launch_dependents, _ = hooks(PDL)
 
     @cuda.jit
     def prepare_x_resident(x, norm_w, out, xscale, cols, eps, has_norm):
         launch_dependents()
+        wait()                                   # PDL: x is the kernel before's output
         red_max = cuda.shared.array(_WARPS, float32)
         red_ss = cuda.shared.array(_WARPS, float32)
         row = cuda.blockIdx.x

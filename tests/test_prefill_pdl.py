@@ -3,7 +3,8 @@
 
 The GEMM's PDL build copies its prologue stages' weights (constants) before
 `griddepcontrol.wait` and X (prepare_x's output) after it; the input conversions before it
-execute `griddepcontrol.launch_dependents` first, so it launches while they run. Checked:
+execute `griddepcontrol.launch_dependents` first, so it launches while they run (prepare_x's
+build is itself launched early and waits before it reads x). Checked:
 - PTX for sm_90 (no GPU needed): the trigger first, then the wait; before the wait only the
   weights' cp.async copies (and Q6_K's fp16 d loads), as many as the geometry says; no
   non-coherent load anywhere; the plain builds carry no griddepcontrol;
@@ -87,11 +88,19 @@ def test_mmq_plain_build_is_unchanged_by_the_split_loader(ptx):
     assert len(_CP.findall(plain)) == len(_CP.findall(pdl)), "the same copies, in another order"
 
 
-@pytest.mark.parametrize("name", ["prep_pdl", "merge_pdl"])
-def test_conversions_before_a_gemm_let_it_launch_and_wait_for_nothing(ptx, name):
-    text = ptx[name][(9, 0)]
-    assert "griddepcontrol.launch_dependents;" in text and "griddepcontrol.wait" not in text, name
+def test_prepare_x_pdl_build_triggers_then_waits_before_reading_x(ptx):
+    text = ptx["prep_pdl"][(9, 0)]
+    trigger, wait = text.find("griddepcontrol.launch_dependents;"), text.find("griddepcontrol.wait;")
+    assert 0 <= trigger < wait
+    assert not _LD.findall(text[:wait]), "a global load before the wait"
+    assert _LD.findall(text[wait:]) and "ld.global.nc" not in text
     assert "griddepcontrol" not in ptx["prep_plain"][(9, 0)]
+
+
+def test_merge_pdl_build_lets_the_gemm_launch_and_is_itself_launched_plainly(ptx):
+    # (its predecessor, the prefill attention, is a plain build: nothing to overlap it with)
+    text = ptx["merge_pdl"][(9, 0)]
+    assert "griddepcontrol.launch_dependents;" in text and "griddepcontrol.wait" not in text
 
 
 # ---- simulator (or a device) ------------------------------------------------------------
