@@ -377,7 +377,7 @@ class PrefillOps(_Ops):
         # EngineConfig.prefill_pdl on sm_90+: every GEMM launched by programmatic dependent launch
         # (its first weights copied while the kernel before it runs); the input conversions before
         # them let them launch at once (quant/mmq.py, quant/pdl.py)
-        self.pdl = bool(getattr(rt.ecfg, "prefill_pdl", False)) and _pdl_available()
+        self.pdl = bool(getattr(getattr(rt, "ecfg", None), "prefill_pdl", False)) and _pdl_available()
 
     embed = _flushing(_Ops.embed)
     rope_write = _flushing(_Ops.rope_write)

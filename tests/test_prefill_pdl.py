@@ -233,8 +233,9 @@ REPLAYS = 10
 @pytest.mark.gpu
 def test_gpu_prefill_pdl_same_bits(tmp_path):
     """The prefill graphs with EngineConfig.prefill_pdl on give the plain graphs' logits bit for
-    bit, replay after replay: a 40-token prompt from 0 and 16 tokens after 600 (the attention
-    splits its keys there, so the merge + prepare_x build runs too)."""
+    bit, replay after replay: a 40-token prompt from 0, 16 tokens after 600 (the attention splits
+    its keys there, so the merge + prepare_x build runs too) and 300 from 0 (the large tiles, more
+    than 48 KB of dynamic shared memory)."""
     import dataclasses
 
     from genie_rt.quant import pdl
@@ -247,7 +248,7 @@ def test_gpu_prefill_pdl_same_bits(tmp_path):
                                      vocab=4122, text_tokens=4096), seed=0)
     gpu, _, _ = make_backends(path, "int8", n_ctx=1024)
     rng = np.random.default_rng(3)
-    prefix, short, more = (rng.integers(0, 4096, k).astype(np.int32) for k in (600, 40, 16))
+    prefix, short, more, long = (rng.integers(0, 4096, k).astype(np.int32) for k in (600, 40, 16, 300))
     gpu.prefill(prefix, 0)
     assert max(gpu._splits(16, 600)) > 1, "the chunk at 600 should split its attention"
     got = {}
@@ -255,10 +256,11 @@ def test_gpu_prefill_pdl_same_bits(tmp_path):
         gpu.ecfg = dataclasses.replace(gpu.ecfg, prefill_pdl=on)
         for key in [k for k in gpu._graphs if k[0] == "prefill"]:
             gpu._graphs.pop(key).close()                 # captured again with this setting
-        runs = [(gpu.prefill(short, 0), gpu.prefill(more, 600)) for _ in range(REPLAYS)]
+        runs = [(gpu.prefill(short, 0), gpu.prefill(more, 600), gpu.prefill(long, 0)) for _ in range(REPLAYS)]
         got.setdefault(on, []).extend(runs)
     ref = got[False][0]
     for on, runs in got.items():
-        for k, (a, b) in enumerate(runs):
-            np.testing.assert_array_equal(a.view(np.int32), ref[0].view(np.int32), err_msg=f"pdl={on} run {k}, at 0")
-            np.testing.assert_array_equal(b.view(np.int32), ref[1].view(np.int32), err_msg=f"pdl={on} run {k}, at 600")
+        for k, run in enumerate(runs):
+            for got_, ref_, what in zip(run, ref, ("40 at 0", "16 at 600", "300 at 0")):
+                np.testing.assert_array_equal(got_.view(np.int32), ref_.view(np.int32),
+                                              err_msg=f"pdl={on} run {k}, {what}")

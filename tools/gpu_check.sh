@@ -592,7 +592,7 @@ for s in "$@"; do
       # and the mma attention default's)
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      timeout ${PT:-300} $PY tools/profile_prefill.py -m $MODEL4B --ctx 2048 --sizes ${PSIZES:-8,16,33} \
+      timeout ${PT:-300} $PY tools/profile_prefill.py -m $MODEL4B --ctx 2048 --sizes ${PSIZES:-8,16,33,512} \
         --start ${PSTART:-500} --pdl both --split-tiles ${SPLIT_TILES:-4,2,1} --no-ablation 2>&1 | grep -v "^INFO numba" | tee "$OUT/ppdl.txt" | tail -24
       for w in off on; do
         A=""; [ $w = on ] && A="--prefill-pdl"
