@@ -374,10 +374,12 @@ class PrefillOps(_Ops):
                         for i, (p, k) in enumerate(zip(rt._plans(), n_splits))}
         self._x16_holds = None      # the buffer whose fp16 copy is in x16 now
         self._merge: _PendingMerge | None = None
-        # EngineConfig.prefill_pdl on sm_90+: every GEMM launched by programmatic dependent launch
-        # (its first weights copied while the kernel before it runs); the input conversions before
-        # them let them launch at once (quant/mmq.py, quant/pdl.py)
+        # EngineConfig.prefill_pdl on sm_90+: every GEMM, its split-K reduction, prepare_x and
+        # rope_write launched by programmatic dependent launch (a GEMM copies its first weights
+        # while the kernel before it runs); the merge + prepare_x lets its GEMM launch at once
+        # (quant/mmq.py, quant/pdl.py). The attention and copy_cols launch plainly
         self.pdl = bool(getattr(getattr(rt, "ecfg", None), "prefill_pdl", False)) and _pdl_available()
+        self.pdl_kinds = frozenset({"rope"}) if self.pdl else frozenset()    # rope_write's build too
 
     embed = _flushing(_Ops.embed)
     rope_write = _flushing(_Ops.rope_write)

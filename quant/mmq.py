@@ -78,10 +78,10 @@ def _kernel(fmt, cfg: MP.TileConfig, epi, red=D.RED_LAST, pdl: bool = False):
     return _KERNELS[key]
 
 
-def _reduce_kernel(epi):
-    key = ("reduce", epi)
+def _reduce_kernel(epi, pdl: bool = False):
+    key = ("reduce", epi, bool(pdl))
     if key not in _KERNELS:
-        _KERNELS[key] = R.build_reduce_kernel(epi)
+        _KERNELS[key] = R.build_reduce_kernel(epi, bool(pdl))
     return _KERNELS[key]
 
 
@@ -189,7 +189,7 @@ def compile_for(weights, n_values=(18, 33, 128, 512), modes=("store",), pdl: boo
     for fmt, cfg, epi, red in sorted(keys, key=str):
         _ensure_compiled(_kernel(fmt, cfg, epi, red, pdl), fmt)
         if red == D.RED_KERNEL:                   # (compiled even if no plan splits K)
-            _reduce_kernel(epi).compile(REDUCE_SIGNATURE)
+            _reduce_kernel(epi, pdl).compile(REDUCE_SIGNATURE)
     P.prepare_x_kernel.compile(PREPARE_X_SIGNATURE)
     for cols in {item.cols for item in weights if isinstance(item, PackedWeight)}:
         P.prepare_x_kernel_for(cols, pdl).compile(PREPARE_X_SIGNATURE)   # the register-resident variants
@@ -243,7 +243,8 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
     pdl        the GEMM's programmatic-dependent-launch build, launched with programmatic stream
                serialization (quant/pdl.py; sm_90+, ignored on other devices; the simulator runs
                the build plainly): it copies its first weights while the kernel before it
-               (prepare_x's pdl build, or anything) finishes. The reduction launches as always.
+               (prepare_x's pdl build, or anything) finishes; the split-K reduction's build
+               (RED_KERNEL) is launched the same way and waits for the GEMM on the device.
     """
     _check(w.qtype in MP.SUPPORTED, f"{QType(w.qtype).name} weights are not supported "
            f"(supported: {', '.join(sorted(q.name for q in MP.SUPPORTED))})")
@@ -292,8 +293,10 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
     else:                       # (the simulator runs a PDL build's griddepcontrol as no-ops)
         kern[p.grid, p.config.threads, stream, p.smem](*args)
     if p.red == D.RED_KERNEL and p.splits > 1:
+        from .pdl import launch_or_plain
         grid = (-(-rows_out // R.REDUCE_THREADS), n)
-        _reduce_kernel(p.epi)[grid, R.REDUCE_THREADS, stream](ws, xscale, y, n, rows_out, p.splits)
+        launch_or_plain(_reduce_kernel(p.epi, pdl), grid, R.REDUCE_THREADS, stream, REDUCE_SIGNATURE, pdl,
+                        ws, xscale, y, n, rows_out, p.splits)
 
 
 if __name__ == "__main__":

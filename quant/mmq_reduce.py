@@ -15,11 +15,12 @@ from numba import cuda, float32, uint32
 from genie_rt.engine import kernel_cache
 
 from .mmq_defs import EPI_ADD, EPI_STORE, GATED, U, _gate_act, _inline
+from .pdl import hooks
 
 REDUCE_THREADS = 256
 
 
-def build_reduce_kernel(epi):
+def build_reduce_kernel(epi, pdl=False):
     """Return the `@cuda.jit` kernel reduce(ws, xscale, y, n_tok, rows_out, splits):
 
       ws      float32 [splits, N, rows_w]   raw partial sums from the GEMM (RED_KERNEL)
@@ -30,8 +31,11 @@ def build_reduce_kernel(epi):
     grid = (ceil(rows_out / REDUCE_THREADS), N), block = REDUCE_THREADS.
     Sums run in split order, so the result is the same on every run; the loads of four
     splits are issued before they are added (they are independent, the adds are not).
+    pdl: the programmatic-dependent-launch build (sm_90+, quant/pdl.py): the next kernel may
+    launch at once, and every thread waits for the GEMM before it before reading anything.
     """
     swiglu = epi in GATED
+    wait, launch_dependents, _ = hooks(bool(pdl))
     gate_act = _gate_act(epi)
 
     @_inline
@@ -52,6 +56,8 @@ def build_reduce_kernel(epi):
 
     @cuda.jit
     def reduce(ws, xscale, y, n_tok_, rows_out_, splits_):
+        launch_dependents()
+        wait()                                           # PDL: ws is the GEMM's output
         r = uint32(cuda.blockIdx.x) * U(REDUCE_THREADS) + (uint32(cuda.threadIdx.x) & U(REDUCE_THREADS - 1))
         tok = uint32(cuda.blockIdx.y)
         rows_out = uint32(rows_out_)

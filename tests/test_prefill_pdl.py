@@ -44,6 +44,8 @@ q4k_pdl_s3 = build_mmq_kernel(Q.Q4_K, 4, 2, 2, 8, 3, EPI_STORE, RED_LAST, pdl=Tr
 prep_pdl = prepare_x_kernel_for(2560, True)
 prep_plain = prepare_x_kernel_for(2560)
 merge_pdl = merge_prepare_x_kernel_for(True)
+from genie_rt.quant.mmq_reduce import build_reduce_kernel
+reduce_pdl = build_reduce_kernel(EPI_ADD, True)
 """
 _CP = re.compile(r"cp\.async\.c[ag]\.shared\.global")
 _LD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.(\S+)", re.M)
@@ -58,7 +60,7 @@ def ptx():
     return compile_in_subprocess(_SOURCE, {
         "q4k_pdl": sig4, "q4k_plain": sig4, "q6k_pdl": sig6, "q4k_pdl_s3": sig4,
         "prep_pdl": mmq.PREPARE_X_SIGNATURE, "prep_plain": mmq.PREPARE_X_SIGNATURE,
-        "merge_pdl": MERGE_PREPARE_SIGNATURE}, ccs=((9, 0),))
+        "merge_pdl": MERGE_PREPARE_SIGNATURE, "reduce_pdl": mmq.REDUCE_SIGNATURE}, ccs=((9, 0),))
 
 
 @pytest.mark.parametrize("name,fmt,rows,threads,prologue", _MMQ, ids=[m[0] for m in _MMQ])
@@ -88,12 +90,13 @@ def test_mmq_plain_build_is_unchanged_by_the_split_loader(ptx):
     assert len(_CP.findall(plain)) == len(_CP.findall(pdl)), "the same copies, in another order"
 
 
-def test_prepare_x_pdl_build_triggers_then_waits_before_reading_x(ptx):
-    text = ptx["prep_pdl"][(9, 0)]
+@pytest.mark.parametrize("name", ["prep_pdl", "reduce_pdl"])
+def test_prepare_x_and_reduce_pdl_builds_trigger_then_wait_before_reading(ptx, name):
+    text = ptx[name][(9, 0)]
     trigger, wait = text.find("griddepcontrol.launch_dependents;"), text.find("griddepcontrol.wait;")
-    assert 0 <= trigger < wait
-    assert not _LD.findall(text[:wait]), "a global load before the wait"
-    assert _LD.findall(text[wait:]) and "ld.global.nc" not in text
+    assert 0 <= trigger < wait, name
+    assert not _LD.findall(text[:wait]), f"{name}: a global load before the wait"
+    assert _LD.findall(text[wait:]) and "ld.global.nc" not in text, name
     assert "griddepcontrol" not in ptx["prep_plain"][(9, 0)]
 
 
@@ -197,12 +200,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 @pytest.mark.slow
 @pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: test_gpu_prefill_pdl_same_bits)")
 def test_simulated_prefill_asks_for_the_pdl_builds(tmp_path, monkeypatch):
-    """EngineConfig.prefill_pdl with the device's PDL pretended: every GEMM and every input
-    conversion of the prefill is asked for its PDL build, and the logits are the same bits."""
+    """EngineConfig.prefill_pdl with the device's PDL pretended: every GEMM, every input
+    conversion and rope_write of the prefill is asked for its PDL build, and the logits are the
+    same bits."""
     import dataclasses
 
     from genie_rt.engine import cuda_ops
-    from genie_rt.kvcache import attention_merge
+    from genie_rt.kvcache import attention_merge, rope_write
     from test_decode_switches import _tiny_decode_backends
     gpu, _, _ = _tiny_decode_backends(tmp_path, "int8", warm=False)
     seen = []
@@ -210,7 +214,8 @@ def test_simulated_prefill_asks_for_the_pdl_builds(tmp_path, monkeypatch):
     def spy(mod, name):
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, **k: (seen.append((name, bool(k.get("pdl")))), real(*a, **k))[1])
-    for mod, name in ((mmq, "mmq"), (mmq, "prepare_x"), (attention_merge, "merge_prepare_x")):
+    for mod, name in ((mmq, "mmq"), (mmq, "prepare_x"), (attention_merge, "merge_prepare_x"),
+                      (rope_write, "rope_write")):
         spy(mod, name)
     monkeypatch.setattr(cuda_ops, "_pdl_available", lambda: True)
     tokens = np.arange(3, 15, dtype=np.int32)
@@ -221,7 +226,7 @@ def test_simulated_prefill_asks_for_the_pdl_builds(tmp_path, monkeypatch):
             gpu._graphs.pop(key).close()
         seen.clear()
         got[on] = gpu.prefill(tokens, 0)
-        assert {"mmq", "prepare_x"} <= {n for n, _ in seen}, seen
+        assert {"mmq", "prepare_x", "rope_write"} <= {n for n, _ in seen}, seen
         bad = [(n, p) for n, p in seen if p != on]
         assert not bad, (on, bad)
     np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
