@@ -15,10 +15,12 @@ row's d and dmin and the token's xd are then constants, so the sub-blocks add up
     S = sum_s sc[r, s] * dot(q[r, s], xq[t, s])     M = sum_s m[r, s] * xb[t, s]
 
 (S, M int32: |S| <= 8 * 63 * 32 * 15 * 127 < 2^25, |M| <= 8 * 63 * 32 * 127). A chunk (two
-sub-blocks) costs 16 integer multiply-adds a lane; the float work is once a block. Everything
-else - who owns which rows, the A and B fragments, the two chunks' loads of a trip issued before
-the first mma - is gemv_mma.py's (see its docstring), so the two kernels differ only in the
-epilogue and what they read of the tokens.
+sub-blocks) costs 16 integer multiply-adds a lane; the float work is once a block. Who owns
+which rows and the two chunks' loads of a trip issued before the first mma are gemv_mma.py's
+(see its docstring). The k order inside an mma differs (since 2026-12-05, afternoon): lane t's
+bytes of a chunk are bytes 8 (t & 1) .. + 7 of unit 2c + (t >> 1) - weights 64c + 8t .. + 7
+(low nibbles) and + 32 (high) - and its q8 values of token g the same positions, so each is one
+8-byte load (`ptx.ldg_v2`) where gemv_mma reads two words: 4 loads a chunk instead of 8.
 
 The price is the activation's quantization: one scale for 256 values instead of 32 (q8_K, what
 llama.cpp's CPU K-quant dot products use). `quantize_q8k` is its numpy reference; a device
@@ -69,26 +71,32 @@ def dequantize_q8k(xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
 
 
 @_dev
-def _loads(wa, wb, xq, xd, xb, nu, nblk, rr0, rr1, t, tb, okb, ta, tc, cols, ch):
-    """Everything chunk ch needs: word t of its two units for rows rr0 and rr1, the rows' block
-    headers, token tb's four q8 words (zero when okb is false), tokens ta / tc's sums of the
-    chunk's two sub-blocks and their block scales."""
+def _bases(nu, rr0, rr1, t, tb, cols):
+    """The lane's first 32-bit word of rows rr0 and rr1 (chunk 0: unit 0 for lanes 0, 1, unit 1
+    for lanes 2, 3; bytes 8 (t & 1) ..) and of token tb's q8 values (8 t ..), unsigned (no
+    negative-index wrap-around code). The lane's 8 weights of a sub-block are then 8t .. 8t + 7
+    of its 32, and its 8 q8 values the same: one 8-byte load each (`_loads`)."""
+    off = uint32(4 * (t >> 1) + 2 * (t & 1))
+    return (uint32(rr0 * nu * 4) + off, uint32(rr1 * nu * 4) + off, uint32((tb * cols) >> 2) + uint32(2 * t))
+
+
+@_dev
+def _loads(wa, wb, xq, xd, xb, nu, nblk, rr0, rr1, t, tb, okb, ta, tc, cols, ch, wi0, wi1, xi):
+    """Everything chunk ch needs: the lane's 8 bytes of the chunk's units for rows rr0 and rr1
+    (one 8-byte load a row: weights 64c + 8t .. + 7, low and high nibbles), the rows' block
+    headers, token tb's q8 values at the same positions (one 8-byte load a sub-block; zero when
+    okb is false), tokens ta / tc's sums of the chunk's two sub-blocks and their block scales.
+    wi0, wi1, xi: the lane's first word in rows rr0, rr1 and in token tb's q8 (`_bases`); chunk ch
+    of a row starts 8 * ch words further (two 16-byte units), of a token 16 * ch words (64 values)."""
     blk = ch >> 2
-    c = ch & 3
-    u0 = blk * 8 + 2 * c
-    i0 = uint32((rr0 * nu + u0) * 4 + t)            # unsigned: no negative-index wrap-around code
-    i1 = uint32((rr1 * nu + u0) * 4 + t)
-    w0a = wa[i0]
-    w0b = wa[i0 + uint32(4)]
-    w1a = wa[i1]
-    w1b = wa[i1 + uint32(4)]
+    w0a, w0b = ptx.ldg_v2(wa, wi0 + uint32(8) * uint32(ch))
+    w1a, w1b = ptx.ldg_v2(wa, wi1 + uint32(8) * uint32(ch))
     h0 = ptx.ldg_v4(wb, (rr0 * nblk + blk) * 4)
     h1 = ptx.ldg_v4(wb, (rr1 * nblk + blk) * 4)
-    xo = uint32(((tb * cols + blk * 256 + c * 64) >> 2) + t)
-    xa0 = xq[xo] if okb else uint32(0)
-    xa1 = xq[xo + uint32(4)] if okb else uint32(0)
-    xb0 = xq[xo + uint32(8)] if okb else uint32(0)
-    xb1 = xq[xo + uint32(12)] if okb else uint32(0)
+    xo = xi + uint32(16) * uint32(ch)               # token tb's values 64c + 8t ..
+    xa0, xa1 = ptx.ldg_v2(xq, xo) if okb else (uint32(0), uint32(0))
+    xb0, xb1 = ptx.ldg_v2(xq, xo + uint32(8)) if okb else (uint32(0), uint32(0))   # 64c + 32 + 8t ..
+    c = ch & 3
     nsb = cols >> 5
     sb = blk * 8 + 2 * c
     ja = uint32(ta * nsb + sb)
@@ -133,7 +141,7 @@ def _flush(acc, si, h0, h1, xd0, xd1):
 def mma_q4k_q8k_kernel(KSPLIT: int = 4):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= 8, x as q8_K; grid
     ceil(rows / 16) blocks of 32 * KSPLIT threads. Arguments: wa, wb, nu, rows (the Q4_K GEMV
-    planes), xq (uint32 words of int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), xb
+    planes), xq (uint32 words of int8 [n_tok * cols]; both read 8 bytes at a time), xd (float32 [n_tok * cols / 256]), xb
     (int32 [n_tok * cols / 32]), cols, n_tok, y (float32 [n_tok * rows]), res, resid."""
     NW = KSPLIT
     SH = KSPLIT.bit_length() - 1                     # KSPLIT is a power of two: >> for //
@@ -168,11 +176,13 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4):
             si[k] = int32(0)
         ch = c_lo
         cur = c_lo >> 2                              # the block si belongs to
-        v = _loads(wa, wb, xq, xd, xb, nu, nblk, rr0, rr1, t, tb, okb, ta, tc, cols, min(ch, chunks - 1))
+        wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
+        v = _loads(wa, wb, xq, xd, xb, nu, nblk, rr0, rr1, t, tb, okb, ta, tc, cols, min(ch, chunks - 1),
+                   wi0, wi1, xi)
         while ch < c_hi:                             # the same trips for every lane of the warp
-            v0 = _loads(wa, wb, xq, xd, xb, nu, nblk, rr0, rr1, t, tb, okb, ta, tc, cols, ch)
+            v0 = _loads(wa, wb, xq, xd, xb, nu, nblk, rr0, rr1, t, tb, okb, ta, tc, cols, ch, wi0, wi1, xi)
             v1 = _loads(wa, wb, xq, xd, xb, nu, nblk, rr0, rr1, t, tb, okb, ta, tc, cols,
-                        min(ch + 1, c_hi - 1))
+                        min(ch + 1, c_hi - 1), wi0, wi1, xi)
             if (ch >> 2) != cur:                     # warp-uniform: the block before is done
                 _flush(acc, si, v[4], v[5], v[12], v[13])
                 cur = ch >> 2
@@ -202,13 +212,17 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int = 4, str
     _check(w, n_tok, ksplit, "gemv_mma_k")
     rows, cols = w.rows, w.cols
     xq = _flat(xq, np.int8, n_tok * cols, "xq", "gemv_mma_k").view(np.uint32)
+    wa = w.wa                                       # 8-byte loads: both must be 8-byte aligned
+    for name, a in (("the weight's quants plane", wa), ("xq", xq)):
+        if not ptx.SIMULATOR and a.__cuda_array_interface__["data"][0] % 8:
+            raise ValueError(f"gemv_mma_k: {name} must start on an 8-byte boundary")
     xd = _flat(xd, np.float32, n_tok * cols // QK, "xd", "gemv_mma_k")
     xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb", "gemv_mma_k")
     yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_k")
     rf = yf if residual is None else _flat(residual, np.float32, n_tok * rows, "residual", "gemv_mma_k")
     kern = mma_q4k_q8k_kernel(ksplit)
     kern[(rows + ROWS - 1) // ROWS, 32 * ksplit, stream](
-        w.wa, w.wb, w.units, rows, xq, xd, xb, cols, n_tok, yf, rf, int(residual is not None))
+        wa, w.wb, w.units, rows, xq, xd, xb, cols, n_tok, yf, rf, int(residual is not None))
 
 
 SHAPES = (("attn_q", 4096, 2560), ("ffn_gate", 9728, 2560), ("attn_output", 2560, 4096), ("ffn_down", 2560, 9728))

@@ -242,25 +242,26 @@ _LDG_TYPES = {types.uint32: ("u32", "r"), types.int32: ("s32", "r"),
               types.float32: ("f32", "f")}
 
 
-def _make_ld_v4(name: str, cache: str, side_effect: bool):
-    """A 16-byte vector load intrinsic: (arr[idx], .., arr[idx+3]) by one ld.global<cache>.v4
-    (16-byte aligned; uint32, int32 or float32 arrays)."""
+def _make_ld_v4(name: str, cache: str, side_effect: bool, n: int = 4):
+    """A 16-byte (n = 4) or 8-byte (n = 2) vector load intrinsic: (arr[idx], .., arr[idx+n-1])
+    by one ld.global<cache>.v<n> (aligned to its size; uint32, int32 or float32 arrays)."""
     def ld_v4(typingctx, arr, idx):
         _check_index(name, arr, idx)
         if arr.dtype not in _LDG_TYPES:
             raise TypingError(f"{name}: array dtype must be uint32, int32 or float32, got "
                               f"{arr.dtype}; view the buffer as uint32 on the host")
         ptx_ty, letter = _LDG_TYPES[arr.dtype]
-        text = f"ld.global{cache}.v4.{ptx_ty} {{$0,$1,$2,$3}}, [$4];"
-        cons = f"={letter},={letter},={letter},={letter},l"
+        outs = ",".join(f"${i}" for i in range(n))
+        text = f"ld.global{cache}.v{n}.{ptx_ty} {{{outs}}}, [${n}];"
+        cons = ",".join([f"={letter}"] * n) + ",l"
 
         def codegen(context, builder, sig, args):
             p = _elem_ptr(context, builder, sig.args[0], args[0], sig.args[1], args[1])
             lty = context.get_value_type(sig.args[0].dtype)
-            st = _asm(builder, ir.LiteralStructType([lty] * 4), [_i64], text, cons,
+            st = _asm(builder, ir.LiteralStructType([lty] * n), [_i64], text, cons,
                       [_global_addr64(builder, p)], side_effect=side_effect)
-            return _struct_to_tuple(context, builder, sig.return_type, st, 4)
-        return types.UniTuple(arr.dtype, 4)(arr, idx), codegen
+            return _struct_to_tuple(context, builder, sig.return_type, st, n)
+        return types.UniTuple(arr.dtype, n)(arr, idx), codegen
     ld_v4.__name__ = name
     return intrinsic(ld_v4)
 
@@ -274,6 +275,9 @@ ldg_v4 = _make_ld_v4("ldg_v4", ".nc", side_effect=False)
 # move an ordinary load above griddepcontrol.wait, where it may an .nc load, whose data it
 # may assume unchanging for the kernel's lifetime).
 ld_v4 = _make_ld_v4("ld_v4", "", side_effect=True)
+# 8 bytes of read-only data: two words by one ld.global.nc.v2 (the int8 tensor-core GEMV's A and B
+# fragments, quant/gemv_mma_k.py)
+ldg_v2 = _make_ld_v4("ldg_v2", ".nc", side_effect=False, n=2)
 
 
 # ---- coherent scalar load -------------------------------------------------------

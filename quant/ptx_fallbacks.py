@@ -144,6 +144,17 @@ def ldg_v4(arr, idx):
     return (v[0], v[1], v[2], v[3])
 
 
+def ldg_v2(arr, idx):
+    """Simulator: two plain loads, after the hardware's 8-byte alignment check."""
+    _check_space("ldg_v2", "arr", arr, shared=False)
+    a = _np(arr)
+    if a.dtype not in (np.uint32, np.int32, np.float32) or a.ndim != 1:
+        raise TypeError(f"ldg_v2: needs a 1-d uint32/int32/float32 array, got {a.dtype} "
+                        f"{a.ndim}-d")
+    v = _bytes_at("ldg_v2", a, int(idx), nbytes=8, align=8).view(a.dtype)
+    return (v[0], v[1])
+
+
 def ld_v4(arr, idx):
     """Simulator: ldg_v4's (the simulator's memory is coherent)."""
     return ldg_v4(arr, idx)

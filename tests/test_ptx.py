@@ -154,6 +154,19 @@ def k_ldg_v4(xu, xf, out_u, out_f):
 
 
 @cuda.jit
+def k_ldg_v2(xu, xf, out_u, out_f):
+    # xu (2n + 2,) u32, xf (2n + 2,) f32; out_u (n, 2) u32, out_f (n, 2) f32: words 2i + 2, 2i + 3
+    # (an 8-byte boundary that is not a 16-byte one for odd i)
+    i = cuda.grid(1)
+    if i < out_u.shape[0]:
+        u = ptx.ldg_v2(xu, i * 2 + 2)
+        f = ptx.ldg_v2(xf, i * 2 + 2)
+        for k in range(2):
+            out_u[i, k] = u[k]
+            out_f[i, k] = f[k]
+
+
+@cuda.jit
 def k_cp_async(src8, src32, src16, out8, out32, out16, outz):
     # src8/out8 (64*16,) u8, src32/out32 (64*4,) u32, src16/out16 (64*8,) f16,
     # outz (64*16,) u8: zero-fill copy of src8 with tid % 17 source bytes. 64 threads.
@@ -249,6 +262,7 @@ KERNELS = {
     "k_ldmatrix_mma_s8": "void(int8[::1], int8[::1], int32[:,::1])",
     "k_dp4a": "void(uint32[::1], uint32[::1], int32[::1], int32[::1])",
     "k_ldg_v4": "void(uint32[::1], float32[::1], uint32[:,::1], float32[:,::1])",
+    "k_ldg_v2": "void(uint32[::1], float32[::1], uint32[:,::1], float32[:,::1])",
     "k_ld_relaxed": "void(float32[::1], float32[::1])",
     "k_cp_async": "void(uint8[::1], uint32[::1], float16[::1], uint8[::1], uint32[::1], "
                   "float16[::1], uint8[::1])",
@@ -473,6 +487,27 @@ def test_ldg_v4():
     np.testing.assert_array_equal(out_f, xf.reshape(n, 4))
 
 
+def test_ldg_v2():
+    n = 37
+    xu = np.arange(2 * n + 2, dtype=np.uint32) * np.uint32(2654435761)
+    xf = np.linspace(-3, 3, 2 * n + 2).astype(np.float32)
+    out_u = np.zeros((n, 2), np.uint32)
+    out_f = np.zeros((n, 2), np.float32)
+    k_ldg_v2[1, 64](xu, xf, out_u, out_f)
+    np.testing.assert_array_equal(out_u, xu[2:].reshape(n, 2))
+    np.testing.assert_array_equal(out_f, xf[2:].reshape(n, 2))
+
+
+@pytest.mark.skipif(not ptx.SIMULATOR, reason="the simulator's alignment check (a GPU faults)")
+def test_ldg_v2_refuses_a_misaligned_address():
+    @cuda.jit
+    def odd(x, out):
+        v = ptx.ldg_v2(x, 1)                     # word 1: 4 bytes past an 8-byte boundary
+        out[0] = v[0]
+    with pytest.raises(RuntimeError, match="misaligned"):
+        odd[1, 1](np.zeros(8, np.uint32), np.zeros(1, np.uint32))
+
+
 def test_ld_relaxed_f32():
     x = np.linspace(-3, 3, 40).astype(np.float32)
     out = np.zeros(40, np.float32)
@@ -566,6 +601,7 @@ EXPECT = {
                           "mma.sync.aligned.m16n8k32"],
     "k_dp4a": ["dp4a.s32.s32"],
     "k_ldg_v4": ["ld.global.nc.v4.u32", "ld.global.nc.v4.f32"],
+    "k_ldg_v2": ["ld.global.nc.v2.u32", "ld.global.nc.v2.f32"],
     "k_ld_relaxed": ["ld.relaxed.gpu.global.f32"],
     "k_cp_async": ["cp.async.cg.shared.global", "cp.async.wait_group 2",
                    "cp.async.wait_group 1", "cp.async.wait_group 0"],
