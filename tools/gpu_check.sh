@@ -592,11 +592,15 @@ for s in "$@"; do
       # and the mma attention default's)
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      timeout ${PT:-300} $PY tools/profile_prefill.py -m $MODEL4B --ctx 2048 --sizes ${PSIZES:-8,16,33,512} \
-        --start ${PSTART:-500} --pdl both --split-tiles ${SPLIT_TILES:-4,2,1} --no-ablation 2>&1 | grep -v "^INFO numba" | tee "$OUT/ppdl.txt" | tail -24
-      for w in off on; do
+      # (H100, 2026-12-05: the load and the 8-row sizes' seven graphs took ~290 s, so the split-tiles
+      # sweep is opt-in - SPLIT_TILES=4,2,1: 4 was best at 8 and 16 rows - and bench_prefix with the
+      # switch on compiles every bucket's PDL builds at load: give it PXT >= 240 s)
+      timeout ${PT:-300} $PY tools/profile_prefill.py -m $MODEL4B --ctx 2048 --sizes ${PSIZES:-16,8,512} \
+        --start ${PSTART:-500} --pdl both ${SPLIT_TILES:+--split-tiles $SPLIT_TILES} --no-ablation 2>&1 \
+        | grep -v "^INFO numba" | tee "$OUT/ppdl.txt" | tail -24
+      for w in ${PREFIX_WAYS:-off on}; do
         A=""; [ $w = on ] && A="--prefill-pdl"
-        timeout ${PXT:-150} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B $A 2>&1 | grep -v "^INFO numba" \
+        timeout ${PXT:-240} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B $A 2>&1 | grep -v "^INFO numba" \
           > "$OUT/prefix-$w.txt"; echo "prefix-reuse, prefill_pdl $w:"; grep -E "warm|cold" "$OUT/prefix-$w.txt" | head -3
       done
       # (test_real_layer_shapes_match_cpu: the 4B's layer shape with an int8 cache decodes through the
