@@ -106,7 +106,7 @@ def test_gemv_mma_k_refuses_what_it_does_not_do():
 def test_gemv_mma_k_ptx_uses_the_int8_tensor_cores_and_unsigned_indices():
     # sm_87 and sm_90: the s8 mma, no f64, no local memory, both chunks' loads of a trip before its
     # first mma, and the scalar loads without Numba's negative-index wrap-around (shr.s64 x, 63 +
-    # and + add a load: unsigned indices; 2026-12-05, 441 PTX instructions a two-chunk trip
+    # and + add a load: unsigned indices; 2026-12-05, 441 (423 with the 8-byte loads) PTX instructions a two-chunk trip
     # against gemv_mma's 578)
     from test_gemv_mma import check_mma_gemv_ptx
     out = check_mma_gemv_ptx("from genie_rt.quant.gemv_mma_k import mma_q4k_q8k_kernel\n"
