@@ -133,26 +133,25 @@ def griddep_launch_dependents():
 
 
 # ---- 128-bit read-only global load ---------------------------------------------
-def ldg_v4(arr, idx):
-    """Simulator: four plain loads, after the hardware's 16-byte alignment check."""
-    _check_space("ldg_v4", "arr", arr, shared=False)
+def _ldg_words(name, arr, idx, n):
+    """n plain loads of a 1-d 32-bit array from element idx, after the hardware's alignment
+    check (the vector's size)."""
+    _check_space(name, "arr", arr, shared=False)
     a = _np(arr)
     if a.dtype not in (np.uint32, np.int32, np.float32) or a.ndim != 1:
-        raise TypeError(f"ldg_v4: needs a 1-d uint32/int32/float32 array, got {a.dtype} "
+        raise TypeError(f"{name}: needs a 1-d uint32/int32/float32 array, got {a.dtype} "
                         f"{a.ndim}-d")
-    v = _bytes_at("ldg_v4", a, int(idx)).view(a.dtype)
-    return (v[0], v[1], v[2], v[3])
+    return tuple(_bytes_at(name, a, int(idx), nbytes=4 * n, align=4 * n).view(a.dtype))
+
+
+def ldg_v4(arr, idx):
+    """Simulator: four plain loads, after the hardware's 16-byte alignment check."""
+    return _ldg_words("ldg_v4", arr, idx, 4)
 
 
 def ldg_v2(arr, idx):
     """Simulator: two plain loads, after the hardware's 8-byte alignment check."""
-    _check_space("ldg_v2", "arr", arr, shared=False)
-    a = _np(arr)
-    if a.dtype not in (np.uint32, np.int32, np.float32) or a.ndim != 1:
-        raise TypeError(f"ldg_v2: needs a 1-d uint32/int32/float32 array, got {a.dtype} "
-                        f"{a.ndim}-d")
-    v = _bytes_at("ldg_v2", a, int(idx), nbytes=8, align=8).view(a.dtype)
-    return (v[0], v[1])
+    return _ldg_words("ldg_v2", arr, idx, 2)
 
 
 def ld_v4(arr, idx):
