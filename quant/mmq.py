@@ -167,6 +167,7 @@ def compile_for(weights, n_values=(18, 33, 128, 512), modes=("store",), pdl: boo
     not compiled here compiles on first use. No-op under the simulator."""
     if SIMULATOR:
         return
+    pdl = _pdl(pdl)                 # (the PDL builds carry sm_90 instructions)
     keys = set()
     for item in weights:
         for n in n_values:
