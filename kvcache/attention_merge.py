@@ -27,7 +27,7 @@ from numba import cuda, float32
 
 from genie_rt.engine import kernel_cache
 from genie_rt.quant.mmq_prep import PREP_THREADS, _norm_and_scale, _pair_pos
-from genie_rt.quant.pdl import hooks
+from genie_rt.quant.pdl import hooks, wanted
 from genie_rt.quant.ptx import SIMULATOR, pack_half2
 
 from .attention_prefill_kernels import merge_value, merge_weights
@@ -133,8 +133,5 @@ def merge_prepare_x(part_o, part_ml, n_splits: int, state, splits_at: int | None
     if tuple(xscale.shape) != (n,) or xscale.dtype != np.float32:
         raise ValueError(f"merge_prepare_x: xscale must be float32 [{n}], got {xscale.dtype} {tuple(xscale.shape)}")
     at = np.int32(-1 if splits_at is None else splits_at)
-    if pdl and not SIMULATOR:
-        from genie_rt.quant.pdl import available
-        pdl = available()
-    merge_prepare_x_kernel_for(bool(pdl))[n, PREP_THREADS, stream](part_o, part_ml, np.int32(n_splits), state,
+    merge_prepare_x_kernel_for(wanted(pdl))[n, PREP_THREADS, stream](part_o, part_ml, np.int32(n_splits), state,
                                                              at, x, x16.view(np.uint32), xscale)

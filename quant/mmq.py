@@ -65,6 +65,7 @@ from . import mmq_legacy as L
 from . import mmq_plan as MP
 from . import mmq_prep as P
 from . import mmq_reduce as R
+from .pdl import launch_or_plain, wanted
 from .ptx import SIMULATOR
 
 _KERNELS = {}
@@ -139,15 +140,6 @@ def _ensure_compiled(kern, fmt):
     _READY.add(key)
 
 
-def _pdl(asked) -> bool:
-    """The PDL builds where asked for and the device has programmatic dependent launch (sm_90+;
-    quant/pdl.py), or under the simulator (which runs them plainly); else the plain ones."""
-    if not asked:
-        return False
-    from .pdl import available
-    return SIMULATOR or available()
-
-
 def _check(cond, msg):
     if not cond:
         raise ValueError("mmq: " + msg)
@@ -167,7 +159,7 @@ def compile_for(weights, n_values=(18, 33, 128, 512), modes=("store",), pdl: boo
     not compiled here compiles on first use. No-op under the simulator."""
     if SIMULATOR:
         return
-    pdl = _pdl(pdl)                 # (the PDL builds carry sm_90 instructions)
+    pdl = wanted(pdl)               # (the PDL builds carry sm_90 instructions)
     keys = set()
     for item in weights:
         for n in n_values:
@@ -220,11 +212,10 @@ def prepare_x(x, x16, xscale, stream=0, norm_weight=None, eps: float = 1e-6, pdl
         w, has_norm = norm_weight, 1
     else:
         w, has_norm = xscale, 0                          # never read
-    kern = P.prepare_x_kernel_for(cols, _pdl(pdl))
-    args = (x, w, x16.view(np.uint32), xscale, cols, np.float32(eps), has_norm)
-    from .pdl import launch_or_plain
-    launch_or_plain(kern, n, P.PREP_THREADS, stream, PREPARE_X_SIGNATURE,
-                    _pdl(pdl) and kern is not P.prepare_x_kernel, *args)
+    pdl = wanted(pdl)
+    kern = P.prepare_x_kernel_for(cols, pdl)         # (wide rows: the plain prepare_x_kernel)
+    launch_or_plain(kern, n, P.PREP_THREADS, stream, PREPARE_X_SIGNATURE, pdl and kern is not P.prepare_x_kernel,
+                    x, w, x16.view(np.uint32), xscale, cols, np.float32(eps), has_norm)
 
 
 def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, stream=0,
@@ -283,18 +274,13 @@ def mmq(w: PackedWeight, x16, xscale, y, mode: str = "store", workspace=None, st
     else:
         flat = y.reshape(y.shape[0] * y.shape[1])        # never touched with one split
         ws, cnt = flat, flat.view(np.int32)
-    pdl = _pdl(pdl)
+    pdl = wanted(pdl)
     kern = _kernel(fmt, p.config, p.epi, p.red, pdl)   # (one split: either reduction, same path)
     _ensure_compiled(kern, fmt)
-    args = (slots[0], slots[1], slots[2], slots[3], x16, xscale, y, ws, cnt,
-            n, rows_out, p.n_stages, p.stages_per_split, p.splits)
-    if pdl and not SIMULATOR:
-        from .pdl import launch
-        launch(kern, p.grid, p.config.threads, stream, *args, shmem=p.smem)
-    else:                       # (the simulator runs a PDL build's griddepcontrol as no-ops)
-        kern[p.grid, p.config.threads, stream, p.smem](*args)
+    launch_or_plain(kern, p.grid, p.config.threads, stream, kernel_signature(fmt), pdl,
+                    slots[0], slots[1], slots[2], slots[3], x16, xscale, y, ws, cnt,
+                    n, rows_out, p.n_stages, p.stages_per_split, p.splits, shmem=p.smem)
     if p.red == D.RED_KERNEL and p.splits > 1:
-        from .pdl import launch_or_plain
         grid = (-(-rows_out // R.REDUCE_THREADS), n)
         launch_or_plain(_reduce_kernel(p.epi, pdl), grid, R.REDUCE_THREADS, stream, REDUCE_SIGNATURE, pdl,
                         ws, xscale, y, n, rows_out, p.splits)

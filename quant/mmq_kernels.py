@@ -347,16 +347,12 @@ def build_mmq_kernel(fmt, wm, wn, mt, nt, stages, epi, red=RED_LAST, pdl=False):
                 if st0 + U(s) < st1:
                     load_weights(smem, p0, p1, p2, st0 + U(s), U(s), m0, rows_out, tid)
             wait()
-            for s in range(stages - 1):
-                if st0 + U(s) < st1:
-                    load_x(smem, x, st0 + U(s), U(s), n0, n_tok, x_rows_blk, tid)
-                cp_async_commit()
-        else:
-            for s in range(stages - 1):
-                if st0 + U(s) < st1:
-                    load_stage(smem, p0, p1, p2, x, st0 + U(s), U(s), m0, n0, n_tok, rows_out,
-                               x_rows_blk, tid)
-                cp_async_commit()
+        for s in range(stages - 1):
+            if st0 + U(s) < st1:
+                if not PDL:
+                    load_weights(smem, p0, p1, p2, st0 + U(s), U(s), m0, rows_out, tid)
+                load_x(smem, x, st0 + U(s), U(s), n0, n_tok, x_rows_blk, tid)
+            cp_async_commit()
 
         acc = cuda.local.array((mt, nt, 4), float32)
         for i in range(mt):

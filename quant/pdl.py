@@ -112,13 +112,22 @@ def launch(dispatcher, grid, block, stream, *args, programmatic: bool = True, sh
         wb()
 
 
-def launch_or_plain(kern, grid, block, stream, sig: str, pdl: bool, *args) -> None:
-    """kern[grid, block, stream](*args), or - pdl - the same launch with programmatic stream
-    serialization (`launch`), compiling `sig` first if the kernel has no compiled signature
-    yet (it must then have exactly one). The one path every launcher of a PDL build takes."""
+def wanted(asked) -> bool:
+    """Whether a launcher asked for a PDL build (`pdl=True`) takes one: where the device has
+    programmatic dependent launch, or under the simulator (which runs the builds plainly,
+    griddepcontrol as no-ops); elsewhere (sm_80 / sm_87) the plain build, as the PDL one
+    would not compile there."""
+    return bool(asked) and (ptx.SIMULATOR or available())
+
+
+def launch_or_plain(kern, grid, block, stream, sig: str, pdl: bool, *args, shmem: int = 0) -> None:
+    """kern[grid, block, stream, shmem](*args), or - pdl - the same launch with programmatic
+    stream serialization (`launch`), compiling `sig` first if the kernel has no compiled
+    signature yet (it must then have exactly one). The one path every launcher of a PDL build
+    takes."""
     if not pdl or ptx.SIMULATOR:    # the simulator runs a PDL build's griddepcontrol as no-ops
-        kern[grid, block, stream](*args)
+        kern[grid, block, stream, shmem](*args)
         return
     if not kern.overloads:
         kern.compile(sig)
-    launch(kern, grid, block, stream, *args)
+    launch(kern, grid, block, stream, *args, shmem=shmem)

@@ -171,13 +171,14 @@ def test_mmq_pdl_build_copies_x_only_after_its_wait_and_gives_the_plain_bits(
 
 def test_mmq_pdl_is_ignored_where_the_device_has_none(monkeypatch):
     """`pdl=True` on a device without programmatic dependent launch (sm_80 / sm_87: the Jetson) takes
-    the plain build: the PDL one would not even compile there."""
+    the plain build: the PDL one would not even compile there (quant/pdl.wanted, which mmq, prepare_x
+    and merge_prepare_x ask)."""
     from genie_rt.quant import pdl
-    monkeypatch.setattr(mmq, "SIMULATOR", False)
+    monkeypatch.setattr(pdl.ptx, "SIMULATOR", False)
     monkeypatch.setattr(pdl, "available", lambda: False)
-    assert mmq._pdl(True) is False
+    assert pdl.wanted(True) is False
     monkeypatch.setattr(pdl, "available", lambda: True)
-    assert mmq._pdl(True) is True and mmq._pdl(False) is False
+    assert pdl.wanted(True) is True and pdl.wanted(False) is False
 
 
 def test_prefill_pdl_config_and_cli():
