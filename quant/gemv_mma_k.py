@@ -14,20 +14,37 @@ row's d and dmin and the token's xd are then constants, so the sub-blocks add up
     y[t, r] = sum over blocks b of  xd[t, b] * (d[r, b] * S[r, t, b] - dmin[r, b] * M[r, t, b])
     S = sum_s sc[r, s] * dot(q[r, s], xq[t, s])     M = sum_s m[r, s] * xb[t, s]
 
-(S, M int32: |S| <= 8 * 63 * 32 * 15 * 127 < 2^25, |M| <= 8 * 63 * 32 * 127). A chunk (two
-sub-blocks) costs 16 integer multiply-adds a lane; the float work is once a block. Who owns
-which rows and the two chunks' loads of a trip issued before the first mma are gemv_mma.py's
-(see its docstring). The k order inside an mma differs (since 2026-12-05, afternoon): lane t's
-bytes of a chunk are bytes 8 (t & 1) .. + 7 of unit 2c + (t >> 1) - weights 64c + 8t .. + 7
+(S, M int32: |S| <= 8 * 63 * 32 * 15 * 127 < 2^25, |M| <= 8 * 63 * 32 * 127). Which rows a
+lane holds is gemv_mma.py's (see its docstring); the k order inside an mma differs: lane t's bytes
+of chunk c (64 weights) are bytes 8 (t & 1) .. + 7 of unit 2c + (t >> 1) - weights 64c + 8t .. + 7
 (low nibbles) and + 32 (high) - and its q8 values of token g the same positions, so each is one
-8-byte load (`ptx.ldg_v2`) where gemv_mma reads two words: 4 loads a chunk instead of 8.
+8-byte load (`ptx.ldg_v2`) where gemv_mma reads two words.
+
+A trip is one 256-weight block (since 2026-12-05 evening; before, two 64-weight chunks):
+`_block_loads` issues the block's 24 loads (4 chunks x 2 rows of weights, both rows' headers
+once, token g's 256 q8 values, tokens 2t and 2t + 1's eight sub-block sums as two 16-byte loads
+each, their two block scales), then `_block` decodes the rows' 6-bit scales once with constant
+shifts, runs the four chunks' eight mma, and flushes the integer sums. The chunk trips loaded the
+headers, sums and scales once a chunk and decoded the scales with selects: per 256 weights twice
+the loads and 1.6x the instructions, at 110 registers against 66 (sm_90 ptxas). PIPE (default):
+the next block's loads are issued before this block's multiplies (128 registers): the round trip
+of a block overlaps the one before's arithmetic. The warps of a thread block split the row's
+blocks; `plan_ksplit` picks how many.
+
+Measured (H100, 2026-12-05, `python -m genie_rt.quant.gemv_mma_k`, weights cycling through 8
+copies so they come from DRAM; docs/bench/gemv-mma-k-h100-2026-12-05b.json; us): the dp4a GEMV
+at 1 / 8 tokens against this kernel at plan_ksplit's k-split - attn_q 5.01 / 19.14 against 5.66 /
+6.45, ffn_gate 8.84 / 35.74 against 9.53 / 10.78, attn_output 5.18 / 19.54 against 6.64 / 7.62,
+ffn_down 9.82 / 47.25 against 10.71 / 14.03. The chunk trips took 6.75 / 7.54, 12.89 / 14.04,
+9.53 / 9.88 and 20.21 / 20.89 there (k-split 4). Eight tokens now cost 1.1-1.3x one token of the
+dp4a GEMV; at one token the dp4a GEMV stays 7-28 % faster.
 
 The price is the activation's quantization: one scale for 256 values instead of 32 (q8_K, what
 llama.cpp's CPU K-quant dot products use). `quantize_q8k` is its numpy reference; a device
 quantizer (one block a token) comes with the engine's use of this kernel, not yet.
 
-Status: checked in the simulator (tests/test_gemv_mma_k.py); not yet timed on a GPU (`python -m
-genie_rt.quant.gemv_mma_k` times it against gemv_mma and the dp4a GEMV). Not used by the engine.
+Status: checked in the simulator (tests/test_gemv_mma_k.py), timed on the H100 (above). Not used
+by the engine.
 """
 from __future__ import annotations
 
@@ -39,7 +56,6 @@ from numba import cuda, float32, int32, uint32
 from genie_rt.engine import kernel_cache
 
 from . import ptx
-from .gemv_formats import _k_scales
 from .gemv_mma import LO4, ROWS, _check, _dev, _flat, make_finish
 
 QK = 256                    # values a q8_K block (one scale)
@@ -81,70 +97,110 @@ def _bases(nu, rr0, rr1, t, tb, cols):
 
 
 @_dev
-def _loads(wa, wb, xq, xd, xb, nu, nblk, rr0, rr1, t, tb, okb, ta, tc, cols, ch, wi0, wi1, xi):
-    """Everything chunk ch needs: the lane's 8 bytes of the chunk's units for rows rr0 and rr1
-    (one 8-byte load a row: weights 64c + 8t .. + 7, low and high nibbles), the rows' block
-    headers, token tb's q8 values at the same positions (one 8-byte load a sub-block; zero when
-    okb is false), tokens ta / tc's sums of the chunk's two sub-blocks and their block scales.
-    wi0, wi1, xi: the lane's first word in rows rr0, rr1 and in token tb's q8 (`_bases`); chunk ch
-    of a row starts 8 * ch words further (two 16-byte units), of a token 16 * ch words (64 values)."""
-    blk = ch >> 2
-    w0a, w0b = ptx.ldg_v2(wa, wi0 + uint32(8) * uint32(ch))
-    w1a, w1b = ptx.ldg_v2(wa, wi1 + uint32(8) * uint32(ch))
-    h0 = ptx.ldg_v4(wb, (rr0 * nblk + blk) * 4)
-    h1 = ptx.ldg_v4(wb, (rr1 * nblk + blk) * 4)
-    xo = xi + uint32(16) * uint32(ch)               # token tb's values 64c + 8t ..
-    xa0, xa1 = ptx.ldg_v2(xq, xo) if okb else (uint32(0), uint32(0))
-    xb0, xb1 = ptx.ldg_v2(xq, xo + uint32(8)) if okb else (uint32(0), uint32(0))   # 64c + 32 + 8t ..
-    c = ch & 3
-    nsb = cols >> 5
-    sb = blk * 8 + 2 * c
-    ja = uint32(ta * nsb + sb)
-    jc = uint32(tc * nsb + sb)
-    s0 = (xb[ja], xb[ja + uint32(1)])
-    s1 = (xb[jc], xb[jc + uint32(1)])
-    nb = cols >> 8
-    return w0a, w0b, w1a, w1b, h0, h1, xa0, xa1, xb0, xb1, s0, s1, xd[uint32(ta * nb + blk)], xd[uint32(tc * nb + blk)]
+def _block_loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, tb, okb, ta, tc, nsb, nb, blk, wi0, wi1, xi):
+    """Everything 256-weight block blk needs, loaded by 24 instructions (the chunk trips take 48):
+    the lane's 8 bytes of each of the block's four chunks for rows rr0 and rr1 (`_loads`' layout),
+    both rows' headers once, token tb's q8 values of the four chunks (zero when okb is false), the
+    eight sub-block sums of tokens ta and tc (two 16-byte loads each: xb's rows are whole blocks of 8)
+    and their block scales."""
+    w = uint32(32) * uint32(blk)                     # chunk 4 blk of a row: 8 words a chunk
+    a0 = ptx.ldg_v2(wa, wi0 + w)
+    a1 = ptx.ldg_v2(wa, wi0 + w + uint32(8))
+    a2 = ptx.ldg_v2(wa, wi0 + w + uint32(16))
+    a3 = ptx.ldg_v2(wa, wi0 + w + uint32(24))
+    b0 = ptx.ldg_v2(wa, wi1 + w)
+    b1 = ptx.ldg_v2(wa, wi1 + w + uint32(8))
+    b2 = ptx.ldg_v2(wa, wi1 + w + uint32(16))
+    b3 = ptx.ldg_v2(wa, wi1 + w + uint32(24))
+    h0 = ptx.ldg_v4(wb, uint32((rr0 * nblk + blk) * 4))
+    h1 = ptx.ldg_v4(wb, uint32((rr1 * nblk + blk) * 4))
+    xo = xi + uint32(64) * uint32(blk)               # token tb's values 256 blk + 8t ..
+    z = (uint32(0), uint32(0))
+    x0 = ptx.ldg_v2(xq, xo) if okb else z
+    x1 = ptx.ldg_v2(xq, xo + uint32(8)) if okb else z
+    x2 = ptx.ldg_v2(xq, xo + uint32(16)) if okb else z
+    x3 = ptx.ldg_v2(xq, xo + uint32(24)) if okb else z
+    x4 = ptx.ldg_v2(xq, xo + uint32(32)) if okb else z
+    x5 = ptx.ldg_v2(xq, xo + uint32(40)) if okb else z
+    x6 = ptx.ldg_v2(xq, xo + uint32(48)) if okb else z
+    x7 = ptx.ldg_v2(xq, xo + uint32(56)) if okb else z
+    ja = uint32(ta * nsb + 8 * blk)
+    jc = uint32(tc * nsb + 8 * blk)
+    sa = (ptx.ldg_v4(xb, ja), ptx.ldg_v4(xb, ja + uint32(4)))
+    sc = (ptx.ldg_v4(xb, jc), ptx.ldg_v4(xb, jc + uint32(4)))
+    return ((a0, a1, a2, a3), (b0, b1, b2, b3), h0, h1, (x0, x1, x2, x3, x4, x5, x6, x7), sa, sc,
+            xd[uint32(ta * nb + blk)], xd[uint32(tc * nb + blk)])
 
 
 @_dev
-def _dots(v, c):
-    """Chunk c's (0..3 in its block) integer contributions to the lane's four (row, token) sums:
-    (S0, S1, S2, S3, M0, M1, M2, M3), k = row g + 8 * (k >> 1), token 2t + (k & 1)."""
-    w0a, w0b, w1a, w1b, h0, h1, xa0, xa1, xb0, xb1, s0, s1, _, _ = v
-    ia = ptx.mma_s8_s32(w0a & LO4, w1a & LO4, w0b & LO4, w1b & LO4, xa0, xa1,
+def _byte(word, k):
+    return int32((word >> (8 * k)) & 0xFF)
+
+
+@_dev
+def _scales8(h):
+    """A Q4_K header's eight 6-bit scales and mins, packed four a word: (sc[0..3], sc[4..7],
+    m[0..3], m[4..7]) (_k_scales' decode, once a block)."""
+    return (h[1] & 0x3F3F3F3F, (h[3] & 0x0F0F0F0F) | ((h[1] >> 2) & 0x30303030),
+            h[2] & 0x3F3F3F3F, ((h[3] >> 4) & 0x0F0F0F0F) | ((h[2] >> 2) & 0x30303030))
+
+
+@_dev
+def _chunk(acc, wr0, wr1, xv, xw, s0, s1, c):
+    """Chunk c (a literal 0..3) of a block: its two mma (low nibbles: sub-block 2c, high: 2c + 1),
+    scaled by the rows' 6-bit scales, added to the integer sums acc (S0..S3)."""
+    ia = ptx.mma_s8_s32(wr0[0] & LO4, wr1[0] & LO4, wr0[1] & LO4, wr1[1] & LO4, xv[0], xv[1],
                         int32(0), int32(0), int32(0), int32(0))
-    ib = ptx.mma_s8_s32((w0a >> 4) & LO4, (w1a >> 4) & LO4, (w0b >> 4) & LO4, (w1b >> 4) & LO4,
-                        xb0, xb1, int32(0), int32(0), int32(0), int32(0))
-    sca0, mna0, scb0, mnb0 = _k_scales(h0, c)
-    sca1, mna1, scb1, mnb1 = _k_scales(h1, c)
-    return (sca0 * ia[0] + scb0 * ib[0], sca0 * ia[1] + scb0 * ib[1],
-            sca1 * ia[2] + scb1 * ib[2], sca1 * ia[3] + scb1 * ib[3],
-            mna0 * s0[0] + mnb0 * s0[1], mna0 * s1[0] + mnb0 * s1[1],
-            mna1 * s0[0] + mnb1 * s0[1], mna1 * s1[0] + mnb1 * s1[1])
+    ib = ptx.mma_s8_s32((wr0[0] >> 4) & LO4, (wr1[0] >> 4) & LO4, (wr0[1] >> 4) & LO4, (wr1[1] >> 4) & LO4,
+                        xw[0], xw[1], int32(0), int32(0), int32(0), int32(0))
+    wq = s0[1] if c >= 2 else s0[0]                  # row 0's scales of sub-blocks 4 (c >= 2) ..
+    wr = s1[1] if c >= 2 else s1[0]
+    k = 2 * (c & 1)
+    sa0, sb0, sa1, sb1 = _byte(wq, k), _byte(wq, k + 1), _byte(wr, k), _byte(wr, k + 1)
+    # (int32() around each sum: numba widens int32 products to int64; truncated, LLVM keeps 32 bits)
+    return (int32(acc[0] + sa0 * ia[0] + sb0 * ib[0]), int32(acc[1] + sa0 * ia[1] + sb0 * ib[1]),
+            int32(acc[2] + sa1 * ia[2] + sb1 * ib[2]), int32(acc[3] + sa1 * ia[3] + sb1 * ib[3]))
 
 
 @_dev
-def _flush(acc, si, h0, h1, xd0, xd1):
-    """A block's integer sums si (S0..3, M0..3) into the float accumulators: xd * (d S - dmin M)."""
+def _mins(m, sums):
+    """sum over the block's eight sub-blocks of m[s] * sums[s] (m: two words of 6-bit mins,
+    sums: two int32 4-tuples)."""
+    a, b = sums
+    return int32(_byte(m[0], 0) * a[0] + _byte(m[0], 1) * a[1] + _byte(m[0], 2) * a[2] + _byte(m[0], 3) * a[3]
+                 + _byte(m[1], 0) * b[0] + _byte(m[1], 1) * b[1] + _byte(m[1], 2) * b[2] + _byte(m[1], 3) * b[3])
+
+
+@_dev
+def _block(acc, v):
+    """Block v's (`_block_loads`) four chunks into the float accumulators: xd * (d S - dmin M)."""
+    wr0, wr1, h0, h1, xv, sa, sc, xd0, xd1 = v
+    s0 = _scales8(h0)
+    s1 = _scales8(h1)
+    z = int32(0)
+    si = (z, z, z, z)
+    si = _chunk(si, wr0[0], wr1[0], (xv[0][0], xv[0][1]), (xv[1][0], xv[1][1]), (s0[0], s0[1]), (s1[0], s1[1]), 0)
+    si = _chunk(si, wr0[1], wr1[1], (xv[2][0], xv[2][1]), (xv[3][0], xv[3][1]), (s0[0], s0[1]), (s1[0], s1[1]), 1)
+    si = _chunk(si, wr0[2], wr1[2], (xv[4][0], xv[4][1]), (xv[5][0], xv[5][1]), (s0[0], s0[1]), (s1[0], s1[1]), 2)
+    si = _chunk(si, wr0[3], wr1[3], (xv[6][0], xv[6][1]), (xv[7][0], xv[7][1]), (s0[0], s0[1]), (s1[0], s1[1]), 3)
+    m0 = (s0[2], s0[3])
+    m1 = (s1[2], s1[3])
     dm0 = ptx.unpack_half2(h0[0])
     dm1 = ptx.unpack_half2(h1[0])
-    acc[0] += xd0 * (dm0[0] * float32(si[0]) - dm0[1] * float32(si[4]))
-    acc[1] += xd1 * (dm0[0] * float32(si[1]) - dm0[1] * float32(si[5]))
-    acc[2] += xd0 * (dm1[0] * float32(si[2]) - dm1[1] * float32(si[6]))
-    acc[3] += xd1 * (dm1[0] * float32(si[3]) - dm1[1] * float32(si[7]))
-    for k in range(8):
-        si[k] = int32(0)
+    acc[0] += xd0 * (dm0[0] * float32(si[0]) - dm0[1] * float32(_mins(m0, sa)))
+    acc[1] += xd1 * (dm0[0] * float32(si[1]) - dm0[1] * float32(_mins(m0, sc)))
+    acc[2] += xd0 * (dm1[0] * float32(si[2]) - dm1[1] * float32(_mins(m1, sa)))
+    acc[3] += xd1 * (dm1[0] * float32(si[3]) - dm1[1] * float32(_mins(m1, sc)))
 
 
 @functools.lru_cache(maxsize=None)
-def mma_q4k_q8k_kernel(KSPLIT: int = 4):
+def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= 8, x as q8_K; grid
-    ceil(rows / 16) blocks of 32 * KSPLIT threads. Arguments: wa, wb, nu, rows (the Q4_K GEMV
-    planes), xq (uint32 words of int8 [n_tok * cols]; both read 8 bytes at a time), xd (float32 [n_tok * cols / 256]), xb
-    (int32 [n_tok * cols / 32]), cols, n_tok, y (float32 [n_tok * rows]), res, resid."""
+    ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16), warp w taking the row's 256-weight
+    blocks [w * ceil(nblk / KSPLIT), ..). Arguments: wa, wb, nu, rows (the Q4_K GEMV planes), xq
+    (uint32 words of int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), xb (int32 [n_tok *
+    cols / 32]), cols, n_tok, y (float32 [n_tok * rows]), res, resid. PIPE: see the module."""
     NW = KSPLIT
-    SH = KSPLIT.bit_length() - 1                     # KSPLIT is a power of two: >> for //
     finish = make_finish(NW)
 
     @cuda.jit
@@ -158,58 +214,69 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4):
         rr0 = r0 if r0 < rows else 0                 # clamped rows: loads stay in bounds
         rr1 = r1 if r1 < rows else 0
         nblk = nu >> 3
-        chunks = nblk * 4
-        cpw = (chunks + NW - 1) >> SH
-        c_lo = warp * cpw
-        c_hi = min(c_lo + cpw, chunks)
+        bpw = (nblk + NW - 1) // NW                  # (once a thread: signed is fine)
+        b_lo = warp * bpw
+        b_hi = min(b_lo + bpw, nblk)
         t0 = 2 * t
         t1 = t0 + 1
         tb = g if g < n_tok else 0                   # token of the B fragment (zeroed past n_tok)
         okb = g < n_tok
         ta = t0 if t0 < n_tok else 0                 # clamped tokens: loads stay in bounds
         tc = t1 if t1 < n_tok else 0
+        nsb = cols >> 5
+        nb = cols >> 8
         acc = cuda.local.array(4, float32)           # k: row g + 8 * (k >> 1), token 2t + (k & 1)
-        si = cuda.local.array(8, int32)              # the current block's S0..3, M0..3
         for k in range(4):
             acc[k] = float32(0)
-        for k in range(8):
-            si[k] = int32(0)
-        ch = c_lo
-        cur = c_lo >> 2                              # the block si belongs to
         wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
-        v = _loads(wa, wb, xq, xd, xb, nu, nblk, rr0, rr1, t, tb, okb, ta, tc, cols, min(ch, chunks - 1),
-                   wi0, wi1, xi)
-        while ch < c_hi:                             # the same trips for every lane of the warp
-            v0 = _loads(wa, wb, xq, xd, xb, nu, nblk, rr0, rr1, t, tb, okb, ta, tc, cols, ch, wi0, wi1, xi)
-            v1 = _loads(wa, wb, xq, xd, xb, nu, nblk, rr0, rr1, t, tb, okb, ta, tc, cols,
-                        min(ch + 1, c_hi - 1), wi0, wi1, xi)
-            if (ch >> 2) != cur:                     # warp-uniform: the block before is done
-                _flush(acc, si, v[4], v[5], v[12], v[13])
-                cur = ch >> 2
-            p = _dots(v0, ch & 3)
-            for k in range(8):
-                si[k] += p[k]
-            v = v0
-            if ch + 1 < c_hi:
-                if ((ch + 1) >> 2) != cur:
-                    _flush(acc, si, v[4], v[5], v[12], v[13])
-                    cur = (ch + 1) >> 2
-                p = _dots(v1, (ch + 1) & 3)
-                for k in range(8):
-                    si[k] += p[k]
-                v = v1
-            ch += 2
-        if c_lo < c_hi:
-            _flush(acc, si, v[4], v[5], v[12], v[13])
+        if PIPE:
+            v = _block_loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, tb, okb, ta, tc, nsb, nb,
+                             min(b_lo, nblk - 1), wi0, wi1, xi)
+            b = b_lo
+            while b < b_hi:                          # the same trips for every lane of the warp
+                vn = _block_loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, tb, okb, ta, tc, nsb, nb,
+                                  min(b + 1, b_hi - 1), wi0, wi1, xi)
+                _block(acc, v)
+                v = vn
+                b += 1
+        else:
+            b = b_lo
+            while b < b_hi:
+                v = _block_loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, tb, okb, ta, tc, nsb, nb, b,
+                                 wi0, wi1, xi)
+                _block(acc, v)
+                b += 1
         finish(acc, warp, lane, r0, t0, rows, n_tok, y, res, resid)
     return kernel_cache.attach(kernel)
 
 
-def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int = 4, stream=0) -> None:
+def plan_ksplit(rows: int, cols: int) -> int:
+    """The warps a thread block splits a row's 256-weight blocks over: at least ~1,024 warps in
+    the grid (a k-split of 1,024 / the 16-row tiles, a power of two) and at most ~5 blocks a warp,
+    within 2..8, then as few warps as give each the same count of blocks. From the H100's sweep of 2026-12-05 (module docstring): within 4 % of the best
+    k-split at every shape and token count there, with the weights from DRAM."""
+    tiles, nblk = -(-rows // ROWS), max(1, cols // QK)
+    by_grid = 1
+    while by_grid * 2 * tiles <= 1024:
+        by_grid *= 2
+    by_len = 1
+    while by_len * 5 < nblk:
+        by_len *= 2
+    ks = min(max(2, min(8, max(by_grid, by_len))), nblk)
+    per = -(-nblk // ks)
+    return -(-nblk // per)                           # no warp without a block
+
+
+def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None = None, stream=0,
+               pipe: bool = True) -> None:
     """y [n_tok, rows] = x W^T (+ residual) for a Q4_K GemvWeight `w` (gemv.prepare_weight, dp4a
     mode) and q8_K activations xq int8 [n_tok, cols], xd float32 [n_tok, cols / 256], xb int32
-    [n_tok, cols / 32] (`quantize_q8k`); 1 <= n_tok <= 8. No allocation, no synchronization."""
-    _check(w, n_tok, ksplit, "gemv_mma_k")
+    [n_tok, cols / 32] (`quantize_q8k`); 1 <= n_tok <= 8. ksplit: warps a thread block (1..16;
+    None: plan_ksplit), pipe: the kernel's PIPE. No allocation, no synchronization."""
+    _check(w, n_tok, 1, "gemv_mma_k")
+    ksplit = plan_ksplit(w.rows, w.cols) if ksplit is None else ksplit
+    if not 1 <= ksplit <= 16:
+        raise ValueError(f"gemv_mma_k: ksplit {ksplit} must be 1..16")
     rows, cols = w.rows, w.cols
     xq = _flat(xq, np.int8, n_tok * cols, "xq", "gemv_mma_k").view(np.uint32)
     wa = w.wa                                       # 8-byte loads: both must be 8-byte aligned
@@ -220,7 +287,7 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int = 4, str
     xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb", "gemv_mma_k")
     yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_k")
     rf = yf if residual is None else _flat(residual, np.float32, n_tok * rows, "residual", "gemv_mma_k")
-    kern = mma_q4k_q8k_kernel(ksplit)
+    kern = mma_q4k_q8k_kernel(ksplit, bool(pipe))
     kern[(rows + ROWS - 1) // ROWS, 32 * ksplit, stream](
         wa, w.wb, w.units, rows, xq, xd, xb, cols, n_tok, yf, rf, int(residual is not None))
 
@@ -229,51 +296,101 @@ SHAPES = (("attn_q", 4096, 2560), ("ffn_gate", 9728, 2560), ("attn_output", 2560
 
 
 def _bench(argv=None) -> int:
-    """Time gemv_mma_k against gemv_mma and the dp4a GEMV at the 4B's Q4_K shapes, 1-8 tokens
-    (GPU only); every kernel is checked against numpy before it is timed."""
+    """Time gemv_mma_k (pipelined at plan_ksplit's k-split, then --trips at each of --ks) against
+    the dp4a GEMV at the 4B's Q4_K shapes, 1-8 tokens (GPU only); every kernel is checked against
+    numpy before it is timed. --mma adds gemv_mma (q8 activations) at k-splits 4 and 8."""
     import argparse
+    import itertools
     import json
+    from dataclasses import replace
 
     from . import gemv as G
     from .gemv_mma import _activations, _weight, _within, gemv_mma
+
+    def _dup(a):
+        b = cuda.device_array_like(a)
+        b.copy_to_device(a)
+        return b
+
     from genie_rt.engine.cuda_graph import time_us
-    ap = argparse.ArgumentParser(description="gemv_mma_k (int8 tensor cores, integer epilogue) vs gemv_mma "
-                                             "and the dp4a GEMV")
+    ap = argparse.ArgumentParser(description="gemv_mma_k (int8 tensor cores, integer epilogue) vs the dp4a GEMV")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--ks", default="2,4,5,8,10,13,16", help="k-splits of the --trips sweep (those above "
+                    "the row's 256-weight blocks are skipped)")
+    ap.add_argument("--trips", default="block,pipe", help="the sweep's builds: block (PIPE off), pipe; "
+                    "empty: no sweep")
+    ap.add_argument("--tokens", default="1,2,4,8")
+    ap.add_argument("--mma", action="store_true")
+    ap.add_argument("--copies", default="8,1", help="weight copies each timing cycles through: 8 "
+                    "(112+ MB for the larger shapes, more than the L2: the weights come from DRAM as in a "
+                    "decode step), 1 (the same weight 20 times: from the L2 after the first)")
     args = ap.parse_args(argv)
     if ptx.SIMULATOR:
         raise SystemExit("needs a GPU")
     stream = cuda.stream()
     out = []
-    for name, rows, cols in SHAPES:
+    for name, rows, cols, n_copies in ((*shape, int(c)) for c in args.copies.split(",") for shape in SHAPES):
         W, gw = _weight(rows, cols)
-        for n_tok in (1, 2, 4, 8):
+        copies = [gw] + [replace(gw, wa=_dup(gw.wa), wb=_dup(gw.wb)) for _ in range(n_copies - 1)]
+        nxt = itertools.cycle(copies).__next__       # each call of a captured graph: the next copy
+        for n_tok in (int(v) for v in args.tokens.split(",")):
             dx, xq, xs, y, ref, bound = _activations(W, n_tok, stream)       # q8: gemv_mma and dp4a
             k8 = quantize_q8k(dx.copy_to_host())                            # q8_K: gemv_mma_k
             kx = [cuda.to_device(a) for a in k8]
             xt = dequantize_q8k(k8[0], k8[1])
             kref, kbound = G.gemv_reference(W, xt), G.error_bound(W, xt, "f32")
-            row = dict(gemv=name, rows=rows, cols=cols, n_tok=n_tok)
-            for ks in (2, 4, 8):
-                for label, fn, r, b in (
-                        (f"mmak_ks{ks}", lambda ks=ks: gemv_mma_k(gw, *kx, y, n_tok, ksplit=ks, stream=stream),
-                         kref, kbound),
-                        (f"mma_ks{ks}", lambda ks=ks: gemv_mma(gw, xq, xs, y, n_tok, ksplit=ks, stream=stream),
-                         ref, bound)):
-                    fn()
-                    stream.synchronize()
-                    row[f"{label}_ok"] = ok = _within(y, r, b)
-                    if ok:
-                        row[f"{label}_us"] = time_us(fn, stream)
+            row = dict(gemv=name, rows=rows, cols=cols, n_tok=n_tok, copies=n_copies)
+            cases = [(f"plan_ks{plan_ksplit(rows, cols)}", lambda: gemv_mma_k(nxt(), *kx, y, n_tok, stream=stream),
+                      kref, kbound)]
+            cases += [(f"{trip}_ks{ks}", lambda ks=ks, trip=trip: gemv_mma_k(nxt(), *kx, y, n_tok, ksplit=ks,
+                                                                           stream=stream, pipe=trip == "pipe"),
+                       kref, kbound)
+                      for trip in args.trips.split(",") if trip
+                      for ks in (int(v) for v in args.ks.split(",")) if ks <= cols // QK]
+            if args.mma:
+                cases += [(f"mma_ks{ks}", lambda ks=ks: gemv_mma(nxt(), xq, xs, y, n_tok, ksplit=ks, stream=stream),
+                           ref, bound) for ks in (4, 8)]
+            for label, fn, r, b in cases:
+                fn()
+                stream.synchronize()
+                row[f"{label}_ok"] = ok = _within(y, r, b)
+                if ok:
+                    row[f"{label}_us"] = round(time_us(fn, stream), 3)
             G.gemv(gw, dx, y, xq=xq, xs=xs, stream=stream)
-            row["dp4a_us"] = time_us(lambda: G.gemv(gw, dx, y, xq=xq, xs=xs, stream=stream), stream)
-            print(row, flush=True)
+            row["dp4a_us"] = round(time_us(lambda: G.gemv(nxt(), dx, y, xq=xq, xs=xs, stream=stream), stream), 3)
+            best = min((v, k[:-3]) for k, v in row.items() if k.endswith("_us") and k != "dp4a_us")
+            print(f"{name:12s} x{n_copies} n_tok {n_tok}: dp4a {row['dp4a_us']:7.2f} us, best mma {best[0]:7.2f} us ({best[1]}); "
+                  + " ".join(f"{k[:-3]} {v:.2f}" for k, v in row.items() if k.endswith("_us")), flush=True)
             out.append(row)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
-    return 0 if all(v for r in out for k, v in r.items() if k.endswith("_ok")) else 1
+    bad = [f"{r['gemv']} n_tok {r['n_tok']} {k[:-3]}" for r in out for k, v in r.items() if k.endswith("_ok") and not v]
+    if bad:
+        print("outside the error bound:", ", ".join(bad))
+    return 1 if bad else 0
 
 
-if __name__ == "__main__":      # python -m genie_rt.quant.gemv_mma_k [--json PATH]
+def table(path: str) -> str:
+    """The markdown table docs/kernels/gemv.md shows of a `--json` file: per shape, weight copies
+    and tokens, the dp4a GEMV, the pipelined build at plan_ksplit's k-split, the best of the sweep
+    (us)."""
+    import json
+    lines = ["| shape | weights from | tokens | dp4a GEMV | gemv_mma_k (plan) | best of the sweep |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in json.load(open(path)):
+        us = {k[:-3]: v for k, v in r.items() if k.endswith("_us") and k != "dp4a_us"}
+        ks = plan_ksplit(r["rows"], r["cols"])
+        plan = us.get(f"plan_ks{ks}", us.get(f"pipe_ks{ks}"))   # (files of the sweep before the plan)
+        best = min(us, key=us.get)
+        lines.append(f"| {r['gemv']} {r['rows']}x{r['cols']} | {'DRAM' if r.get('copies', 1) > 1 else 'L2'} "
+                     f"| {r['n_tok']} | {r['dp4a_us']:.2f} | {plan:.2f} (k-split {ks}) | {us[best]:.2f} ({best}) |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":      # python -m genie_rt.quant.gemv_mma_k [--json PATH] | --table PATH
+    import sys
+    if sys.argv[1:2] == ["--table"]:
+        print(table(sys.argv[2]))
+        raise SystemExit(0)
     raise SystemExit(_bench())

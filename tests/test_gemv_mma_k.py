@@ -1,8 +1,8 @@
 """quant/gemv_mma_k.py: the int8 tensor-core GEMV with an integer epilogue (lab), in the simulator.
 
-Q4_K weights at tiny shapes (rows not a multiple of the 16-row tile, several 256-weight blocks,
-k split over 1-8 warps with ranges that start and end inside a block), 1, 3 and 8 tokens, with
-and without the residual add: within the dp4a GEMV's error bound of numpy (W @ the dequantized
+Q4_K weights at tiny shapes (rows not a multiple of the 16-row tile, several 256-weight blocks
+split over 1-16 warps - uneven, and warps with no block), 1, 3, 5 and 8 tokens, with and without
+the residual add, each with and without the next block's loads pipelined: within the dp4a GEMV's error bound of numpy (W @ the dequantized
 q8_K x), and within float rounding of gemv_mma.py's kernel fed the same values as q8 (its
 32-value scales all equal to the block's: the same integer dots, summed in another order).
 """
@@ -40,19 +40,21 @@ def test_quantize_q8k_reference():
         K.quantize_q8k(np.zeros((1, 100), np.float32))
 
 
+@pytest.mark.parametrize("pipe", [True, False])
 @pytest.mark.parametrize("rows,cols,n_tok,ksplit,resid", [
     (16, 256, 1, 1, False),      # one tile, one block, one token
     (21, 512, 3, 2, True),       # a partial second tile, two blocks over two warps
-    (9, 768, 8, 4, False),       # 12 chunks over 4 warps: ranges 0-2, 3-5 (a block edge inside), ...
-    (5, 512, 8, 8, True),        # 8 chunks over 8 warps, rows only in the first half-tile
-    (20, 1280, 2, 4, False)])    # 20 chunks: 5 a warp, every range across a block edge
-def test_gemv_mma_k_matches_numpy_and_gemv_mma(rows, cols, n_tok, ksplit, resid):
+    (9, 768, 8, 4, False),       # 3 blocks over 4 warps: one warp without a block
+    (5, 512, 8, 8, True),        # 2 blocks over 8 warps, rows only in the first half-tile
+    (20, 1280, 2, 3, False),     # 5 blocks over 3 warps: 2, 2, 1
+    (18, 1792, 5, None, True)])  # plan_ksplit's split (7 blocks: 7 warps of one)
+def test_gemv_mma_k_matches_numpy_and_gemv_mma(rows, cols, n_tok, ksplit, resid, pipe):
     W, gw, x = _case(rows, cols, n_tok, rows + cols)
     xq, xd, xb = K.quantize_q8k(x)
     r = np.random.default_rng(7).standard_normal((n_tok, rows)).astype(np.float32)
     y = cuda.to_device(r) if resid else cuda.device_array((n_tok, rows), np.float32)
     K.gemv_mma_k(gw, cuda.to_device(xq), cuda.to_device(xd), cuda.to_device(xb), y, n_tok,
-                 residual=y if resid else None, ksplit=ksplit)
+                 residual=y if resid else None, ksplit=ksplit, pipe=pipe)
     got = y.copy_to_host()
     xt = K.dequantize_q8k(xq, xd)
     ref = G.gemv_reference(W, xt, r if resid else None)
@@ -65,7 +67,7 @@ def test_gemv_mma_k_matches_numpy_and_gemv_mma(rows, cols, n_tok, ksplit, resid)
     xs[..., 0], xs[..., 1], xs[..., 2], xs[..., 3] = d, d * q[..., :16].sum(-1), d * q[..., 16:].sum(-1), d * q.sum(-1)
     y2 = cuda.to_device(r) if resid else cuda.device_array((n_tok, rows), np.float32)
     M.gemv_mma(gw, cuda.to_device(xq), cuda.to_device(xs.reshape(n_tok, cols // 8)), y2, n_tok,
-               residual=y2 if resid else None, ksplit=ksplit)
+               residual=y2 if resid else None, ksplit=ksplit if ksplit in (1, 2, 4, 8) else 1)
     np.testing.assert_allclose(got, y2.copy_to_host(), rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
 
 
@@ -94,7 +96,7 @@ def test_gemv_mma_k_refuses_what_it_does_not_do():
     with pytest.raises(ValueError, match="n_tok"):
         K.gemv_mma_k(gw, xq, xd, xb, y, 9)
     with pytest.raises(ValueError, match="ksplit"):
-        K.gemv_mma_k(gw, xq, xd, xb, y, 1, ksplit=3)
+        K.gemv_mma_k(gw, xq, xd, xb, y, 1, ksplit=17)
     with pytest.raises(ValueError, match="xb must be int32"):
         K.gemv_mma_k(gw, xq, xd, xd, y, 1)
     hw6 = random_weight(QType.Q6_K, 16, 256, np.random.default_rng(0))
@@ -102,14 +104,29 @@ def test_gemv_mma_k_refuses_what_it_does_not_do():
         K.gemv_mma_k(G.prepare_weight(G.to_device(hw6), "dp4a"), xq, xd, xb, y, 1)
 
 
+def test_plan_ksplit_at_the_4b_shapes_and_small_rows():
+    # the H100 sweep's picks (module docstring), and never a warp without a block
+    assert [K.plan_ksplit(r, c) for r, c in ((4096, 2560), (9728, 2560), (2560, 4096), (2560, 9728))] == [4, 2, 4, 8]
+    for rows, cols in ((1024, 2560), (16, 256), (2048, 1024), (151936, 2560), (16, 25600)):
+        ks, nblk = K.plan_ksplit(rows, cols), cols // 256
+        per = -(-nblk // ks)
+        assert 1 <= ks <= 8 and (ks - 1) * per < nblk, (rows, cols, ks)
+
+
 @pytest.mark.slow
 def test_gemv_mma_k_ptx_uses_the_int8_tensor_cores_and_unsigned_indices():
-    # sm_87 and sm_90: the s8 mma, no f64, no local memory, both chunks' loads of a trip before its
-    # first mma, and the scalar loads without Numba's negative-index wrap-around (shr.s64 x, 63 +
-    # and + add a load: unsigned indices; 2026-12-05, 441 (423 with the 8-byte loads) PTX instructions a two-chunk trip
-    # against gemv_mma's 578)
+    # sm_87 and sm_90, both builds: the s8 mma, no f64, no local memory, a block's loads before its
+    # first mma (the pipelined build: the next block's too), and the loop's loads without Numba's
+    # negative-index wrap-around (shr.s64 x, 63 + and + add around a load: unsigned indices) and its
+    # integer sums in 32 bits (numba widens int32 products to int64; the int32() around each sum
+    # lets LLVM keep 32 bits)
     from test_gemv_mma import check_mma_gemv_ptx
     out = check_mma_gemv_ptx("from genie_rt.quant.gemv_mma_k import mma_q4k_q8k_kernel\n"
-                             "mmak_ks4 = mma_q4k_q8k_kernel(4)\n", "mmak_ks4", K.SIGNATURE, "gemv_mma_k")
-    for cc, text in out.items():
-        assert ", 63;" not in text, f"gemv_mma_k sm_{cc[0]}{cc[1]}: negative-index wrap-around code"
+                             "mmak_pipe = mma_q4k_q8k_kernel(4, True)\n", "mmak_pipe", K.SIGNATURE, "gemv_mma_k")
+    out2 = check_mma_gemv_ptx("from genie_rt.quant.gemv_mma_k import mma_q4k_q8k_kernel\n"
+                              "mmak_block = mma_q4k_q8k_kernel(4, False)\n", "mmak_block", K.SIGNATURE, "gemv_mma_k")
+    for cc, text in list(out.items()) + list(out2.items()):
+        loop = text[text.index("mma.sync"):text.rindex("mma.sync")]
+        assert "mul.lo.s64" not in loop and "mul.wide" not in loop, f"gemv_mma_k sm_{cc[0]}{cc[1]}: 64-bit sums"
+        assert "shr.s64" not in loop, f"gemv_mma_k sm_{cc[0]}{cc[1]}: negative-index wrap-around code"
+        assert loop.count("mma.sync") == 7, f"gemv_mma_k sm_{cc[0]}{cc[1]}: not one block's 8 mma a trip"

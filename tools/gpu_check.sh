@@ -73,8 +73,9 @@
 #             --attention-loop ALT (warp; tg128 at depths 0 / 4096), the mma loop's GPU tests (TT s),
 #             llama-bench on the same file (built in the background meanwhile)
 #   long16    tg128 at depths 4,096 and 16,384 with --attention-loop warp and with mma
-#   mmak16    python -m genie_rt.quant.gemv_mma_k: the mma GEMV with an integer epilogue (q8_K activations)
-#             against gemv_mma and the dp4a GEMV, 1-8 tokens (gemv-mma-k.json)
+#   mmak16    python -m genie_rt.quant.gemv_mma_k: the mma GEMV with an integer epilogue (q8_K activations;
+#             MMAK_ARGS: more arguments, e.g. "--tokens 8,16 --copies 8")
+#             against the dp4a GEMV, 1-8 tokens (gemv-mma-k.json)
 #   ppdl16    the prefill's GEMMs by programmatic dependent launch (EngineConfig.prefill_pdl): the prefill
 #             graph off / on with the bits compared (profile_prefill --pdl both), bench_prefix both ways,
 #             TT s of GPU tests
@@ -579,9 +580,10 @@ for s in "$@"; do
       done ;;
     mmak16)
       stage mmak16
-      # the mma GEMV with the integer epilogue (quant/gemv_mma_k.py, 2026-12-05) against gemv_mma and
+      # the mma GEMV with the integer epilogue (quant/gemv_mma_k.py, 2026-12-05; a trip a block since the
+      # evening: its k-split plan, then a sweep of builds and k-splits, the weights from DRAM and from L2) against
       # the dp4a GEMV at the 4B's Q4_K shapes, 1-8 tokens, each checked against numpy first
-      timeout ${MT:-240} $PY -m genie_rt.quant.gemv_mma_k --json "$OUT/gemv-mma-k.json" 2>&1 | grep -v "^INFO numba" \
+      timeout ${MT:-240} $PY -m genie_rt.quant.gemv_mma_k --json "$OUT/gemv-mma-k.json" ${MMAK_ARGS:-} 2>&1 | grep -v "^INFO numba" \
         | tee "$OUT/gemv-mma-k.txt" | tail -${MTAIL:-16} | cut -c1-400 ;;
     ppdl16)
       stage ppdl16
