@@ -120,26 +120,27 @@ def _math(v, c):
             (fa1 * s1[0] * float32(ia[3]) - ma1 * s1[1]) + (fb1 * s1[2] * float32(ib[3]) - mb1 * s1[3]))
 
 
-def make_finish(NW: int):
+def make_finish(NW: int, NACC: int = 4):
     """finish(acc, warp, lane, r0, t0, rows, n_tok, y, res, resid), how both mma GEMVs end: the
-    lane's four sums (the mma's D layout: row r0 + 8 * (k >> 1), token t0 + (k & 1)) added over
-    the block's NW warps in shared memory, then stored by warp 0 (plus res where resid != 0;
-    an unsigned index: no negative-index wrap-around code)."""
+    lane's NACC sums (the mma's D layout: row r0 + 8 * ((k >> 1) & 1), token t0 + (k & 1), plus 8
+    tokens for k >= 4 - a second B fragment, gemv_mma_k's NT 16) added over the block's NW warps
+    in shared memory, then stored by warp 0 (plus res where resid != 0; an unsigned index: no
+    negative-index wrap-around code)."""
     @_dev
     def finish(acc, warp, lane, r0, t0, rows, n_tok, y, res, resid):
         if NW > 1:                                   # the warps' k-ranges meet in shared memory
-            red = cuda.shared.array((NW, 32, 4), float32)
-            for k in range(4):
+            red = cuda.shared.array((NW, 32, NACC), float32)
+            for k in range(NACC):
                 red[warp, lane, k] = acc[k]
             cuda.syncthreads()
             if warp != 0:
                 return
             for other in range(1, NW):
-                for k in range(4):
+                for k in range(NACC):
                     acc[k] += red[other, lane, k]
-        for k in range(4):
-            r = r0 + 8 * (k >> 1)
-            tk = t0 + (k & 1)
+        for k in range(NACC):
+            r = r0 + 8 * ((k >> 1) & 1)
+            tk = t0 + (k & 1) + 8 * (k >> 2)
             if r < rows and tk < n_tok:
                 i = uint32(tk * rows + r)
                 y[i] = acc[k] + res[i] if resid != 0 else acc[k]

@@ -62,6 +62,7 @@ QK = 256                    # values a q8_K block (one scale)
 SIGNATURE = ("void(uint32[::1], uint32[::1], int64, int64, uint32[::1], float32[::1], int32[::1], int64, "
              "int64, float32[::1], float32[::1], int64)")
 SUB = 32                    # values a sub-block sum
+MAX_TOK = 16                # two B fragments
 
 
 def quantize_q8k(x: np.ndarray):
@@ -97,13 +98,10 @@ def _bases(nu, rr0, rr1, t, tb, cols):
 
 
 @_dev
-def _block_loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, tb, okb, ta, tc, nsb, nb, blk, wi0, wi1, xi):
-    """Everything 256-weight block blk needs, loaded by 24 instructions (the chunk trips take 48):
-    the lane's 8 bytes of each of the block's four chunks for rows rr0 and rr1 (`_loads`' layout),
-    both rows' headers once, token tb's q8 values of the four chunks (zero when okb is false), the
-    eight sub-block sums of tokens ta and tc (two 16-byte loads each: xb's rows are whole blocks of 8)
-    and their block scales."""
-    w = uint32(32) * uint32(blk)                     # chunk 4 blk of a row: 8 words a chunk
+def _weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk):
+    """Rows rr0 and rr1's part of block blk: the lane's 8 bytes of each of the block's four chunks
+    (`_bases`' layout; 8 words a chunk) and both rows' headers, once a block."""
+    w = uint32(32) * uint32(blk)
     a0 = ptx.ldg_v2(wa, wi0 + w)
     a1 = ptx.ldg_v2(wa, wi0 + w + uint32(8))
     a2 = ptx.ldg_v2(wa, wi0 + w + uint32(16))
@@ -112,9 +110,18 @@ def _block_loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, tb, okb, ta, tc, nsb, nb, b
     b1 = ptx.ldg_v2(wa, wi1 + w + uint32(8))
     b2 = ptx.ldg_v2(wa, wi1 + w + uint32(16))
     b3 = ptx.ldg_v2(wa, wi1 + w + uint32(24))
-    h0 = ptx.ldg_v4(wb, uint32((rr0 * nblk + blk) * 4))
-    h1 = ptx.ldg_v4(wb, uint32((rr1 * nblk + blk) * 4))
-    xo = xi + uint32(64) * uint32(blk)               # token tb's values 256 blk + 8t ..
+    return ((a0, a1, a2, a3), (b0, b1, b2, b3), ptx.ldg_v4(wb, uint32((rr0 * nblk + blk) * 4)),
+            ptx.ldg_v4(wb, uint32((rr1 * nblk + blk) * 4)))
+
+
+@_dev
+def _token_loads(xq, xd, xb, tok, nsb, nb, blk):
+    """Eight tokens' part of block blk, tok = (okb, xi, ta, tc): the B fragment's token (first word
+    xi, `_bases`) - its q8 values of the four chunks, zero when okb is false - and the eight
+    sub-block sums of the accumulators' tokens ta and tc (two 16-byte loads each: xb's rows are
+    whole blocks of 8) with their block scales."""
+    okb, xi, ta, tc = tok
+    xo = xi + uint32(64) * uint32(blk)               # values 256 blk + 8t ..
     z = (uint32(0), uint32(0))
     x0 = ptx.ldg_v2(xq, xo) if okb else z
     x1 = ptx.ldg_v2(xq, xo + uint32(8)) if okb else z
@@ -126,10 +133,22 @@ def _block_loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, tb, okb, ta, tc, nsb, nb, b
     x7 = ptx.ldg_v2(xq, xo + uint32(56)) if okb else z
     ja = uint32(ta * nsb + 8 * blk)
     jc = uint32(tc * nsb + 8 * blk)
-    sa = (ptx.ldg_v4(xb, ja), ptx.ldg_v4(xb, ja + uint32(4)))
-    sc = (ptx.ldg_v4(xb, jc), ptx.ldg_v4(xb, jc + uint32(4)))
-    return ((a0, a1, a2, a3), (b0, b1, b2, b3), h0, h1, (x0, x1, x2, x3, x4, x5, x6, x7), sa, sc,
-            xd[uint32(ta * nb + blk)], xd[uint32(tc * nb + blk)])
+    return ((x0, x1, x2, x3, x4, x5, x6, x7), (ptx.ldg_v4(xb, ja), ptx.ldg_v4(xb, ja + uint32(4))),
+            (ptx.ldg_v4(xb, jc), ptx.ldg_v4(xb, jc + uint32(4))), xd[uint32(ta * nb + blk)], xd[uint32(tc * nb + blk)])
+
+
+@_dev
+def _block_loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, blk):
+    """Everything block blk needs for up to 8 tokens: 24 loads a lane (the chunk trips took 48)."""
+    return _weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk), _token_loads(xq, xd, xb, tok, nsb, nb, blk)
+
+
+@_dev
+def _block_loads16(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, blk):
+    """The same for up to 16 tokens: tokens 8 .. 15 (tok2) are a second B fragment and a second
+    set of sums (40 loads a lane)."""
+    return (_weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk), _token_loads(xq, xd, xb, tok, nsb, nb, blk),
+            _token_loads(xq, xd, xb, tok2, nsb, nb, blk))
 
 
 @_dev
@@ -140,7 +159,7 @@ def _byte(word, k):
 @_dev
 def _scales8(h):
     """A Q4_K header's eight 6-bit scales and mins, packed four a word: (sc[0..3], sc[4..7],
-    m[0..3], m[4..7]) (_k_scales' decode, once a block)."""
+    m[0..3], m[4..7]) (gemv_formats._k_scales' decode, once a block)."""
     return (h[1] & 0x3F3F3F3F, (h[3] & 0x0F0F0F0F) | ((h[1] >> 2) & 0x30303030),
             h[2] & 0x3F3F3F3F, ((h[3] >> 4) & 0x0F0F0F0F) | ((h[2] >> 2) & 0x30303030))
 
@@ -172,9 +191,11 @@ def _mins(m, sums):
 
 
 @_dev
-def _block(acc, v):
-    """Block v's (`_block_loads`) four chunks into the float accumulators: xd * (d S - dmin M)."""
-    wr0, wr1, h0, h1, xv, sa, sc, xd0, xd1 = v
+def _tokens(acc, k0, W, T):
+    """One B fragment's eight tokens of block (W, T) (`_weight_loads`, `_token_loads`) into the
+    float accumulators acc[k0 .. k0 + 3]: the four chunks' integer sums, then xd * (d S - dmin M)."""
+    wr0, wr1, h0, h1 = W
+    xv, sa, sc, xd0, xd1 = T
     s0 = _scales8(h0)
     s1 = _scales8(h1)
     z = int32(0)
@@ -187,21 +208,38 @@ def _block(acc, v):
     m1 = (s1[2], s1[3])
     dm0 = ptx.unpack_half2(h0[0])
     dm1 = ptx.unpack_half2(h1[0])
-    acc[0] += xd0 * (dm0[0] * float32(si[0]) - dm0[1] * float32(_mins(m0, sa)))
-    acc[1] += xd1 * (dm0[0] * float32(si[1]) - dm0[1] * float32(_mins(m0, sc)))
-    acc[2] += xd0 * (dm1[0] * float32(si[2]) - dm1[1] * float32(_mins(m1, sa)))
-    acc[3] += xd1 * (dm1[0] * float32(si[3]) - dm1[1] * float32(_mins(m1, sc)))
+    acc[k0] += xd0 * (dm0[0] * float32(si[0]) - dm0[1] * float32(_mins(m0, sa)))
+    acc[k0 + 1] += xd1 * (dm0[0] * float32(si[1]) - dm0[1] * float32(_mins(m0, sc)))
+    acc[k0 + 2] += xd0 * (dm1[0] * float32(si[2]) - dm1[1] * float32(_mins(m1, sa)))
+    acc[k0 + 3] += xd1 * (dm1[0] * float32(si[3]) - dm1[1] * float32(_mins(m1, sc)))
+
+
+@_dev
+def _block(acc, v):
+    _tokens(acc, 0, v[0], v[1])
+
+
+@_dev
+def _block16(acc, v):
+    _tokens(acc, 0, v[0], v[1])
+    _tokens(acc, 4, v[0], v[2])                      # the same A fragments: the masks are shared
 
 
 @functools.lru_cache(maxsize=None)
-def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True):
-    """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= 8, x as q8_K; grid
+def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
+    """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), x as q8_K; grid
     ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16), warp w taking the row's 256-weight
     blocks [w * ceil(nblk / KSPLIT), ..). Arguments: wa, wb, nu, rows (the Q4_K GEMV planes), xq
     (uint32 words of int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), xb (int32 [n_tok *
-    cols / 32]), cols, n_tok, y (float32 [n_tok * rows]), res, resid. PIPE: see the module."""
+    cols / 32]), cols, n_tok, y (float32 [n_tok * rows]), res, resid. PIPE: see the module. NT 16:
+    a second B fragment (tokens 8 + g) against the same A fragments, eight accumulators a lane."""
+    if NT not in (8, 16):
+        raise ValueError(f"mma_q4k_q8k_kernel: NT {NT} must be 8 or 16")
     NW = KSPLIT
-    finish = make_finish(NW)
+    NACC = NT // 2
+    finish = make_finish(NW, NACC)
+    loads = _block_loads if NT == 8 else _block_loads16
+    block = _block if NT == 8 else _block16
 
     @cuda.jit
     def kernel(wa, wb, nu, rows, xq, xd, xb, cols, n_tok, y, res, resid):
@@ -220,31 +258,31 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True):
         t0 = 2 * t
         t1 = t0 + 1
         tb = g if g < n_tok else 0                   # token of the B fragment (zeroed past n_tok)
-        okb = g < n_tok
         ta = t0 if t0 < n_tok else 0                 # clamped tokens: loads stay in bounds
         tc = t1 if t1 < n_tok else 0
+        tb2 = g + 8 if g + 8 < n_tok else 0          # (NT 16) the second fragment's
+        ta2 = t0 + 8 if t0 + 8 < n_tok else 0
+        tc2 = t1 + 8 if t1 + 8 < n_tok else 0
         nsb = cols >> 5
         nb = cols >> 8
-        acc = cuda.local.array(4, float32)           # k: row g + 8 * (k >> 1), token 2t + (k & 1)
-        for k in range(4):
+        acc = cuda.local.array(NACC, float32)        # k: row g + 8 ((k >> 1) & 1), token 2t + (k & 1) + 8 (k >> 2)
+        for k in range(NACC):
             acc[k] = float32(0)
         wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
+        tok = (g < n_tok, xi, ta, tc)
+        tok2 = (g + 8 < n_tok, uint32((tb2 * cols) >> 2) + uint32(2 * t), ta2, tc2)
         if PIPE:
-            v = _block_loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, tb, okb, ta, tc, nsb, nb,
-                             min(b_lo, nblk - 1), wi0, wi1, xi)
+            v = loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, min(b_lo, nblk - 1))
             b = b_lo
             while b < b_hi:                          # the same trips for every lane of the warp
-                vn = _block_loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, tb, okb, ta, tc, nsb, nb,
-                                  min(b + 1, b_hi - 1), wi0, wi1, xi)
-                _block(acc, v)
+                vn = loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, min(b + 1, b_hi - 1))
+                block(acc, v)
                 v = vn
                 b += 1
         else:
             b = b_lo
             while b < b_hi:
-                v = _block_loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, tb, okb, ta, tc, nsb, nb, b,
-                                 wi0, wi1, xi)
-                _block(acc, v)
+                block(acc, loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, b))
                 b += 1
         finish(acc, warp, lane, r0, t0, rows, n_tok, y, res, resid)
     return kernel_cache.attach(kernel)
@@ -271,9 +309,12 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
                pipe: bool = True) -> None:
     """y [n_tok, rows] = x W^T (+ residual) for a Q4_K GemvWeight `w` (gemv.prepare_weight, dp4a
     mode) and q8_K activations xq int8 [n_tok, cols], xd float32 [n_tok, cols / 256], xb int32
-    [n_tok, cols / 32] (`quantize_q8k`); 1 <= n_tok <= 8. ksplit: warps a thread block (1..16;
-    None: plan_ksplit), pipe: the kernel's PIPE. No allocation, no synchronization."""
-    _check(w, n_tok, 1, "gemv_mma_k")
+    [n_tok, cols / 32] (`quantize_q8k`); 1 <= n_tok <= 16 (above 8: the NT 16 build). ksplit:
+    warps a thread block (1..16; None: plan_ksplit), pipe: the kernel's PIPE. No allocation, no
+    synchronization."""
+    _check(w, 1, 1, "gemv_mma_k")
+    if not 1 <= n_tok <= MAX_TOK:
+        raise ValueError(f"gemv_mma_k: n_tok {n_tok} must be 1..{MAX_TOK}")
     ksplit = plan_ksplit(w.rows, w.cols) if ksplit is None else ksplit
     if not 1 <= ksplit <= 16:
         raise ValueError(f"gemv_mma_k: ksplit {ksplit} must be 1..16")
@@ -287,7 +328,7 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
     xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb", "gemv_mma_k")
     yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_k")
     rf = yf if residual is None else _flat(residual, np.float32, n_tok * rows, "residual", "gemv_mma_k")
-    kern = mma_q4k_q8k_kernel(ksplit, bool(pipe))
+    kern = mma_q4k_q8k_kernel(ksplit, bool(pipe), 8 if n_tok <= 8 else 16)
     kern[(rows + ROWS - 1) // ROWS, 32 * ksplit, stream](
         wa, w.wb, w.units, rows, xq, xd, xb, cols, n_tok, yf, rf, int(residual is not None))
 
@@ -306,6 +347,7 @@ def _bench(argv=None) -> int:
 
     from . import gemv as G
     from .gemv_mma import _activations, _weight, _within, gemv_mma
+    from .quantize_q8k import rmsnorm_q8k
 
     def _dup(a):
         b = cuda.device_array_like(a)
@@ -319,7 +361,7 @@ def _bench(argv=None) -> int:
                     "the row's 256-weight blocks are skipped)")
     ap.add_argument("--trips", default="block,pipe", help="the sweep's builds: block (PIPE off), pipe; "
                     "empty: no sweep")
-    ap.add_argument("--tokens", default="1,2,4,8")
+    ap.add_argument("--tokens", default="1,2,4,8,16")
     ap.add_argument("--mma", action="store_true")
     ap.add_argument("--copies", default="8,1", help="weight copies each timing cycles through: 8 "
                     "(112+ MB for the larger shapes, more than the L2: the weights come from DRAM as in a "
@@ -347,7 +389,7 @@ def _bench(argv=None) -> int:
                        kref, kbound)
                       for trip in args.trips.split(",") if trip
                       for ks in (int(v) for v in args.ks.split(",")) if ks <= cols // QK]
-            if args.mma:
+            if args.mma and n_tok <= 8:
                 cases += [(f"mma_ks{ks}", lambda ks=ks: gemv_mma(nxt(), xq, xs, y, n_tok, ksplit=ks, stream=stream),
                            ref, bound) for ks in (4, 8)]
             for label, fn, r, b in cases:
@@ -356,16 +398,33 @@ def _bench(argv=None) -> int:
                 row[f"{label}_ok"] = ok = _within(y, r, b)
                 if ok:
                     row[f"{label}_us"] = round(time_us(fn, stream), 3)
-            G.gemv(gw, dx, y, xq=xq, xs=xs, stream=stream)
-            row["dp4a_us"] = round(time_us(lambda: G.gemv(nxt(), dx, y, xq=xq, xs=xs, stream=stream), stream), 3)
+            if n_tok <= G.MAX_TOKENS:                 # the dp4a GEMV takes 1..8 tokens
+                G.gemv(gw, dx, y, xq=xq, xs=xs, stream=stream)
+                row["dp4a_us"] = round(time_us(lambda: G.gemv(nxt(), dx, y, xq=xq, xs=xs, stream=stream), stream), 3)
             best = min((v, k[:-3]) for k, v in row.items() if k.endswith("_us") and k != "dp4a_us")
-            print(f"{name:12s} x{n_copies} n_tok {n_tok}: dp4a {row['dp4a_us']:7.2f} us, best mma {best[0]:7.2f} us ({best[1]}); "
+            print(f"{name:12s} x{n_copies} n_tok {n_tok}: dp4a {row.get('dp4a_us', float('nan')):7.2f} us, best mma "
+                  f"{best[0]:7.2f} us ({best[1]}); "
                   + " ".join(f"{k[:-3]} {v:.2f}" for k, v in row.items() if k.endswith("_us")), flush=True)
             out.append(row)
+    for cols in sorted({c for _, _, c in SHAPES}):    # the quantizer before them (quantize_q8k.py)
+        w = cuda.to_device(np.ones(cols, np.float32))
+        for n_tok in (int(v) for v in args.tokens.split(",")):
+            x = np.random.default_rng(2).standard_normal((n_tok, cols)).astype(np.float32)
+            dx = cuda.to_device(x)
+            q = (cuda.device_array((n_tok, cols), np.int8), cuda.device_array((n_tok, cols // QK), np.float32),
+                 cuda.device_array((n_tok, cols // SUB), np.int32))
+            rmsnorm_q8k(dx, None, 0.0, *q, stream=stream)
+            stream.synchronize()
+            ok = all(np.array_equal(a.copy_to_host(), b) for a, b in zip(q, quantize_q8k(x)))
+            us = round(time_us(lambda: rmsnorm_q8k(dx, w, 1e-6, *q, stream=stream), stream), 3)
+            print(f"rmsnorm_q8k  cols {cols} n_tok {n_tok}: {us:7.2f} us ({'same bits as numpy without the norm' if ok else 'MISMATCH'})",
+                  flush=True)
+            out.append(dict(kernel="rmsnorm_q8k", cols=cols, n_tok=n_tok, ok=ok, us=us))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
-    bad = [f"{r['gemv']} n_tok {r['n_tok']} {k[:-3]}" for r in out for k, v in r.items() if k.endswith("_ok") and not v]
+    bad = [f"{r.get('gemv', r.get('kernel'))} n_tok {r['n_tok']} {k}" for r in out for k, v in r.items()
+           if k.endswith("ok") and not v]
     if bad:
         print("outside the error bound:", ", ".join(bad))
     return 1 if bad else 0
@@ -378,7 +437,9 @@ def table(path: str) -> str:
     import json
     lines = ["| shape | weights from | tokens | dp4a GEMV | gemv_mma_k (plan) | best of the sweep |",
              "|---|---|---:|---:|---:|---:|"]
-    for r in json.load(open(path)):
+    for r in (r for r in json.load(open(path)) if "gemv" in r):
+        if "dp4a_us" not in r:
+            continue                                 # (more than 8 tokens: no dp4a GEMV to compare with)
         us = {k[:-3]: v for k, v in r.items() if k.endswith("_us") and k != "dp4a_us"}
         ks = plan_ksplit(r["rows"], r["cols"])
         plan = us.get(f"plan_ks{ks}", us.get(f"pipe_ks{ks}"))   # (files of the sweep before the plan)

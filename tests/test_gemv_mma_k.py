@@ -47,7 +47,9 @@ def test_quantize_q8k_reference():
     (9, 768, 8, 4, False),       # 3 blocks over 4 warps: one warp without a block
     (5, 512, 8, 8, True),        # 2 blocks over 8 warps, rows only in the first half-tile
     (20, 1280, 2, 3, False),     # 5 blocks over 3 warps: 2, 2, 1
-    (18, 1792, 5, None, True)])  # plan_ksplit's split (7 blocks: 7 warps of one)
+    (18, 1792, 5, None, True),   # plan_ksplit's split (7 blocks: 7 warps of one)
+    (21, 768, 9, 2, True),       # the 16-token build: a second B fragment with one token
+    (16, 512, 16, 3, False)])    # 16 tokens, a warp without a block
 def test_gemv_mma_k_matches_numpy_and_gemv_mma(rows, cols, n_tok, ksplit, resid, pipe):
     W, gw, x = _case(rows, cols, n_tok, rows + cols)
     xq, xd, xb = K.quantize_q8k(x)
@@ -61,14 +63,19 @@ def test_gemv_mma_k_matches_numpy_and_gemv_mma(rows, cols, n_tok, ksplit, resid,
     bound = G.error_bound(W, xt, "f32")
     assert np.all(np.abs(got - ref) <= bound), float(np.max(np.abs(got - ref) / bound))
     # the same values as q8 (each 32-value block's scale = its 256-block's): gemv_mma's result
+    # (8 tokens at a time)
     xs = np.zeros((n_tok, cols // 32, 4), np.float32)
     d = np.repeat(xd, 8, axis=1)
     q = xq.reshape(n_tok, cols // 32, 32).astype(np.float32)
     xs[..., 0], xs[..., 1], xs[..., 2], xs[..., 3] = d, d * q[..., :16].sum(-1), d * q[..., 16:].sum(-1), d * q.sum(-1)
-    y2 = cuda.to_device(r) if resid else cuda.device_array((n_tok, rows), np.float32)
-    M.gemv_mma(gw, cuda.to_device(xq), cuda.to_device(xs.reshape(n_tok, cols // 8)), y2, n_tok,
-               residual=y2 if resid else None, ksplit=ksplit if ksplit in (1, 2, 4, 8) else 1)
-    np.testing.assert_allclose(got, y2.copy_to_host(), rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+    for t0 in range(0, n_tok, 8):
+        n = min(8, n_tok - t0)
+        part = slice(t0, t0 + n)
+        y2 = cuda.to_device(np.ascontiguousarray(r[part])) if resid else cuda.device_array((n, rows), np.float32)
+        M.gemv_mma(gw, cuda.to_device(np.ascontiguousarray(xq[part])),
+                   cuda.to_device(np.ascontiguousarray(xs[part].reshape(n, cols // 8))), y2, n,
+                   residual=y2 if resid else None, ksplit=ksplit if ksplit in (1, 2, 4, 8) else 1)
+        np.testing.assert_allclose(got[part], y2.copy_to_host(), rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
 
 
 def test_gemv_mma_k_uses_every_sum_and_scale():
@@ -94,7 +101,7 @@ def test_gemv_mma_k_refuses_what_it_does_not_do():
     xq, xd, xb = (cuda.to_device(a) for a in K.quantize_q8k(x))
     y = cuda.device_array((1, 16), np.float32)
     with pytest.raises(ValueError, match="n_tok"):
-        K.gemv_mma_k(gw, xq, xd, xb, y, 9)
+        K.gemv_mma_k(gw, xq, xd, xb, y, 17)
     with pytest.raises(ValueError, match="ksplit"):
         K.gemv_mma_k(gw, xq, xd, xb, y, 1, ksplit=17)
     with pytest.raises(ValueError, match="xb must be int32"):

@@ -76,6 +76,7 @@
 #   mmak16    python -m genie_rt.quant.gemv_mma_k: the mma GEMV with an integer epilogue (q8_K activations;
 #             MMAK_ARGS: more arguments, e.g. "--tokens 8,16 --copies 8")
 #             against the dp4a GEMV, 1-8 tokens (gemv-mma-k.json)
+#   small17   mmak16, then the engine's MMQ GEMMs at 8 and 16 rows (python -m genie_rt.quant.mmq; mmq-small.json)
 #   ppdl16    the prefill's GEMMs by programmatic dependent launch (EngineConfig.prefill_pdl): the prefill
 #             graph off / on with the bits compared (profile_prefill --pdl both), bench_prefix both ways,
 #             TT s of GPU tests
@@ -585,6 +586,14 @@ for s in "$@"; do
       # the dp4a GEMV at the 4B's Q4_K shapes, 1-8 tokens, each checked against numpy first
       timeout ${MT:-240} $PY -m genie_rt.quant.gemv_mma_k --json "$OUT/gemv-mma-k.json" ${MMAK_ARGS:-} 2>&1 | grep -v "^INFO numba" \
         | tee "$OUT/gemv-mma-k.txt" | tail -${MTAIL:-16} | cut -c1-400 ;;
+    small17)
+      stage small17
+      # the products of a short prefill, two ways in one process each (2026-12-05 evening): gemv_mma_k
+      # (mmak16's run: 1-16 tokens, the k-split plan and a sweep, rmsnorm_q8k) and the engine's MMQ GEMMs at
+      # 8 and 16 rows on the 4B's layer shapes (python -m genie_rt.quant.mmq; mmq-small.json / .txt)
+      "$0" mmak16
+      timeout ${QT:-200} $PY -m genie_rt.quant.mmq --n 8 16 --no-sweep --json "$OUT/mmq-small.json" 2>&1 \
+        | grep -v "^INFO numba" | tee "$OUT/mmq-small.txt" | tail -${QTAIL:-30} | cut -c1-300 ;;
     ppdl16)
       stage ppdl16
       # the prefill's GEMMs by programmatic dependent launch (EngineConfig.prefill_pdl, 2026-12-05):

@@ -1,0 +1,120 @@
+"""RMSNorm -> q8_K activations on the device: what quant/gemv_mma_k.py's GEMV reads (lab, 2026-12-05).
+
+q8_K (llama.cpp's CPU K-quant activations): per token and 256-value block one float32 scale
+xd = max |h| / 127, the values xq = rint(h / xd) in -127..127 (int8), and the integer sum xb of
+each 32 values. `gemv_mma_k.quantize_q8k` is the numpy reference; `rmsnorm_q8k` here computes it
+of h = rmsnorm(x) * w (or of x itself when w is None) for n_tok rows at once.
+
+Who does what. One thread block of 8 warps a row. The sum of squares: every thread adds the
+squares of its values (8 consecutive values of each 256-value block its warp owns), then a
+block-wide sum (norm_q8_device.block_sum). Then warp w quantizes blocks w, w + 8, ..: lane l holds
+values 8l .. 8l + 7, the warp's max by butterflies, the 32-value sums over lanes 4k .. 4k + 3 by two
+more, and the lane stores its 8 quants as two 32-bit words (xq is written through a uint32 view).
+
+The arithmetic is the reference's: xd = amax / 127, inv = 1 / xd (0 for an all-zero block), q = rint(v
+* inv) (round half to even, as np.rint) in IEEE float32 - so without the norm the bits are the
+reference's; with it, h differs from numpy's by the order of the sum of squares (float rounding).
+
+Status: checked in the simulator (tests/test_quantize_q8k.py). Not used by the engine yet (see
+gemv_mma_k's docstring for what that needs).
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32, int32, uint32
+
+from genie_rt.engine import kernel_cache
+
+from .norm_q8_device import FULL, RINT, block_sum
+
+QK = 256
+THREADS = 256                                   # 8 warps a row
+SIGNATURE = "void(float32[:, ::1], float32[::1], float32, uint32[::1], float32[::1], int32[::1])"
+
+
+@functools.lru_cache(maxsize=None)
+def rmsnorm_q8k_kernel(NORM: bool):
+    """The kernel: grid (n_tok,), THREADS threads. Arguments: x float32 [n, d], w float32 [d] (read
+    when NORM), eps, xq uint32 [n * d / 4] (int8 values, 4 a word), xd float32 [n * d / 256], xb
+    int32 [n * d / 32]."""
+    @cuda.jit
+    def kernel(x, w, eps, xq, xd, xb):
+        r = cuda.blockIdx.x
+        warp = cuda.threadIdx.x >> 5
+        lane = cuda.threadIdx.x & 31
+        d = x.shape[1]
+        nblk = d >> 8
+        s = float32(1)
+        if NORM:
+            sh = cuda.shared.array(32, float32)
+            ss = float32(0)
+            b = warp
+            while b < nblk:
+                base = b * QK + 8 * lane
+                for j in range(8):
+                    v = x[r, base + j]
+                    ss += v * v
+                b += 8
+            ss = block_sum(ss, sh)
+            s = math.sqrt(ss / float32(d) + eps)
+        b = warp
+        while b < nblk:                          # warp-uniform
+            base = b * QK + 8 * lane
+            vals = cuda.local.array(8, float32)
+            a = float32(0)
+            for j in range(8):
+                v = x[r, base + j]
+                if NORM:
+                    v = float32(v / s * w[base + j])
+                vals[j] = v
+                a = max(a, abs(v))
+            for off in (16, 8, 4, 2, 1):
+                a = max(a, cuda.shfl_xor_sync(FULL, a, off))
+            scale = a / float32(127)
+            inv = float32(1) / scale if a > float32(0) else float32(0)
+            lo = uint32(0)
+            hi = uint32(0)
+            tot = int32(0)
+            for j in range(8):
+                q = int32((vals[j] * inv + RINT) - RINT)     # round half to even, exactly np.rint
+                tot += q
+                if j < 4:
+                    lo |= (uint32(q) & uint32(0xFF)) << uint32(8 * j)
+                else:
+                    hi |= (uint32(q) & uint32(0xFF)) << uint32(8 * (j - 4))
+            tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, 1))   # lanes 4k .. 4k + 3: one sub-block
+            tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, 2))
+            wi = uint32((r * d + base) >> 2)
+            xq[wi] = lo
+            xq[wi + uint32(1)] = hi
+            if (lane & 3) == 0:
+                xb[uint32(r * (d >> 5) + b * 8 + (lane >> 2))] = tot
+            if lane == 0:
+                xd[uint32(r * nblk + b)] = scale
+            b += 8
+    return kernel_cache.attach(kernel)
+
+
+def rmsnorm_q8k(x, w, eps: float, xq, xd, xb, stream=0) -> None:
+    """q8_K of rmsnorm(x) * w (w None: of x) for every row of x float32 [n_tok, d] (d a multiple
+    of 256) into xq int8 [n_tok, d], xd float32 [n_tok, d / 256], xb int32 [n_tok, d / 32] (device
+    arrays, any shape of that size). No allocation, no synchronization."""
+    if x.ndim != 2 or x.dtype != np.float32:
+        raise ValueError(f"rmsnorm_q8k: x must be float32 [n_tok, d], got {x.dtype} {tuple(x.shape)}")
+    n, d = x.shape
+    if d % QK:
+        raise ValueError(f"rmsnorm_q8k: d {d} must be a multiple of {QK}")
+    for name, a, dt, size in (("xq", xq, np.int8, n * d), ("xd", xd, np.float32, n * d // QK),
+                              ("xb", xb, np.int32, n * d // 32)):
+        if a.dtype != dt or a.size != size:
+            raise ValueError(f"rmsnorm_q8k: {name} must be {np.dtype(dt).name} with {size} elements, "
+                             f"got {a.dtype} {tuple(a.shape)}")
+    if w is not None and (w.dtype != np.float32 or w.size != d):
+        raise ValueError(f"rmsnorm_q8k: w must be float32 with {d} elements, got {w.dtype} {tuple(w.shape)}")
+    xq4 = xq.reshape(n * d).view(np.uint32)
+    flat_d, flat_b = xd.reshape(n * d // QK), xb.reshape(n * d // 32)
+    kern = rmsnorm_q8k_kernel(w is not None)
+    kern[n, THREADS, stream](x, x[0] if w is None else w.reshape(d), np.float32(eps), xq4, flat_d, flat_b)
