@@ -43,6 +43,12 @@ The price is the activation's quantization: one scale for 256 values instead of 
 llama.cpp's CPU K-quant dot products use). `quantize_q8k` is its numpy reference; a device
 quantizer (one block a token) comes with the engine's use of this kernel, not yet.
 
+Up to 16 tokens (NT 16): a second B fragment, tokens 8 + g, against the same A fragments (160
+registers; 255 with PIPE, so at most 4 warps then, and `gemv_mma_k` takes the unpipelined build
+above 8 tokens). On the same H100: 8.5 / 14.7 / 11.0 / 20.7 us for the four shapes at 16 tokens
+(DRAM) - against the engine's MMQ GEMM at 16 rows no faster; at 8 rows ~25 % faster for attn_q,
+attn_output and gate/up, the same for ffn_down (docs/kernels/gemv.md 8d).
+
 Status: checked in the simulator (tests/test_gemv_mma_k.py), timed on the H100 (above). Not used
 by the engine.
 """
@@ -288,11 +294,13 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
     return kernel_cache.attach(kernel)
 
 
-def plan_ksplit(rows: int, cols: int) -> int:
+def plan_ksplit(rows: int, cols: int, n_tok: int = 8) -> int:
     """The warps a thread block splits a row's 256-weight blocks over: at least ~1,024 warps in
     the grid (a k-split of 1,024 / the 16-row tiles, a power of two) and at most ~5 blocks a warp,
-    within 2..8, then as few warps as give each the same count of blocks. From the H100's sweep of 2026-12-05 (module docstring): within 4 % of the best
-    k-split at every shape and token count there, with the weights from DRAM."""
+    within 2..8, then as few warps as give each the same count of blocks; at most 4 for more than
+    8 tokens. From the H100's sweeps of 2026-12-05 (module docstring): within 4 % of the best
+    k-split at every shape and 1-8 tokens there (the pipelined build), within 6 % at 16 but for
+    ffn_down (20.65 against 19.52 us; the unpipelined build, `gemv_mma_k`'s default above 8)."""
     tiles, nblk = -(-rows // ROWS), max(1, cols // QK)
     by_grid = 1
     while by_grid * 2 * tiles <= 1024:
@@ -300,7 +308,7 @@ def plan_ksplit(rows: int, cols: int) -> int:
     by_len = 1
     while by_len * 5 < nblk:
         by_len *= 2
-    ks = min(max(2, min(8, max(by_grid, by_len))), nblk)
+    ks = min(max(2, min(8 if n_tok <= 8 else 4, max(by_grid, by_len))), nblk)
     per = -(-nblk // ks)
     return -(-nblk // per)                           # no warp without a block
 
@@ -325,16 +333,18 @@ def _fits(kern, ksplit: int, pipe: bool, nt: int) -> None:
 
 
 def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None = None, stream=0,
-               pipe: bool = True) -> None:
+               pipe: bool | None = None) -> None:
     """y [n_tok, rows] = x W^T (+ residual) for a Q4_K GemvWeight `w` (gemv.prepare_weight, dp4a
     mode) and q8_K activations xq int8 [n_tok, cols], xd float32 [n_tok, cols / 256], xb int32
     [n_tok, cols / 32] (`quantize_q8k`); 1 <= n_tok <= 16 (above 8: the NT 16 build). ksplit:
-    warps a thread block (1..16; None: plan_ksplit), pipe: the kernel's PIPE. No allocation, no
-    synchronization."""
+    warps a thread block (1..16; None: plan_ksplit), pipe: the kernel's PIPE (None: on for up to 8
+    tokens; the 16-token build holds two blocks' loads in 255 registers, and was slower so). No
+    allocation, no synchronization."""
     _check(w, 1, 1, "gemv_mma_k")
     if not 1 <= n_tok <= MAX_TOK:
         raise ValueError(f"gemv_mma_k: n_tok {n_tok} must be 1..{MAX_TOK}")
-    ksplit = plan_ksplit(w.rows, w.cols) if ksplit is None else ksplit
+    ksplit = plan_ksplit(w.rows, w.cols, n_tok) if ksplit is None else ksplit
+    pipe = n_tok <= 8 if pipe is None else pipe
     if not 1 <= ksplit <= 16:
         raise ValueError(f"gemv_mma_k: ksplit {ksplit} must be 1..16")
     rows, cols = w.rows, w.cols
@@ -403,7 +413,7 @@ def _bench(argv=None) -> int:
             xt = dequantize_q8k(k8[0], k8[1])
             kref, kbound = G.gemv_reference(W, xt), G.error_bound(W, xt, "f32")
             row = dict(gemv=name, rows=rows, cols=cols, n_tok=n_tok, copies=n_copies)
-            cases = [(f"plan_ks{plan_ksplit(rows, cols)}", lambda: gemv_mma_k(nxt(), *kx, y, n_tok, stream=stream),
+            cases = [(f"plan_ks{plan_ksplit(rows, cols, n_tok)}", lambda: gemv_mma_k(nxt(), *kx, y, n_tok, stream=stream),
                       kref, kbound)]
             cases += [(f"{trip}_ks{ks}", lambda ks=ks, trip=trip: gemv_mma_k(nxt(), *kx, y, n_tok, ksplit=ks,
                                                                            stream=stream, pipe=trip == "pipe"),
@@ -463,14 +473,14 @@ def table(path: str) -> str:
     lines = ["| shape | weights from | tokens | dp4a GEMV | gemv_mma_k (plan) | best of the sweep |",
              "|---|---|---:|---:|---:|---:|"]
     for r in (r for r in json.load(open(path)) if "gemv" in r):
-        if "dp4a_us" not in r:
-            continue                                 # (more than 8 tokens: no dp4a GEMV to compare with)
         us = {k[:-3]: v for k, v in r.items() if k.endswith("_us") and k != "dp4a_us"}
-        ks = plan_ksplit(r["rows"], r["cols"])
-        plan = us.get(f"plan_ks{ks}", us.get(f"pipe_ks{ks}"))   # (files of the sweep before the plan)
+        ks = plan_ksplit(r["rows"], r["cols"], r["n_tok"])
+        build = "pipe" if r["n_tok"] <= 8 else "block"
+        plan = us.get(f"{build}_ks{ks}", us.get(f"plan_ks{ks}"))   # (the plan's build, as the sweep timed it)
         best = min(us, key=us.get)
+        dp4a = f"{r['dp4a_us']:.2f}" if "dp4a_us" in r else "-"
         lines.append(f"| {r['gemv']} {r['rows']}x{r['cols']} | {'DRAM' if r.get('copies', 1) > 1 else 'L2'} "
-                     f"| {r['n_tok']} | {r['dp4a_us']:.2f} | {plan:.2f} (k-split {ks}) | {us[best]:.2f} ({best}) |")
+                     f"| {r['n_tok']} | {dp4a} | {plan:.2f} ({build}, k-split {ks}) | {us[best]:.2f} ({best}) |")
     return "\n".join(lines)
 
 

@@ -15,8 +15,9 @@ The arithmetic is the reference's: xd = amax / 127, inv = 1 / xd (0 for an all-z
 * inv) (round half to even, as np.rint) in IEEE float32 - so without the norm the bits are the
 reference's; with it, h differs from numpy's by the order of the sum of squares (float rounding).
 
-Status: checked in the simulator (tests/test_quantize_q8k.py). Not used by the engine yet (see
-gemv_mma_k's docstring for what that needs).
+Status: checked in the simulator (tests/test_quantize_q8k.py); on an H100 (2026-12-05, `python -m
+genie_rt.quant.gemv_mma_k`, which also checks its bits against numpy there): 4.6 us for 8 or 16 rows
+of 2,560 values, 9.0 us of 9,728. Not used by the engine yet (see gemv_mma_k's docstring).
 """
 from __future__ import annotations
 

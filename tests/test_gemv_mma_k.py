@@ -114,6 +114,7 @@ def test_gemv_mma_k_refuses_what_it_does_not_do():
 def test_plan_ksplit_at_the_4b_shapes_and_small_rows():
     # the H100 sweep's picks (module docstring), and never a warp without a block
     assert [K.plan_ksplit(r, c) for r, c in ((4096, 2560), (9728, 2560), (2560, 4096), (2560, 9728))] == [4, 2, 4, 8]
+    assert [K.plan_ksplit(r, c, 16) for r, c in ((4096, 2560), (9728, 2560), (2560, 4096), (2560, 9728))] == [4, 2, 4, 4]
     for rows, cols in ((1024, 2560), (16, 256), (2048, 1024), (151936, 2560), (16, 25600)):
         ks, nblk = K.plan_ksplit(rows, cols), cols // 256
         per = -(-nblk // ks)
