@@ -1,4 +1,4 @@
-"""The int8 tensor-core GEMV for 1-8 tokens with an integer epilogue (lab, 2026-12-05).
+"""The int8 tensor-core GEMV for 1-16 tokens with an integer epilogue (lab, 2026-12-05).
 
 Why. gemv_mma.py's kernel is flat in the tokens but issues 2.15x the dp4a GEMV's instructions
 at one token (Nsight Compute, H100, 2026-12-05: 8.54 M against 3.97 M warp instructions for
@@ -36,16 +36,17 @@ copies so they come from DRAM; docs/bench/gemv-mma-k-h100-2026-12-05b.json; us):
 at 1 / 8 tokens against this kernel at plan_ksplit's k-split - attn_q 5.01 / 19.14 against 5.66 /
 6.45, ffn_gate 8.84 / 35.74 against 9.53 / 10.78, attn_output 5.18 / 19.54 against 6.64 / 7.62,
 ffn_down 9.82 / 47.25 against 10.71 / 14.03. The chunk trips took 6.75 / 7.54, 12.89 / 14.04,
-9.53 / 9.88 and 20.21 / 20.89 there (k-split 4). Eight tokens now cost 1.1-1.3x one token of the
-dp4a GEMV; at one token the dp4a GEMV stays 7-28 % faster.
+9.53 / 9.88 and 20.21 / 20.89 there (k-split 4). Eight tokens now cost 1.2-1.5x what the dp4a
+GEMV takes for one (and 1.1-1.4x this kernel's own one-token time); at one token the dp4a GEMV
+stays 8-28 % faster.
 
 The price is the activation's quantization: one scale for 256 values instead of 32 (q8_K, what
-llama.cpp's CPU K-quant dot products use). `quantize_q8k` is its numpy reference; a device
-quantizer (one block a token) comes with the engine's use of this kernel, not yet.
+llama.cpp's CPU K-quant dot products use). `quantize_q8k` is its numpy reference, and
+quant/quantize_q8k.py's `rmsnorm_q8k` the device's (RMSNorm and q8_K in one launch, a block a row).
 
 Up to 16 tokens (NT 16): a second B fragment, tokens 8 + g, against the same A fragments (160
-registers; 255 with PIPE, so at most 4 warps then, and `gemv_mma_k` takes the unpipelined build
-above 8 tokens). On the same H100: 8.5 / 14.7 / 11.0 / 20.7 us for the four shapes at 16 tokens
+registers, 255 with PIPE: a thread block fits 12 or 8 warps; above 8 tokens `gemv_mma_k` takes the
+unpipelined build and at most 4 warps, the sweep's fastest). On the same H100: 8.5 / 14.7 / 11.0 / 20.7 us for the four shapes at 16 tokens
 (DRAM) - against the engine's MMQ GEMM at 16 rows no faster; at 8 rows ~25 % faster for attn_q,
 attn_output and gate/up, the same for ffn_down (docs/kernels/gemv.md 8d).
 
@@ -295,13 +296,13 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
 
 
 def plan_ksplit(rows: int, cols: int, n_tok: int = 8) -> int:
-    """The warps a thread block splits a row's 256-weight blocks over: at least ~1,024 warps in
-    the grid (a k-split of 1,024 / the 16-row tiles, a power of two) and at most ~5 blocks a warp,
-    within 2..8, then as few warps as give each the same count of blocks; at most 4 for more than
-    8 tokens. From the H100's sweeps of 2026-12-05 (module docstring): within 4 % of the best
-    k-split at every shape and 1-8 tokens there (the pipelined build), within 6 % at 16 but for
-    ffn_down (20.65 against 19.52 us; the unpipelined build, `gemv_mma_k`'s default above 8)."""
-    tiles, nblk = -(-rows // ROWS), max(1, cols // QK)
+    """The warps a thread block splits a row's 256-weight blocks over: the larger of the largest
+    power of two that keeps the grid within ~1,024 warps (1,024 / the 16-row tiles) and the
+    smallest that leaves a warp at most ~5 blocks, within 2..8 (2..4 above 8 tokens), then as few
+    warps as give each the same count of blocks. From the H100's sweeps of 2026-12-05 (module
+    docstring), weights from DRAM: within ~4 % of the sweep's best k-split at every shape for 1-8
+    tokens (pipelined), within 6 % at 16 (unpipelined; the timings repeat within ~5 %)."""
+    tiles, nblk = max(1, -(-rows // ROWS)), max(1, cols // QK)
     by_grid = 1
     while by_grid * 2 * tiles <= 1024:
         by_grid *= 2
@@ -319,12 +320,13 @@ REGS_PER_BLOCK = 65536      # the register file a thread block may use (sm_80 ..
 
 def _fits(kern, ksplit: int, pipe: bool, nt: int) -> None:
     """Refuse a k-split whose thread block needs more registers than a block may have (the NT 16
-    builds: 160 registers a thread without PIPE, 255 with it on sm_90 - 8 and 4 warps at most),
-    once a build, before the driver's CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES."""
+    builds: 160 registers a thread without PIPE, 255 with it on sm_90 - 12 and 8 warps at most;
+    the H100 refused 13), once a build, before the driver's CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES.
+    Registers are allocated a warp at a time in units of 256: a thread's count rounds up to 8."""
     key = (ksplit, pipe, nt)
     if key not in _FITS:
         kern.compile(SIGNATURE)                      # the launch's own specialisation (flat arrays)
-        regs = max(kern.get_regs_per_thread().values())
+        regs = -(-max(kern.get_regs_per_thread().values()) // 8) * 8
         _FITS[key] = (True if regs * 32 * ksplit <= REGS_PER_BLOCK
                       else f"{regs} registers a thread x {32 * ksplit} threads > {REGS_PER_BLOCK}")
     if _FITS[key] is not True:
@@ -349,12 +351,12 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
         raise ValueError(f"gemv_mma_k: ksplit {ksplit} must be 1..16")
     rows, cols = w.rows, w.cols
     xq = _flat(xq, np.int8, n_tok * cols, "xq", "gemv_mma_k").view(np.uint32)
-    wa = w.wa                                       # 8-byte loads: both must be 8-byte aligned
-    for name, a in (("the weight's quants plane", wa), ("xq", xq)):
-        if not ptx.SIMULATOR and a.__cuda_array_interface__["data"][0] % 8:
-            raise ValueError(f"gemv_mma_k: {name} must start on an 8-byte boundary")
+    wa = w.wa                                       # 8-byte loads of wa and xq, 16-byte of xb
     xd = _flat(xd, np.float32, n_tok * cols // QK, "xd", "gemv_mma_k")
     xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb", "gemv_mma_k")
+    for name, a, align in (("the weight's quants plane", wa, 8), ("xq", xq, 8), ("xb", xb, 16)):
+        if not ptx.SIMULATOR and a.__cuda_array_interface__["data"][0] % align:     # (vector loads)
+            raise ValueError(f"gemv_mma_k: {name} must start on a {align}-byte boundary")
     yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_k")
     rf = yf if residual is None else _flat(residual, np.float32, n_tok * rows, "residual", "gemv_mma_k")
     kern = mma_q4k_q8k_kernel(ksplit, bool(pipe), 8 if n_tok <= 8 else 16)
@@ -364,129 +366,6 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
         wa, w.wb, w.units, rows, xq, xd, xb, cols, n_tok, yf, rf, int(residual is not None))
 
 
-SHAPES = (("attn_q", 4096, 2560), ("ffn_gate", 9728, 2560), ("attn_output", 2560, 4096), ("ffn_down", 2560, 9728))
-
-
-def _bench(argv=None) -> int:
-    """Time gemv_mma_k (pipelined at plan_ksplit's k-split, then --trips at each of --ks) against
-    the dp4a GEMV at the 4B's Q4_K shapes, 1-8 tokens (GPU only); every kernel is checked against
-    numpy before it is timed. --mma adds gemv_mma (q8 activations) at k-splits 4 and 8."""
-    import argparse
-    import itertools
-    import json
-    from dataclasses import replace
-
-    from . import gemv as G
-    from .gemv_mma import _activations, _weight, _within, gemv_mma
-    from .quantize_q8k import rmsnorm_q8k
-
-    def _dup(a):
-        b = cuda.device_array_like(a)
-        b.copy_to_device(a)
-        return b
-
-    from genie_rt.engine.cuda_graph import time_us
-    ap = argparse.ArgumentParser(description="gemv_mma_k (int8 tensor cores, integer epilogue) vs the dp4a GEMV")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--ks", default="2,4,5,8,10,13,16", help="k-splits of the --trips sweep (those above "
-                    "the row's 256-weight blocks are skipped)")
-    ap.add_argument("--trips", default="block,pipe", help="the sweep's builds: block (PIPE off), pipe; "
-                    "empty: no sweep")
-    ap.add_argument("--tokens", default="1,2,4,8,16")
-    ap.add_argument("--mma", action="store_true")
-    ap.add_argument("--copies", default="8,1", help="weight copies each timing cycles through: 8 "
-                    "(112+ MB for the larger shapes, more than the L2: the weights come from DRAM as in a "
-                    "decode step), 1 (the same weight 20 times: from the L2 after the first)")
-    args = ap.parse_args(argv)
-    if ptx.SIMULATOR:
-        raise SystemExit("needs a GPU")
-    stream = cuda.stream()
-    out = []
-    for name, rows, cols, n_copies in ((*shape, int(c)) for c in args.copies.split(",") for shape in SHAPES):
-        W, gw = _weight(rows, cols)
-        copies = [gw] + [replace(gw, wa=_dup(gw.wa), wb=_dup(gw.wb)) for _ in range(n_copies - 1)]
-        nxt = itertools.cycle(copies).__next__       # each call of a captured graph: the next copy
-        for n_tok in (int(v) for v in args.tokens.split(",")):
-            dx, xq, xs, y, ref, bound = _activations(W, n_tok, stream)       # q8: gemv_mma and dp4a
-            k8 = quantize_q8k(dx.copy_to_host())                            # q8_K: gemv_mma_k
-            kx = [cuda.to_device(a) for a in k8]
-            xt = dequantize_q8k(k8[0], k8[1])
-            kref, kbound = G.gemv_reference(W, xt), G.error_bound(W, xt, "f32")
-            row = dict(gemv=name, rows=rows, cols=cols, n_tok=n_tok, copies=n_copies)
-            cases = [(f"plan_ks{plan_ksplit(rows, cols, n_tok)}", lambda: gemv_mma_k(nxt(), *kx, y, n_tok, stream=stream),
-                      kref, kbound)]
-            cases += [(f"{trip}_ks{ks}", lambda ks=ks, trip=trip: gemv_mma_k(nxt(), *kx, y, n_tok, ksplit=ks,
-                                                                           stream=stream, pipe=trip == "pipe"),
-                       kref, kbound)
-                      for trip in args.trips.split(",") if trip
-                      for ks in (int(v) for v in args.ks.split(",")) if ks <= cols // QK]
-            if args.mma and n_tok <= 8:
-                cases += [(f"mma_ks{ks}", lambda ks=ks: gemv_mma(nxt(), xq, xs, y, n_tok, ksplit=ks, stream=stream),
-                           ref, bound) for ks in (4, 8)]
-            for label, fn, r, b in cases:
-                try:
-                    fn()
-                except ValueError as exc:                # a k-split whose block does not fit (NT 16)
-                    print(f"  {label}: {exc}")
-                    continue
-                stream.synchronize()
-                row[f"{label}_ok"] = ok = _within(y, r, b)
-                if ok:
-                    row[f"{label}_us"] = round(time_us(fn, stream), 3)
-            if n_tok <= G.MAX_TOKENS:                 # the dp4a GEMV takes 1..8 tokens
-                G.gemv(gw, dx, y, xq=xq, xs=xs, stream=stream)
-                row["dp4a_us"] = round(time_us(lambda: G.gemv(nxt(), dx, y, xq=xq, xs=xs, stream=stream), stream), 3)
-            best = min((v, k[:-3]) for k, v in row.items() if k.endswith("_us") and k != "dp4a_us")
-            print(f"{name:12s} x{n_copies} n_tok {n_tok}: dp4a {row.get('dp4a_us', float('nan')):7.2f} us, best mma "
-                  f"{best[0]:7.2f} us ({best[1]}); "
-                  + " ".join(f"{k[:-3]} {v:.2f}" for k, v in row.items() if k.endswith("_us")), flush=True)
-            out.append(row)
-    for cols in sorted({c for _, _, c in SHAPES}):    # the quantizer before them (quantize_q8k.py)
-        w = cuda.to_device(np.ones(cols, np.float32))
-        for n_tok in (int(v) for v in args.tokens.split(",")):
-            x = np.random.default_rng(2).standard_normal((n_tok, cols)).astype(np.float32)
-            dx = cuda.to_device(x)
-            q = (cuda.device_array((n_tok, cols), np.int8), cuda.device_array((n_tok, cols // QK), np.float32),
-                 cuda.device_array((n_tok, cols // SUB), np.int32))
-            rmsnorm_q8k(dx, None, 0.0, *q, stream=stream)
-            stream.synchronize()
-            ok = all(np.array_equal(a.copy_to_host(), b) for a, b in zip(q, quantize_q8k(x)))
-            us = round(time_us(lambda: rmsnorm_q8k(dx, w, 1e-6, *q, stream=stream), stream), 3)
-            print(f"rmsnorm_q8k  cols {cols} n_tok {n_tok}: {us:7.2f} us ({'same bits as numpy without the norm' if ok else 'MISMATCH'})",
-                  flush=True)
-            out.append(dict(kernel="rmsnorm_q8k", cols=cols, n_tok=n_tok, ok=ok, us=us))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=1)
-    bad = [f"{r.get('gemv', r.get('kernel'))} n_tok {r['n_tok']} {k}" for r in out for k, v in r.items()
-           if k.endswith("ok") and not v]
-    if bad:
-        print("outside the error bound:", ", ".join(bad))
-    return 1 if bad else 0
-
-
-def table(path: str) -> str:
-    """The markdown table docs/kernels/gemv.md shows of a `--json` file: per shape, weight copies
-    and tokens, the dp4a GEMV, the pipelined build at plan_ksplit's k-split, the best of the sweep
-    (us)."""
-    import json
-    lines = ["| shape | weights from | tokens | dp4a GEMV | gemv_mma_k (plan) | best of the sweep |",
-             "|---|---|---:|---:|---:|---:|"]
-    for r in (r for r in json.load(open(path)) if "gemv" in r):
-        us = {k[:-3]: v for k, v in r.items() if k.endswith("_us") and k != "dp4a_us"}
-        ks = plan_ksplit(r["rows"], r["cols"], r["n_tok"])
-        build = "pipe" if r["n_tok"] <= 8 else "block"
-        plan = us.get(f"{build}_ks{ks}", us.get(f"plan_ks{ks}"))   # (the plan's build, as the sweep timed it)
-        best = min(us, key=us.get)
-        dp4a = f"{r['dp4a_us']:.2f}" if "dp4a_us" in r else "-"
-        lines.append(f"| {r['gemv']} {r['rows']}x{r['cols']} | {'DRAM' if r.get('copies', 1) > 1 else 'L2'} "
-                     f"| {r['n_tok']} | {dp4a} | {plan:.2f} ({build}, k-split {ks}) | {us[best]:.2f} ({best}) |")
-    return "\n".join(lines)
-
-
 if __name__ == "__main__":      # python -m genie_rt.quant.gemv_mma_k [--json PATH] | --table PATH
-    import sys
-    if sys.argv[1:2] == ["--table"]:
-        print(table(sys.argv[2]))
-        raise SystemExit(0)
-    raise SystemExit(_bench())
+    from .gemv_mma_k_bench import main
+    raise SystemExit(main())

@@ -12,8 +12,10 @@ values 8l .. 8l + 7, the warp's max by butterflies, the 32-value sums over lanes
 more, and the lane stores its 8 quants as two 32-bit words (xq is written through a uint32 view).
 
 The arithmetic is the reference's: xd = amax / 127, inv = 1 / xd (0 for an all-zero block), q = rint(v
-* inv) (round half to even, as np.rint) in IEEE float32 - so without the norm the bits are the
-reference's; with it, h differs from numpy's by the order of the sum of squares (float rounding).
+* inv) (round half to even, as np.rint) in IEEE float32, the product rounded by itself (`mul.rn`:
+NVVM would otherwise contract it and the rounding add into one FMA, as it does in quantize_q8's
+kernel) - so without the norm the bits are the reference's; with it, h differs from numpy's by the
+order of the sum of squares (float rounding).
 
 Status: checked in the simulator (tests/test_quantize_q8k.py); on an H100 (2026-12-05, `python -m
 genie_rt.quant.gemv_mma_k`, which also checks its bits against numpy there): 4.6 us for 8 or 16 rows
@@ -29,7 +31,18 @@ from numba import cuda, float32, int32, uint32
 
 from genie_rt.engine import kernel_cache
 
+from . import ptx
 from .norm_q8_device import FULL, RINT, block_sum
+
+if ptx.SIMULATOR:
+    def _mul_rn(a, b):
+        return np.float32(np.float32(a) * np.float32(b))
+else:
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True, inline=True)
+    def _mul_rn(a, b):
+        return libdevice.fmul_rn(a, b)          # mul.rn.f32: never contracted into the RINT add
 
 QK = 256
 THREADS = 256                                   # 8 warps a row
@@ -80,7 +93,8 @@ def rmsnorm_q8k_kernel(NORM: bool):
             hi = uint32(0)
             tot = int32(0)
             for j in range(8):
-                q = int32((vals[j] * inv + RINT) - RINT)     # round half to even, exactly np.rint
+                # round half to even, exactly np.rint of the float32 product (not of an FMA's exact one)
+                q = int32((_mul_rn(vals[j], inv) + RINT) - RINT)
                 tot += q
                 if j < 4:
                     lo |= (uint32(q) & uint32(0xFF)) << uint32(8 * j)

@@ -1,8 +1,9 @@
 """quant/gemv_mma_k.py: the int8 tensor-core GEMV with an integer epilogue (lab), in the simulator.
 
 Q4_K weights at tiny shapes (rows not a multiple of the 16-row tile, several 256-weight blocks
-split over 1-16 warps - uneven, and warps with no block), 1, 3, 5 and 8 tokens, with and without
-the residual add, each with and without the next block's loads pipelined: within the dp4a GEMV's error bound of numpy (W @ the dequantized
+split over 1-16 warps - uneven, and warps with no block), 1-16 tokens (above 8: the build with a
+second B fragment), with and without the residual add, each with and without the next block's
+loads pipelined: within the dp4a GEMV's error bound of numpy (W @ the dequantized
 q8_K x), and within float rounding of gemv_mma.py's kernel fed the same values as q8 (its
 32-value scales all equal to the block's: the same integer dots, summed in another order).
 """
@@ -49,7 +50,8 @@ def test_quantize_q8k_reference():
     (20, 1280, 2, 3, False),     # 5 blocks over 3 warps: 2, 2, 1
     (18, 1792, 5, None, True),   # plan_ksplit's split (7 blocks: 7 warps of one)
     (21, 768, 9, 2, True),       # the 16-token build: a second B fragment with one token
-    (16, 512, 16, 3, False)])    # 16 tokens, a warp without a block
+    (16, 512, 16, 3, False),     # 16 tokens, a warp without a block
+    (20, 768, 4, 16, False)])    # 16 warps over 3 blocks: 13 without one
 def test_gemv_mma_k_matches_numpy_and_gemv_mma(rows, cols, n_tok, ksplit, resid, pipe):
     W, gw, x = _case(rows, cols, n_tok, rows + cols)
     xq, xd, xb = K.quantize_q8k(x)
@@ -78,9 +80,10 @@ def test_gemv_mma_k_matches_numpy_and_gemv_mma(rows, cols, n_tok, ksplit, resid,
         np.testing.assert_allclose(got[part], y2.copy_to_host(), rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
 
 
-def test_gemv_mma_k_uses_every_sum_and_scale():
+@pytest.mark.parametrize("n_tok,tok", [(2, 1), (12, 9)])   # 12: token 9 is in the second B fragment
+def test_gemv_mma_k_uses_every_sum_and_scale(n_tok, tok):
     # a wrong sub-block sum or block scale must show: the result moves outside the bound
-    rows, cols, n_tok = 16, 512, 2
+    rows, cols = 16, 512
     W, gw, x = _case(rows, cols, n_tok, 3)
     xq, xd, xb = K.quantize_q8k(x)
     xt = K.dequantize_q8k(xq, xd)
@@ -88,9 +91,9 @@ def test_gemv_mma_k_uses_every_sum_and_scale():
     for what in ("xb", "xd"):
         bad_b, bad_d = xb.copy(), xd.copy()
         if what == "xb":
-            bad_b[1, 9] += 40
+            bad_b[tok, 9] += 40
         else:
-            bad_d[0, 1] *= 1.01
+            bad_d[tok - 1, 1] *= 1.01
         y = cuda.device_array((n_tok, rows), np.float32)
         K.gemv_mma_k(gw, cuda.to_device(xq), cuda.to_device(bad_d), cuda.to_device(bad_b), y, n_tok, ksplit=2)
         assert not np.all(np.abs(y.copy_to_host() - ref) <= bound), what
@@ -123,7 +126,7 @@ def test_plan_ksplit_at_the_4b_shapes_and_small_rows():
 
 @pytest.mark.slow
 def test_gemv_mma_k_ptx_uses_the_int8_tensor_cores_and_unsigned_indices():
-    # sm_87 and sm_90, both builds: the s8 mma, no f64, no local memory, a block's loads before its
+    # sm_87 and sm_90, both builds and the 16-token one: the s8 mma, no f64, no local memory, a block's loads before its
     # first mma (the pipelined build: the next block's too), and the loop's loads without Numba's
     # negative-index wrap-around (shr.s64 x, 63 + and + add around a load: unsigned indices) and its
     # integer sums in 32 bits (numba widens int32 products to int64; the int32() around each sum
@@ -133,8 +136,11 @@ def test_gemv_mma_k_ptx_uses_the_int8_tensor_cores_and_unsigned_indices():
                              "mmak_pipe = mma_q4k_q8k_kernel(4, True)\n", "mmak_pipe", K.SIGNATURE, "gemv_mma_k")
     out2 = check_mma_gemv_ptx("from genie_rt.quant.gemv_mma_k import mma_q4k_q8k_kernel\n"
                               "mmak_block = mma_q4k_q8k_kernel(4, False)\n", "mmak_block", K.SIGNATURE, "gemv_mma_k")
-    for cc, text in list(out.items()) + list(out2.items()):
-        loop = text[text.index("mma.sync"):text.rindex("mma.sync")]
-        assert "mul.lo.s64" not in loop and "mul.wide" not in loop, f"gemv_mma_k sm_{cc[0]}{cc[1]}: 64-bit sums"
-        assert "shr.s64" not in loop, f"gemv_mma_k sm_{cc[0]}{cc[1]}: negative-index wrap-around code"
-        assert loop.count("mma.sync") == 7, f"gemv_mma_k sm_{cc[0]}{cc[1]}: not one block's 8 mma a trip"
+    out3 = check_mma_gemv_ptx("from genie_rt.quant.gemv_mma_k import mma_q4k_q8k_kernel\n"
+                              "mmak_16 = mma_q4k_q8k_kernel(4, False, 16)\n", "mmak_16", K.SIGNATURE, "gemv_mma_k")
+    for mmas, per_cc in ((8, out), (8, out2), (16, out3)):
+        for cc, text in per_cc.items():
+            loop = text[text.index("mma.sync"):text.rindex("mma.sync")]
+            assert "mul.lo.s64" not in loop and "mul.wide" not in loop, f"gemv_mma_k sm_{cc[0]}{cc[1]}: 64-bit sums"
+            assert "shr.s64" not in loop, f"gemv_mma_k sm_{cc[0]}{cc[1]}: negative-index wrap-around code"
+            assert loop.count("mma.sync") == mmas - 1, f"gemv_mma_k sm_{cc[0]}{cc[1]}: not one block's {mmas} mma a trip"

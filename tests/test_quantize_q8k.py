@@ -6,6 +6,8 @@ squares, so a quant may move by one where h sits on a rounding boundary. Awkward
 more than the 8 warps (a warp takes two), an all-zero block, one large value in a block, a
 fully zero row with the norm's eps.
 """
+import re
+
 import numpy as np
 import pytest
 from numba import cuda
@@ -90,3 +92,7 @@ def test_rmsnorm_q8k_ptx_has_no_f64_and_no_local_memory():
         for cc, text in per_cc.items():
             assert_no_f64(text, where=f"{name} sm_{cc[0]}{cc[1]}")
             assert local_memory_bytes(text) == 0, f"{name} sm_{cc[0]}{cc[1]}: local memory"
+            # v * inv rounded on its own (mul.rn), not contracted with the + 1.5 * 2^23 into an FMA:
+            # the reference rounds the float32 product
+            assert "mul.rn.f32" in text and not re.search(r"fma\.rn\.f32[^;]*0f4B400000", text), \
+                f"{name} sm_{cc[0]}{cc[1]}: the rounding's product contracted into an FMA"

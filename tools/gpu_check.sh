@@ -75,7 +75,7 @@
 #   long16    tg128 at depths 4,096 and 16,384 with --attention-loop warp and with mma
 #   mmak16    python -m genie_rt.quant.gemv_mma_k: the mma GEMV with an integer epilogue (q8_K activations;
 #             MMAK_ARGS: more arguments, e.g. "--tokens 8,16 --copies 8")
-#             against the dp4a GEMV, 1-8 tokens (gemv-mma-k.json)
+#             against the dp4a GEMV, 1-16 tokens (gemv-mma-k.json)
 #   small17   mmak16, then the engine's MMQ GEMMs at 8 and 16 rows (python -m genie_rt.quant.mmq; mmq-small.json)
 #   ppdl16    the prefill's GEMMs by programmatic dependent launch (EngineConfig.prefill_pdl): the prefill
 #             graph off / on with the bits compared (profile_prefill --pdl both), bench_prefix both ways,
@@ -583,8 +583,8 @@ for s in "$@"; do
       stage mmak16
       # the mma GEMV with the integer epilogue (quant/gemv_mma_k.py, 2026-12-05; a trip a block since the
       # evening: its k-split plan, then a sweep of builds and k-splits, the weights from DRAM and from L2) against
-      # the dp4a GEMV at the 4B's Q4_K shapes, 1-8 tokens, each checked against numpy first
-      timeout ${MT:-240} $PY -m genie_rt.quant.gemv_mma_k --json "$OUT/gemv-mma-k.json" ${MMAK_ARGS:-} 2>&1 | grep -v "^INFO numba" \
+      # the dp4a GEMV at the 4B's Q4_K shapes, 1-16 tokens, each checked against numpy first
+      timeout ${MT:-300} $PY -m genie_rt.quant.gemv_mma_k --json "$OUT/gemv-mma-k.json" ${MMAK_ARGS:-} 2>&1 | grep -v "^INFO numba" \
         | tee "$OUT/gemv-mma-k.txt" | tail -${MTAIL:-16} | cut -c1-400 ;;
     small17)
       stage small17

@@ -1,0 +1,148 @@
+"""Timing of gemv_mma_k (quant/gemv_mma_k.py) on a GPU: `python -m genie_rt.quant.gemv_mma_k`.
+
+`bench`: the pipelined/unpipelined builds at plan_ksplit's k-split and a sweep of k-splits against
+the dp4a GEMV at the 4B's Q4_K shapes, 1-16 tokens, each checked against numpy first, with the
+weights cycling through copies (from DRAM) or repeated (from the L2); then rmsnorm_q8k. `table`:
+the markdown table docs/kernels/gemv.md shows of its --json file.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import cuda
+
+from . import ptx
+from .gemv_mma_k import QK, SUB, dequantize_q8k, gemv_mma_k, plan_ksplit, quantize_q8k
+
+SHAPES = (("attn_q", 4096, 2560), ("ffn_gate", 9728, 2560), ("attn_output", 2560, 4096), ("ffn_down", 2560, 9728))
+
+
+def bench(argv=None) -> int:
+    """Time gemv_mma_k (its defaults: plan_ksplit's k-split, pipelined up to 8 tokens; then --trips
+    at each of --ks) against the dp4a GEMV at the 4B's Q4_K shapes, 1-16 tokens (the dp4a GEMV: 1-8;
+    GPU only); every kernel is checked against numpy before it is timed, into an output filled
+    with NaN (a launch that skips outputs fails the check). --mma adds gemv_mma (q8 activations)
+    at k-splits 4 and 8."""
+    import argparse
+    import itertools
+    import json
+    from dataclasses import replace
+
+    from . import gemv as G
+    from .gemv_mma import _activations, _weight, _within, gemv_mma
+    from .quantize_q8k import rmsnorm_q8k
+
+    def _dup(a):
+        b = cuda.device_array_like(a)
+        b.copy_to_device(a)
+        return b
+
+    from genie_rt.engine.cuda_graph import time_us
+    ap = argparse.ArgumentParser(description="gemv_mma_k (int8 tensor cores, integer epilogue) vs the dp4a GEMV")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--ks", default="2,4,5,8,10,13,16", help="k-splits of the --trips sweep (those above "
+                    "the row's 256-weight blocks are skipped)")
+    ap.add_argument("--trips", default="block,pipe", help="the sweep's builds: block (PIPE off), pipe; "
+                    "empty: no sweep")
+    ap.add_argument("--tokens", default="1,2,4,8,16")
+    ap.add_argument("--mma", action="store_true")
+    ap.add_argument("--copies", default="8,1", help="weight copies each timing cycles through: 8 "
+                    "(112+ MB for the larger shapes, more than the L2: the weights come from DRAM as in a "
+                    "decode step), 1 (the same weight 20 times: from the L2 after the first)")
+    args = ap.parse_args(argv)
+    if ptx.SIMULATOR:
+        raise SystemExit("needs a GPU")
+    stream = cuda.stream()
+    out = []
+    for name, rows, cols, n_copies in ((*shape, int(c)) for c in args.copies.split(",") for shape in SHAPES):
+        W, gw = _weight(rows, cols)
+        copies = [gw] + [replace(gw, wa=_dup(gw.wa), wb=_dup(gw.wb)) for _ in range(n_copies - 1)]
+        nxt = itertools.cycle(copies).__next__       # each call of a captured graph: the next copy
+        for n_tok in (int(v) for v in args.tokens.split(",")):
+            dx, xq, xs, y, ref, bound = _activations(W, n_tok, stream)       # q8: gemv_mma and dp4a
+            k8 = quantize_q8k(dx.copy_to_host())                            # q8_K: gemv_mma_k
+            kx = [cuda.to_device(a) for a in k8]
+            xt = dequantize_q8k(k8[0], k8[1])
+            kref, kbound = G.gemv_reference(W, xt), G.error_bound(W, xt, "f32")
+            row = dict(gemv=name, rows=rows, cols=cols, n_tok=n_tok, copies=n_copies)
+            cases = [(f"plan_ks{plan_ksplit(rows, cols, n_tok)}", lambda: gemv_mma_k(nxt(), *kx, y, n_tok, stream=stream),
+                      kref, kbound)]
+            cases += [(f"{trip}_ks{ks}", lambda ks=ks, trip=trip: gemv_mma_k(nxt(), *kx, y, n_tok, ksplit=ks,
+                                                                           stream=stream, pipe=trip == "pipe"),
+                       kref, kbound)
+                      for trip in args.trips.split(",") if trip
+                      for ks in (int(v) for v in args.ks.split(",")) if ks <= cols // QK]
+            if args.mma and n_tok <= 8:
+                cases += [(f"mma_ks{ks}", lambda ks=ks: gemv_mma(nxt(), xq, xs, y, n_tok, ksplit=ks, stream=stream),
+                           ref, bound) for ks in (4, 8)]
+            for label, fn, r, b in cases:
+                y.copy_to_device(np.full(y.shape, np.nan, np.float32), stream=stream)
+                try:
+                    fn()
+                except ValueError as exc:                # a k-split whose block does not fit (NT 16)
+                    print(f"  {label}: {exc}")
+                    continue
+                stream.synchronize()
+                row[f"{label}_ok"] = ok = _within(y, r, b)
+                if ok:
+                    row[f"{label}_us"] = round(time_us(fn, stream), 3)
+            if n_tok <= G.MAX_TOKENS:                 # the dp4a GEMV takes 1..8 tokens
+                G.gemv(gw, dx, y, xq=xq, xs=xs, stream=stream)
+                row["dp4a_us"] = round(time_us(lambda: G.gemv(nxt(), dx, y, xq=xq, xs=xs, stream=stream), stream), 3)
+            best = min(((v, k[:-3]) for k, v in row.items() if k.endswith("_us") and k != "dp4a_us"),
+                       default=(float("nan"), "none timed"))
+            print(f"{name:12s} x{n_copies} n_tok {n_tok}: dp4a {row.get('dp4a_us', float('nan')):7.2f} us, best mma "
+                  f"{best[0]:7.2f} us ({best[1]}); "
+                  + " ".join(f"{k[:-3]} {v:.2f}" for k, v in row.items() if k.endswith("_us")), flush=True)
+            out.append(row)
+    for cols in sorted({c for _, _, c in SHAPES}):    # the quantizer before them (quantize_q8k.py)
+        w = cuda.to_device(np.ones(cols, np.float32))
+        for n_tok in (int(v) for v in args.tokens.split(",")):
+            x = np.random.default_rng(2).standard_normal((n_tok, cols)).astype(np.float32)
+            dx = cuda.to_device(x)
+            q = (cuda.device_array((n_tok, cols), np.int8), cuda.device_array((n_tok, cols // QK), np.float32),
+                 cuda.device_array((n_tok, cols // SUB), np.int32))
+            rmsnorm_q8k(dx, None, 0.0, *q, stream=stream)
+            stream.synchronize()
+            ok = all(np.array_equal(a.copy_to_host(), b) for a, b in zip(q, quantize_q8k(x)))
+            us = round(time_us(lambda: rmsnorm_q8k(dx, w, 1e-6, *q, stream=stream), stream), 3)
+            print(f"rmsnorm_q8k  cols {cols} n_tok {n_tok}: {us:7.2f} us ({'same bits as numpy without the norm' if ok else 'MISMATCH'})",
+                  flush=True)
+            out.append(dict(kernel="rmsnorm_q8k", cols=cols, n_tok=n_tok, ok=ok, us=us))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    bad = [f"{r.get('gemv', r.get('kernel'))} n_tok {r['n_tok']} {k}" for r in out for k, v in r.items()
+           if k.endswith("ok") and not v]
+    if bad:
+        print("outside the error bound:", ", ".join(bad))
+    return 1 if bad else 0
+
+
+def table(path: str) -> str:
+    """The markdown table docs/kernels/gemv.md shows of a `--json` file: per shape, weight copies
+    and tokens, the dp4a GEMV, gemv_mma_k's default build at plan_ksplit's k-split (as the sweep
+    timed it), the best of the sweep (us)."""
+    import json
+    lines = ["| shape | weights from | tokens | dp4a GEMV | gemv_mma_k (plan) | best of the sweep |",
+             "|---|---|---:|---:|---:|---:|"]
+    for r in (r for r in json.load(open(path)) if "gemv" in r):
+        us = {k[:-3]: v for k, v in r.items() if k.endswith("_us") and k != "dp4a_us"}
+        ks = plan_ksplit(r["rows"], r["cols"], r["n_tok"])
+        build = "pipe" if r["n_tok"] <= 8 else "block"
+        plan = us.get(f"{build}_ks{ks}", us.get(f"plan_ks{ks}"))   # (the plan's build, as the sweep timed it)
+        if plan is None or not us:
+            continue                                 # (not timed: outside the bound, or did not fit)
+        best = min(us, key=us.get)
+        dp4a = f"{r['dp4a_us']:.2f}" if "dp4a_us" in r else "-"
+        lines.append(f"| {r['gemv']} {r['rows']}x{r['cols']} | {'DRAM' if r.get('copies', 1) > 1 else 'L2'} "
+                     f"| {r['n_tok']} | {dp4a} | {plan:.2f} ({build}, k-split {ks}) | {us[best]:.2f} ({best}) |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import sys
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--table"]:
+        print(table(argv[1]))
+        return 0
+    return bench(argv)
