@@ -60,17 +60,6 @@ def embed_reference(table: PackedWeight, ids, scale: float = 1.0) -> np.ndarray:
 # =====================================================================================
 # Kernels
 # =====================================================================================
-if SIMULATOR:
-    def _mul_rn(a, b):
-        return np.float32(a) * np.float32(b)
-else:
-    from numba.cuda import libdevice
-
-    @cuda.jit(device=True)
-    def _mul_rn(a, b):
-        return libdevice.fmul_rn(a, b)          # mul.rn.f32: never contracted into an FMA
-
-
 @cuda.jit(device=True)
 def _f16(plane, r, k):
     """float32 of the fp16 at plane[r, k] (plane: uint16 bits)."""
@@ -146,7 +135,7 @@ def _k_weight(hdr, qs, hi, tok, i):
     q |= hi
     sc, m = _k_scale_min(hdr, tok, s, j)
     d, dmin = _k_dmin(hdr, tok, s)
-    return _mul_rn(d * float32(sc), float32(q)) - _mul_rn(dmin, float32(m))
+    return ptx.mul_rn(d * float32(sc), float32(q)) - ptx.mul_rn(dmin, float32(m))
 
 
 @cuda.jit(device=True)
@@ -208,7 +197,7 @@ def _w_q4_1(p, tok, i):
     0..15 (the product rounded on its own, as the reference: never an FMA)."""
     qs, dm = p
     d, m = ptx.unpack_half2(dm[tok, i >> 5])
-    return _mul_rn(d, float32(_q4_32(qs, tok, i))) + m
+    return ptx.mul_rn(d, float32(_q4_32(qs, tok, i))) + m
 
 
 @cuda.jit(device=True)
@@ -216,7 +205,7 @@ def _w_q5_1(p, tok, i):
     """p = (qs, qh, dm): as Q4_1 with a 5-bit unsigned q (0..31)."""
     qs, qh, dm = p
     d, m = ptx.unpack_half2(dm[tok, i >> 5])
-    return _mul_rn(d, float32(_q5_32(qs, qh, tok, i))) + m
+    return ptx.mul_rn(d, float32(_q5_32(qs, qh, tok, i))) + m
 
 
 @cuda.jit(device=True)
@@ -246,7 +235,7 @@ def _embed_kernel(name: str, weight):
         tok, i = _where(ids, planes[0].shape[0], out)
         if tok < 0:
             return
-        out[cuda.blockIdx.x, i] = _mul_rn(weight(planes, tok, i), scale)
+        out[cuda.blockIdx.x, i] = ptx.mul_rn(weight(planes, tok, i), scale)
     kernel.__name__ = kernel.__qualname__ = name          # the name profilers show
     return kernel_cache.attach(cuda.jit(kernel))   # compiled kernels persist on disk (engine/kernel_cache.py)
 

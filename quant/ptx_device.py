@@ -8,9 +8,9 @@ instead of bad PTX) and emits one `llvmlite.ir.InlineAsm`. Fragment layouts and
 constraints: docs/ptx-intrinsics.md.
 """
 from llvmlite import ir
-from numba import types
+from numba import cuda, types
 from numba.core.errors import TypingError
-from numba.cuda import cgutils
+from numba.cuda import cgutils, libdevice
 from numba.cuda.extending import intrinsic
 
 _i32 = ir.IntType(32)
@@ -380,3 +380,12 @@ def bits_to_f32(typingctx, bits):
     def codegen(context, builder, sig, args):
         return _asm(builder, _f32, [_i32], "mov.b32 $0, $1;", "=f,r", list(args))
     return types.float32(types.uint32), codegen
+
+
+# ---- a product rounded on its own ------------------------------------------------
+@cuda.jit(device=True)
+def mul_rn(a, b):
+    """a * b rounded to float32 by itself (libdevice's fmul_rn: mul.rn.f32), which NVVM never
+    contracts with a following add into one FMA - for kernels whose bits must be a numpy
+    reference's (the embedding's dequantization, rmsnorm_q8k's rounding)."""
+    return libdevice.fmul_rn(a, b)

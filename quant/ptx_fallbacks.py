@@ -223,3 +223,8 @@ def f16_bits_to_f32(bits):
 def bits_to_f32(bits):
     """Simulator: the float32 whose bits are `bits`."""
     return np.array([_u32(bits)], np.uint32).view(np.float32)[0]
+
+
+def mul_rn(a, b):
+    """Simulator: the float32 product of a and b as float32, rounded once."""
+    return np.float32(a) * np.float32(b)

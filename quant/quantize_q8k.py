@@ -34,16 +34,6 @@ from genie_rt.engine import kernel_cache
 from . import ptx
 from .norm_q8_device import FULL, RINT, block_sum
 
-if ptx.SIMULATOR:
-    def _mul_rn(a, b):
-        return np.float32(np.float32(a) * np.float32(b))
-else:
-    from numba.cuda import libdevice
-
-    @cuda.jit(device=True, inline=True)
-    def _mul_rn(a, b):
-        return libdevice.fmul_rn(a, b)          # mul.rn.f32: never contracted into the RINT add
-
 QK = 256
 THREADS = 256                                   # 8 warps a row
 SIGNATURE = "void(float32[:, ::1], float32[::1], float32, uint32[::1], float32[::1], int32[::1])"
@@ -94,7 +84,7 @@ def rmsnorm_q8k_kernel(NORM: bool):
             tot = int32(0)
             for j in range(8):
                 # round half to even, exactly np.rint of the float32 product (not of an FMA's exact one)
-                q = int32((_mul_rn(vals[j], inv) + RINT) - RINT)
+                q = int32((ptx.mul_rn(vals[j], inv) + RINT) - RINT)
                 tot += q
                 if j < 4:
                     lo |= (uint32(q) & uint32(0xFF)) << uint32(8 * j)
