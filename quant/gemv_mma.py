@@ -238,11 +238,11 @@ def gemv_mma(w, xq, xs, y, n_tok: int, residual=None, ksplit: int = 4, stream=0)
         w.wa, w.wb, w.units, rows, xq, xs, cols, n_tok, yf, rf, int(residual is not None))
 
 
-def _weight(rows: int, cols: int):
-    """A random Q4_K weight for the lab runs: (its dequantized float matrix, the GemvWeight)."""
+def _weight(rows: int, cols: int, qtype: QType = QType.Q4_K):
+    """A random weight for the lab runs: (its dequantized float matrix, the GemvWeight)."""
     from . import gemv as G
     from .gemv_bench import random_weight
-    hw = random_weight(QType.Q4_K, rows, cols, np.random.default_rng(0))
+    hw = random_weight(qtype, rows, cols, np.random.default_rng(0))
     return G.dequantize_weight(hw), G.prepare_weight(G.to_device(hw), "dp4a")
 
 

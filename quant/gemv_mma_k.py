@@ -50,8 +50,11 @@ unpipelined build and at most 4 warps, the sweep's fastest). On the same H100: 8
 (DRAM) - against the engine's MMQ GEMM at 16 rows no faster; at 8 rows ~25 % faster for attn_q,
 attn_output and gate/up, the same for ffn_down (docs/kernels/gemv.md 8d).
 
-Status: checked in the simulator (tests/test_gemv_mma_k.py), timed on the H100 (above). Not used
-by the engine.
+Q6_K weights (attn_v and half the ffn_down of a Q4_K_M file) take quant/gemv_mma_q6k.py's build
+of the same kernel (m16n8k16: a Q6_K scale covers 16 weights); `gemv_mma_k` picks by format.
+
+Status: checked in the simulator (tests/test_gemv_mma_k.py, test_gemv_mma_q6k.py), the Q4_K build
+timed on the H100 and H200 (above), the Q6_K one not yet. Not used by the engine.
 """
 from __future__ import annotations
 
@@ -63,7 +66,10 @@ from numba import cuda, float32, int32, uint32
 from genie_rt.engine import kernel_cache
 
 from . import ptx
-from .gemv_mma import LO4, ROWS, _check, _dev, _flat, make_finish
+from .formats import QType
+from .gemv_mma import LO4, ROWS, _dev, _flat, make_finish
+from .gemv_mma_q6k import SIGNATURE as SIGNATURE_Q6K
+from .gemv_mma_q6k import mma_q6k_q8k_kernel
 
 QK = 256                    # values a q8_K block (one scale)
 SIGNATURE = ("void(uint32[::1], uint32[::1], int64, int64, uint32[::1], float32[::1], int32[::1], int64, "
@@ -318,31 +324,37 @@ _FITS: dict = {}
 REGS_PER_BLOCK = 65536      # the register file a thread block may use (sm_80 .. sm_90)
 
 
-def _fits(kern, ksplit: int, pipe: bool, nt: int) -> None:
+def _fits(kern, signature: str, key: tuple) -> None:
     """Refuse a k-split whose thread block needs more registers than a block may have (the NT 16
     builds: 160 registers a thread without PIPE, 255 with it on sm_90 - 12 and 8 warps at most;
     the H100 refused 13), once a build, before the driver's CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES.
-    Registers are allocated a warp at a time in units of 256: a thread's count rounds up to 8."""
-    key = (ksplit, pipe, nt)
+    Registers are allocated a warp at a time in units of 256: a thread's count rounds up to 8.
+    key: (format, ksplit, pipe, nt)."""
+    qname, ksplit, pipe, nt = key
     if key not in _FITS:
-        kern.compile(SIGNATURE)                      # the launch's own specialisation (flat arrays)
+        kern.compile(signature)                      # the launch's own specialisation (flat arrays)
         regs = -(-max(kern.get_regs_per_thread().values()) // 8) * 8
         _FITS[key] = (True if regs * 32 * ksplit <= REGS_PER_BLOCK
                       else f"{regs} registers a thread x {32 * ksplit} threads > {REGS_PER_BLOCK}")
     if _FITS[key] is not True:
-        raise ValueError(f"gemv_mma_k: k-split {ksplit} with pipe={pipe} for {nt} tokens does not fit a thread "
-                         f"block ({_FITS[key]}); take a smaller ksplit")
+        raise ValueError(f"gemv_mma_k: {qname} k-split {ksplit} with pipe={pipe} for {nt} tokens does not fit a "
+                         f"thread block ({_FITS[key]}); take a smaller ksplit")
+
+
+FORMATS = (QType.Q4_K, QType.Q6_K)
 
 
 def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None = None, stream=0,
                pipe: bool | None = None) -> None:
-    """y [n_tok, rows] = x W^T (+ residual) for a Q4_K GemvWeight `w` (gemv.prepare_weight, dp4a
-    mode) and q8_K activations xq int8 [n_tok, cols], xd float32 [n_tok, cols / 256], xb int32
-    [n_tok, cols / 32] (`quantize_q8k`); 1 <= n_tok <= 16 (above 8: the NT 16 build). ksplit:
-    warps a thread block (1..16; None: plan_ksplit), pipe: the kernel's PIPE (None: on for up to 8
-    tokens; the 16-token build holds two blocks' loads in 255 registers, and was slower so). No
-    allocation, no synchronization."""
-    _check(w, 1, 1, "gemv_mma_k")
+    """y [n_tok, rows] = x W^T (+ residual) for a Q4_K or Q6_K GemvWeight `w`
+    (gemv.prepare_weight, dp4a mode) and q8_K activations xq int8 [n_tok, cols], xd float32
+    [n_tok, cols / 256], xb int32 [n_tok, cols / 32] (`quantize_q8k`; a Q6_K weight does not read
+    xb, which may then be None); 1 <= n_tok <= 16 (above 8: the NT 16 build). ksplit: warps a
+    thread block (1..16; None: plan_ksplit), pipe: the kernel's PIPE (None: on for up to 8 tokens;
+    the 16-token build holds two blocks' loads in 255 registers, and was slower so). Q6_K:
+    quant/gemv_mma_q6k.py. No allocation, no synchronization."""
+    if w.qtype not in FORMATS:
+        raise ValueError(f"gemv_mma_k: only Q4_K and Q6_K weights (got {w.qtype.name})")
     if not 1 <= n_tok <= MAX_TOK:
         raise ValueError(f"gemv_mma_k: n_tok {n_tok} must be 1..{MAX_TOK}")
     ksplit = plan_ksplit(w.rows, w.cols, n_tok) if ksplit is None else ksplit
@@ -350,20 +362,31 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
     if not 1 <= ksplit <= 16:
         raise ValueError(f"gemv_mma_k: ksplit {ksplit} must be 1..16")
     rows, cols = w.rows, w.cols
+    q6 = w.qtype == QType.Q6_K
     xq = _flat(xq, np.int8, n_tok * cols, "xq", "gemv_mma_k").view(np.uint32)
-    wa = w.wa                                       # 8-byte loads of wa and xq, 16-byte of xb
     xd = _flat(xd, np.float32, n_tok * cols // QK, "xd", "gemv_mma_k")
-    xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb", "gemv_mma_k")
-    for name, a, align in (("the weight's quants plane", wa, 8), ("xq", xq, 8), ("xb", xb, 16)):
-        if not ptx.SIMULATOR and a.__cuda_array_interface__["data"][0] % align:     # (vector loads)
+    if not q6:
+        xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb", "gemv_mma_k")
+    vectors = ((("the weight's scales plane", w.wc, 16),) if q6 else
+               (("the weight's quants plane", w.wa, 8), ("xq", xq, 8), ("xb", xb, 16)))
+    for name, a, align in vectors:                   # (vector loads)
+        if not ptx.SIMULATOR and a.__cuda_array_interface__["data"][0] % align:
             raise ValueError(f"gemv_mma_k: {name} must start on a {align}-byte boundary")
     yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_k")
     rf = yf if residual is None else _flat(residual, np.float32, n_tok * rows, "residual", "gemv_mma_k")
-    kern = mma_q4k_q8k_kernel(ksplit, bool(pipe), 8 if n_tok <= 8 else 16)
+    nt = 8 if n_tok <= 8 else 16
+    grid, block = (rows + ROWS - 1) // ROWS, 32 * ksplit
+    resid = int(residual is not None)
+    if q6:
+        kern = mma_q6k_q8k_kernel(ksplit, bool(pipe), nt)
+        if not ptx.SIMULATOR:
+            _fits(kern, SIGNATURE_Q6K, ("Q6_K", ksplit, bool(pipe), nt))
+        kern[grid, block, stream](w.wa, w.wb, w.wc, w.wd, w.units, rows, xq, xd, cols, n_tok, yf, rf, resid)
+        return
+    kern = mma_q4k_q8k_kernel(ksplit, bool(pipe), nt)
     if not ptx.SIMULATOR:
-        _fits(kern, ksplit, bool(pipe), 8 if n_tok <= 8 else 16)
-    kern[(rows + ROWS - 1) // ROWS, 32 * ksplit, stream](
-        wa, w.wb, w.units, rows, xq, xd, xb, cols, n_tok, yf, rf, int(residual is not None))
+        _fits(kern, SIGNATURE, ("Q4_K", ksplit, bool(pipe), nt))
+    kern[grid, block, stream](w.wa, w.wb, w.units, rows, xq, xd, xb, cols, n_tok, yf, rf, resid)
 
 
 if __name__ == "__main__":      # python -m genie_rt.quant.gemv_mma_k [--json PATH] | --table PATH

@@ -1,7 +1,8 @@
 """Timing of gemv_mma_k (quant/gemv_mma_k.py) on a GPU: `python -m genie_rt.quant.gemv_mma_k`.
 
 `bench`: the pipelined/unpipelined builds at plan_ksplit's k-split and a sweep of k-splits against
-the dp4a GEMV at the 4B's Q4_K shapes, 1-16 tokens, each checked against numpy first, with the
+the dp4a GEMV at the 4B's Q4_K shapes and its two Q6_K ones (attn_v, ffn_down in half the layers
+of a Q4_K_M file; --shapes picks), 1-16 tokens, each checked against numpy first, with the
 weights cycling through copies (from DRAM) or repeated (from the L2); then rmsnorm_q8k. `table`:
 the markdown table docs/kernels/gemv.md shows of its --json file.
 """
@@ -11,9 +12,12 @@ import numpy as np
 from numba import cuda
 
 from . import ptx
+from .formats import QType
 from .gemv_mma_k import QK, SUB, dequantize_q8k, gemv_mma_k, plan_ksplit, quantize_q8k
 
-SHAPES = (("attn_q", 4096, 2560), ("ffn_gate", 9728, 2560), ("attn_output", 2560, 4096), ("ffn_down", 2560, 9728))
+SHAPES = (("attn_q", 4096, 2560, QType.Q4_K), ("ffn_gate", 9728, 2560, QType.Q4_K),
+          ("attn_output", 2560, 4096, QType.Q4_K), ("ffn_down", 2560, 9728, QType.Q4_K),
+          ("attn_v_q6k", 1024, 2560, QType.Q6_K), ("ffn_down_q6k", 2560, 9728, QType.Q6_K))
 
 
 def bench(argv=None) -> int:
@@ -45,6 +49,7 @@ def bench(argv=None) -> int:
                     "empty: no sweep")
     ap.add_argument("--tokens", default="1,2,4,8,16")
     ap.add_argument("--mma", action="store_true")
+    ap.add_argument("--shapes", default="q4k,q6k", help="which of SHAPES: q4k, q6k or both")
     ap.add_argument("--copies", default="8,1", help="weight copies each timing cycles through: 8 "
                     "(112+ MB for the larger shapes, more than the L2: the weights come from DRAM as in a "
                     "decode step), 1 (the same weight 20 times: from the L2 after the first)")
@@ -53,9 +58,12 @@ def bench(argv=None) -> int:
         raise SystemExit("needs a GPU")
     stream = cuda.stream()
     out = []
-    for name, rows, cols, n_copies in ((*shape, int(c)) for c in args.copies.split(",") for shape in SHAPES):
-        W, gw = _weight(rows, cols)
-        copies = [gw] + [replace(gw, wa=_dup(gw.wa), wb=_dup(gw.wb)) for _ in range(n_copies - 1)]
+    kinds = {QType[k.upper().replace("K", "_K")] for k in args.shapes.split(",") if k}
+    for name, rows, cols, qtype, n_copies in ((*shape, int(c)) for c in args.copies.split(",") for shape in SHAPES
+                                              if shape[3] in kinds):
+        W, gw = _weight(rows, cols, qtype)
+        planes = ("wa", "wb") if qtype == QType.Q4_K else ("wa", "wb", "wc", "wd")
+        copies = [gw] + [replace(gw, **{p: _dup(getattr(gw, p)) for p in planes}) for _ in range(n_copies - 1)]
         nxt = itertools.cycle(copies).__next__       # each call of a captured graph: the next copy
         for n_tok in (int(v) for v in args.tokens.split(",")):
             dx, xq, xs, y, ref, bound = _activations(W, n_tok, stream)       # q8: gemv_mma and dp4a
@@ -71,7 +79,7 @@ def bench(argv=None) -> int:
                        kref, kbound)
                       for trip in args.trips.split(",") if trip
                       for ks in (int(v) for v in args.ks.split(",")) if ks <= cols // QK]
-            if args.mma and n_tok <= 8:
+            if args.mma and n_tok <= 8 and qtype == QType.Q4_K:
                 cases += [(f"mma_ks{ks}", lambda ks=ks: gemv_mma(nxt(), xq, xs, y, n_tok, ksplit=ks, stream=stream),
                            ref, bound) for ks in (4, 8)]
             for label, fn, r, b in cases:
@@ -94,7 +102,7 @@ def bench(argv=None) -> int:
                   f"{best[0]:7.2f} us ({best[1]}); "
                   + " ".join(f"{k[:-3]} {v:.2f}" for k, v in row.items() if k.endswith("_us")), flush=True)
             out.append(row)
-    for cols in sorted({c for _, _, c in SHAPES}):    # the quantizer before them (quantize_q8k.py)
+    for cols in sorted({s[2] for s in SHAPES if s[3] in kinds}):    # the quantizer before them (quantize_q8k.py)
         w = cuda.to_device(np.ones(cols, np.float32))
         for n_tok in (int(v) for v in args.tokens.split(",")):
             x = np.random.default_rng(2).standard_normal((n_tok, cols)).astype(np.float32)

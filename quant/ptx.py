@@ -32,7 +32,7 @@ import os
 __all__ = [
     "SIMULATOR", "is_device_array", "device_address",
     # tensor cores
-    "mma_f16_f32", "mma_s8_s32",
+    "mma_f16_f32", "mma_s8_s32", "mma_s8_k16",
     "ldmatrix_x1", "ldmatrix_x2", "ldmatrix_x4",
     "ldmatrix_x1_trans", "ldmatrix_x2_trans", "ldmatrix_x4_trans",
     # memory
@@ -46,7 +46,7 @@ __all__ = [
     # host-side fragment packing and numpy references
     "frag_a_f16", "frag_b_f16", "frag_a_s8", "frag_b_s8", "frag_c", "unfrag_c",
     "unfrag_a_f16", "unfrag_b_f16", "unfrag_a_s8", "unfrag_b_s8",
-    "mma_f16_f32_reference", "mma_s8_s32_reference", "ldmatrix_reference",
+    "mma_f16_f32_reference", "mma_s8_s32_reference", "mma_s8_k16_reference", "ldmatrix_reference",
     "dp4a_reference", "hfma2_reference",
 ]
 
@@ -88,7 +88,7 @@ def device_address(a) -> int:
 # the numpy references and host-side fragment packing: always
 from .ptx_reference import (dp4a_reference, frag_a_f16, frag_a_s8, frag_b_f16, frag_b_s8,  # noqa: E402
                             frag_c, hfma2_reference, ldmatrix_reference, mma_f16_f32_reference,
-                            mma_s8_s32_reference, unfrag_a_f16, unfrag_a_s8, unfrag_b_f16,
+                            mma_s8_k16_reference, mma_s8_s32_reference, unfrag_a_f16, unfrag_a_s8, unfrag_b_f16,
                             unfrag_b_s8, unfrag_c)
 
 # the intrinsics: inline PTX on a GPU, numpy fallbacks under the simulator
@@ -98,11 +98,11 @@ if SIMULATOR:
                                 cp_async_wait_group_1, cp_async_wait_group_2, dp4a, f16_bits_to_f32,
                                 griddep_launch_dependents, griddep_wait, hfma2, ld_relaxed_f32, ld_relaxed_i32, ld_v4, ldg_v2, ldg_v4, ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2,
                                 ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_f16_f32,
-                                mma_s8_s32, mul_rn, pack_half2, unpack_half2)   # noqa: E402
+                                mma_s8_k16, mma_s8_s32, mul_rn, pack_half2, unpack_half2)   # noqa: E402
 else:
     from .ptx_device import (bits_to_f32, cp_async16, cp_async16_zfill, cp_async_commit,
                              cp_async_wait_all, cp_async_wait_group, cp_async_wait_group_0,
                              cp_async_wait_group_1, cp_async_wait_group_2, dp4a, f16_bits_to_f32,
                              griddep_launch_dependents, griddep_wait, hfma2, ld_relaxed_f32, ld_relaxed_i32, ld_v4, ldg_v2, ldg_v4, ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2,
                              ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_f16_f32,
-                             mma_s8_s32, mul_rn, pack_half2, unpack_half2)   # noqa: E402
+                             mma_s8_k16, mma_s8_s32, mul_rn, pack_half2, unpack_half2)   # noqa: E402

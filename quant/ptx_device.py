@@ -106,6 +106,22 @@ def mma_s8_s32(typingctx, a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     return sig, codegen
 
 
+@intrinsic
+def mma_s8_k16(typingctx, a0, a1, b0, c0, c1, c2, c3):
+    """D = A(16x16 s8, row) * B(16x8 s8, col) + C(16x8 s32), one warp: a0 = (g, 4t..4t+3),
+    a1 = (g + 8, 4t..), b0 = (k 4t..4t+3, n g) - m16n8k32's first half (a2 = a3 = b1 = 0). For
+    weights whose scales cover 16 values (Q6_K: quant/gemv_mma_q6k.py)."""
+    _check_ints("mma_s8_k16", a0=a0, a1=a1, b0=b0, c0=c0, c1=c1, c2=c2, c3=c3)
+    sig = types.UniTuple(types.int32, 4)(*([types.uint32] * 3 + [types.int32] * 4))
+
+    def codegen(context, builder, sig, args):
+        st = _asm(builder, ir.LiteralStructType([_i32] * 4), [_i32] * 7,
+                  "mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {$0,$1,$2,$3}, {$4,$5}, {$6}, "
+                  "{$7,$8,$9,$10};", "=r,=r,=r,=r,r,r,r,r,r,r,r", list(args))
+        return _struct_to_tuple(context, builder, sig.return_type, st, 4)
+    return sig, codegen
+
+
 # ---- ldmatrix ------------------------------------------------------------------
 def _make_ldmatrix(num, trans):
     name = f"ldmatrix_x{num}" + ("_trans" if trans else "")

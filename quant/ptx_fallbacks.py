@@ -7,7 +7,7 @@ synchronous copy (commit and wait do nothing); loads and copies check state spac
 import numpy as np
 
 from .ptx_reference import (_wrap_i32, hfma2_reference, ldmatrix_reference, mma_f16_f32_reference,
-                            mma_s8_s32_reference)
+                            mma_s8_k16_reference, mma_s8_s32_reference)
 from .ptx_sim import _FULL_MASK, _bytes_at, _check_space, _full_warp, _np, _sim_thread, _warp_collective
 
 
@@ -45,6 +45,20 @@ def mma_s8_s32(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
     _full_warp("mma_s8_s32")
     return _warp_collective("mma_s8_s32", _FULL_MASK,
                             (a0, a1, a2, a3, b0, b1, c0, c1, c2, c3), _mma_s8_combine)
+
+
+def _mma_k16_combine(values, mask):
+    a = np.array([[_u32(x) for x in v[0:2]] for v in values], np.uint32)
+    b = np.array([[_u32(v[2])] for v in values], np.uint32)
+    c = _wrap_i32([[int(x) for x in v[3:7]] for v in values])
+    d = mma_s8_k16_reference(a, b, c)
+    return [tuple(d[lane]) for lane in range(32)]
+
+
+def mma_s8_k16(a0, a1, b0, c0, c1, c2, c3):
+    """Simulator: m16n8k16 s8*s8+s32 across the warp's 32 lanes (see module docs)."""
+    _full_warp("mma_s8_k16")
+    return _warp_collective("mma_s8_k16", _FULL_MASK, (a0, a1, b0, c0, c1, c2, c3), _mma_k16_combine)
 
 
 # ---- ldmatrix ------------------------------------------------------------------

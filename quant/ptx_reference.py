@@ -160,6 +160,15 @@ def mma_s8_s32_reference(a, b, c):
     return frag_c(_wrap_i32(A @ B + C))
 
 
+def mma_s8_k16_reference(a, b, c):
+    """One warp's m16n8k16 s8*s8+s32: a (32,2) u32 (a0, a1), b (32,1) u32, c (32,4) i32 -> d
+    (32,4) i32: m16n8k32 with the second half of k zero (a2 = a3 = b1 = 0)."""
+    a = np.asarray(a, np.uint32).reshape(32, 2)
+    b = np.asarray(b, np.uint32).reshape(32, 1)
+    return mma_s8_s32_reference(np.concatenate([a, np.zeros_like(a)], axis=1),
+                                np.concatenate([b, np.zeros_like(b)], axis=1), c)
+
+
 def ldmatrix_reference(rows, num, trans=False):
     """ldmatrix.m8n8.x{num}{.trans}.b16: rows (8*num, 8) 16-bit -> (32 lanes, num) uint32.
 

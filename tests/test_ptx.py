@@ -51,6 +51,16 @@ def k_mma_s8(a, b, c, d):
 
 
 @cuda.jit
+def k_mma_s8_k16(a, b, c, d):
+    # a (warps, 32, 2) u32, b (warps, 32, 1) u32, c/d (warps, 32, 4) i32
+    w = cuda.grid(1) >> 5
+    l = cuda.threadIdx.x & 31
+    r = ptx.mma_s8_k16(a[w, l, 0], a[w, l, 1], b[w, l, 0], c[w, l, 0], c[w, l, 1], c[w, l, 2], c[w, l, 3])
+    for k in range(4):
+        d[w, l, k] = r[k]
+
+
+@cuda.jit
 def k_ldmatrix_mma_f16(a_g, bt_g, b_g, frags, d_nt, d_t):
     # a_g (256,) f16 = A 16x16 row-major; bt_g (128,) f16 = B^T 8x16; b_g (128,) f16 = B 16x8
     # frags (32, 16) u32: every ldmatrix variant's registers; d_nt/d_t (32, 4) f32
@@ -256,6 +266,7 @@ def k_half2(x, packed, unpacked, bits, from_bits):
 KERNELS = {
     "k_mma_f16": "void(uint32[:,:,::1], uint32[:,:,::1], float32[:,:,::1], float32[:,:,::1])",
     "k_mma_s8": "void(uint32[:,:,::1], uint32[:,:,::1], int32[:,:,::1], int32[:,:,::1])",
+    "k_mma_s8_k16": "void(uint32[:,:,::1], uint32[:,:,::1], int32[:,:,::1], int32[:,:,::1])",
     "k_ldmatrix_mma_f16": "void(float16[::1], float16[::1], float16[::1], uint32[:,::1], "
                           "float32[:,::1], float32[:,::1])",
     "k_ldmatrix_b_x4": "void(float16[::1], uint32[:,::1])",
@@ -360,6 +371,25 @@ def run_mma_s8(nwarps, rng, grid, block, c_scale=1000):
     return a, b, c, d
 
 
+def run_mma_s8_k16(nwarps, rng, grid, block, c_scale=1000):
+    """m16n8k16 s8 against A @ B + C, the fragments packed from the PTX ISA's table (a0 = row g,
+    a1 = row g + 8, both k 4t..4t+3; b0 = k 4t..4t+3 of column g), not from ptx_reference."""
+    A = rng.integers(-128, 128, (nwarps, 16, 16)).astype(np.int8)
+    B = rng.integers(-128, 128, (nwarps, 16, 8)).astype(np.int8)
+    A[0, 0, :], B[0, :, 0] = -128, -128
+    C = rng.integers(-c_scale, c_scale, (nwarps, 16, 8)).astype(np.int32)
+    a = np.stack([np.stack([_pk8(A[w], G, 4 * T), _pk8(A[w], G + 8, 4 * T)], 1) for w in range(nwarps)])
+    b = np.stack([_pk8(B[w].T, G, 4 * T)[:, None] for w in range(nwarps)])
+    c = np.stack([pack_c(C[w]) for w in range(nwarps)])
+    d = np.zeros_like(c)
+    k_mma_s8_k16[grid, block](a, b, c, d)
+    for w in range(nwarps):
+        want = A[w].astype(np.int64) @ B[w].astype(np.int64) + C[w]
+        want = ((want + 2**31) % 2**32 - 2**31).astype(np.int32)
+        np.testing.assert_array_equal(unpack_d(d[w]), want, err_msg=f"mma s8 k16 warp {w}")
+    return a, b, c, d
+
+
 def shuffle_reference(xi, xf, block):
     n = xi.size
     out = np.zeros((n, 6), np.int64)
@@ -414,6 +444,10 @@ def test_mma_f16_f32():
 
 def test_mma_s8_s32_exact():
     run_mma_s8(4, np.random.default_rng(3), 2, 64)
+
+
+def test_mma_s8_k16_exact():
+    run_mma_s8_k16(4, np.random.default_rng(5), 2, 64)
 
 
 def test_ldmatrix_and_mma_f16_from_shared_tile():
@@ -588,6 +622,7 @@ def test_pack_unpack_half2():
 EXPECT = {
     "k_mma_f16": ["mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"],
     "k_mma_s8": ["mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"],
+    "k_mma_s8_k16": ["mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32"],
     "k_ldmatrix_mma_f16": ["ldmatrix.sync.aligned.m8n8.x4.shared.b16",
                            "ldmatrix.sync.aligned.m8n8.x2.shared.b16",
                            "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16",
@@ -633,7 +668,7 @@ def test_ptx_contains_the_instructions(ptx_text, name):
 def test_ptx_zfill_and_no_float64(ptx_text):
     for cc, text in ptx_text["k_cp_async"].items():
         assert "cp.async.cg.shared.global" in text and ", 16, %r" in text, "zfill src-size form"
-    for name in ("k_mma_f16", "k_mma_s8", "k_ldmatrix_mma_f16", "k_ldmatrix_mma_s8", "k_half2"):
+    for name in ("k_mma_f16", "k_mma_s8", "k_mma_s8_k16", "k_ldmatrix_mma_f16", "k_ldmatrix_mma_s8", "k_half2"):
         for cc, text in ptx_text[name].items():
             assert_no_f64(text, where=f"{name} sm_{cc[0]}{cc[1]}")
 
@@ -676,6 +711,13 @@ def test_gpu_mma_s8_wraps_and_matches_reference_bit_exact():
     a, b, c, d = run_mma_s8(256, rng, 32, 256, c_scale=2**31)   # C spans int32: sums wrap
     for w in range(a.shape[0]):
         np.testing.assert_array_equal(d[w], ptx.mma_s8_s32_reference(a[w], b[w], c[w]))
+
+
+@pytest.mark.gpu
+def test_gpu_mma_s8_k16_wraps_and_matches_reference_bit_exact():
+    a, b, c, d = run_mma_s8_k16(256, np.random.default_rng(23), 32, 256, c_scale=2**31)
+    for w in range(a.shape[0]):
+        np.testing.assert_array_equal(d[w], ptx.mma_s8_k16_reference(a[w], b[w], c[w]))
 
 
 @pytest.mark.gpu

@@ -75,7 +75,8 @@
 #   long16    tg128 at depths 4,096 and 16,384 with --attention-loop warp and with mma
 #   mmak16    python -m genie_rt.quant.gemv_mma_k: the mma GEMV with an integer epilogue (q8_K activations;
 #             MMAK_ARGS: more arguments, e.g. "--tokens 8,16 --copies 8")
-#             against the dp4a GEMV, 1-16 tokens (gemv-mma-k.json)
+#             against the dp4a GEMV, 1-16 tokens, the 4B's Q4_K shapes and its Q6_K attn_v / ffn_down
+#             (gemv-mma-k.json; "--shapes q6k": the Q6_K build alone)
 #   small17   mmak16, then the engine's MMQ GEMMs at 8 and 16 rows (python -m genie_rt.quant.mmq; mmq-small.json)
 #   ppdl16    the prefill's GEMMs by programmatic dependent launch (EngineConfig.prefill_pdl): the prefill
 #             graph off / on with the bits compared (profile_prefill --pdl both), bench_prefix both ways,

@@ -1,0 +1,232 @@
+"""The int8 tensor-core GEMV for Q6_K weights and q8_K activations, 1-16 tokens (lab, 2026-12-05).
+
+gemv_mma_k.py's Q4_K kernel with Q6_K's block. What differs, and why:
+
+- **The mma is m16n8k16** (`ptx.mma_s8_k16`). A Q6_K scale covers 16 weights, and the integer
+  dot of one mma must be one scale's: m16n8k32 would add two sub-blocks of different scales.
+  Sixteen mma a 256-weight block instead of eight (the tensor cores are far from busy here).
+- **The quants go in signed, times four.** A weight is d * sc * (q - 32) with q 6 bits unsigned.
+  `(q ^ 0x20) << 2` is 4 (q - 32) as an int8 (-128 .. 124) byte by byte in a packed word (bit 5
+  flipped is q - 32 in 6-bit two's complement; two more places make bit 5 the sign bit), so there
+  is no -32 * sum(x) term and no sub-block sums of x: `xb` is not read. The 1/4 goes into d.
+  |S| <= 16 sub-blocks * 128 * 16 * 128 * 127 < 2^30.
+- **Lane t holds weights 4t .. 4t + 3 of every 16-weight sub-block**, which is forced: each of the
+  four lanes of an mma row must hold four of the same sub-block's weights, and a sub-block's 16
+  quants are 16 adjacent ql bytes. So the quants come by 4-byte loads: 8 ql words and 4 qh words a
+  row a block (a qh byte holds the high bits of four quarters' weights), and the token's 16 q8
+  words the same way (words 4s + t). The rows' 16 scales are one 16-byte load, d one 2-byte load.
+
+Block layout (llama.cpp's dequantize_row_q6_K): sub-block s = 8h + 2q + j (half h, quarter q,
+sixteen j) is weights 16s .. 16s + 15 with scale sc[s]; weight 128h + 32q + 16j + l (l < 16) has
+its low 4 bits in ql byte 64h + 32(q & 1) + 16j + l (the low nibble for q < 2, else the high one)
+and its high 2 in bits 2q, 2q + 1 of qh byte 32h + 16j + l. With the device planes
+(quant/layout.py: ql, qh, sc, d) lane t's ql words of a block are 16h + 8(q & 1) + 4j + t and its qh
+words 8h + 4j + t.
+
+    y[t, r] = sum over blocks b of xd[t, b] * d[r, b] / 4 * S[r, t, b]
+    S = sum_s sc[r, s] * dot(4 (q[r, s] - 32), xq[t, s])
+
+Rows, tokens, the k-split, PIPE, NT 16 and the shared-memory finish are gemv_mma_k.py's (see
+there); the entry point is `gemv_mma_k.gemv_mma_k`, which takes either format.
+
+Status: checked in the simulator (tests/test_gemv_mma_q6k.py); register counts from ptxas
+(kernels/gemv.md 8e); not yet timed. Not used by the engine.
+"""
+from __future__ import annotations
+
+import functools
+
+from numba import cuda, float32, int32, uint32
+
+from genie_rt.engine import kernel_cache
+
+from . import ptx
+from .gemv_mma import LO4, ROWS, _dev, make_finish
+
+SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64, int64, uint32[::1], "
+             "float32[::1], int64, int64, float32[::1], float32[::1], int64)")
+HI2 = 0x03030303
+
+
+@_dev
+def _row_loads(wa, wb, wc, wd, nblk, rr, qi, hi, blk):
+    """Row rr's part of block blk for this lane: its 8 ql words (qi: the row's first, + t), its 4
+    qh words (hi likewise), the row's 16 scales (one 16-byte load) and d's bits."""
+    q = qi + uint32(32) * uint32(blk)
+    h = hi + uint32(16) * uint32(blk)
+    ql = (wa[q], wa[q + uint32(4)], wa[q + uint32(8)], wa[q + uint32(12)],
+          wa[q + uint32(16)], wa[q + uint32(20)], wa[q + uint32(24)], wa[q + uint32(28)])
+    qh = (wb[h], wb[h + uint32(4)], wb[h + uint32(8)], wb[h + uint32(12)])
+    j = uint32(rr * nblk + blk)
+    return ql, qh, ptx.ldg_v4(wc, j * uint32(4)), wd[j]
+
+
+@_dev
+def _token_loads(xq, xd, tok, nb, blk):
+    """A B fragment's token's part of block blk (tok = (okb, xi, ta, tc): words 4s + t of its 64,
+    zero when okb is false) and the block scales of the accumulators' tokens ta and tc."""
+    okb, xi, ta, tc = tok
+    o = xi + uint32(64) * uint32(blk)
+    z = uint32(0)
+    x = (xq[o] if okb else z, xq[o + uint32(4)] if okb else z, xq[o + uint32(8)] if okb else z,
+         xq[o + uint32(12)] if okb else z, xq[o + uint32(16)] if okb else z, xq[o + uint32(20)] if okb else z,
+         xq[o + uint32(24)] if okb else z, xq[o + uint32(28)] if okb else z, xq[o + uint32(32)] if okb else z,
+         xq[o + uint32(36)] if okb else z, xq[o + uint32(40)] if okb else z, xq[o + uint32(44)] if okb else z,
+         xq[o + uint32(48)] if okb else z, xq[o + uint32(52)] if okb else z, xq[o + uint32(56)] if okb else z,
+         xq[o + uint32(60)] if okb else z)
+    return x, xd[uint32(ta * nb + blk)], xd[uint32(tc * nb + blk)]
+
+
+@_dev
+def _block_loads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, blk):
+    """Everything block blk needs for up to 8 tokens: 46 loads a lane (24 weight words, 2 x 16
+    scales, 2 d, 16 token words, 2 token scales)."""
+    q0, q1, h0, h1 = bases
+    return ((_row_loads(wa, wb, wc, wd, nblk, rr0, q0, h0, blk), _row_loads(wa, wb, wc, wd, nblk, rr1, q1, h1, blk)),
+            _token_loads(xq, xd, tok, nb, blk))
+
+
+@_dev
+def _block_loads16(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, blk):
+    """The same for up to 16 tokens: tokens 8 .. 15 (tok2) are a second B fragment."""
+    q0, q1, h0, h1 = bases
+    return ((_row_loads(wa, wb, wc, wd, nblk, rr0, q0, h0, blk), _row_loads(wa, wb, wc, wd, nblk, rr1, q1, h1, blk)),
+            _token_loads(xq, xd, tok, nb, blk), _token_loads(xq, xd, tok2, nb, blk))
+
+
+@_dev
+def _q6(ql, qh, nib, qsh):
+    """Four weights' 4 (q - 32) as int8 bytes: the low 4 bits from ql's nibble (shift nib 0 or
+    4), the high 2 from qh's bits qsh, qsh + 1 (module docstring)."""
+    return ((((ql >> nib) & LO4) | (((qh >> qsh) & HI2) << 4)) ^ 0x20202020) << 2
+
+
+@_dev
+def _sc(word, k):
+    """Signed byte k (a literal 0..3) of a word of Q6_K scales (in 32 bits: a shift of the int32
+    word would be widened to 64)."""
+    b = int32((word >> uint32(8 * k)) & uint32(0xFF))
+    return int32((b ^ 0x80) - 0x80)
+
+
+@_dev
+def _sub(S, ra, rb, x, s):
+    """Sub-block s (a literal 0..15) of the block: the rows' 4 (q - 32) words, one m16n8k16 with
+    the token's word x, scaled by each row's sc[s], added to the integer sums S."""
+    h, q, j = s >> 3, (s >> 1) & 3, s & 1
+    wi = 4 * h + 2 * (q & 1) + j                     # the lane's ql word (of 8) and qh word (of 4)
+    hw = 2 * h + j
+    nib, qsh = 4 * (q >> 1), 2 * q
+    a0 = _q6(ra[0][wi], ra[1][hw], nib, qsh)
+    a1 = _q6(rb[0][wi], rb[1][hw], nib, qsh)
+    c = ptx.mma_s8_k16(a0, a1, x, int32(0), int32(0), int32(0), int32(0))
+    s0 = _sc(ra[2][s >> 2], s & 3)
+    s1 = _sc(rb[2][s >> 2], s & 3)
+    # (int32() around each sum: numba widens int32 products to int64; truncated, LLVM keeps 32 bits)
+    return (int32(S[0] + s0 * c[0]), int32(S[1] + s0 * c[1]), int32(S[2] + s1 * c[2]), int32(S[3] + s1 * c[3]))
+
+
+@_dev
+def _tokens(acc, k0, W, T):
+    """One B fragment's eight tokens of a block into acc[k0 .. k0 + 3]: sixteen mma, then
+    xd * d / 4 * S."""
+    ra, rb = W
+    x, xd0, xd1 = T
+    z = int32(0)
+    S = (z, z, z, z)
+    S = _sub(S, ra, rb, x[0], 0)
+    S = _sub(S, ra, rb, x[1], 1)
+    S = _sub(S, ra, rb, x[2], 2)
+    S = _sub(S, ra, rb, x[3], 3)
+    S = _sub(S, ra, rb, x[4], 4)
+    S = _sub(S, ra, rb, x[5], 5)
+    S = _sub(S, ra, rb, x[6], 6)
+    S = _sub(S, ra, rb, x[7], 7)
+    S = _sub(S, ra, rb, x[8], 8)
+    S = _sub(S, ra, rb, x[9], 9)
+    S = _sub(S, ra, rb, x[10], 10)
+    S = _sub(S, ra, rb, x[11], 11)
+    S = _sub(S, ra, rb, x[12], 12)
+    S = _sub(S, ra, rb, x[13], 13)
+    S = _sub(S, ra, rb, x[14], 14)
+    S = _sub(S, ra, rb, x[15], 15)
+    d0 = ptx.f16_bits_to_f32(uint32(ra[3])) * float32(0.25)
+    d1 = ptx.f16_bits_to_f32(uint32(rb[3])) * float32(0.25)
+    acc[k0] += xd0 * (d0 * float32(S[0]))
+    acc[k0 + 1] += xd1 * (d0 * float32(S[1]))
+    acc[k0 + 2] += xd0 * (d1 * float32(S[2]))
+    acc[k0 + 3] += xd1 * (d1 * float32(S[3]))
+
+
+@_dev
+def _block(acc, v):
+    _tokens(acc, 0, v[0], v[1])
+
+
+@_dev
+def _block16(acc, v):
+    _tokens(acc, 0, v[0], v[1])
+    _tokens(acc, 4, v[0], v[2])                      # the same A words: decoded again (registers)
+
+
+@functools.lru_cache(maxsize=None)
+def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
+    """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), W Q6_K, x as
+    q8_K; grid ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16). Arguments: wa, wb,
+    wc, wd (the Q6_K GEMV planes ql, qh, sc, d), nu (ql units a row), rows, xq (uint32 words of
+    int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), cols, n_tok, y (float32 [n_tok *
+    rows]), res, resid. Rows, tokens, split and finish as gemv_mma_k.mma_q4k_q8k_kernel."""
+    if NT not in (8, 16):
+        raise ValueError(f"mma_q6k_q8k_kernel: NT {NT} must be 8 or 16")
+    NW = KSPLIT
+    NACC = NT // 2
+    finish = make_finish(NW, NACC)
+    loads = _block_loads if NT == 8 else _block_loads16
+    block = _block if NT == 8 else _block16
+
+    @cuda.jit
+    def kernel(wa, wb, wc, wd, nu, rows, xq, xd, cols, n_tok, y, res, resid):
+        warp = cuda.threadIdx.x >> 5
+        lane = cuda.threadIdx.x & 31
+        g = lane >> 2
+        t = lane & 3
+        r0 = cuda.blockIdx.x * ROWS + g
+        r1 = r0 + 8
+        rr0 = r0 if r0 < rows else 0                 # clamped rows: loads stay in bounds
+        rr1 = r1 if r1 < rows else 0
+        nblk = nu >> 3
+        bpw = (nblk + NW - 1) // NW
+        b_lo = warp * bpw
+        b_hi = min(b_lo + bpw, nblk)
+        t0 = 2 * t
+        t1 = t0 + 1
+        tb = g if g < n_tok else 0
+        ta = t0 if t0 < n_tok else 0
+        tc = t1 if t1 < n_tok else 0
+        tb2 = g + 8 if g + 8 < n_tok else 0
+        ta2 = t0 + 8 if t0 + 8 < n_tok else 0
+        tc2 = t1 + 8 if t1 + 8 < n_tok else 0
+        nb = cols >> 8
+        acc = cuda.local.array(NACC, float32)        # k: row g + 8 ((k >> 1) & 1), token 2t + (k & 1) + 8 (k >> 2)
+        for k in range(NACC):
+            acc[k] = float32(0)
+        ut = uint32(t)
+        bases = (uint32(rr0 * nu * 4) + ut, uint32(rr1 * nu * 4) + ut,     # ql: 4 words a unit
+                 uint32(rr0 * nu * 2) + ut, uint32(rr1 * nu * 2) + ut)     # qh: 2 words a unit
+        tok = (g < n_tok, uint32((tb * cols) >> 2) + ut, ta, tc)
+        tok2 = (g + 8 < n_tok, uint32((tb2 * cols) >> 2) + ut, ta2, tc2)
+        if PIPE:
+            v = loads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, min(b_lo, nblk - 1))
+            b = b_lo
+            while b < b_hi:
+                vn = loads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, min(b + 1, b_hi - 1))
+                block(acc, v)
+                v = vn
+                b += 1
+        else:
+            b = b_lo
+            while b < b_hi:
+                block(acc, loads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, b))
+                b += 1
+        finish(acc, warp, lane, r0, t0, rows, n_tok, y, res, resid)
+    return kernel_cache.attach(kernel)
