@@ -121,13 +121,13 @@ def _math(v, c):
 
 
 def make_finish(NW: int, NACC: int = 4):
-    """finish(acc, warp, lane, r0, t0, rows, n_tok, y, res, resid), how both mma GEMVs end: the
-    lane's NACC sums (the mma's D layout: row r0 + 8 * ((k >> 1) & 1), token t0 + (k & 1), plus 8
-    tokens for k >= 4 - a second B fragment, gemv_mma_k's NT 16) added over the block's NW warps
-    in shared memory, then stored by warp 0 (plus res where resid != 0; an unsigned index: no
-    negative-index wrap-around code)."""
+    """finish(acc, warp, lane, r0, t0, rows, ldy, n_tok, y, res, resid), how both mma GEMVs end:
+    the lane's NACC sums (the mma's D layout: row r0 + 8 * ((k >> 1) & 1), token t0 + (k & 1),
+    plus 8 tokens for k >= 4 - a second B fragment, gemv_mma_k's NT 16) added over the block's NW
+    warps in shared memory, then stored by warp 0 at y[token * ldy + row] (plus res there where
+    resid != 0; an unsigned index: no negative-index wrap-around code)."""
     @_dev
-    def finish(acc, warp, lane, r0, t0, rows, n_tok, y, res, resid):
+    def finish(acc, warp, lane, r0, t0, rows, ldy, n_tok, y, res, resid):
         if NW > 1:                                   # the warps' k-ranges meet in shared memory
             red = cuda.shared.array((NW, 32, NACC), float32)
             for k in range(NACC):
@@ -142,7 +142,7 @@ def make_finish(NW: int, NACC: int = 4):
             r = r0 + 8 * ((k >> 1) & 1)
             tk = t0 + (k & 1) + 8 * (k >> 2)
             if r < rows and tk < n_tok:
-                i = uint32(tk * rows + r)
+                i = uint32(tk * ldy + r)
                 y[i] = acc[k] + res[i] if resid != 0 else acc[k]
     return finish
 
@@ -202,7 +202,7 @@ def mma_q4k_kernel(KSPLIT: int = 4):
                 for k in range(4):
                     acc[k] += p[k]
             ch += 2
-        finish(acc, warp, lane, r0, t0, rows, n_tok, y, res, resid)
+        finish(acc, warp, lane, r0, t0, rows, rows, n_tok, y, res, resid)
     return kernel_cache.attach(kernel)
 
 

@@ -73,7 +73,7 @@ from .gemv_mma_q6k import mma_q6k_q8k_kernel
 
 QK = 256                    # values a q8_K block (one scale)
 SIGNATURE = ("void(uint32[::1], uint32[::1], int64, int64, uint32[::1], float32[::1], int32[::1], int64, "
-             "int64, float32[::1], float32[::1], int64)")
+             "int64, int64, float32[::1], float32[::1], int64)")
 SUB = 32                    # values a sub-block sum
 MAX_TOK = 16                # two B fragments
 
@@ -244,7 +244,8 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
     ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16), warp w taking the row's 256-weight
     blocks [w * ceil(nblk / KSPLIT), ..). Arguments: wa, wb, nu, rows (the Q4_K GEMV planes), xq
     (uint32 words of int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), xb (int32 [n_tok *
-    cols / 32]), cols, n_tok, y (float32 [n_tok * rows]), res, resid. PIPE: see the module. NT 16:
+    cols / 32]), cols, n_tok, ldy, y (float32, token t's row at t * ldy), res (the same layout),
+    resid. PIPE: see the module. NT 16:
     a second B fragment (tokens 8 + g) against the same A fragments, eight accumulators a lane."""
     if NT not in (8, 16):
         raise ValueError(f"mma_q4k_q8k_kernel: NT {NT} must be 8 or 16")
@@ -255,7 +256,7 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
     block = _block if NT == 8 else _block16
 
     @cuda.jit
-    def kernel(wa, wb, nu, rows, xq, xd, xb, cols, n_tok, y, res, resid):
+    def kernel(wa, wb, nu, rows, xq, xd, xb, cols, n_tok, ldy, y, res, resid):
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
         g = lane >> 2
@@ -297,7 +298,7 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
             while b < b_hi:
                 block(acc, loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, b))
                 b += 1
-        finish(acc, warp, lane, r0, t0, rows, n_tok, y, res, resid)
+        finish(acc, warp, lane, r0, t0, rows, ldy, n_tok, y, res, resid)
     return kernel_cache.attach(kernel)
 
 
@@ -345,14 +346,16 @@ FORMATS = (QType.Q4_K, QType.Q6_K)
 
 
 def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None = None, stream=0,
-               pipe: bool | None = None) -> None:
+               pipe: bool | None = None, ldy: int | None = None) -> None:
     """y [n_tok, rows] = x W^T (+ residual) for a Q4_K or Q6_K GemvWeight `w`
     (gemv.prepare_weight, dp4a mode) and q8_K activations xq int8 [n_tok, cols], xd float32
     [n_tok, cols / 256], xb int32 [n_tok, cols / 32] (`quantize_q8k`; a Q6_K weight does not read
     xb, which may then be None); 1 <= n_tok <= 16 (above 8: the NT 16 build). ksplit: warps a
     thread block (1..16; None: plan_ksplit), pipe: the kernel's PIPE (None: on for up to 8 tokens;
     the 16-token build holds two blocks' loads in 255 registers, and was slower so). Q6_K:
-    quant/gemv_mma_q6k.py. No allocation, no synchronization."""
+    quant/gemv_mma_q6k.py. ldy: y (and residual) hold token t's row at t * ldy of a 1-D array of
+    at least (n_tok - 1) * ldy + rows values - a column slice of a wider buffer, e.g. q's columns of
+    [q | k | v] (None: y is [n_tok, rows]). No allocation, no synchronization."""
     if w.qtype not in FORMATS:
         raise ValueError(f"gemv_mma_k: only Q4_K and Q6_K weights (got {w.qtype.name})")
     if not 1 <= n_tok <= MAX_TOK:
@@ -372,8 +375,17 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
     for name, a, align in vectors:                   # (vector loads)
         if not ptx.SIMULATOR and a.__cuda_array_interface__["data"][0] % align:
             raise ValueError(f"gemv_mma_k: {name} must start on a {align}-byte boundary")
-    yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_k")
-    rf = yf if residual is None else _flat(residual, np.float32, n_tok * rows, "residual", "gemv_mma_k")
+    if ldy is None:
+        ldy = rows
+        yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_k")
+        rf = yf if residual is None else _flat(residual, np.float32, n_tok * rows, "residual", "gemv_mma_k")
+    else:
+        span = (n_tok - 1) * ldy + rows
+        for name, a in (("y", y), ("residual", y if residual is None else residual)):
+            if ldy < rows or a.ndim != 1 or a.dtype != np.float32 or a.size < span:
+                raise ValueError(f"gemv_mma_k: with ldy {ldy} (>= rows {rows}), {name} must be 1-D float32 with "
+                                 f"at least {span} values, got {a.dtype} {tuple(a.shape)}")
+        yf, rf = y, y if residual is None else residual
     nt = 8 if n_tok <= 8 else 16
     grid, block = (rows + ROWS - 1) // ROWS, 32 * ksplit
     resid = int(residual is not None)
@@ -381,12 +393,12 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
         kern = mma_q6k_q8k_kernel(ksplit, bool(pipe), nt)
         if not ptx.SIMULATOR:
             _fits(kern, SIGNATURE_Q6K, ("Q6_K", ksplit, bool(pipe), nt))
-        kern[grid, block, stream](w.wa, w.wb, w.wc, w.wd, w.units, rows, xq, xd, cols, n_tok, yf, rf, resid)
+        kern[grid, block, stream](w.wa, w.wb, w.wc, w.wd, w.units, rows, xq, xd, cols, n_tok, ldy, yf, rf, resid)
         return
     kern = mma_q4k_q8k_kernel(ksplit, bool(pipe), nt)
     if not ptx.SIMULATOR:
         _fits(kern, SIGNATURE, ("Q4_K", ksplit, bool(pipe), nt))
-    kern[grid, block, stream](w.wa, w.wb, w.units, rows, xq, xd, xb, cols, n_tok, yf, rf, resid)
+    kern[grid, block, stream](w.wa, w.wb, w.units, rows, xq, xd, xb, cols, n_tok, ldy, yf, rf, resid)
 
 
 if __name__ == "__main__":      # python -m genie_rt.quant.gemv_mma_k [--json PATH] | --table PATH

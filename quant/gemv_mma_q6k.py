@@ -44,7 +44,7 @@ from . import ptx
 from .gemv_mma import LO4, ROWS, _dev, make_finish
 
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64, int64, uint32[::1], "
-             "float32[::1], int64, int64, float32[::1], float32[::1], int64)")
+             "float32[::1], int64, int64, int64, float32[::1], float32[::1], int64)")
 HI2 = 0x03030303
 
 
@@ -174,8 +174,8 @@ def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), W Q6_K, x as
     q8_K; grid ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16). Arguments: wa, wb,
     wc, wd (the Q6_K GEMV planes ql, qh, sc, d), nu (ql units a row), rows, xq (uint32 words of
-    int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), cols, n_tok, y (float32 [n_tok *
-    rows]), res, resid. Rows, tokens, split and finish as gemv_mma_k.mma_q4k_q8k_kernel."""
+    int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), cols, n_tok, ldy, y (float32, token t's
+    row at t * ldy), res, resid. Rows, tokens, split and finish as gemv_mma_k.mma_q4k_q8k_kernel."""
     if NT not in (8, 16):
         raise ValueError(f"mma_q6k_q8k_kernel: NT {NT} must be 8 or 16")
     NW = KSPLIT
@@ -185,7 +185,7 @@ def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
     block = _block if NT == 8 else _block16
 
     @cuda.jit
-    def kernel(wa, wb, wc, wd, nu, rows, xq, xd, cols, n_tok, y, res, resid):
+    def kernel(wa, wb, wc, wd, nu, rows, xq, xd, cols, n_tok, ldy, y, res, resid):
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
         g = lane >> 2
@@ -228,5 +228,5 @@ def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
             while b < b_hi:
                 block(acc, loads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, b))
                 b += 1
-        finish(acc, warp, lane, r0, t0, rows, n_tok, y, res, resid)
+        finish(acc, warp, lane, r0, t0, rows, ldy, n_tok, y, res, resid)
     return kernel_cache.attach(kernel)

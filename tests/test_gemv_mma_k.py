@@ -144,3 +144,28 @@ def test_gemv_mma_k_ptx_uses_the_int8_tensor_cores_and_unsigned_indices():
             assert "mul.lo.s64" not in loop and "mul.wide" not in loop, f"gemv_mma_k sm_{cc[0]}{cc[1]}: 64-bit sums"
             assert "shr.s64" not in loop, f"gemv_mma_k sm_{cc[0]}{cc[1]}: negative-index wrap-around code"
             assert loop.count("mma.sync") == mmas - 1, f"gemv_mma_k sm_{cc[0]}{cc[1]}: not one block's {mmas} mma a trip"
+
+
+def test_gemv_mma_k_writes_column_slices_of_a_wider_buffer():
+    # ldy: a Q4_K and a Q6_K weight into columns 0..20 and 21..36 of a [3, 40] buffer (the short
+    # prefill's [q | k | v]), the second with the residual: the same values as separate outputs,
+    # and the columns past them untouched
+    n_tok, cols, width = 3, 512, 40
+    x = np.random.default_rng(5).standard_normal((n_tok, cols)).astype(np.float32)
+    xq, xd, xb = (cuda.to_device(a) for a in K.quantize_q8k(x))
+    ws = [G.prepare_weight(G.to_device(random_weight(q, r, cols, np.random.default_rng(r))), "dp4a")
+          for q, r in ((QType.Q4_K, 21), (QType.Q6_K, 16))]
+    base = np.full((n_tok, width), np.nan, np.float32)
+    base[:, 21:37] = 1.5
+    buf = cuda.to_device(base)
+    flat = buf.reshape(n_tok * width)
+    K.gemv_mma_k(ws[0], xq, xd, xb, flat[0:], n_tok, ldy=width)
+    K.gemv_mma_k(ws[1], xq, xd, xb, flat[21:], n_tok, residual=flat[21:], ldy=width)
+    got = buf.copy_to_host()
+    for (lo, hi), w, add in (((0, 21), ws[0], 0), ((21, 37), ws[1], 1.5)):
+        y = cuda.device_array((n_tok, w.rows), np.float32)
+        K.gemv_mma_k(w, xq, xd, xb, y, n_tok)
+        np.testing.assert_array_equal(got[:, lo:hi], y.copy_to_host() + np.float32(add))
+    assert np.isnan(got[:, 37:]).all()
+    with pytest.raises(ValueError, match="at least"):
+        K.gemv_mma_k(ws[0], xq, xd, xb, flat[30:], n_tok, ldy=width)
