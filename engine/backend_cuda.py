@@ -20,6 +20,9 @@ captured into a CUDA graph (a first, uncaptured run compiles; the capture record
                              are computed and ignored), then x_last <- x[S_LAST]; splits:
                              the most attention splits per plan at any start, the count in
                              use is read from state[S_SPLIT + i] - one graph per bucket
+    ("prefill_short", 8, splits)  with EngineConfig.short_prefill, a chunk of at most 8 rows:
+                             body(ShortPrefillOps), the int8 tensor-core GEMV on q8_K
+                             activations (engine/cuda_short_prefill.py) - one graph
     ("head", mode)           the head on x_last and the sampling of the first token
 
 Between decode replays the host only reads the sampled token from a host-mapped ring;
@@ -40,7 +43,7 @@ from .arena import Arena
 from .config import EngineConfig, ModelConfig
 from .cuda_constrained import ConstrainedSteps
 from .cuda_graph_steps import GraphSteps
-from .cuda_layout import BUCKETS, MAX_BIAS, is_integrated, plan_layout, rope_keys
+from .cuda_layout import BUCKETS, MAX_BIAS, SHORT_ROWS, is_integrated, plan_layout, rope_keys
 from .device_state import MAX_PLANS, N_SLOTS, S_LAST, S_POS, S_SPLIT, S_TOKEN
 from .gguf_file import GGUFFile
 from .h2d import event, pinned_like, upload
@@ -98,6 +101,14 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
             cuda_weights.upload(A, lay, g, self.stream, self.integrated or self.mapped, progress)
         self.weights, self.stacks = cuda_weights.bind(A, lay, g, cfg, ecfg.gemv_mode)
         self.attn = attn_layers(cfg, self.weights.layers, self.weights.rope_freqs)
+        self.short_prefill, self.short_gemv = False, {}
+        if ecfg.short_prefill:                # (the layout holds its q8_K buffers)
+            from .cuda_short_prefill import short_gemv_weights, unfit_reason
+            why = unfit_reason(self.weights)
+            if why is None:
+                self.short_prefill, self.short_gemv = True, short_gemv_weights(self.weights)
+            else:
+                log.warning("short prefill off for this model: %s", why)
         self._upload_rope_tables()
         self.kv = DeviceKVPool(lay.kv_shape, A["kv_pool"], stream=self.stream)
         self.kv_layers = [self.kv.layer(i) for i in range(cfg.n_layers)]
@@ -232,14 +243,16 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         key = ("decode", sample, "short") if short else ("decode", sample)
         self._run(key, lambda: self._record_decode(sample, short))
 
-    def _record_prefill(self, n: int, n_splits: tuple) -> None:
-        """Layer-major prefill of n rows (ids[:n]) at start = state[S_POS]; x_last <- x[state[S_LAST]]."""
+    def _record_prefill(self, n: int, n_splits: tuple, short: bool = False) -> None:
+        """Layer-major prefill of n rows (ids[:n]) at start = state[S_POS]; x_last <- x[state[S_LAST]].
+        short: by ShortPrefillOps (engine/cuda_short_prefill.py) instead of PrefillOps."""
         from .copy_kernels import gather_row
         from .cuda_ops import PrefillOps
+        from .cuda_short_prefill import ShortPrefillOps
         s = self._prefill_scratch.get(n)
         if s is None:
             s = self._prefill_scratch[n] = self._scratch(n, self.arena["ids"][:n])
-        ops = PrefillOps(self, n, n_splits, splits_at=S_SPLIT)
+        ops = (ShortPrefillOps if short else PrefillOps)(self, n, n_splits, splits_at=S_SPLIT)
         ops.bind_scratch(s)
         self.spec.body(ops, self.weights, self.attn, s, self.cfg)
         ops.finish()
@@ -375,7 +388,8 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
             part = tokens[c0:c0 + chunk]
             n = len(part)
             pos = start + c0
-            bucket = next((b for b in BUCKETS if b >= n and b <= chunk), n)
+            short = self.short_prefill and n <= SHORT_ROWS
+            bucket = SHORT_ROWS if short else next((b for b in BUCKETS if b >= n and b <= chunk), n)
             if pos + bucket > self.n_ctx:
                 bucket = n            # never pad past the pool
             self.stream.synchronize()  # the pinned ids buffer is about to be rewritten
@@ -385,7 +399,8 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
             self._set_state(pos=pos, last=n - 1, splits=self._splits(bucket, pos))
             self._wrote(pos, bucket)              # padded rows write K/V too
             most = self._max_splits(bucket)
-            self._run(("prefill", bucket, most), lambda: self._record_prefill(bucket, most))
+            key = ("prefill_short" if short else "prefill", bucket, most)
+            self._run(key, lambda: self._record_prefill(bucket, most, short))
         return True
 
     def prefill(self, tokens, start: int, cancel=None, all_logits: bool = False) -> np.ndarray | None:

@@ -258,6 +258,10 @@ class EngineConfig:
                                         # A lab switch until measured (tools/profile_prefill.py --pdl);
                                         # sm_80/87 run the plain kernels whatever this says. --no-pdl
                                         # turns it off
+    short_prefill: bool = False         # CUDA: a chunk of up to 8 new tokens runs as a decode-shaped graph
+                                        # on the int8 tensor-core GEMV (engine/cuda_short_prefill.py;
+                                        # models whose layer matrices are all Q4_K / Q6_K). A lab switch
+                                        # until measured (tools/gpu_check.sh short18); --short-prefill
     decode_attention_q8: bool = True    # CUDA decode: the attention launch also writes the q8 blocks of
                                         # its output (kvcache/attention.py xq=, xs=; same bits as
                                         # quantize_q8), one launch fewer a layer. Off until the rope went
@@ -321,6 +325,8 @@ class EngineConfig:
             raise ValueError(f"decode_pdl must be True or False, got {self.decode_pdl!r}")
         if not isinstance(self.prefill_pdl, bool):
             raise ValueError(f"prefill_pdl must be True or False, got {self.prefill_pdl!r}")
+        if not isinstance(self.short_prefill, bool):
+            raise ValueError(f"short_prefill must be True or False, got {self.short_prefill!r}")
         if not isinstance(self.decode_attention_q8, bool):
             raise ValueError(f"decode_attention_q8 must be True or False, got {self.decode_attention_q8!r}")
         if not isinstance(self.decode_fused_ffn, bool):

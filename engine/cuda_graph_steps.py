@@ -6,7 +6,7 @@ A mixin of CUDABackend (engine/backend_cuda.py). It uses that class's `stream`, 
 `pending_launch`, `_upload` (a cuda_weights.BackgroundUpload or None), `_max_splits_of`, and
 its methods `_record_prefill/_head/_decode`, `_set_state`, `_splits`, `_plans`, `_wrote`, and
 `dws_short` (not None: there is a short-context decode graph).
-Keys: ("prefill", n, splits), ("head", mode), ("decode", mode), ("decode", mode, "short") (a step
+Keys: ("prefill", n, splits), ("prefill_short", 8, splits) (EngineConfig.short_prefill), ("head", mode), ("decode", mode), ("decode", mode, "short") (a step
 below EngineConfig.decode_short_ctx) and the constrained steps' ("sample", ...)
 (engine/cuda_constrained.py).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
-from .cuda_layout import BUCKETS
+from .cuda_layout import BUCKETS, SHORT_ROWS
 from .progress import NO_PROGRESS, Progress
 
 log = logging.getLogger("genie_rt.cuda")
@@ -132,11 +132,12 @@ class GraphSteps:
             modes = (None, "greedy", "full")
             progress.start("compiling kernels" + (", capturing graphs" if self.use_graphs else ""),
                            len(keys) + 2 * len(modes), "graphs" if self.use_graphs else "sequences")
-            for i, (n, splits, start) in enumerate(keys):
+            for i, (n, splits, start, short) in enumerate(keys):
                 self._set_state(pos=start, last=0, splits=self._splits(n, start))
-                self._warm_one(("prefill", n, splits), lambda n=n, splits=splits: self._record_prefill(n, splits),
-                               first_try_capture=i > 0)
-                progress.advance(1, f"prefill {n}")
+                self._warm_one(("prefill_short" if short else "prefill", n, splits),
+                               lambda n=n, splits=splits, short=short: self._record_prefill(n, splits, short),
+                               first_try_capture=i > 0 and not short)
+                progress.advance(1, f"prefill {n}{' (short)' if short else ''}")
             self._set_state(pos=0, last=0)
             for mode in modes:
                 self._warm_one(("head", mode), lambda mode=mode: self._record_head(self.arena["x_last"], mode),
@@ -195,11 +196,15 @@ class GraphSteps:
             self.upload_seconds = self._upload.seconds
             self._upload = None
 
-    def prefill_keys(self) -> list[tuple[int, tuple, int]]:
-        """(bucket, most attention splits per plan, a start position) of every bucket's one
-        graph: all are captured at load, so no chunk compiles or captures on its first use,
-        whatever its start (the split count in use is device state)."""
-        return [(n, self._max_splits(n), 0) for n in BUCKETS if n <= self.lay.chunk and n <= self.n_ctx]
+    def prefill_keys(self) -> list[tuple[int, tuple, int, bool]]:
+        """(bucket, most attention splits per plan, a start position, short) of every bucket's
+        one graph, and of the short prefill's (EngineConfig.short_prefill): all are captured at
+        load, so no chunk compiles or captures on its first use, whatever its start (the split
+        count in use is device state)."""
+        keys = [(n, self._max_splits(n), 0, False) for n in BUCKETS if n <= self.lay.chunk and n <= self.n_ctx]
+        if getattr(self, "short_prefill", False) and SHORT_ROWS <= self.n_ctx:
+            keys.append((SHORT_ROWS, self._max_splits(SHORT_ROWS), 0, True))
+        return keys
 
     def _max_splits(self, n: int) -> tuple:
         """The most context splits of each plan for a chunk of n rows at any start: the

@@ -44,6 +44,9 @@ MiB = 1 << 20
 # bucket costs compile and capture time at load (~25 s on the H200 for a new tile width),
 # which is why 24 (pp18: +3.5 %) is not one.
 BUCKETS = (16, 32, 40, 48, 64, 128, 256, 512)
+# With EngineConfig.short_prefill, a chunk of at most this many rows runs as the short prefill's one
+# graph instead (engine/cuda_short_prefill.py: gemv_mma_k's 8-token build)
+SHORT_ROWS = 8
 # Runtime overhead: what a process holds on the device beside the arena - the CUDA context,
 # modules, graphs, numba's and the driver's allocations. The context reserves local memory
 # (the per-thread stack, 1 KiB by default) for every thread the GPU can hold at once, so that
@@ -215,6 +218,9 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
         L.add("part_b", (N, stacked["any"]), np.float32)
     L.add("split_gate", (N, cfg.n_ff), np.float32)          # gate/up of different types
     L.add("split_up", (N, cfg.n_ff), np.float32)
+    if ecfg.short_prefill:                                  # q8_K activations of the short prefill
+        from .cuda_short_prefill import q8k_buffers
+        q8k_buffers(L, widths)
     for name in Q8_SOURCES:
         cols = widths[name]
         L.add(f"xq.{name}", (1, cols), np.int8)

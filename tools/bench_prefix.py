@@ -92,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prefill-pdl", action="store_true",
                    help="CUDA: EngineConfig.prefill_pdl (the prefill's GEMMs by programmatic dependent launch)")
+    p.add_argument("--short-prefill", action="store_true",
+                   help="CUDA: EngineConfig.short_prefill (up to 8 new tokens by the int8 tensor-core GEMV)")
     args = p.parse_args(argv)
 
     from genie_rt.engine.config import EngineConfig
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         model = Path(args.model) if args.model else synth_model(tmp, args.seed)
         n_ctx = args.system_tokens + 2 * args.user_tokens + 16
         engine = Engine.load(model, EngineConfig(backend=args.backend, n_ctx=n_ctx, kv_dtype=args.kv,
-                                                 prefill_pdl=args.prefill_pdl))
+                                                 prefill_pdl=args.prefill_pdl, short_prefill=args.short_prefill))
         store = KVStore(tmp / "kv")
         rng = np.random.default_rng(args.seed)
         vocab = min(engine.cfg.vocab_size, 4000)

@@ -78,6 +78,8 @@
 #             against the dp4a GEMV, 1-16 tokens, the 4B's Q4_K shapes and its Q6_K attn_v / ffn_down
 #             (gemv-mma-k.json; "--shapes q6k": the Q6_K build alone)
 #   small17   mmak16, then the engine's MMQ GEMMs at 8 and 16 rows (python -m genie_rt.quant.mmq; mmq-small.json)
+#   short18   the short prefill (EngineConfig.short_prefill): GPU tests, gemv_mma_k's Q6_K build timed,
+#             the prefix-reuse bench without and with it (TT, MT, PXT: their time limits)
 #   ppdl16    the prefill's GEMMs by programmatic dependent launch (EngineConfig.prefill_pdl): the prefill
 #             graph off / on with the bits compared (profile_prefill --pdl both), bench_prefix both ways,
 #             TT s of GPU tests
@@ -619,6 +621,22 @@ for s in "$@"; do
       # long graph's default loop too - mma on sm_90 since 2026-12-05 - against the CPU back-end)
       [ "${TT:-0}" -gt 0 ] && GF="tests/test_prefill_pdl.py tests/test_backend_cuda.py" \
         gpu_tests_4b "${GK:-pdl or real_layer or greedy}" $TT ;;
+    short18)
+      stage short18
+      # the short prefill (EngineConfig.short_prefill, engine/cuda_short_prefill.py, 2026-12-05 night):
+      # its GPU tests and the k16 mma's (tests.txt), gemv_mma_k's Q6_K build timed against the dp4a
+      # GEMV (gemv-mma-k-q6k.json), then the prefix-reuse bench without and with it (prefix-off.txt,
+      # prefix-short.txt: 500 cached + 8 new tokens, the warm-reuse check)
+      use_kernel_cache
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      GF="tests/test_short_prefill.py tests/test_ptx.py" gpu_tests_4b "short or k16" ${TT:-240}
+      timeout ${MT:-200} $PY -m genie_rt.quant.gemv_mma_k --json "$OUT/gemv-mma-k-q6k.json" --shapes q6k \
+        --tokens 1,8 --ks 2,4,8 --copies 8 2>&1 | grep -v "^INFO numba" | tail -8
+      for w in off short; do
+        A=""; [ $w = short ] && A="--short-prefill"
+        timeout ${PXT:-240} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B $A 2>&1 | grep -v "^INFO numba" \
+          > "$OUT/prefix-$w.txt"; echo "prefix-reuse, $w:"; grep -E "warm|cold" "$OUT/prefix-$w.txt" | head -3
+      done ;;
     ncu15)
       stage ncu15
       use_kernel_cache

@@ -1,0 +1,155 @@
+"""A short prefill as a decode-shaped graph: up to 8 new tokens by the int8 tensor-core GEMV (lab).
+
+Why. Every chat turn and tool result after a cached prefix is a prefill of a few tokens. Through
+the MMQ GEMMs of the 16-row bucket (engine/cuda_ops.py PrefillOps) 8 new tokens after 500 cached
+ones cost 4.5 ms on the H200 against 24.4 cold - 5.5x, where issue 14 asks 10x. The products are
+~70 us of a layer's ~110 and the rest a chain of small launches (docs/decode-step.md 7). This
+graph runs the same forward (an architecture's `body`) with the products of quant/gemv_mma_k.py,
+whose time for 8 tokens is 1.2-1.5x the decode GEMV's for one (kernels/gemv.md 8d-8e), on q8_K
+activations:
+
+    norm        rmsnorm_q8k: RMSNorm and q8_K in one launch; the float output is not written
+    linear      q8_K of the input where the op before did not leave it (rmsnorm_q8k without a
+                norm weight), then gemv_mma_k per matrix of the group, each into its columns of
+                the output (`ldy`: [q | k | v] without a copy), the residual added in the launch
+    gated       gemv_mma_k of gate and of up, then swiglu / geglu (engine/norm.py)
+    rope_write, attention, embed, post_norm_add
+                the prefill's (n rows; the attention's split count is device state, its merge
+                launched by the attention itself)
+
+Which rows: a chunk of at most SHORT_ROWS new tokens runs as SHORT_ROWS rows (padded rows are
+computed and ignored, as in the buckets), one graph for every start. Which models: every layer
+matrix Q4_K or Q6_K (gemv_mma_k's formats) with columns a multiple of 256 (q8_K blocks); the
+others keep the MMQ buckets (`unfit_reason`).
+
+The numbers differ from the MMQ prefill's: the activations are q8_K (a scale per 256 values)
+where the GEMMs read fp16 - tests/test_short_prefill.py holds the logits to the MMQ graph's by
+cosine and checks the greedy next token. EngineConfig.short_prefill (off) until measured on the
+GPU: `tools/gpu_check.sh short18`.
+"""
+from __future__ import annotations
+
+from genie_rt.quant.formats import QType
+
+from .cuda_layout import SHORT_ROWS
+from .cuda_ops import _Ops
+from .models.ops import AttnLayer
+FORMATS = (QType.Q4_K, QType.Q6_K)
+QK = 256
+
+
+def unfit_reason(weights) -> str | None:
+    """Why the short graph cannot run this model's layers (None: it can)."""
+    for L in weights.layers:
+        for m in vars(L).values():
+            if not hasattr(m, "packed"):
+                continue                             # norms and other 1-D tensors
+            q = QType(m.packed.qtype)
+            if q not in FORMATS:
+                return f"{m.name} is {q.name} (the short prefill's GEMV reads Q4_K and Q6_K)"
+            if m.packed.cols % QK:
+                return f"{m.name} has {m.packed.cols} columns (q8_K blocks need a multiple of {QK})"
+    return None
+
+
+def q8k_buffers(layout, widths: dict) -> None:
+    """The q8_K activation buffers (cuda_layout.plan_layout, when EngineConfig.short_prefill):
+    values, block scales and 32-value sums of SHORT_ROWS rows of the widest input."""
+    import numpy as np
+    cols = max(widths[n] for n in ("h", "attn", "ff"))
+    cols = -(-cols // QK) * QK
+    layout.add("xq8k", (SHORT_ROWS, cols), np.int8)
+    layout.add("xd8k", (SHORT_ROWS, cols // QK), np.float32)
+    layout.add("xb8k", (SHORT_ROWS, cols // 32), np.int32)
+
+
+class ShortPrefillOps(_Ops):
+    """The forward of n <= SHORT_ROWS rows on gemv_mma_k (module docstring)."""
+
+    def __init__(self, rt, n: int, n_splits: tuple, splits_at: int | None = None):
+        super().__init__(rt, n)
+        if n > SHORT_ROWS:
+            raise ValueError(f"ShortPrefillOps: {n} rows; at most {SHORT_ROWS}")
+        self.n = n
+        self._splits = {id(p): (k, None if splits_at is None else splits_at + i)
+                        for i, (p, k) in enumerate(zip(rt._plans(), n_splits))}
+        self._holds = None          # the buffer whose q8_K values are in xq8k now
+        self._gemv = rt.short_gemv  # tensor name -> its dp4a-mode GemvWeight
+
+    def _invalidate(self, name: str) -> None:
+        if self._holds == name:
+            self._holds = None
+
+    def _q8k(self, cols: int):
+        A, n = self.A, self.n
+        return (A["xq8k"].reshape(-1)[:n * cols], A["xd8k"].reshape(-1)[:n * cols // QK],
+                A["xb8k"].reshape(-1)[:n * cols // 32])
+
+    def _prepared(self, x):
+        """(xq, xd, xb) holding x's q8_K values, quantized here unless the op before wrote them."""
+        from genie_rt.quant.quantize_q8k import rmsnorm_q8k
+        q = self._q8k(x.shape[1])
+        if self._holds != self._name(x):
+            self._reads_float(x)
+            rmsnorm_q8k(x, None, 0.0, *q, stream=self.stream)
+            self._holds = self._name(x)
+        return q
+
+    def norm(self, x, w, out) -> None:
+        """out's q8_K values only (its float values are not written)."""
+        from genie_rt.quant.quantize_q8k import rmsnorm_q8k
+        self._reads_float(x)
+        self._wrote(out)
+        rmsnorm_q8k(x, w, self.cfg.rms_eps, *self._q8k(x.shape[1]), stream=self.stream)
+        self._holds = self._name(out)
+        self._no_float.add(self._name(out))
+
+    def _products(self, q, ws, out, add: bool) -> None:
+        """out[:, c:c + rows] (+)= x W^T for each matrix of ws, c its first column."""
+        from genie_rt.quant.gemv_mma_k import gemv_mma_k
+        width, flat, c = out.shape[1], out.reshape(-1), 0
+        for m in ws:
+            y = flat[c:]
+            gemv_mma_k(self._gemv[m.name], *q, y, self.n, residual=y if add else None, ldy=width,
+                       stream=self.stream)
+            c += m.rows
+        assert c == width, (c, width)
+
+    def linear(self, x, w, out, add: bool = False) -> None:
+        ws = w if isinstance(w, tuple) else (w,)
+        self._products(self._prepared(x), ws, out, add)
+        self._wrote(out)
+
+    def gated(self, x, w, out, act: str) -> None:
+        from genie_rt.engine import norm
+        q = self._prepared(x)
+        gate, up = self.A["split_gate"][:self.n], self.A["split_up"][:self.n]
+        self._products(q, w[:1], gate, False)
+        self._products(q, w[1:], up, False)
+        (norm.swiglu if act == "silu" else norm.geglu)(gate, up, out, stream=self.stream)
+        self._wrote(out)
+
+    def attention(self, q, a: AttnLayer, out) -> None:
+        from genie_rt.kvcache.attention_prefill import prefill_attention
+        self._reads_float(q)
+        q3 = q.reshape(self.n, self.cfg.n_head, self.cfg.head_dim)
+        plan = self.rt.lay.prefill_plans[a.index]
+        most, at = self._splits[id(plan)]
+        prefill_attention(q3, self.rt.kv_layers[a.index], self.rt.state, out, self.rt.pws,
+                          n_splits=most, stream=self.stream, plan=plan, splits_at=at, merge=True)
+        self._wrote(out)
+
+    def head(self, x, norm_w, w, logits, softcap: float | None = None) -> None:
+        raise AssertionError("the prefill graph ends at the hidden state; the head runs on one row")
+
+
+def short_gemv_weights(weights) -> dict:
+    """tensor name -> a dp4a-mode GemvWeight of every layer matrix (views of the planes the
+    decode GEMV and the GEMMs read: no copy)."""
+    from genie_rt.quant import gemv
+    out = {}
+    for L in weights.layers:
+        for m in vars(L).values():
+            if hasattr(m, "packed"):
+                out[m.name] = m.gemv if m.gemv.mode == "dp4a" else gemv.prepare_weight(m.packed, "dp4a")
+    return out

@@ -1,0 +1,95 @@
+"""engine/cuda_short_prefill.py: up to 8 new tokens as a decode-shaped graph on gemv_mma_k (lab).
+
+- Which models it takes: every layer matrix Q4_K or Q6_K with columns a multiple of 256.
+- In the simulator, on a one-layer Qwen3 file with Q4_K and Q6_K matrices: a prompt cached by the
+  MMQ prefill, then 5 new tokens by the short graph - the logits against the CPU back-end's for
+  the whole text (cosine >= 0.999: its activations are q8_K where the CPU's are float32), the same
+  argmax, and the K/V rows it wrote: the decode step after it agrees with the CPU's. A chunk of
+  more than 8 tokens keeps the MMQ bucket.
+"""
+import os
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from genie_rt.engine.cuda_short_prefill import unfit_reason
+from genie_rt.quant.formats import QType
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+from synth_gguf import write_synthetic_qwen3  # noqa: E402
+
+SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
+def _m(name, qtype, cols):
+    return SimpleNamespace(name=name, packed=SimpleNamespace(qtype=qtype, cols=cols))
+
+
+def test_unfit_reason_names_the_matrix():
+    ok = SimpleNamespace(layers=[SimpleNamespace(attn_norm=np.ones(3), wq=_m("blk.0.attn_q.weight", QType.Q4_K, 512),
+                                                 wv=_m("blk.0.attn_v.weight", QType.Q6_K, 512))])
+    assert unfit_reason(ok) is None
+    q8 = SimpleNamespace(layers=[SimpleNamespace(wq=_m("blk.0.attn_q.weight", QType.Q8_0, 512))])
+    assert "blk.0.attn_q.weight is Q8_0" in unfit_reason(q8)
+    odd = SimpleNamespace(layers=[SimpleNamespace(wq=_m("blk.3.ffn_down.weight", QType.Q4_K, 576))])
+    assert "blk.3.ffn_down.weight has 576 columns" in unfit_reason(odd)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: tools/gpu_check.sh short18)")
+def test_simulated_short_prefill_matches_the_mmq_prefill_and_the_cpu(tmp_path):
+    from test_backend_cuda import cosine_rows, make_backends
+    path = tmp_path / "tiny.gguf"
+    write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
+                                     vocab=300, text_tokens=274), seed=0, exact=True)
+    gpu, cpu, _ = make_backends(path, "f16", n_ctx=64, chunk=16, warm=False, short_prefill=True)
+    assert gpu.short_prefill and set(gpu.short_gemv) == {f"blk.0.{n}.weight" for n in (
+        "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+    prompt = np.array([5, 17, 100, 3, 250, 9, 42, 8, 61, 7, 199, 33], np.int32)   # 12: the MMQ bucket
+    turn = np.array([11, 4, 270, 90, 6], np.int32)                                 # 5: the short graph
+    seen, real = [], gpu._record_prefill
+    gpu._record_prefill = lambda n, splits, short=False: seen.append((n, short)) or real(n, splits, short)
+    gpu.prefill(prompt, 0)
+    got = gpu.prefill(turn, len(prompt))
+    got_d = gpu.decode(77, len(prompt) + len(turn))
+    assert seen == [(16, False), (8, True)]
+    ref = cpu.prefill(np.concatenate([prompt, turn]), 0)
+    ref_d = cpu.decode(77, len(prompt) + len(turn))
+    assert np.isfinite(got).all() and np.isfinite(got_d).all()
+    assert cosine_rows(got, ref)[0] >= 0.999 and got.argmax() == ref.argmax()
+    assert cosine_rows(got_d, ref_d)[0] >= 0.999             # the K/V rows the short graph wrote
+    # more than 8 new tokens: the MMQ bucket, not the short graph (its recording not run here)
+    seen.clear()
+    gpu._record_prefill = lambda n, splits, short=False: seen.append((n, short))
+    gpu.prefill(np.concatenate([turn, turn]), len(prompt))
+    assert seen == [(16, False)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("which", ["fixture", "q6k"])
+def test_gpu_short_prefill_matches_the_mmq_prefill(fixture_gguf, tmp_path, which):
+    # the micro fixture (Q4_K layers) and a synthetic two-layer file with Q6_K attn_v and ffn_down:
+    # after a 20-token prompt, turns of 1-8 tokens by the short graph and by the MMQ bucket - logits
+    # cosine >= 0.999, the decode step after each turn too (the K/V rows it wrote)
+    from test_backend_cuda import cosine_rows, make_backends
+    path = fixture_gguf
+    if which == "q6k":
+        path = tmp_path / "two.gguf"
+        write_synthetic_qwen3(path, dict(layers=2, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1536,
+                                         vocab=1000, text_tokens=970), seed=1, exact=True)
+    gpu, _, _ = make_backends(path, "f16", n_ctx=128, chunk=64, short_prefill=True)
+    assert gpu.short_prefill
+    rng = np.random.default_rng(3)
+    prompt = rng.integers(0, 256, 20).astype(np.int32)
+    for n in range(1, 9):
+        turn = rng.integers(0, 256, n).astype(np.int32)
+        got = {}
+        for short in (True, False):
+            gpu.short_prefill = short
+            gpu.prefill(prompt, 0)
+            got[short] = gpu.prefill(turn, 20), gpu.decode(7, 20 + n)
+        for a, b in zip(got[True], got[False]):
+            assert cosine_rows(a, b)[0] >= 0.999, (which, n)
