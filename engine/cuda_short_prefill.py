@@ -12,7 +12,8 @@ activations:
     linear      q8_K of the input where the op before did not leave it (rmsnorm_q8k without a
                 norm weight), then gemv_mma_k per matrix of the group, each into its columns of
                 the output (`ldy`: [q | k | v] without a copy), the residual added in the launch
-    gated       gemv_mma_k of gate and of up, then swiglu / geglu (engine/norm.py)
+    gated       gate, up and the activation in one launch (quant/gemv_mma_glu.py) where both are
+                Q4_K; else gemv_mma_k of each, then swiglu / geglu (engine/norm.py)
     rope_write, attention, embed, post_norm_add
                 the prefill's (n rows; the attention's split count is device state, its merge
                 launched by the attention itself)
@@ -121,8 +122,16 @@ class ShortPrefillOps(_Ops):
         self._wrote(out)
 
     def gated(self, x, w, out, act: str) -> None:
+        """One launch where gate and up are Q4_K of one shape (quant/gemv_mma_glu.py); else
+        gemv_mma_k of each and the activation's launch."""
         from genie_rt.engine import norm
+        from genie_rt.quant.gemv_mma_glu import gemv_mma_glu
         q = self._prepared(x)
+        wg, wu = (self._gemv[m.name] for m in w)
+        if wg.qtype == wu.qtype == QType.Q4_K and (wg.rows, wg.cols) == (wu.rows, wu.cols):
+            gemv_mma_glu(wg, wu, *q, out, self.n, act=act, stream=self.stream)
+            self._wrote(out)
+            return
         gate, up = self.A["split_gate"][:self.n], self.A["split_up"][:self.n]
         self._products(q, w[:1], gate, False)
         self._products(q, w[1:], up, False)

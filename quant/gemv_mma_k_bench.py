@@ -126,6 +126,69 @@ def bench(argv=None) -> int:
     return 1 if bad else 0
 
 
+def bench_glu(argv=None) -> int:
+    """`python -m genie_rt.quant.gemv_mma_glu`: gate + up + SwiGLU of the 4B's FFN (9,728 x 2,560,
+    Q4_K, weights from DRAM: 8 copies of each) for 1 and 8 tokens, as one launch (gemv_mma_glu)
+    against gemv_mma_k twice and norm.swiglu (the same bits, checked first); GPU only."""
+    import argparse
+    import itertools
+    import json
+    from dataclasses import replace
+
+    from genie_rt.engine import norm
+    from genie_rt.engine.cuda_graph import time_us
+
+    from .gemv_mma import _weight
+    from .gemv_mma_glu import gemv_mma_glu
+
+    def _dup(a):
+        b = cuda.device_array_like(a)
+        b.copy_to_device(a)
+        return b
+
+    ap = argparse.ArgumentParser(description="gemv_mma_glu against gemv_mma_k twice + swiglu")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--tokens", default="1,8")
+    ap.add_argument("--pipe", default="1,0", help="gemv_mma_glu's PIPE builds to time (1, 0)")
+    ap.add_argument("--shape", default="9728,2560", help="rows,cols of gate and up")
+    args = ap.parse_args(argv)
+    if ptx.SIMULATOR:
+        raise SystemExit("needs a GPU")
+    (rows, cols), stream, out = (int(v) for v in args.shape.split(",")), cuda.stream(), []
+    _, g0 = _weight(rows, cols)
+    u0 = replace(g0, wa=_dup(g0.wa), wb=_dup(g0.wb))       # (the same values: bits are what is compared)
+    pairs = [(g0, u0)] + [(replace(g0, wa=_dup(g0.wa), wb=_dup(g0.wb)), replace(g0, wa=_dup(g0.wa), wb=_dup(g0.wb)))
+                          for _ in range(7)]
+    for n_tok in (int(v) for v in args.tokens.split(",")):
+        x = np.random.default_rng(1).standard_normal((n_tok, cols)).astype(np.float32)
+        q = [cuda.to_device(a) for a in quantize_q8k(x)]
+        y, ga, up, want = (cuda.device_array((n_tok, rows), np.float32) for _ in range(4))
+        row = dict(n_tok=n_tok, rows=rows, cols=cols)
+        nxt = itertools.cycle(pairs).__next__
+
+        def three():
+            g, u = nxt()
+            gemv_mma_k(g, *q, ga, n_tok, stream=stream)
+            gemv_mma_k(u, *q, up, n_tok, stream=stream)
+            norm.swiglu(ga, up, want, stream=stream)
+        three()                                      # pairs[0]
+        for p in (int(v) for v in args.pipe.split(",")):
+            gemv_mma_glu(g0, u0, *q, y, n_tok, pipe=bool(p), stream=stream)
+            stream.synchronize()
+            row[f"glu_pipe{p}_same_bits"] = same = bool(np.array_equal(y.copy_to_host(), want.copy_to_host()))
+            if same:
+                row[f"glu_pipe{p}_us"] = round(time_us(
+                    lambda p=p: gemv_mma_glu(*nxt(), *q, y, n_tok, pipe=bool(p), stream=stream), stream), 3)
+        row["three_launches_us"] = round(time_us(three, stream), 3)
+        print(f"gate+up+swiglu {rows}x{cols} n_tok {n_tok}: " + ", ".join(f"{k} {v}" for k, v in row.items()
+                                                                          if k.endswith(("_us", "_bits"))), flush=True)
+        out.append(row)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0 if all(v for r in out for k, v in r.items() if k.endswith("_bits")) else 1
+
+
 def table(path: str) -> str:
     """The markdown table docs/kernels/gemv.md shows of a `--json` file: per shape, weight copies
     and tokens, the dp4a GEMV, gemv_mma_k's default build at plan_ksplit's k-split (as the sweep

@@ -630,6 +630,7 @@ for s in "$@"; do
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       GF="tests/test_short_prefill.py tests/test_ptx.py" gpu_tests_4b "short or k16" ${TT:-240}
+      timeout ${MT:-120} $PY -m genie_rt.quant.gemv_mma_glu --json "$OUT/gemv-mma-glu.json" 2>&1 | grep -v "^INFO numba" | tail -6
       timeout ${MT:-200} $PY -m genie_rt.quant.gemv_mma_k --json "$OUT/gemv-mma-k-q6k.json" --shapes q6k \
         --tokens 1,8 --ks 2,4,8 --copies 8 2>&1 | grep -v "^INFO numba" | tail -8
       for w in off short; do

@@ -1,0 +1,171 @@
+"""Gate, up and the gated activation in one launch of the int8 tensor-core GEMV (lab, 2026-12-05).
+
+    out[t, r] = act(x Wg^T)[t, r] * (x Wu^T)[t, r]        act: silu (SwiGLU) or gelu (tanh form)
+
+for 1-8 tokens of q8_K activations and two Q4_K weights of the same shape (a Q4_K_M file's
+ffn_gate and ffn_up). It is gemv_mma_k.py's kernel with a second A operand: a thread block takes
+the same 16 rows of both weights, each trip loads the token's q8_K values once (`_token_loads`)
+and both weights' blocks, and runs the block's mma twice (`_tokens` into accumulators 0..3 for the
+gate, 4..7 for the up rows). The warps' sums meet in shared memory as gemv_mma_k's do; warp 0
+then writes act(gate) * up. The gate and up outputs are never stored, and the activation is no
+launch of its own: the short prefill's FFN (engine/cuda_short_prefill.py) goes from three
+launches to one.
+
+The activation's arithmetic is engine/norm.py's swiglu / geglu kernels' (the same float32
+expressions), so only the products' rounding differs from gemv_mma_k twice plus norm.swiglu:
+the sums are the same integers, in the same order, so the bits are equal (tests/test_gemv_mma_glu.py).
+
+Status: checked in the simulator and by ptxas; not yet timed. Not used by the engine's default path.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32, uint32
+
+from genie_rt.engine import kernel_cache
+
+from . import ptx
+from .formats import QType
+from .gemv_mma import ROWS, _dev, _flat
+from .gemv_mma_k import QK, SUB, _bases, _fits, _token_loads, _tokens, _weight_loads, plan_ksplit
+
+SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint32[::1], int64, int64, uint32[::1], float32[::1], "
+             "int32[::1], int64, int64, int64, float32[::1])")
+GELU_A = float32(0.044715)                        # ggml's GELU_COEF_A (engine/norm.py)
+GELU_S = float32(0.79788456080286535587989211986876)
+ACTS = ("silu", "gelu")
+
+
+def _make_finish(NW: int, ACT: str):
+    """finish(acc, warp, lane, r0, t0, rows, ldy, n_tok, y): the block's warps' 8 sums added in
+    shared memory, then warp 0 stores act(acc[k]) * acc[k + 4] at y[token * ldy + row]
+    (gemv_mma.make_finish's layout for k < 4)."""
+    @_dev
+    def finish(acc, warp, lane, r0, t0, rows, ldy, n_tok, y):
+        if NW > 1:
+            red = cuda.shared.array((NW, 32, 8), float32)
+            for k in range(8):
+                red[warp, lane, k] = acc[k]
+            cuda.syncthreads()
+            if warp != 0:
+                return
+            for other in range(1, NW):
+                for k in range(8):
+                    acc[k] += red[other, lane, k]
+        for k in range(4):
+            r = r0 + 8 * ((k >> 1) & 1)
+            tk = t0 + (k & 1)
+            if r < rows and tk < n_tok:
+                a = acc[k]
+                if ACT == "silu":
+                    v = a / (float32(1) + math.exp(-a)) * acc[k + 4]
+                else:
+                    t = math.tanh(GELU_S * a * (float32(1) + GELU_A * a * a))
+                    v = float32(0.5) * a * (float32(1) + t) * acc[k + 4]
+                y[uint32(tk * ldy + r)] = v
+    return finish
+
+
+@functools.lru_cache(maxsize=None)
+def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"):
+    """The kernel: grid ceil(rows / 16) blocks of 32 * KSPLIT threads. Arguments: wa, wb (the gate
+    weight's Q4_K planes), wa2, wb2 (the up weight's), nu, rows, xq, xd, xb (q8_K, gemv_mma_k's),
+    cols, n_tok (<= 8), ldy, y (float32, token t's row at t * ldy)."""
+    if ACT not in ACTS:
+        raise ValueError(f"mma_glu_q4k_q8k_kernel: ACT {ACT!r} must be one of {ACTS}")
+    NW = KSPLIT
+    finish = _make_finish(NW, ACT)
+
+    @_dev
+    def loads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, blk):
+        return (_weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk),
+                _weight_loads(wa2, wb2, nblk, rr0, rr1, wi0, wi1, blk), _token_loads(xq, xd, xb, tok, nsb, nb, blk))
+
+    @_dev
+    def block(acc, v):
+        _tokens(acc, 0, v[0], v[2])                  # gate rows
+        _tokens(acc, 4, v[1], v[2])                  # up rows: the same B fragment
+
+    @cuda.jit
+    def kernel(wa, wb, wa2, wb2, nu, rows, xq, xd, xb, cols, n_tok, ldy, y):
+        warp = cuda.threadIdx.x >> 5
+        lane = cuda.threadIdx.x & 31
+        g = lane >> 2
+        t = lane & 3
+        r0 = cuda.blockIdx.x * ROWS + g
+        r1 = r0 + 8
+        rr0 = r0 if r0 < rows else 0
+        rr1 = r1 if r1 < rows else 0
+        nblk = nu >> 3
+        bpw = (nblk + NW - 1) // NW
+        b_lo = warp * bpw
+        b_hi = min(b_lo + bpw, nblk)
+        t0 = 2 * t
+        tb = g if g < n_tok else 0
+        ta = t0 if t0 < n_tok else 0
+        tc = t0 + 1 if t0 + 1 < n_tok else 0
+        nsb = cols >> 5
+        nb = cols >> 8
+        acc = cuda.local.array(8, float32)           # k < 4: gate, as gemv_mma_k's; k >= 4: up
+        for k in range(8):
+            acc[k] = float32(0)
+        wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
+        tok = (g < n_tok, xi, ta, tc)
+        if PIPE:
+            v = loads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, min(b_lo, nblk - 1))
+            b = b_lo
+            while b < b_hi:
+                vn = loads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, min(b + 1, b_hi - 1))
+                block(acc, v)
+                v = vn
+                b += 1
+        else:
+            b = b_lo
+            while b < b_hi:
+                block(acc, loads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, b))
+                b += 1
+        finish(acc, warp, lane, r0, t0, rows, ldy, n_tok, y)
+    return kernel_cache.attach(kernel)
+
+
+def gemv_mma_glu(wg, wu, xq, xd, xb, y, n_tok: int, act: str = "silu", ksplit: int | None = None,
+                 pipe: bool = True, stream=0) -> None:
+    """y [n_tok, rows] = act(x Wg^T) * (x Wu^T) for two Q4_K GemvWeights of one shape (dp4a mode)
+    and q8_K activations (gemv_mma_k's xq, xd, xb); 1 <= n_tok <= 8. ksplit None: plan_ksplit's
+    for the shape. No allocation, no synchronization."""
+    for name, w in (("gate", wg), ("up", wu)):
+        if w.qtype != QType.Q4_K:
+            raise ValueError(f"gemv_mma_glu: the {name} weight is {w.qtype.name}; only Q4_K (else gemv_mma_k "
+                             "twice and the activation)")
+    if (wg.rows, wg.cols) != (wu.rows, wu.cols):
+        raise ValueError(f"gemv_mma_glu: gate {wg.rows}x{wg.cols} and up {wu.rows}x{wu.cols} differ")
+    if not 1 <= n_tok <= 8:
+        raise ValueError(f"gemv_mma_glu: n_tok {n_tok} must be 1..8")
+    if act not in ACTS:
+        raise ValueError(f"gemv_mma_glu: act {act!r} must be one of {ACTS}")
+    rows, cols = wg.rows, wg.cols
+    ksplit = plan_ksplit(rows, cols, n_tok) if ksplit is None else ksplit
+    if not 1 <= ksplit <= 16:
+        raise ValueError(f"gemv_mma_glu: ksplit {ksplit} must be 1..16")
+    xq = _flat(xq, np.int8, n_tok * cols, "xq", "gemv_mma_glu").view(np.uint32)
+    xd = _flat(xd, np.float32, n_tok * cols // QK, "xd", "gemv_mma_glu")
+    xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb", "gemv_mma_glu")
+    if not ptx.SIMULATOR:
+        for name, a, align in (("the gate's quants", wg.wa, 8), ("the up's quants", wu.wa, 8), ("xq", xq, 8),
+                               ("xb", xb, 16)):
+            if a.__cuda_array_interface__["data"][0] % align:
+                raise ValueError(f"gemv_mma_glu: {name} must start on a {align}-byte boundary")
+    yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_glu")
+    kern = mma_glu_q4k_q8k_kernel(ksplit, bool(pipe), act)
+    if not ptx.SIMULATOR:
+        _fits(kern, SIGNATURE, ("Q4_K glu", ksplit, bool(pipe), 8))
+    kern[(rows + ROWS - 1) // ROWS, 32 * ksplit, stream](wg.wa, wg.wb, wu.wa, wu.wb, wg.units, rows, xq, xd, xb,
+                                                         cols, n_tok, rows, yf)
+
+
+if __name__ == "__main__":      # python -m genie_rt.quant.gemv_mma_glu [--json PATH]: GPU only
+    from .gemv_mma_k_bench import bench_glu
+    raise SystemExit(bench_glu())
