@@ -10,8 +10,9 @@ activations:
 
     norm        rmsnorm_q8k: RMSNorm and q8_K in one launch; the float output is not written
     linear      q8_K of the input where the op before did not leave it (rmsnorm_q8k without a
-                norm weight), then gemv_mma_k per matrix of the group, each into its columns of
-                the output (`ldy`: [q | k | v] without a copy), the residual added in the launch
+                norm weight), then q, k and v in one launch into their columns of [q | k | v]
+                (quant/gemv_mma_qkv.py), any other product by gemv_mma_k (the residual added in
+                the launch)
     gated       gate, up and the activation in one launch (quant/gemv_mma_glu.py) where both are
                 Q4_K; else gemv_mma_k of each, then swiglu / geglu (engine/norm.py)
     rope_write, attention, embed, post_norm_add
@@ -117,8 +118,15 @@ class ShortPrefillOps(_Ops):
         assert c == width, (c, width)
 
     def linear(self, x, w, out, add: bool = False) -> None:
+        """[q | k | v] in one launch (quant/gemv_mma_qkv.py); any other product by gemv_mma_k
+        per matrix."""
+        from genie_rt.quant.gemv_mma_qkv import gemv_mma_qkv
         ws = w if isinstance(w, tuple) else (w,)
-        self._products(self._prepared(x), ws, out, add)
+        q = self._prepared(x)
+        if len(ws) == 3 and not add:
+            gemv_mma_qkv([self._gemv[m.name] for m in ws], *q, out, self.n, ldy=out.shape[1], stream=self.stream)
+        else:
+            self._products(q, ws, out, add)
         self._wrote(out)
 
     def gated(self, x, w, out, act: str) -> None:

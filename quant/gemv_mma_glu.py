@@ -166,6 +166,6 @@ def gemv_mma_glu(wg, wu, xq, xd, xb, y, n_tok: int, act: str = "silu", ksplit: i
                                                          cols, n_tok, rows, yf)
 
 
-if __name__ == "__main__":      # python -m genie_rt.quant.gemv_mma_glu [--json PATH]: GPU only
+if __name__ == "__main__":      # python -m genie_rt.quant.gemv_mma_glu [--json PATH]: GPU only (and gemv_mma_qkv)
     from .gemv_mma_k_bench import bench_glu
     raise SystemExit(bench_glu())

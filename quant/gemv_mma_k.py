@@ -238,30 +238,20 @@ def _block16(acc, v):
     _tokens(acc, 4, v[0], v[2])                      # the same A fragments: the masks are shared
 
 
-@functools.lru_cache(maxsize=None)
-def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
-    """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), x as q8_K; grid
-    ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16), warp w taking the row's 256-weight
-    blocks [w * ceil(nblk / KSPLIT), ..). Arguments: wa, wb, nu, rows (the Q4_K GEMV planes), xq
-    (uint32 words of int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), xb (int32 [n_tok *
-    cols / 32]), cols, n_tok, ldy, y (float32, token t's row at t * ldy), res (the same layout),
-    resid. PIPE: see the module. NT 16:
-    a second B fragment (tokens 8 + g) against the same A fragments, eight accumulators a lane."""
-    if NT not in (8, 16):
-        raise ValueError(f"mma_q4k_q8k_kernel: NT {NT} must be 8 or 16")
-    NW = KSPLIT
-    NACC = NT // 2
-    finish = make_finish(NW, NACC)
+def make_trips(NW: int, NT: int = 8, PIPE: bool = True):
+    """trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok): warp `warp`'s
+    share of the 256-weight blocks of the Q4_K rows tile * 16 .. + 15, added into acc (NT // 2
+    floats, the layout `make_finish` reads). wc, wd are not read (the Q6_K build's slots:
+    gemv_mma_q6k.make_trips takes the same arguments, so one kernel can hold both,
+    quant/gemv_mma_qkv.py). NW warps split the blocks; PIPE and NT: see the module."""
     loads = _block_loads if NT == 8 else _block_loads16
     block = _block if NT == 8 else _block16
 
-    @cuda.jit
-    def kernel(wa, wb, nu, rows, xq, xd, xb, cols, n_tok, ldy, y, res, resid):
-        warp = cuda.threadIdx.x >> 5
-        lane = cuda.threadIdx.x & 31
+    @_dev
+    def trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok):
         g = lane >> 2
         t = lane & 3
-        r0 = cuda.blockIdx.x * ROWS + g
+        r0 = tile * ROWS + g
         r1 = r0 + 8
         rr0 = r0 if r0 < rows else 0                 # clamped rows: loads stay in bounds
         rr1 = r1 if r1 < rows else 0
@@ -279,9 +269,6 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
         tc2 = t1 + 8 if t1 + 8 < n_tok else 0
         nsb = cols >> 5
         nb = cols >> 8
-        acc = cuda.local.array(NACC, float32)        # k: row g + 8 ((k >> 1) & 1), token 2t + (k & 1) + 8 (k >> 2)
-        for k in range(NACC):
-            acc[k] = float32(0)
         wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
         tok = (g < n_tok, xi, ta, tc)
         tok2 = (g + 8 < n_tok, uint32((tb2 * cols) >> 2) + uint32(2 * t), ta2, tc2)
@@ -298,7 +285,35 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
             while b < b_hi:
                 block(acc, loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, b))
                 b += 1
-        finish(acc, warp, lane, r0, t0, rows, ldy, n_tok, y, res, resid)
+    return trips
+
+
+@functools.lru_cache(maxsize=None)
+def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
+    """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), x as q8_K; grid
+    ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16), warp w taking the row's 256-weight
+    blocks [w * ceil(nblk / KSPLIT), ..). Arguments: wa, wb, nu, rows (the Q4_K GEMV planes), xq
+    (uint32 words of int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), xb (int32 [n_tok *
+    cols / 32]), cols, n_tok, ldy, y (float32, token t's row at t * ldy), res (the same layout),
+    resid. PIPE: see the module. NT 16:
+    a second B fragment (tokens 8 + g) against the same A fragments, eight accumulators a lane."""
+    if NT not in (8, 16):
+        raise ValueError(f"mma_q4k_q8k_kernel: NT {NT} must be 8 or 16")
+    NW = KSPLIT
+    NACC = NT // 2
+    finish = make_finish(NW, NACC)
+    trips = make_trips(NW, NT, PIPE)
+
+    @cuda.jit
+    def kernel(wa, wb, nu, rows, xq, xd, xb, cols, n_tok, ldy, y, res, resid):
+        warp = cuda.threadIdx.x >> 5
+        lane = cuda.threadIdx.x & 31
+        acc = cuda.local.array(NACC, float32)        # k: row g + 8 ((k >> 1) & 1), token 2t + (k & 1) + 8 (k >> 2)
+        for k in range(NACC):
+            acc[k] = float32(0)
+        trips(acc, wa, wb, wa, wb, nu, rows, cuda.blockIdx.x, warp, lane, xq, xd, xb, cols, n_tok)
+        finish(acc, warp, lane, cuda.blockIdx.x * ROWS + (lane >> 2), 2 * (lane & 3), rows, ldy, n_tok, y, res,
+               resid)
     return kernel_cache.attach(kernel)
 
 

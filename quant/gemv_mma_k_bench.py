@@ -129,7 +129,8 @@ def bench(argv=None) -> int:
 def bench_glu(argv=None) -> int:
     """`python -m genie_rt.quant.gemv_mma_glu`: gate + up + SwiGLU of the 4B's FFN (9,728 x 2,560,
     Q4_K, weights from DRAM: 8 copies of each) for 1 and 8 tokens, as one launch (gemv_mma_glu)
-    against gemv_mma_k twice and norm.swiglu (the same bits, checked first); GPU only."""
+    against gemv_mma_k twice and norm.swiglu (the same bits, checked first); then q, k and v the
+    same way (`_bench_qkv`); GPU only."""
     import argparse
     import itertools
     import json
@@ -183,10 +184,50 @@ def bench_glu(argv=None) -> int:
         print(f"gate+up+swiglu {rows}x{cols} n_tok {n_tok}: " + ", ".join(f"{k} {v}" for k, v in row.items()
                                                                           if k.endswith(("_us", "_bits"))), flush=True)
         out.append(row)
+        out.append(_bench_qkv(n_tok, q, stream, _dup))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)
     return 0 if all(v for r in out for k, v in r.items() if k.endswith("_bits")) else 1
+
+
+def _bench_qkv(n_tok, q, stream, dup) -> dict:
+    """q, k, v of the 4B (4,096 / 1,024 / 1,024 rows x 2,560; Q4_K, Q4_K, Q6_K: a Q4_K_M file's
+    mixed layers; 8 copies) in one launch (gemv_mma_qkv) against gemv_mma_k three times into the
+    same columns: the bits, then the times."""
+    import itertools
+    from dataclasses import replace
+
+    from genie_rt.engine.cuda_graph import time_us
+
+    from .gemv_mma import _weight
+    from .gemv_mma_qkv import gemv_mma_qkv
+    spec = ((4096, QType.Q4_K), (1024, QType.Q4_K), (1024, QType.Q6_K))
+    base = [_weight(r, 2560, qt)[1] for r, qt in spec]
+    planes = {QType.Q4_K: ("wa", "wb"), QType.Q6_K: ("wa", "wb", "wc", "wd")}
+    sets = [base] + [[replace(w, **{p: dup(getattr(w, p)) for p in planes[w.qtype]}) for w in base] for _ in range(7)]
+    total = sum(w.rows for w in base)
+    y, y3 = (cuda.device_array((n_tok, total), np.float32) for _ in range(2))
+    flat3 = y3.reshape(n_tok * total)
+    nxt = itertools.cycle(sets).__next__
+
+    def three(ws=None):
+        c = 0
+        for w in ws or nxt():
+            gemv_mma_k(w, *q, flat3[c:], n_tok, ldy=total, stream=stream)
+            c += w.rows
+
+    def one(ws=None):
+        gemv_mma_qkv(ws or nxt(), *q, y, n_tok, stream=stream)
+    three(base)
+    one(base)
+    stream.synchronize()
+    row = dict(kernel="qkv", n_tok=n_tok, same_bits=bool(np.array_equal(y.copy_to_host(), y3.copy_to_host())))
+    if row["same_bits"]:
+        row["one_launch_us"] = round(time_us(one, stream), 3)
+        row["three_launches_us"] = round(time_us(three, stream), 3)
+    print(f"q/k/v 4096/1024/1024 x 2560 (Q4_K/Q4_K/Q6_K) n_tok {n_tok}: {row}", flush=True)
+    return row
 
 
 def table(path: str) -> str:

@@ -169,28 +169,18 @@ def _block16(acc, v):
     _tokens(acc, 4, v[0], v[2])                      # the same A words: decoded again (registers)
 
 
-@functools.lru_cache(maxsize=None)
-def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
-    """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), W Q6_K, x as
-    q8_K; grid ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16). Arguments: wa, wb,
-    wc, wd (the Q6_K GEMV planes ql, qh, sc, d), nu (ql units a row), rows, xq (uint32 words of
-    int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), cols, n_tok, ldy, y (float32, token t's
-    row at t * ldy), res, resid. Rows, tokens, split and finish as gemv_mma_k.mma_q4k_q8k_kernel."""
-    if NT not in (8, 16):
-        raise ValueError(f"mma_q6k_q8k_kernel: NT {NT} must be 8 or 16")
-    NW = KSPLIT
-    NACC = NT // 2
-    finish = make_finish(NW, NACC)
+def make_trips(NW: int, NT: int = 8, PIPE: bool = True):
+    """trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok): warp `warp`'s
+    share of the blocks of the Q6_K rows tile * 16 .. + 15 into acc - gemv_mma_k.make_trips' contract
+    (xb is not read)."""
     loads = _block_loads if NT == 8 else _block_loads16
     block = _block if NT == 8 else _block16
 
-    @cuda.jit
-    def kernel(wa, wb, wc, wd, nu, rows, xq, xd, cols, n_tok, ldy, y, res, resid):
-        warp = cuda.threadIdx.x >> 5
-        lane = cuda.threadIdx.x & 31
+    @_dev
+    def trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok):
         g = lane >> 2
         t = lane & 3
-        r0 = cuda.blockIdx.x * ROWS + g
+        r0 = tile * ROWS + g
         r1 = r0 + 8
         rr0 = r0 if r0 < rows else 0                 # clamped rows: loads stay in bounds
         rr1 = r1 if r1 < rows else 0
@@ -207,9 +197,6 @@ def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
         ta2 = t0 + 8 if t0 + 8 < n_tok else 0
         tc2 = t1 + 8 if t1 + 8 < n_tok else 0
         nb = cols >> 8
-        acc = cuda.local.array(NACC, float32)        # k: row g + 8 ((k >> 1) & 1), token 2t + (k & 1) + 8 (k >> 2)
-        for k in range(NACC):
-            acc[k] = float32(0)
         ut = uint32(t)
         bases = (uint32(rr0 * nu * 4) + ut, uint32(rr1 * nu * 4) + ut,     # ql: 4 words a unit
                  uint32(rr0 * nu * 2) + ut, uint32(rr1 * nu * 2) + ut)     # qh: 2 words a unit
@@ -228,5 +215,31 @@ def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
             while b < b_hi:
                 block(acc, loads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, b))
                 b += 1
-        finish(acc, warp, lane, r0, t0, rows, ldy, n_tok, y, res, resid)
+    return trips
+
+
+@functools.lru_cache(maxsize=None)
+def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
+    """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), W Q6_K, x as
+    q8_K; grid ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16). Arguments: wa, wb,
+    wc, wd (the Q6_K GEMV planes ql, qh, sc, d), nu (ql units a row), rows, xq (uint32 words of
+    int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), cols, n_tok, ldy, y (float32, token t's
+    row at t * ldy), res, resid. Rows, tokens, split and finish as gemv_mma_k.mma_q4k_q8k_kernel."""
+    if NT not in (8, 16):
+        raise ValueError(f"mma_q6k_q8k_kernel: NT {NT} must be 8 or 16")
+    NW = KSPLIT
+    NACC = NT // 2
+    finish = make_finish(NW, NACC)
+    trips = make_trips(NW, NT, PIPE)
+
+    @cuda.jit
+    def kernel(wa, wb, wc, wd, nu, rows, xq, xd, cols, n_tok, ldy, y, res, resid):
+        warp = cuda.threadIdx.x >> 5
+        lane = cuda.threadIdx.x & 31
+        acc = cuda.local.array(NACC, float32)        # k: row g + 8 ((k >> 1) & 1), token 2t + (k & 1) + 8 (k >> 2)
+        for k in range(NACC):
+            acc[k] = float32(0)
+        trips(acc, wa, wb, wc, wd, nu, rows, cuda.blockIdx.x, warp, lane, xq, xd, xd, cols, n_tok)
+        finish(acc, warp, lane, cuda.blockIdx.x * ROWS + (lane >> 2), 2 * (lane & 3), rows, ldy, n_tok, y, res,
+               resid)
     return kernel_cache.attach(kernel)

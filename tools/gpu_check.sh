@@ -624,8 +624,9 @@ for s in "$@"; do
     short18)
       stage short18
       # the short prefill (EngineConfig.short_prefill, engine/cuda_short_prefill.py, 2026-12-05 night):
-      # its GPU tests and the k16 mma's (tests.txt), gemv_mma_k's Q6_K build timed against the dp4a
-      # GEMV (gemv-mma-k-q6k.json), then the prefix-reuse bench without and with it (prefix-off.txt,
+      # its GPU tests and the k16 mma's (tests.txt), the fused gate/up/SwiGLU and q/k/v launches
+      # against their separate launches (gemv-mma-glu.json), gemv_mma_k's Q6_K build timed against the
+      # dp4a GEMV (gemv-mma-k-q6k.json), then the prefix-reuse bench without and with it (prefix-off.txt,
       # prefix-short.txt: 500 cached + 8 new tokens, the warm-reuse check)
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
