@@ -104,7 +104,9 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         self.short_prefill, self.short_gemv = False, {}
         if ecfg.short_prefill:                # (the layout holds its q8_K buffers)
             from .cuda_short_prefill import short_gemv_weights, unfit_reason
-            why = unfit_reason(self.weights)
+            why = unfit_reason(self.weights) or (
+                f"a prefill chunk of {lay.chunk} rows holds less than its {SHORT_ROWS}" if lay.chunk < SHORT_ROWS
+                else None)
             if why is None:
                 self.short_prefill, self.short_gemv = True, short_gemv_weights(self.weights)
             else:
@@ -350,6 +352,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
                 # trips before the wait
                 "decode_pdl": bool(self.ecfg.decode_pdl) and pdl.available(),
                 "prefill_pdl": bool(self.ecfg.prefill_pdl) and pdl.available(),
+                "short_prefill": self.short_prefill,
                 "decode_attention_loop": self.lay.decode_plan.loop,
                 "decode_attention_splits": self.lay.decode_plan.n_splits,
                 "decode_short_ctx": (self.ecfg.decode_short_ctx if self.dws_short is not None else 0),
@@ -388,7 +391,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
             part = tokens[c0:c0 + chunk]
             n = len(part)
             pos = start + c0
-            short = self.short_prefill and n <= SHORT_ROWS
+            short = self.short_prefill and n <= SHORT_ROWS <= chunk
             bucket = SHORT_ROWS if short else next((b for b in BUCKETS if b >= n and b <= chunk), n)
             if pos + bucket > self.n_ctx:
                 bucket = n            # never pad past the pool

@@ -202,7 +202,7 @@ class GraphSteps:
         load, so no chunk compiles or captures on its first use, whatever its start (the split
         count in use is device state)."""
         keys = [(n, self._max_splits(n), 0, False) for n in BUCKETS if n <= self.lay.chunk and n <= self.n_ctx]
-        if getattr(self, "short_prefill", False) and SHORT_ROWS <= self.n_ctx:
+        if getattr(self, "short_prefill", False) and SHORT_ROWS <= min(self.n_ctx, self.lay.chunk):
             keys.append((SHORT_ROWS, self._max_splits(SHORT_ROWS), 0, True))
         return keys
 

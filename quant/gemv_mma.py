@@ -238,11 +238,11 @@ def gemv_mma(w, xq, xs, y, n_tok: int, residual=None, ksplit: int = 4, stream=0)
         w.wa, w.wb, w.units, rows, xq, xs, cols, n_tok, yf, rf, int(residual is not None))
 
 
-def _weight(rows: int, cols: int, qtype: QType = QType.Q4_K):
+def _weight(rows: int, cols: int, qtype: QType = QType.Q4_K, seed: int = 0):
     """A random weight for the lab runs: (its dequantized float matrix, the GemvWeight)."""
     from . import gemv as G
     from .gemv_bench import random_weight
-    hw = random_weight(qtype, rows, cols, np.random.default_rng(0))
+    hw = random_weight(qtype, rows, cols, np.random.default_rng(seed))
     return G.dequantize_weight(hw), G.prepare_weight(G.to_device(hw), "dp4a")
 
 

@@ -15,7 +15,8 @@ The activation's arithmetic is engine/norm.py's swiglu / geglu kernels' (the sam
 expressions), so only the products' rounding differs from gemv_mma_k twice plus norm.swiglu:
 the sums are the same integers, in the same order, so the bits are equal (tests/test_gemv_mma_glu.py).
 
-Status: checked in the simulator and by ptxas; not yet timed. Not used by the engine's default path.
+Status: checked in the simulator and by ptxas; not yet timed. Used by the short prefill (a lab
+switch, off), not by the engine's default path.
 """
 from __future__ import annotations
 
@@ -161,7 +162,7 @@ def gemv_mma_glu(wg, wu, xq, xd, xb, y, n_tok: int, act: str = "silu", ksplit: i
     yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_glu")
     kern = mma_glu_q4k_q8k_kernel(ksplit, bool(pipe), act)
     if not ptx.SIMULATOR:
-        _fits(kern, SIGNATURE, ("Q4_K glu", ksplit, bool(pipe), 8))
+        _fits(kern, SIGNATURE, (f"Q4_K {act}", ksplit, bool(pipe), 8))
     kern[(rows + ROWS - 1) // ROWS, 32 * ksplit, stream](wg.wa, wg.wb, wu.wa, wu.wb, wg.units, rows, xq, xd, xb,
                                                          cols, n_tok, rows, yf)
 

@@ -54,7 +54,8 @@ Q6_K weights (attn_v and half the ffn_down of a Q4_K_M file) take quant/gemv_mma
 of the same kernel (m16n8k16: a Q6_K scale covers 16 weights); `gemv_mma_k` picks by format.
 
 Status: checked in the simulator (tests/test_gemv_mma_k.py, test_gemv_mma_q6k.py), the Q4_K build
-timed on the H100 and H200 (above), the Q6_K one not yet. Not used by the engine.
+timed on the H100 and H200 (above), the Q6_K one not yet. Used by the short prefill
+(engine/cuda_short_prefill.py, EngineConfig.short_prefill: a lab switch, off), not by decode.
 """
 from __future__ import annotations
 
@@ -384,8 +385,10 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
     xq = _flat(xq, np.int8, n_tok * cols, "xq", "gemv_mma_k").view(np.uint32)
     xd = _flat(xd, np.float32, n_tok * cols // QK, "xd", "gemv_mma_k")
     if not q6:
+        if xb is None:
+            raise ValueError("gemv_mma_k: a Q4_K weight reads xb (the 32-value sums of quantize_q8k); got None")
         xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb", "gemv_mma_k")
-    vectors = ((("the weight's scales plane", w.wc, 16),) if q6 else
+    vectors = ((("the weight's scales plane", w.wc, 16), ("xq", xq, 4)) if q6 else
                (("the weight's quants plane", w.wa, 8), ("xq", xq, 8), ("xb", xb, 16)))
     for name, a, align in vectors:                   # (vector loads)
         if not ptx.SIMULATOR and a.__cuda_array_interface__["data"][0] % align:

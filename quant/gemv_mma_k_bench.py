@@ -157,8 +157,8 @@ def bench_glu(argv=None) -> int:
         raise SystemExit("needs a GPU")
     (rows, cols), stream, out = (int(v) for v in args.shape.split(",")), cuda.stream(), []
     _, g0 = _weight(rows, cols)
-    u0 = replace(g0, wa=_dup(g0.wa), wb=_dup(g0.wb))       # (the same values: bits are what is compared)
-    pairs = [(g0, u0)] + [(replace(g0, wa=_dup(g0.wa), wb=_dup(g0.wb)), replace(g0, wa=_dup(g0.wa), wb=_dup(g0.wb)))
+    _, u0 = _weight(rows, cols, seed=1)               # another weight: a gate / up swap shows in the bits
+    pairs = [(g0, u0)] + [(replace(g0, wa=_dup(g0.wa), wb=_dup(g0.wb)), replace(u0, wa=_dup(u0.wa), wb=_dup(u0.wb)))
                           for _ in range(7)]
     for n_tok in (int(v) for v in args.tokens.split(",")):
         x = np.random.default_rng(1).standard_normal((n_tok, cols)).astype(np.float32)

@@ -30,7 +30,8 @@ Rows, tokens, the k-split, PIPE, NT 16 and the shared-memory finish are gemv_mma
 there); the entry point is `gemv_mma_k.gemv_mma_k`, which takes either format.
 
 Status: checked in the simulator (tests/test_gemv_mma_q6k.py); register counts from ptxas
-(kernels/gemv.md 8e); not yet timed. Not used by the engine.
+(kernels/gemv.md 8e); not yet timed. Used by the short prefill (engine/cuda_short_prefill.py, a lab
+switch, off).
 """
 from __future__ import annotations
 

@@ -344,8 +344,12 @@ def test_one_prefill_graph_per_bucket_serves_every_start_position():
         for name in ("_plans", "_splits", "_max_splits", "prefill_keys"):
             setattr(be, name, MethodType(getattr(CUDABackend, name), be))
         keys = be.prefill_keys()
-        assert [n for n, _, _ in keys] == [n for n in BUCKETS if n <= 512]
-        for n, most, start in keys:
+        assert [n for n, _, _, _ in keys] == [n for n in BUCKETS if n <= 512]
+        for n, most, start, short in keys:
             want = tuple(max(prefill_splits(p, n, s) for s in range(0, 8192 - n + 1)) for p in plans)
-            assert most == want and start == 0
-        assert max(max(m) for _, m, _ in keys) > 1           # some bucket does split
+            assert most == want and start == 0 and not short
+        assert max(max(m) for _, m, _, _ in keys) > 1        # some bucket does split
+        be.short_prefill = True                              # EngineConfig.short_prefill: one more graph
+        assert be.prefill_keys()[-1] == (8, be._max_splits(8), 0, True)
+        be.lay.chunk = 4                                     # ... only where a chunk holds its 8 rows
+        assert not any(k[3] for k in be.prefill_keys())

@@ -169,3 +169,9 @@ def test_gemv_mma_k_writes_column_slices_of_a_wider_buffer():
     assert np.isnan(got[:, 37:]).all()
     with pytest.raises(ValueError, match="at least"):
         K.gemv_mma_k(ws[0], xq, xd, xb, flat[30:], n_tok, ldy=width)
+    with pytest.raises(ValueError, match=r"ldy 10 \(>= rows 21\)"):
+        K.gemv_mma_k(ws[0], xq, xd, xb, flat, n_tok, ldy=10)
+    with pytest.raises(ValueError, match="residual must be"):
+        K.gemv_mma_k(ws[0], xq, xd, xb, flat, n_tok, residual=flat[100:], ldy=width)
+    with pytest.raises(ValueError, match="reads xb"):
+        K.gemv_mma_k(ws[0], xq, xd, None, flat, n_tok, ldy=width)

@@ -86,7 +86,8 @@ def test_gemv_mma_q6k_reads_each_field_where_it_belongs():
         planes = {k: v.copy() for k, v in base.items()}
         r, b = int(rng.integers(rows)), int(rng.integers(cols // 256))
         s = int(rng.integers(16))
-        planes["sc"][r, 16 * b + s] = np.int8(-planes["sc"][r, 16 * b + s] or 5)
+        v = int(planes["sc"][r, 16 * b + s])
+        planes["sc"][r, 16 * b + s] = 5 if v in (0, -128) else -v
         planes["ql"][r, 128 * b + int(rng.integers(128))] ^= np.uint8(0x5A)
         planes["qh"][r, 64 * b + int(rng.integers(64))] ^= np.uint8(0xC3)
         changed = layout.PackedWeight(hw.qtype, hw.rows, hw.cols, planes)

@@ -68,6 +68,19 @@ def test_simulated_short_prefill_matches_the_mmq_prefill_and_the_cpu(tmp_path):
     assert seen == [(16, False)]
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not SIM, reason="simulator test")
+def test_simulated_short_prefill_stays_off_where_a_chunk_is_below_8_rows(tmp_path, caplog):
+    from test_backend_cuda import make_backends
+    path = tmp_path / "tiny.gguf"
+    write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
+                                     vocab=300, text_tokens=274), seed=0, exact=True)
+    with caplog.at_level("WARNING", logger="genie_rt.cuda"):
+        gpu, _, _ = make_backends(path, "f16", n_ctx=64, chunk=4, warm=False, short_prefill=True)
+    assert not gpu.short_prefill and "chunk of 4 rows" in caplog.text
+    assert np.isfinite(gpu.prefill(np.array([5, 17, 100], np.int32), 0)).all()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("which", ["fixture", "q6k"])
 def test_gpu_short_prefill_matches_the_mmq_prefill(fixture_gguf, tmp_path, which):
@@ -81,7 +94,10 @@ def test_gpu_short_prefill_matches_the_mmq_prefill(fixture_gguf, tmp_path, which
         write_synthetic_qwen3(path, dict(layers=2, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1536,
                                          vocab=1000, text_tokens=970), seed=1, exact=True)
     gpu, _, _ = make_backends(path, "f16", n_ctx=128, chunk=64, short_prefill=True)
-    assert gpu.short_prefill
+    assert gpu.short_prefill and gpu.device_info()["short_prefill"]
+    assert ("prefill_short", 8, gpu._max_splits(8)) in gpu._graphs     # captured at load
+    keys, real = [], gpu._run
+    gpu._run = lambda key, record: keys.append(key[0]) or real(key, record)     # which graph each step replays
     rng = np.random.default_rng(3)
     prompt = rng.integers(0, 256, 20).astype(np.int32)
     for n in range(1, 9):
@@ -90,6 +106,8 @@ def test_gpu_short_prefill_matches_the_mmq_prefill(fixture_gguf, tmp_path, which
         for short in (True, False):
             gpu.short_prefill = short
             gpu.prefill(prompt, 0)
+            keys.clear()
             got[short] = gpu.prefill(turn, 20), gpu.decode(7, 20 + n)
+            assert keys[0] == ("prefill_short" if short else "prefill"), keys
         for a, b in zip(got[True], got[False]):
             assert cosine_rows(a, b)[0] >= 0.999, (which, n)
