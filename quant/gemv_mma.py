@@ -147,6 +147,26 @@ def make_finish(NW: int, NACC: int = 4):
     return finish
 
 
+@_dev
+def lanes(tile, warp, lane, rows, nu, n_tok, NW):
+    """What a lane of warp `warp` works on in the 16-row tile `tile` (every mma GEMV build):
+    (g, t, rr0, rr1, nblk, b_lo, b_hi, tb, ta, tc, tb2, ta2, tc2) - its mma group and thread, its
+    rows clamped into the matrix (loads stay in bounds; finish skips the rows past it), the
+    256-weight blocks [b_lo, b_hi) of its warp (NW warps split a row), the token of its B fragment
+    and of its accumulators (clamped likewise; tb2 .. : the NT 16 builds' second fragment)."""
+    g = lane >> 2
+    t = lane & 3
+    r0 = tile * ROWS + g
+    r1 = r0 + 8
+    nblk = nu >> 3
+    bpw = (nblk + NW - 1) // NW                      # (once a thread: signed is fine)
+    b_lo = warp * bpw
+    t0 = 2 * t
+    return (g, t, r0 if r0 < rows else 0, r1 if r1 < rows else 0, nblk, b_lo, min(b_lo + bpw, nblk),
+            g if g < n_tok else 0, t0 if t0 < n_tok else 0, t0 + 1 if t0 + 1 < n_tok else 0,
+            g + 8 if g + 8 < n_tok else 0, t0 + 8 if t0 + 8 < n_tok else 0, t0 + 9 if t0 + 9 < n_tok else 0)
+
+
 @functools.lru_cache(maxsize=None)
 def mma_q4k_kernel(KSPLIT: int = 4):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= 8; grid ceil(rows / 16)

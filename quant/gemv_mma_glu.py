@@ -30,7 +30,7 @@ from genie_rt.engine import kernel_cache
 
 from . import ptx
 from .formats import QType
-from .gemv_mma import ROWS, _dev, _flat
+from .gemv_mma import ROWS, _dev, _flat, lanes
 from .gemv_mma_k import QK, SUB, _bases, _fits, _token_loads, _tokens, _weight_loads, plan_ksplit
 
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint32[::1], int64, int64, uint32[::1], float32[::1], "
@@ -94,20 +94,7 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
     def kernel(wa, wb, wa2, wb2, nu, rows, xq, xd, xb, cols, n_tok, ldy, y):
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
-        g = lane >> 2
-        t = lane & 3
-        r0 = cuda.blockIdx.x * ROWS + g
-        r1 = r0 + 8
-        rr0 = r0 if r0 < rows else 0
-        rr1 = r1 if r1 < rows else 0
-        nblk = nu >> 3
-        bpw = (nblk + NW - 1) // NW
-        b_lo = warp * bpw
-        b_hi = min(b_lo + bpw, nblk)
-        t0 = 2 * t
-        tb = g if g < n_tok else 0
-        ta = t0 if t0 < n_tok else 0
-        tc = t0 + 1 if t0 + 1 < n_tok else 0
+        g, t, rr0, rr1, nblk, b_lo, b_hi, tb, ta, tc, _, _, _ = lanes(cuda.blockIdx.x, warp, lane, rows, nu, n_tok, NW)
         nsb = cols >> 5
         nb = cols >> 8
         acc = cuda.local.array(8, float32)           # k < 4: gate, as gemv_mma_k's; k >= 4: up
@@ -128,7 +115,7 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
             while b < b_hi:
                 block(acc, loads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, b))
                 b += 1
-        finish(acc, warp, lane, r0, t0, rows, ldy, n_tok, y)
+        finish(acc, warp, lane, cuda.blockIdx.x * ROWS + g, 2 * t, rows, ldy, n_tok, y)
     return kernel_cache.attach(kernel)
 
 

@@ -68,7 +68,7 @@ from genie_rt.engine import kernel_cache
 
 from . import ptx
 from .formats import QType
-from .gemv_mma import LO4, ROWS, _dev, _flat, make_finish
+from .gemv_mma import LO4, ROWS, _dev, _flat, lanes, make_finish
 from .gemv_mma_q6k import SIGNATURE as SIGNATURE_Q6K
 from .gemv_mma_q6k import mma_q6k_q8k_kernel
 
@@ -250,24 +250,7 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True):
 
     @_dev
     def trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok):
-        g = lane >> 2
-        t = lane & 3
-        r0 = tile * ROWS + g
-        r1 = r0 + 8
-        rr0 = r0 if r0 < rows else 0                 # clamped rows: loads stay in bounds
-        rr1 = r1 if r1 < rows else 0
-        nblk = nu >> 3
-        bpw = (nblk + NW - 1) // NW                  # (once a thread: signed is fine)
-        b_lo = warp * bpw
-        b_hi = min(b_lo + bpw, nblk)
-        t0 = 2 * t
-        t1 = t0 + 1
-        tb = g if g < n_tok else 0                   # token of the B fragment (zeroed past n_tok)
-        ta = t0 if t0 < n_tok else 0                 # clamped tokens: loads stay in bounds
-        tc = t1 if t1 < n_tok else 0
-        tb2 = g + 8 if g + 8 < n_tok else 0          # (NT 16) the second fragment's
-        ta2 = t0 + 8 if t0 + 8 < n_tok else 0
-        tc2 = t1 + 8 if t1 + 8 < n_tok else 0
+        g, t, rr0, rr1, nblk, b_lo, b_hi, tb, ta, tc, tb2, ta2, tc2 = lanes(tile, warp, lane, rows, nu, n_tok, NW)
         nsb = cols >> 5
         nb = cols >> 8
         wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)

@@ -42,7 +42,7 @@ from numba import cuda, float32, int32, uint32
 from genie_rt.engine import kernel_cache
 
 from . import ptx
-from .gemv_mma import LO4, ROWS, _dev, make_finish
+from .gemv_mma import LO4, ROWS, _dev, lanes, make_finish
 
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64, int64, uint32[::1], "
              "float32[::1], int64, int64, int64, float32[::1], float32[::1], int64)")
@@ -179,24 +179,7 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True):
 
     @_dev
     def trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok):
-        g = lane >> 2
-        t = lane & 3
-        r0 = tile * ROWS + g
-        r1 = r0 + 8
-        rr0 = r0 if r0 < rows else 0                 # clamped rows: loads stay in bounds
-        rr1 = r1 if r1 < rows else 0
-        nblk = nu >> 3
-        bpw = (nblk + NW - 1) // NW
-        b_lo = warp * bpw
-        b_hi = min(b_lo + bpw, nblk)
-        t0 = 2 * t
-        t1 = t0 + 1
-        tb = g if g < n_tok else 0
-        ta = t0 if t0 < n_tok else 0
-        tc = t1 if t1 < n_tok else 0
-        tb2 = g + 8 if g + 8 < n_tok else 0
-        ta2 = t0 + 8 if t0 + 8 < n_tok else 0
-        tc2 = t1 + 8 if t1 + 8 < n_tok else 0
+        g, t, rr0, rr1, nblk, b_lo, b_hi, tb, ta, tc, tb2, ta2, tc2 = lanes(tile, warp, lane, rows, nu, n_tok, NW)
         nb = cols >> 8
         ut = uint32(t)
         bases = (uint32(rr0 * nu * 4) + ut, uint32(rr1 * nu * 4) + ut,     # ql: 4 words a unit
