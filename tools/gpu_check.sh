@@ -78,8 +78,9 @@
 #             against the dp4a GEMV, 1-16 tokens, the 4B's Q4_K shapes and its Q6_K attn_v / ffn_down
 #             (gemv-mma-k.json; "--shapes q6k": the Q6_K build alone)
 #   small17   mmak16, then the engine's MMQ GEMMs at 8 and 16 rows (python -m genie_rt.quant.mmq; mmq-small.json)
-#   short18   the short prefill (EngineConfig.short_prefill): GPU tests, gemv_mma_k's Q6_K build timed,
-#             the prefix-reuse bench without and with it (TT, MT, PXT: their time limits)
+#   short18   the short prefill (EngineConfig.short_prefill): GPU tests, the fused launches and gemv_mma_k's
+#             Q6_K build timed (TT, MT: their time limits)
+#   shortpx18 the prefix-reuse bench without and with --short-prefill (PXT: each run's limit)
 #   ppdl16    the prefill's GEMMs by programmatic dependent launch (EngineConfig.prefill_pdl): the prefill
 #             graph off / on with the bits compared (profile_prefill --pdl both), bench_prefix both ways,
 #             TT s of GPU tests
@@ -626,14 +627,19 @@ for s in "$@"; do
       # the short prefill (EngineConfig.short_prefill, engine/cuda_short_prefill.py, 2026-12-05 night):
       # its GPU tests and the k16 mma's (tests.txt), the fused gate/up/SwiGLU and q/k/v launches
       # against their separate launches (gemv-mma-glu.json), gemv_mma_k's Q6_K build timed against the
-      # dp4a GEMV (gemv-mma-k-q6k.json), then the prefix-reuse bench without and with it (prefix-off.txt,
-      # prefix-short.txt: 500 cached + 8 new tokens, the issue's warm-reuse check)
+      # dp4a GEMV (gemv-mma-k-q6k.json); shortpx18: the prefix-reuse bench without and with it
+      # (prefix-off.txt, prefix-short.txt: 500 cached + 8 new tokens, the issue's warm-reuse check)
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       GF="tests/test_short_prefill.py tests/test_ptx.py" gpu_tests_4b "short or k16" ${TT:-240}
       timeout ${MT:-120} $PY -m genie_rt.quant.gemv_mma_glu --json "$OUT/gemv-mma-glu.json" 2>&1 | grep -v "^INFO numba" | tail -6
       timeout ${MT:-200} $PY -m genie_rt.quant.gemv_mma_k --json "$OUT/gemv-mma-k-q6k.json" --shapes q6k \
-        --tokens 1,8 --ks 2,4,8 --copies 8 2>&1 | grep -v "^INFO numba" | tail -8
+        --tokens 1,8 --ks 2,4,8 --copies 8 2>&1 | grep -v "^INFO numba" | tail -8 ;;
+    shortpx18)
+      stage shortpx18
+      # (short18's second half, a call of its own: each bench loads the 4B and compiles its graphs)
+      use_kernel_cache
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       for w in off short; do
         A=""; [ $w = short ] && A="--short-prefill"
         timeout ${PXT:-240} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B $A 2>&1 | grep -v "^INFO numba" \
