@@ -167,6 +167,29 @@ def lanes(tile, warp, lane, rows, nu, n_tok, NW):
             g + 8 if g + 8 < n_tok else 0, t0 + 8 if t0 + 8 < n_tok else 0, t0 + 9 if t0 + 9 < n_tok else 0)
 
 
+def make_block_loop(loads, block, PIPE: bool):
+    """run(acc, largs, b_lo, b_hi, nblk): the trips of the gemv_mma_k builds over a warp's blocks
+    [b_lo, b_hi) - v = loads(*largs, blk), then block(acc, v) - each trip's loads issued before
+    the trip before it multiplies where PIPE (the last block's loads repeated: every lane makes the
+    same trips), one trip at a time otherwise."""
+    @_dev
+    def run(acc, largs, b_lo, b_hi, nblk):
+        if PIPE:
+            v = loads(*largs, min(b_lo, nblk - 1))
+            b = b_lo
+            while b < b_hi:
+                vn = loads(*largs, min(b + 1, b_hi - 1))
+                block(acc, v)
+                v = vn
+                b += 1
+        else:
+            b = b_lo
+            while b < b_hi:
+                block(acc, loads(*largs, b))
+                b += 1
+    return run
+
+
 @functools.lru_cache(maxsize=None)
 def mma_q4k_kernel(KSPLIT: int = 4):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= 8; grid ceil(rows / 16)

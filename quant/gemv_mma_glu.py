@@ -30,8 +30,8 @@ from genie_rt.engine import kernel_cache
 
 from . import ptx
 from .formats import QType
-from .gemv_mma import ROWS, _dev, _flat, lanes
-from .gemv_mma_k import QK, SUB, _bases, _fits, _token_loads, _tokens, _weight_loads, plan_ksplit
+from .gemv_mma import ROWS, _dev, _flat, lanes, make_block_loop
+from .gemv_mma_k import _bases, _fits, _token_loads, _tokens, _weight_loads, plan_ksplit, q8k_inputs
 
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint32[::1], int64, int64, uint32[::1], float32[::1], "
              "int32[::1], int64, int64, int64, float32[::1])")
@@ -90,6 +90,8 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
         _tokens(acc, 0, v[0], v[2])                  # gate rows
         _tokens(acc, 4, v[1], v[2])                  # up rows: the same B fragment
 
+    run = make_block_loop(loads, block, PIPE)
+
     @cuda.jit
     def kernel(wa, wb, wa2, wb2, nu, rows, xq, xd, xb, cols, n_tok, ldy, y):
         warp = cuda.threadIdx.x >> 5
@@ -102,19 +104,7 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
             acc[k] = float32(0)
         wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
         tok = (g < n_tok, xi, ta, tc)
-        if PIPE:
-            v = loads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, min(b_lo, nblk - 1))
-            b = b_lo
-            while b < b_hi:
-                vn = loads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, min(b + 1, b_hi - 1))
-                block(acc, v)
-                v = vn
-                b += 1
-        else:
-            b = b_lo
-            while b < b_hi:
-                block(acc, loads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, b))
-                b += 1
+        run(acc, (wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb), b_lo, b_hi, nblk)
         finish(acc, warp, lane, cuda.blockIdx.x * ROWS + g, 2 * t, rows, ldy, n_tok, y)
     return kernel_cache.attach(kernel)
 
@@ -138,14 +128,7 @@ def gemv_mma_glu(wg, wu, xq, xd, xb, y, n_tok: int, act: str = "silu", ksplit: i
     ksplit = plan_ksplit(rows, cols, n_tok) if ksplit is None else ksplit
     if not 1 <= ksplit <= 16:
         raise ValueError(f"gemv_mma_glu: ksplit {ksplit} must be 1..16")
-    xq = _flat(xq, np.int8, n_tok * cols, "xq", "gemv_mma_glu").view(np.uint32)
-    xd = _flat(xd, np.float32, n_tok * cols // QK, "xd", "gemv_mma_glu")
-    xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb", "gemv_mma_glu")
-    if not ptx.SIMULATOR:
-        for name, a, align in (("the gate's quants", wg.wa, 8), ("the up's quants", wu.wa, 8), ("xq", xq, 8),
-                               ("xb", xb, 16)):
-            if a.__cuda_array_interface__["data"][0] % align:
-                raise ValueError(f"gemv_mma_glu: {name} must start on a {align}-byte boundary")
+    xq, xd, xb = q8k_inputs("gemv_mma_glu", (wg, wu), xq, xd, xb, n_tok, cols, read_xb=True)
     yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_glu")
     kern = mma_glu_q4k_q8k_kernel(ksplit, bool(pipe), act)
     if not ptx.SIMULATOR:

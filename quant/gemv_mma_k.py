@@ -68,7 +68,7 @@ from genie_rt.engine import kernel_cache
 
 from . import ptx
 from .formats import QType
-from .gemv_mma import LO4, ROWS, _dev, _flat, lanes, make_finish
+from .gemv_mma import LO4, ROWS, _dev, _flat, lanes, make_block_loop, make_finish
 from .gemv_mma_q6k import SIGNATURE as SIGNATURE_Q6K
 from .gemv_mma_q6k import mma_q6k_q8k_kernel
 
@@ -245,8 +245,7 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True):
     floats, the layout `make_finish` reads). wc, wd are not read (the Q6_K build's slots:
     gemv_mma_q6k.make_trips takes the same arguments, so one kernel can hold both,
     quant/gemv_mma_qkv.py). NW warps split the blocks; PIPE and NT: see the module."""
-    loads = _block_loads if NT == 8 else _block_loads16
-    block = _block if NT == 8 else _block16
+    run = make_block_loop(_block_loads if NT == 8 else _block_loads16, _block if NT == 8 else _block16, PIPE)
 
     @_dev
     def trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok):
@@ -256,19 +255,7 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True):
         wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
         tok = (g < n_tok, xi, ta, tc)
         tok2 = (g + 8 < n_tok, uint32((tb2 * cols) >> 2) + uint32(2 * t), ta2, tc2)
-        if PIPE:
-            v = loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, min(b_lo, nblk - 1))
-            b = b_lo
-            while b < b_hi:                          # the same trips for every lane of the warp
-                vn = loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, min(b + 1, b_hi - 1))
-                block(acc, v)
-                v = vn
-                b += 1
-        else:
-            b = b_lo
-            while b < b_hi:
-                block(acc, loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, b))
-                b += 1
+        run(acc, (wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb), b_lo, b_hi, nblk)
     return trips
 
 
@@ -344,6 +331,28 @@ def _fits(kern, signature: str, key: tuple) -> None:
 FORMATS = (QType.Q4_K, QType.Q6_K)
 
 
+def q8k_inputs(who: str, weights, xq, xd, xb, n_tok: int, cols: int, read_xb: bool):
+    """The q8_K activations as the mma GEMV kernels read them - (xq as uint32 words, xd, xb), flat -
+    after the checks every launcher makes: sizes and dtypes (xb where read_xb: a Q4_K build reads
+    it, None is refused), then on a GPU the start of every plane read by vector loads (xq 8 bytes
+    where xb is read - the Q4_K builds' 8-byte loads - else 4; xb 16; each weight's: Q4_K quants 8,
+    Q6_K scales 16)."""
+    xq = _flat(xq, np.int8, n_tok * cols, "xq", who).view(np.uint32)
+    xd = _flat(xd, np.float32, n_tok * cols // QK, "xd", who)
+    if read_xb:
+        if xb is None:
+            raise ValueError(f"{who}: a Q4_K weight reads xb (the 32-value sums of quantize_q8k); got None")
+        xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb", who)
+    if not ptx.SIMULATOR:
+        planes = [("xq", xq, 8 if read_xb else 4)] + ([("xb", xb, 16)] if read_xb else [])
+        planes += [(f"the {w.qtype.name} weight's quants plane", w.wa, 8) if w.qtype == QType.Q4_K else
+                   (f"the {w.qtype.name} weight's scales plane", w.wc, 16) for w in weights]
+        for name, a, align in planes:
+            if a.__cuda_array_interface__["data"][0] % align:
+                raise ValueError(f"{who}: {name} must start on a {align}-byte boundary")
+    return xq, xd, xb
+
+
 def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None = None, stream=0,
                pipe: bool | None = None, ldy: int | None = None) -> None:
     """y [n_tok, rows] = x W^T (+ residual) for a Q4_K or Q6_K GemvWeight `w`
@@ -365,17 +374,7 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
         raise ValueError(f"gemv_mma_k: ksplit {ksplit} must be 1..16")
     rows, cols = w.rows, w.cols
     q6 = w.qtype == QType.Q6_K
-    xq = _flat(xq, np.int8, n_tok * cols, "xq", "gemv_mma_k").view(np.uint32)
-    xd = _flat(xd, np.float32, n_tok * cols // QK, "xd", "gemv_mma_k")
-    if not q6:
-        if xb is None:
-            raise ValueError("gemv_mma_k: a Q4_K weight reads xb (the 32-value sums of quantize_q8k); got None")
-        xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb", "gemv_mma_k")
-    vectors = ((("the weight's scales plane", w.wc, 16), ("xq", xq, 4)) if q6 else
-               (("the weight's quants plane", w.wa, 8), ("xq", xq, 8), ("xb", xb, 16)))
-    for name, a, align in vectors:                   # (vector loads)
-        if not ptx.SIMULATOR and a.__cuda_array_interface__["data"][0] % align:
-            raise ValueError(f"gemv_mma_k: {name} must start on a {align}-byte boundary")
+    xq, xd, xb = q8k_inputs("gemv_mma_k", (w,), xq, xd, xb, n_tok, cols, read_xb=not q6)
     if ldy is None:
         ldy = rows
         yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_k")

@@ -42,7 +42,7 @@ from numba import cuda, float32, int32, uint32
 from genie_rt.engine import kernel_cache
 
 from . import ptx
-from .gemv_mma import LO4, ROWS, _dev, lanes, make_finish
+from .gemv_mma import LO4, ROWS, _dev, lanes, make_block_loop, make_finish
 
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64, int64, uint32[::1], "
              "float32[::1], int64, int64, int64, float32[::1], float32[::1], int64)")
@@ -174,8 +174,7 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True):
     """trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok): warp `warp`'s
     share of the blocks of the Q6_K rows tile * 16 .. + 15 into acc - gemv_mma_k.make_trips' contract
     (xb is not read)."""
-    loads = _block_loads if NT == 8 else _block_loads16
-    block = _block if NT == 8 else _block16
+    run = make_block_loop(_block_loads if NT == 8 else _block_loads16, _block if NT == 8 else _block16, PIPE)
 
     @_dev
     def trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok):
@@ -186,19 +185,7 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True):
                  uint32(rr0 * nu * 2) + ut, uint32(rr1 * nu * 2) + ut)     # qh: 2 words a unit
         tok = (g < n_tok, uint32((tb * cols) >> 2) + ut, ta, tc)
         tok2 = (g + 8 < n_tok, uint32((tb2 * cols) >> 2) + ut, ta2, tc2)
-        if PIPE:
-            v = loads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, min(b_lo, nblk - 1))
-            b = b_lo
-            while b < b_hi:
-                vn = loads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, min(b + 1, b_hi - 1))
-                block(acc, v)
-                v = vn
-                b += 1
-        else:
-            b = b_lo
-            while b < b_hi:
-                block(acc, loads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, b))
-                b += 1
+        run(acc, (wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb), b_lo, b_hi, nblk)
     return trips
 
 

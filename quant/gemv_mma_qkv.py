@@ -25,7 +25,7 @@ from . import ptx
 from . import gemv_mma_q6k as Q6
 from .formats import QType
 from .gemv_mma import ROWS, _flat, make_finish
-from .gemv_mma_k import QK, SUB, _fits, make_trips, plan_ksplit
+from .gemv_mma_k import _fits, make_trips, plan_ksplit, q8k_inputs
 
 _W = "uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64"
 SIGNATURE = (f"void({_W}, {_W}, {_W}, int64, uint32[::1], float32[::1], int32[::1], int64, int64, int64, "
@@ -96,16 +96,8 @@ def gemv_mma_qkv(ws, xq, xd, xb, y, n_tok: int, ldy: int | None = None, ksplit: 
     ksplit = plan_ksplit(total, cols, n_tok) if ksplit is None else ksplit
     if not 1 <= ksplit <= 16:
         raise ValueError(f"gemv_mma_qkv: ksplit {ksplit} must be 1..16")
-    xq = _flat(xq, np.int8, n_tok * cols, "xq", "gemv_mma_qkv").view(np.uint32)
-    xd = _flat(xd, np.float32, n_tok * cols // QK, "xd", "gemv_mma_qkv")
-    xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb", "gemv_mma_qkv")
+    xq, xd, xb = q8k_inputs("gemv_mma_qkv", ws, xq, xd, xb, n_tok, cols, read_xb=True)    # (the kernel takes xb)
     yf = _flat(y, np.float32, n_tok * ldy, "y", "gemv_mma_qkv")
-    if not ptx.SIMULATOR:
-        vec = [("xq", xq, 8), ("xb", xb, 16)] + [(f"weight {i}'s planes", w.wa if w.qtype == QType.Q4_K else w.wc,
-                                                   8 if w.qtype == QType.Q4_K else 16) for i, w in enumerate(ws)]
-        for name, a, align in vec:
-            if a.__cuda_array_interface__["data"][0] % align:
-                raise ValueError(f"gemv_mma_qkv: {name} must start on a {align}-byte boundary")
     fmts = tuple(w.qtype.name for w in ws)
     kern = mma_qkv_kernel(fmts, ksplit, bool(pipe))
     if not ptx.SIMULATOR:
