@@ -32,25 +32,27 @@ GPU: `tools/gpu_check.sh short18`.
 from __future__ import annotations
 
 from genie_rt.quant.formats import QType
+from genie_rt.quant.gemv_mma_k import FORMATS, QK
 
 from .cuda_layout import SHORT_ROWS
 from .cuda_ops import _Ops
 from .models.ops import AttnLayer
-FORMATS = (QType.Q4_K, QType.Q6_K)
-QK = 256
+
+
+def _layer_matrices(weights):
+    """Every matrix of every layer (the norms and other 1-D tensors left out)."""
+    for L in weights.layers:
+        yield from (m for m in vars(L).values() if hasattr(m, "packed"))
 
 
 def unfit_reason(weights) -> str | None:
     """Why the short graph cannot run this model's layers (None: it can)."""
-    for L in weights.layers:
-        for m in vars(L).values():
-            if not hasattr(m, "packed"):
-                continue                             # norms and other 1-D tensors
-            q = QType(m.packed.qtype)
-            if q not in FORMATS:
-                return f"{m.name} is {q.name} (the short prefill's GEMV reads Q4_K and Q6_K)"
-            if m.packed.cols % QK:
-                return f"{m.name} has {m.packed.cols} columns (q8_K blocks need a multiple of {QK})"
+    for m in _layer_matrices(weights):
+        q = QType(m.packed.qtype)
+        if q not in FORMATS:
+            return f"{m.name} is {q.name} (the short prefill's GEMV reads Q4_K and Q6_K)"
+        if m.packed.cols % QK:
+            return f"{m.name} has {m.packed.cols} columns (q8_K blocks need a multiple of {QK})"
     return None
 
 
@@ -164,9 +166,5 @@ def short_gemv_weights(weights) -> dict:
     """tensor name -> a dp4a-mode GemvWeight of every layer matrix (views of the planes the
     decode GEMV and the GEMMs read: no copy)."""
     from genie_rt.quant import gemv
-    out = {}
-    for L in weights.layers:
-        for m in vars(L).values():
-            if hasattr(m, "packed"):
-                out[m.name] = m.gemv if m.gemv.mode == "dp4a" else gemv.prepare_weight(m.packed, "dp4a")
-    return out
+    return {m.name: m.gemv if m.gemv.mode == "dp4a" else gemv.prepare_weight(m.packed, "dp4a")
+            for m in _layer_matrices(weights)}
