@@ -80,6 +80,24 @@ def cuda_breakdown(engine, prompt: list[int]) -> dict:
             "device: head graph + sampling (events)": cuda.event_elapsed_time(e1, e2)}
 
 
+def greedy_agreement(engine, prompt: list[int], other: list[int], n: int = 8) -> tuple[list[int], list[int]]:
+    """The greedy continuation of `prompt` prefilled cold, then warm (after `other`, which shares its
+    system prompt, so only the user turn is prefilled): a check that the warm path - e.g. the short
+    prefill - computes what the cold one does, and that decoding after it does too."""
+    from genie_rt.engine.generate import GenerationRequest
+    from genie_rt.engine.sampling import SamplingParams
+
+    def run(p: list[int], k: int) -> list[int]:
+        req = GenerationRequest(prompt=p, params=SamplingParams(temperature=0), max_tokens=k)
+        return list(engine.generate(req))[-1].result.tokens
+
+    engine.kv_tokens = []
+    engine.kv_store = None
+    cold = run(prompt, n)
+    run(other, 1)
+    return cold, run(prompt, n)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
 
         if engine.backend.name == "cuda":
             parts = [cuda_breakdown(engine, system + user(2 * args.repeat + 10 + i)) for i in range(args.repeat)]
+        info = engine.backend.device_info()
+        agree = greedy_agreement(engine, system + user(997), system + user(998))
 
     med = {name: statistics.median(ms for ms, _ in runs) for name, runs in
            (("cold", cold), ("warm", warm), ("disk", disk))}
@@ -143,6 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"model {model.name if args.model else 'synthetic ' + str(DEFAULT_SHAPE)}")
     print(f"back-end {engine.backend.name}, KV {args.kv}, prompt {n_prompt} tokens "
           f"({args.system_tokens} shared), median of {args.repeat}, {time.strftime('%Y-%m-%d')}")
+    if "short_prefill" in info:
+        print(f"short prefill: {info['short_prefill']}")
     for name, runs in (("cold", cold), ("warm", warm), ("disk", disk)):
         n_cached = runs[-1][1]
         print(f"  {name:5s} prefill {med[name]:9.1f} ms   reused {n_cached:5d}, prefilled "
@@ -151,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         print("  warm request on the CUDA back-end, where the time goes (median ms):")
         for key in parts[0]:
             print(f"    {key:44s} {statistics.median(p[key] for p in parts):7.3f}")
+    same = sum(a == b for a, b in zip(*agree))
+    print(f"greedy tokens after the prompt, cold vs warm: {same} of {len(agree[0])} the same"
+          f"{'' if same == len(agree[0]) else ' (cold ' + str(agree[0]) + ', warm ' + str(agree[1]) + ')'}")
     ok = med["cold"] / med["warm"] >= 10
     print(f"warm speed-up {med['cold'] / med['warm']:.1f}x (target >= 10x): {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
