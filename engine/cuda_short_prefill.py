@@ -35,7 +35,7 @@ from genie_rt.quant.formats import QType
 from genie_rt.quant.gemv_mma_k import FORMATS, QK
 
 from .cuda_layout import SHORT_ROWS
-from .cuda_ops import _Ops
+from .cuda_ops import _Ops, _pdl_available
 from .models.ops import AttnLayer
 
 
@@ -79,6 +79,11 @@ class ShortPrefillOps(_Ops):
                         for i, (p, k) in enumerate(zip(rt._plans(), n_splits))}
         self._holds = None          # the buffer whose q8_K values are in xq8k now
         self._gemv = rt.short_gemv  # tensor name -> its dp4a-mode GemvWeight
+        # programmatic dependent launch (quant/pdl.py) where the decode step takes it
+        # (EngineConfig.decode_pdl on sm_90+): the norms, the q8_K launches, the GEMVs and rope_write;
+        # the attention and its merge launch plainly
+        self.pdl = bool(getattr(rt.ecfg, "decode_pdl", False)) and _pdl_available()
+        self.pdl_kinds = frozenset({"rope"}) if self.pdl else frozenset()
 
     def _invalidate(self, name: str) -> None:
         if self._holds == name:
@@ -95,7 +100,7 @@ class ShortPrefillOps(_Ops):
         q = self._q8k(x.shape[1])
         if self._holds != self._name(x):
             self._reads_float(x)
-            rmsnorm_q8k(x, None, 0.0, *q, stream=self.stream)
+            rmsnorm_q8k(x, None, 0.0, *q, stream=self.stream, pdl=self.pdl)
             self._holds = self._name(x)
         return q
 
@@ -104,7 +109,7 @@ class ShortPrefillOps(_Ops):
         from genie_rt.quant.quantize_q8k import rmsnorm_q8k
         self._reads_float(x)
         self._wrote(out)
-        rmsnorm_q8k(x, w, self.cfg.rms_eps, *self._q8k(x.shape[1]), stream=self.stream)
+        rmsnorm_q8k(x, w, self.cfg.rms_eps, *self._q8k(x.shape[1]), stream=self.stream, pdl=self.pdl)
         self._holds = self._name(out)
         self._no_float.add(self._name(out))
 
@@ -115,7 +120,7 @@ class ShortPrefillOps(_Ops):
         for m in ws:
             y = flat[c:]
             gemv_mma_k(self._gemv[m.name], *q, y, self.n, residual=y if add else None, ldy=width,
-                       stream=self.stream)
+                       stream=self.stream, pdl=self.pdl)
             c += m.rows
         assert c == width, (c, width)
 
@@ -126,7 +131,8 @@ class ShortPrefillOps(_Ops):
         ws = w if isinstance(w, tuple) else (w,)
         q = self._prepared(x)
         if len(ws) == 3 and not add:
-            gemv_mma_qkv([self._gemv[m.name] for m in ws], *q, out, self.n, ldy=out.shape[1], stream=self.stream)
+            gemv_mma_qkv([self._gemv[m.name] for m in ws], *q, out, self.n, ldy=out.shape[1], stream=self.stream,
+                         pdl=self.pdl)
         else:
             self._products(q, ws, out, add)
         self._wrote(out)
@@ -139,7 +145,7 @@ class ShortPrefillOps(_Ops):
         q = self._prepared(x)
         wg, wu = (self._gemv[m.name] for m in w)
         if wg.qtype == wu.qtype == QType.Q4_K and (wg.rows, wg.cols) == (wu.rows, wu.cols):
-            gemv_mma_glu(wg, wu, *q, out, self.n, act=act, stream=self.stream)
+            gemv_mma_glu(wg, wu, *q, out, self.n, act=act, stream=self.stream, pdl=self.pdl)
             self._wrote(out)
             return
         gate, up = self.A["split_gate"][:self.n], self.A["split_up"][:self.n]

@@ -53,6 +53,7 @@ from genie_rt.engine import kernel_cache
 from . import ptx
 from .formats import QType
 from .gemv_formats import _k_scales
+from .pdl import hooks as pdl_hooks
 
 LO4 = 0x0F0F0F0F
 ROWS = 16                   # rows of an mma tile
@@ -167,25 +168,43 @@ def lanes(tile, warp, lane, rows, nu, n_tok, NW):
             g + 8 if g + 8 < n_tok else 0, t0 + 8 if t0 + 8 < n_tok else 0, t0 + 9 if t0 + 9 < n_tok else 0)
 
 
-def make_block_loop(loads, block, PIPE: bool):
+def make_block_loop(wloads, tloads, block, PIPE: bool, PDL: bool = False):
     """run(acc, largs, b_lo, b_hi, nblk): the trips of the gemv_mma_k builds over a warp's blocks
-    [b_lo, b_hi) - v = loads(*largs, blk), then block(acc, v) - each trip's loads issued before
-    the trip before it multiplies where PIPE (the last block's loads repeated: every lane makes the
-    same trips), one trip at a time otherwise."""
+    [b_lo, b_hi) - W = wloads(*largs, blk) (the weights'), X = tloads(*largs, blk) (the tokens'),
+    then block(acc, W, X) - each trip's loads issued before the trip before it multiplies where
+    PIPE (the last block's loads repeated: every lane makes the same trips), one trip at a time
+    otherwise. PDL (a programmatic-dependent-launch build, quant/pdl.py): the first trip's weight
+    loads are issued, then griddepcontrol.wait, then everything another kernel wrote (tloads must
+    read it by coherent loads, rule 3). Every thread waits, with or without blocks of its own: the
+    stores after it must not overtake the kernel before. Without PDL the loads are the same, in
+    the same order, as before the split."""
+    wait = pdl_hooks(PDL)[0]
+
     @_dev
     def run(acc, largs, b_lo, b_hi, nblk):
+        b = b_lo
         if PIPE:
-            v = loads(*largs, min(b_lo, nblk - 1))
-            b = b_lo
+            first = min(b_lo, nblk - 1)
+            W = wloads(*largs, first)
+            wait()
+            X = tloads(*largs, first)
             while b < b_hi:
-                vn = loads(*largs, min(b + 1, b_hi - 1))
-                block(acc, v)
-                v = vn
+                nxt = min(b + 1, b_hi - 1)
+                Wn = wloads(*largs, nxt)
+                Xn = tloads(*largs, nxt)
+                block(acc, W, X)
+                W = Wn
+                X = Xn
                 b += 1
         else:
-            b = b_lo
+            if PDL:
+                W = wloads(*largs, min(b_lo, nblk - 1))
+                wait()
+                if b < b_hi:
+                    block(acc, W, tloads(*largs, b))
+                    b += 1
             while b < b_hi:
-                block(acc, loads(*largs, b))
+                block(acc, wloads(*largs, b), tloads(*largs, b))
                 b += 1
     return run
 

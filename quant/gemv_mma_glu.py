@@ -4,7 +4,7 @@
 
 for 1-8 tokens of q8_K activations and two Q4_K weights of the same shape (a Q4_K_M file's
 ffn_gate and ffn_up). It is gemv_mma_k.py's kernel with a second A operand: a thread block takes
-the same 16 rows of both weights, each trip loads the token's q8_K values once (`_token_loads`)
+the same 16 rows of both weights, each trip loads the token's q8_K values once (`make_token_loads`)
 and both weights' blocks, and runs the block's mma twice (`_tokens` into accumulators 0..3 for the
 gate, 4..7 for the up rows). The warps' sums meet in shared memory as gemv_mma_k's do; warp 0
 then writes act(gate) * up. The gate and up outputs are never stored, and the activation is no
@@ -31,7 +31,8 @@ from genie_rt.engine import kernel_cache
 from . import ptx
 from .formats import QType
 from .gemv_mma import ROWS, _dev, _flat, lanes, make_block_loop
-from .gemv_mma_k import _bases, _fits, _token_loads, _tokens, _weight_loads, plan_ksplit, q8k_inputs
+from .gemv_mma_k import _bases, _fits, _tokens, _weight_loads, make_token_loads, plan_ksplit, q8k_inputs
+from .pdl import hooks as pdl_hooks
 
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint32[::1], int64, int64, uint32[::1], float32[::1], "
              "int32[::1], int64, int64, int64, float32[::1])")
@@ -71,29 +72,38 @@ def _make_finish(NW: int, ACT: str):
 
 
 @functools.lru_cache(maxsize=None)
-def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"):
+def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu", PDL: bool = False):
     """The kernel: grid ceil(rows / 16) blocks of 32 * KSPLIT threads. Arguments: wa, wb (the gate
     weight's Q4_K planes), wa2, wb2 (the up weight's), nu, rows, xq, xd, xb (q8_K, gemv_mma_k's),
-    cols, n_tok (<= 8), ldy, y (float32, token t's row at t * ldy)."""
+    cols, n_tok (<= 8), ldy, y (float32, token t's row at t * ldy). PDL: as gemv_mma_k's (both
+    weights' first block loaded before the wait)."""
     if ACT not in ACTS:
         raise ValueError(f"mma_glu_q4k_q8k_kernel: ACT {ACT!r} must be one of {ACTS}")
     NW = KSPLIT
     finish = _make_finish(NW, ACT)
 
+    token_loads = make_token_loads(PDL)
+    launch_dependents = pdl_hooks(PDL)[1]
+
     @_dev
-    def loads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, blk):
+    def wloads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, blk):
         return (_weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk),
-                _weight_loads(wa2, wb2, nblk, rr0, rr1, wi0, wi1, blk), _token_loads(xq, xd, xb, tok, nsb, nb, blk))
+                _weight_loads(wa2, wb2, nblk, rr0, rr1, wi0, wi1, blk))
 
     @_dev
-    def block(acc, v):
-        _tokens(acc, 0, v[0], v[2])                  # gate rows
-        _tokens(acc, 4, v[1], v[2])                  # up rows: the same B fragment
+    def tloads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, blk):
+        return token_loads(xq, xd, xb, tok, nsb, nb, blk)
 
-    run = make_block_loop(loads, block, PIPE)
+    @_dev
+    def block(acc, W, X):
+        _tokens(acc, 0, W[0], X)                     # gate rows
+        _tokens(acc, 4, W[1], X)                     # up rows: the same B fragment
+
+    run = make_block_loop(wloads, tloads, block, PIPE, PDL)
 
     @cuda.jit
     def kernel(wa, wb, wa2, wb2, nu, rows, xq, xd, xb, cols, n_tok, ldy, y):
+        launch_dependents()
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
         g, t, rr0, rr1, nblk, b_lo, b_hi, tb, ta, tc, _, _, _ = lanes(cuda.blockIdx.x, warp, lane, rows, nu, n_tok, NW)
@@ -110,10 +120,11 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
 
 
 def gemv_mma_glu(wg, wu, xq, xd, xb, y, n_tok: int, act: str = "silu", ksplit: int | None = None,
-                 pipe: bool = True, stream=0) -> None:
+                 pipe: bool = True, stream=0, pdl: bool = False) -> None:
     """y [n_tok, rows] = act(x Wg^T) * (x Wu^T) for two Q4_K GemvWeights of one shape (dp4a mode)
     and q8_K activations (gemv_mma_k's xq, xd, xb); 1 <= n_tok <= 8. ksplit None: plan_ksplit's
-    for the shape. No allocation, no synchronization."""
+    for the shape. pdl: as gemv_mma_k's. No allocation, no synchronization."""
+    from . import pdl as P
     for name, w in (("gate", wg), ("up", wu)):
         if w.qtype != QType.Q4_K:
             raise ValueError(f"gemv_mma_glu: the {name} weight is {w.qtype.name}; only Q4_K (else gemv_mma_k "
@@ -130,11 +141,11 @@ def gemv_mma_glu(wg, wu, xq, xd, xb, y, n_tok: int, act: str = "silu", ksplit: i
         raise ValueError(f"gemv_mma_glu: ksplit {ksplit} must be 1..16")
     xq, xd, xb = q8k_inputs("gemv_mma_glu", (wg, wu), xq, xd, xb, n_tok, cols, read_xb=True)
     yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_glu")
-    kern = mma_glu_q4k_q8k_kernel(ksplit, bool(pipe), act)
+    kern = mma_glu_q4k_q8k_kernel(ksplit, bool(pipe), act, bool(pdl))
     if not ptx.SIMULATOR:
-        _fits(kern, SIGNATURE, (f"Q4_K {act}", ksplit, bool(pipe), 8))
-    kern[(rows + ROWS - 1) // ROWS, 32 * ksplit, stream](wg.wa, wg.wb, wu.wa, wu.wb, wg.units, rows, xq, xd, xb,
-                                                         cols, n_tok, rows, yf)
+        _fits(kern, SIGNATURE, (f"Q4_K {act}", ksplit, bool(pipe), 8, bool(pdl)))
+    P.launch_or_plain(kern, (rows + ROWS - 1) // ROWS, 32 * ksplit, stream, SIGNATURE, bool(pdl), wg.wa, wg.wb,
+                      wu.wa, wu.wb, wg.units, rows, xq, xd, xb, cols, n_tok, rows, yf)
 
 
 if __name__ == "__main__":      # python -m genie_rt.quant.gemv_mma_glu [--json PATH]: GPU only (and gemv_mma_qkv)

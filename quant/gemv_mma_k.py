@@ -21,9 +21,9 @@ of chunk c (64 weights) are bytes 8 (t & 1) .. + 7 of unit 2c + (t >> 1) - weigh
 8-byte load (`ptx.ldg_v2`) where gemv_mma reads two words.
 
 A trip is one 256-weight block (since 2026-12-05 evening; before, two 64-weight chunks):
-`_block_loads` issues the block's 24 loads (4 chunks x 2 rows of weights, both rows' headers
+`make_block_parts` issues the block's 24 loads (4 chunks x 2 rows of weights, both rows' headers
 once, token g's 256 q8 values, tokens 2t and 2t + 1's eight sub-block sums as two 16-byte loads
-each, their two block scales), then `_block` decodes the rows' 6-bit scales once with constant
+each, their two block scales), then its `block` decodes the rows' 6-bit scales once with constant
 shifts, runs the four chunks' eight mma, and flushes the integer sums. The chunk trips loaded the
 headers, sums and scales once a chunk and decoded the scales with selects: per 256 weights twice
 the loads and 1.6x the instructions, at 110 registers against 66 (sm_90 ptxas). PIPE (default):
@@ -69,6 +69,7 @@ from genie_rt.engine import kernel_cache
 from . import ptx
 from .formats import QType
 from .gemv_mma import LO4, ROWS, _dev, _flat, lanes, make_block_loop, make_finish
+from .pdl import hooks as pdl_hooks
 from .gemv_mma_q6k import SIGNATURE as SIGNATURE_Q6K
 from .gemv_mma_q6k import mma_q6k_q8k_kernel
 
@@ -128,41 +129,63 @@ def _weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk):
             ptx.ldg_v4(wb, uint32((rr1 * nblk + blk) * 4)))
 
 
-@_dev
-def _token_loads(xq, xd, xb, tok, nsb, nb, blk):
-    """Eight tokens' part of block blk, tok = (okb, xi, ta, tc): the B fragment's token (first word
-    xi, `_bases`) - its q8 values of the four chunks, zero when okb is false - and the eight
-    sub-block sums of the accumulators' tokens ta and tc (two 16-byte loads each: xb's rows are
-    whole blocks of 8) with their block scales."""
-    okb, xi, ta, tc = tok
-    xo = xi + uint32(64) * uint32(blk)               # values 256 blk + 8t ..
-    z = (uint32(0), uint32(0))
-    x0 = ptx.ldg_v2(xq, xo) if okb else z
-    x1 = ptx.ldg_v2(xq, xo + uint32(8)) if okb else z
-    x2 = ptx.ldg_v2(xq, xo + uint32(16)) if okb else z
-    x3 = ptx.ldg_v2(xq, xo + uint32(24)) if okb else z
-    x4 = ptx.ldg_v2(xq, xo + uint32(32)) if okb else z
-    x5 = ptx.ldg_v2(xq, xo + uint32(40)) if okb else z
-    x6 = ptx.ldg_v2(xq, xo + uint32(48)) if okb else z
-    x7 = ptx.ldg_v2(xq, xo + uint32(56)) if okb else z
-    ja = uint32(ta * nsb + 8 * blk)
-    jc = uint32(tc * nsb + 8 * blk)
-    return ((x0, x1, x2, x3, x4, x5, x6, x7), (ptx.ldg_v4(xb, ja), ptx.ldg_v4(xb, ja + uint32(4))),
-            (ptx.ldg_v4(xb, jc), ptx.ldg_v4(xb, jc + uint32(4))), xd[uint32(ta * nb + blk)], xd[uint32(tc * nb + blk)])
+def make_token_loads(PDL: bool = False):
+    """token_loads(xq, xd, xb, tok, nsb, nb, blk): eight tokens' part of block blk, tok = (okb, xi,
+    ta, tc): the B fragment's token (first word xi, `_bases`) - its q8 values of the four chunks,
+    zero when okb is false - and the eight sub-block sums of the accumulators' tokens ta and tc (two
+    16-byte loads each: xb's rows are whole blocks of 8) with their block scales. PDL: by coherent
+    loads (another kernel wrote them: quant/pdl.py rule 3), else read-only ones."""
+    ld2, ld4 = (ptx.ld_v2, ptx.ld_v4) if PDL else (ptx.ldg_v2, ptx.ldg_v4)
+
+    @_dev
+    def token_loads(xq, xd, xb, tok, nsb, nb, blk):
+        okb, xi, ta, tc = tok
+        xo = xi + uint32(64) * uint32(blk)           # values 256 blk + 8t ..
+        z = (uint32(0), uint32(0))
+        x0 = ld2(xq, xo) if okb else z
+        x1 = ld2(xq, xo + uint32(8)) if okb else z
+        x2 = ld2(xq, xo + uint32(16)) if okb else z
+        x3 = ld2(xq, xo + uint32(24)) if okb else z
+        x4 = ld2(xq, xo + uint32(32)) if okb else z
+        x5 = ld2(xq, xo + uint32(40)) if okb else z
+        x6 = ld2(xq, xo + uint32(48)) if okb else z
+        x7 = ld2(xq, xo + uint32(56)) if okb else z
+        ja = uint32(ta * nsb + 8 * blk)
+        jc = uint32(tc * nsb + 8 * blk)
+        return ((x0, x1, x2, x3, x4, x5, x6, x7), (ld4(xb, ja), ld4(xb, ja + uint32(4))),
+                (ld4(xb, jc), ld4(xb, jc + uint32(4))), xd[uint32(ta * nb + blk)], xd[uint32(tc * nb + blk)])
+    return token_loads
 
 
-@_dev
-def _block_loads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, blk):
-    """Everything block blk needs for up to 8 tokens: 24 loads a lane (the chunk trips took 48)."""
-    return _weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk), _token_loads(xq, xd, xb, tok, nsb, nb, blk)
+def make_block_parts(NT: int = 8, PDL: bool = False):
+    """(wloads, tloads, block) of a Q4_K build for up to NT (8 or 16) tokens, gemv_mma.make_block_loop's
+    three: a block's 10 weight loads a lane (4 chunks x 2 rows, both rows' headers once), its 14
+    token loads (NT 16: 28 - tokens 8 .. 15 are a second B fragment and a second set of sums against
+    the same A fragments), and its mma and epilogue."""
+    token_loads = make_token_loads(PDL)
 
+    @_dev
+    def wloads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, blk):
+        return _weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk)
 
-@_dev
-def _block_loads16(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, blk):
-    """The same for up to 16 tokens: tokens 8 .. 15 (tok2) are a second B fragment and a second
-    set of sums (40 loads a lane)."""
-    return (_weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk), _token_loads(xq, xd, xb, tok, nsb, nb, blk),
-            _token_loads(xq, xd, xb, tok2, nsb, nb, blk))
+    if NT == 8:
+        @_dev
+        def tloads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, blk):
+            return token_loads(xq, xd, xb, tok, nsb, nb, blk)
+
+        @_dev
+        def block(acc, W, X):
+            _tokens(acc, 0, W, X)
+    else:
+        @_dev
+        def tloads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, blk):
+            return token_loads(xq, xd, xb, tok, nsb, nb, blk), token_loads(xq, xd, xb, tok2, nsb, nb, blk)
+
+        @_dev
+        def block(acc, W, X):
+            _tokens(acc, 0, W, X[0])
+            _tokens(acc, 4, W, X[1])                 # the same A fragments: the masks are shared
+    return wloads, tloads, block
 
 
 @_dev
@@ -206,7 +229,7 @@ def _mins(m, sums):
 
 @_dev
 def _tokens(acc, k0, W, T):
-    """One B fragment's eight tokens of block (W, T) (`_weight_loads`, `_token_loads`) into the
+    """One B fragment's eight tokens of block (W, T) (`_weight_loads`, `make_token_loads`) into the
     float accumulators acc[k0 .. k0 + 3]: the four chunks' integer sums, then xd * (d S - dmin M)."""
     wr0, wr1, h0, h1 = W
     xv, sa, sc, xd0, xd1 = T
@@ -228,24 +251,14 @@ def _tokens(acc, k0, W, T):
     acc[k0 + 3] += xd1 * (dm1[0] * float32(si[3]) - dm1[1] * float32(_mins(m1, sc)))
 
 
-@_dev
-def _block(acc, v):
-    _tokens(acc, 0, v[0], v[1])
-
-
-@_dev
-def _block16(acc, v):
-    _tokens(acc, 0, v[0], v[1])
-    _tokens(acc, 4, v[0], v[2])                      # the same A fragments: the masks are shared
-
-
-def make_trips(NW: int, NT: int = 8, PIPE: bool = True):
+def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
     """trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok): warp `warp`'s
     share of the 256-weight blocks of the Q4_K rows tile * 16 .. + 15, added into acc (NT // 2
     floats, the layout `make_finish` reads). wc, wd are not read (the Q6_K build's slots:
     gemv_mma_q6k.make_trips takes the same arguments, so one kernel can hold both,
-    quant/gemv_mma_qkv.py). NW warps split the blocks; PIPE and NT: see the module."""
-    run = make_block_loop(_block_loads if NT == 8 else _block_loads16, _block if NT == 8 else _block16, PIPE)
+    quant/gemv_mma_qkv.py). NW warps split the blocks; PIPE and NT: see the module; PDL: the
+    first block's weight loads, then griddepcontrol.wait, then the rest (gemv_mma.make_block_loop)."""
+    run = make_block_loop(*make_block_parts(NT, PDL), PIPE, PDL)
 
     @_dev
     def trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok):
@@ -260,23 +273,26 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True):
 
 
 @functools.lru_cache(maxsize=None)
-def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
+def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: bool = False):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), x as q8_K; grid
     ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16), warp w taking the row's 256-weight
     blocks [w * ceil(nblk / KSPLIT), ..). Arguments: wa, wb, nu, rows (the Q4_K GEMV planes), xq
     (uint32 words of int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), xb (int32 [n_tok *
     cols / 32]), cols, n_tok, ldy, y (float32, token t's row at t * ldy), res (the same layout),
-    resid. PIPE: see the module. NT 16:
-    a second B fragment (tokens 8 + g) against the same A fragments, eight accumulators a lane."""
+    resid. PIPE: see the module. NT 16: a second B fragment (tokens 8 + g) against the same A
+    fragments, eight accumulators a lane. PDL: a programmatic-dependent-launch build (sm_90;
+    quant/pdl.py): launch_dependents first, the first block's weights loaded before the wait."""
     if NT not in (8, 16):
         raise ValueError(f"mma_q4k_q8k_kernel: NT {NT} must be 8 or 16")
     NW = KSPLIT
     NACC = NT // 2
     finish = make_finish(NW, NACC)
-    trips = make_trips(NW, NT, PIPE)
+    trips = make_trips(NW, NT, PIPE, PDL)
+    launch_dependents = pdl_hooks(PDL)[1]
 
     @cuda.jit
     def kernel(wa, wb, nu, rows, xq, xd, xb, cols, n_tok, ldy, y, res, resid):
+        launch_dependents()
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
         acc = cuda.local.array(NACC, float32)        # k: row g + 8 ((k >> 1) & 1), token 2t + (k & 1) + 8 (k >> 2)
@@ -316,8 +332,8 @@ def _fits(kern, signature: str, key: tuple) -> None:
     builds: 160 registers a thread without PIPE, 255 with it on sm_90 - 12 and 8 warps at most;
     the H100 refused 13), once a build, before the driver's CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES.
     Registers are allocated a warp at a time in units of 256: a thread's count rounds up to 8.
-    key: (format, ksplit, pipe, nt)."""
-    qname, ksplit, pipe, nt = key
+    key: (format, ksplit, pipe, nt, pdl)."""
+    qname, ksplit, pipe, nt = key[:4]
     if key not in _FITS:
         kern.compile(signature)                      # the launch's own specialisation (flat arrays)
         regs = -(-max(kern.get_regs_per_thread().values()) // 8) * 8
@@ -354,7 +370,7 @@ def q8k_inputs(who: str, weights, xq, xd, xb, n_tok: int, cols: int, read_xb: bo
 
 
 def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None = None, stream=0,
-               pipe: bool | None = None, ldy: int | None = None) -> None:
+               pipe: bool | None = None, ldy: int | None = None, pdl: bool = False) -> None:
     """y [n_tok, rows] = x W^T (+ residual) for a Q4_K or Q6_K GemvWeight `w`
     (gemv.prepare_weight, dp4a mode) and q8_K activations xq int8 [n_tok, cols], xd float32
     [n_tok, cols / 256], xb int32 [n_tok, cols / 32] (`quantize_q8k`; a Q6_K weight does not read
@@ -363,7 +379,10 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
     the 16-token build holds two blocks' loads in 255 registers, and was slower so). Q6_K:
     quant/gemv_mma_q6k.py. ldy: y (and residual) hold token t's row at t * ldy of a 1-D array of
     at least (n_tok - 1) * ldy + rows values - a column slice of a wider buffer, e.g. q's columns of
-    [q | k | v] (None: y is [n_tok, rows]). No allocation, no synchronization."""
+    [q | k | v] (None: y is [n_tok, rows]). pdl: the programmatic-dependent-launch build and launch
+    (sm_90+ only: the caller checks quant/pdl.available(); the simulator runs it plainly). No
+    allocation, no synchronization."""
+    from . import pdl as P
     if w.qtype not in FORMATS:
         raise ValueError(f"gemv_mma_k: only Q4_K and Q6_K weights (got {w.qtype.name})")
     if not 1 <= n_tok <= MAX_TOK:
@@ -389,16 +408,19 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
     nt = 8 if n_tok <= 8 else 16
     grid, block = (rows + ROWS - 1) // ROWS, 32 * ksplit
     resid = int(residual is not None)
+    pdl = bool(pdl)
     if q6:
-        kern = mma_q6k_q8k_kernel(ksplit, bool(pipe), nt)
+        kern = mma_q6k_q8k_kernel(ksplit, bool(pipe), nt, pdl)
         if not ptx.SIMULATOR:
-            _fits(kern, SIGNATURE_Q6K, ("Q6_K", ksplit, bool(pipe), nt))
-        kern[grid, block, stream](w.wa, w.wb, w.wc, w.wd, w.units, rows, xq, xd, cols, n_tok, ldy, yf, rf, resid)
+            _fits(kern, SIGNATURE_Q6K, ("Q6_K", ksplit, bool(pipe), nt, pdl))
+        P.launch_or_plain(kern, grid, block, stream, SIGNATURE_Q6K, pdl, w.wa, w.wb, w.wc, w.wd, w.units, rows,
+                          xq, xd, cols, n_tok, ldy, yf, rf, resid)
         return
-    kern = mma_q4k_q8k_kernel(ksplit, bool(pipe), nt)
+    kern = mma_q4k_q8k_kernel(ksplit, bool(pipe), nt, pdl)
     if not ptx.SIMULATOR:
-        _fits(kern, SIGNATURE, ("Q4_K", ksplit, bool(pipe), nt))
-    kern[grid, block, stream](w.wa, w.wb, w.units, rows, xq, xd, xb, cols, n_tok, ldy, yf, rf, resid)
+        _fits(kern, SIGNATURE, ("Q4_K", ksplit, bool(pipe), nt, pdl))
+    P.launch_or_plain(kern, grid, block, stream, SIGNATURE, pdl, w.wa, w.wb, w.units, rows, xq, xd, xb, cols,
+                      n_tok, ldy, yf, rf, resid)
 
 
 if __name__ == "__main__":      # python -m genie_rt.quant.gemv_mma_k [--json PATH] | --table PATH

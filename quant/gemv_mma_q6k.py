@@ -43,6 +43,7 @@ from genie_rt.engine import kernel_cache
 
 from . import ptx
 from .gemv_mma import LO4, ROWS, _dev, lanes, make_block_loop, make_finish
+from .pdl import hooks as pdl_hooks
 
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64, int64, uint32[::1], "
              "float32[::1], int64, int64, int64, float32[::1], float32[::1], int64)")
@@ -76,23 +77,6 @@ def _token_loads(xq, xd, tok, nb, blk):
          xq[o + uint32(48)] if okb else z, xq[o + uint32(52)] if okb else z, xq[o + uint32(56)] if okb else z,
          xq[o + uint32(60)] if okb else z)
     return x, xd[uint32(ta * nb + blk)], xd[uint32(tc * nb + blk)]
-
-
-@_dev
-def _block_loads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, blk):
-    """Everything block blk needs for up to 8 tokens: 46 loads a lane (24 weight words, 2 x 16
-    scales, 2 d, 16 token words, 2 token scales)."""
-    q0, q1, h0, h1 = bases
-    return ((_row_loads(wa, wb, wc, wd, nblk, rr0, q0, h0, blk), _row_loads(wa, wb, wc, wd, nblk, rr1, q1, h1, blk)),
-            _token_loads(xq, xd, tok, nb, blk))
-
-
-@_dev
-def _block_loads16(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, blk):
-    """The same for up to 16 tokens: tokens 8 .. 15 (tok2) are a second B fragment."""
-    q0, q1, h0, h1 = bases
-    return ((_row_loads(wa, wb, wc, wd, nblk, rr0, q0, h0, blk), _row_loads(wa, wb, wc, wd, nblk, rr1, q1, h1, blk)),
-            _token_loads(xq, xd, tok, nb, blk), _token_loads(xq, xd, tok2, nb, blk))
 
 
 @_dev
@@ -159,22 +143,42 @@ def _tokens(acc, k0, W, T):
     acc[k0 + 3] += xd1 * (d1 * float32(S[3]))
 
 
-@_dev
-def _block(acc, v):
-    _tokens(acc, 0, v[0], v[1])
+def make_block_parts(NT: int = 8):
+    """(wloads, tloads, block) for up to NT (8 or 16) tokens, gemv_mma.make_block_loop's three: the
+    two rows' 28 weight loads a lane (`_row_loads`: 24 quant words, two 16-byte scale loads, two d),
+    the token's 18 (16 words, 2 block scales; NT 16: a second B fragment, tokens 8 .. 15) and the
+    block's sixteen mma. The token
+    loads are ordinary (coherent) loads, so the PDL build reads them the same way."""
+    @_dev
+    def wloads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, blk):
+        q0, q1, h0, h1 = bases
+        return _row_loads(wa, wb, wc, wd, nblk, rr0, q0, h0, blk), _row_loads(wa, wb, wc, wd, nblk, rr1, q1, h1, blk)
+
+    if NT == 8:
+        @_dev
+        def tloads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, blk):
+            return _token_loads(xq, xd, tok, nb, blk)
+
+        @_dev
+        def block(acc, W, X):
+            _tokens(acc, 0, W, X)
+    else:
+        @_dev
+        def tloads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, blk):
+            return _token_loads(xq, xd, tok, nb, blk), _token_loads(xq, xd, tok2, nb, blk)
+
+        @_dev
+        def block(acc, W, X):
+            _tokens(acc, 0, W, X[0])
+            _tokens(acc, 4, W, X[1])                 # the same A words: decoded again (registers)
+    return wloads, tloads, block
 
 
-@_dev
-def _block16(acc, v):
-    _tokens(acc, 0, v[0], v[1])
-    _tokens(acc, 4, v[0], v[2])                      # the same A words: decoded again (registers)
-
-
-def make_trips(NW: int, NT: int = 8, PIPE: bool = True):
+def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
     """trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok): warp `warp`'s
     share of the blocks of the Q6_K rows tile * 16 .. + 15 into acc - gemv_mma_k.make_trips' contract
-    (xb is not read)."""
-    run = make_block_loop(_block_loads if NT == 8 else _block_loads16, _block if NT == 8 else _block16, PIPE)
+    (xb is not read; PDL as there)."""
+    run = make_block_loop(*make_block_parts(NT), PIPE, PDL)
 
     @_dev
     def trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok):
@@ -190,21 +194,23 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True):
 
 
 @functools.lru_cache(maxsize=None)
-def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8):
+def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: bool = False):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), W Q6_K, x as
     q8_K; grid ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16). Arguments: wa, wb,
     wc, wd (the Q6_K GEMV planes ql, qh, sc, d), nu (ql units a row), rows, xq (uint32 words of
     int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), cols, n_tok, ldy, y (float32, token t's
-    row at t * ldy), res, resid. Rows, tokens, split and finish as gemv_mma_k.mma_q4k_q8k_kernel."""
+    row at t * ldy), res, resid. Rows, tokens, split, finish and PDL as gemv_mma_k.mma_q4k_q8k_kernel."""
     if NT not in (8, 16):
         raise ValueError(f"mma_q6k_q8k_kernel: NT {NT} must be 8 or 16")
     NW = KSPLIT
     NACC = NT // 2
     finish = make_finish(NW, NACC)
-    trips = make_trips(NW, NT, PIPE)
+    trips = make_trips(NW, NT, PIPE, PDL)
+    launch_dependents = pdl_hooks(PDL)[1]
 
     @cuda.jit
     def kernel(wa, wb, wc, wd, nu, rows, xq, xd, cols, n_tok, ldy, y, res, resid):
+        launch_dependents()
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
         acc = cuda.local.array(NACC, float32)        # k: row g + 8 ((k >> 1) & 1), token 2t + (k & 1) + 8 (k >> 2)

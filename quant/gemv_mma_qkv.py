@@ -26,6 +26,7 @@ from . import gemv_mma_q6k as Q6
 from .formats import QType
 from .gemv_mma import ROWS, _flat, make_finish
 from .gemv_mma_k import _fits, make_trips, plan_ksplit, q8k_inputs
+from .pdl import hooks as pdl_hooks
 
 _W = "uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64"
 SIGNATURE = (f"void({_W}, {_W}, {_W}, int64, uint32[::1], float32[::1], int32[::1], int64, int64, int64, "
@@ -34,20 +35,22 @@ FORMATS = (QType.Q4_K, QType.Q6_K)
 
 
 @functools.lru_cache(maxsize=None)
-def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True):
+def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True, PDL: bool = False):
     """The kernel for the formats FMTS (three "Q4_K" / "Q6_K"): grid = the three matrices' tiles,
     32 * KSPLIT threads. Arguments: for each matrix its GEMV planes wa, wb, wc, wd and rows; then
     nu (units a row, the same for all: one input), xq, xd, xb (q8_K), cols, n_tok (<= 8), ldy, y
-    ([q | k | v] rows of ldy floats)."""
+    ([q | k | v] rows of ldy floats). PDL: as gemv_mma_k's."""
     if len(FMTS) != 3 or any(f not in ("Q4_K", "Q6_K") for f in FMTS):
         raise ValueError(f"mma_qkv_kernel: FMTS {FMTS} must be three of Q4_K, Q6_K")
     NW = KSPLIT
     finish = make_finish(NW, 4)
-    T0, T1, T2 = ((make_trips if f == "Q4_K" else Q6.make_trips)(NW, 8, PIPE) for f in FMTS)
+    T0, T1, T2 = ((make_trips if f == "Q4_K" else Q6.make_trips)(NW, 8, PIPE, PDL) for f in FMTS)
+    launch_dependents = pdl_hooks(PDL)[1]
 
     @cuda.jit
     def kernel(wa0, wb0, wc0, wd0, rows0, wa1, wb1, wc1, wd1, rows1, wa2, wb2, wc2, wd2, rows2,
                nu, xq, xd, xb, cols, n_tok, ldy, y):
+        launch_dependents()
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
         n0 = (rows0 + ROWS - 1) // ROWS
@@ -72,12 +75,13 @@ def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True):
 
 
 def gemv_mma_qkv(ws, xq, xd, xb, y, n_tok: int, ldy: int | None = None, ksplit: int | None = None,
-                 pipe: bool = True, stream=0) -> None:
+                 pipe: bool = True, stream=0, pdl: bool = False) -> None:
     """y[:, q | k | v] = x [Wq | Wk | Wv]^T for three GemvWeights (dp4a mode, Q4_K or Q6_K each, one
     column count) and q8_K activations (gemv_mma_k's xq, xd, xb; xb is read by the Q4_K ones);
     1 <= n_tok <= 8. y: [n_tok, ldy] rows (ldy None: the three matrices' rows), the first
-    sum(rows) columns written. ksplit None: plan_ksplit of the three's rows. No allocation, no
-    synchronization."""
+    sum(rows) columns written. ksplit None: plan_ksplit of the three's rows. pdl: as gemv_mma_k's.
+    No allocation, no synchronization."""
+    from . import pdl as P
     ws = tuple(ws)
     if len(ws) != 3:
         raise ValueError(f"gemv_mma_qkv: three weights (q, k, v), got {len(ws)}")
@@ -99,9 +103,10 @@ def gemv_mma_qkv(ws, xq, xd, xb, y, n_tok: int, ldy: int | None = None, ksplit: 
     xq, xd, xb = q8k_inputs("gemv_mma_qkv", ws, xq, xd, xb, n_tok, cols, read_xb=True)    # (the kernel takes xb)
     yf = _flat(y, np.float32, n_tok * ldy, "y", "gemv_mma_qkv")
     fmts = tuple(w.qtype.name for w in ws)
-    kern = mma_qkv_kernel(fmts, ksplit, bool(pipe))
+    kern = mma_qkv_kernel(fmts, ksplit, bool(pipe), bool(pdl))
     if not ptx.SIMULATOR:
-        _fits(kern, SIGNATURE, ("qkv " + "/".join(fmts), ksplit, bool(pipe), 8))
+        _fits(kern, SIGNATURE, ("qkv " + "/".join(fmts), ksplit, bool(pipe), 8, bool(pdl)))
     grid = sum((w.rows + ROWS - 1) // ROWS for w in ws)
     args = [a for w in ws for a in (w.wa, w.wb, w.wc, w.wd, w.rows)]
-    kern[grid, 32 * ksplit, stream](*args, ws[0].units, xq, xd, xb, cols, n_tok, ldy, yf)
+    P.launch_or_plain(kern, grid, 32 * ksplit, stream, SIGNATURE, bool(pdl), *args, ws[0].units, xq, xd, xb, cols,
+                      n_tok, ldy, yf)

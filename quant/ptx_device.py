@@ -294,6 +294,8 @@ ld_v4 = _make_ld_v4("ld_v4", "", side_effect=True)
 # 8 bytes of read-only data: two words by one ld.global.nc.v2 (the int8 tensor-core GEMV's A and B
 # fragments, quant/gemv_mma_k.py)
 ldg_v2 = _make_ld_v4("ldg_v2", ".nc", side_effect=False, n=2)
+# 8 bytes another kernel may still be writing (the PDL builds of those GEMVs' activations): ld_v4's rule
+ld_v2 = _make_ld_v4("ld_v2", "", side_effect=True, n=2)
 
 
 # ---- coherent scalar load -------------------------------------------------------

@@ -168,6 +168,11 @@ def ldg_v2(arr, idx):
     return _ldg_words("ldg_v2", arr, idx, 2)
 
 
+def ld_v2(arr, idx):
+    """Simulator: ldg_v2's (the simulator's memory is coherent)."""
+    return ldg_v2(arr, idx)
+
+
 def ld_v4(arr, idx):
     """Simulator: ldg_v4's (the simulator's memory is coherent)."""
     return ldg_v4(arr, idx)

@@ -33,6 +33,7 @@ from genie_rt.engine import kernel_cache
 
 from . import ptx
 from .norm_q8_device import FULL, RINT, block_sum
+from .pdl import hooks as pdl_hooks
 
 QK = 256
 THREADS = 256                                   # 8 warps a row
@@ -40,12 +41,17 @@ SIGNATURE = "void(float32[:, ::1], float32[::1], float32, uint32[::1], float32[:
 
 
 @functools.lru_cache(maxsize=None)
-def rmsnorm_q8k_kernel(NORM: bool):
+def rmsnorm_q8k_kernel(NORM: bool, PDL: bool = False):
     """The kernel: grid (n_tok,), THREADS threads. Arguments: x float32 [n, d], w float32 [d] (read
     when NORM), eps, xq uint32 [n * d / 4] (int8 values, 4 a word), xd float32 [n * d / 256], xb
-    int32 [n * d / 32]."""
+    int32 [n * d / 32]. PDL: a programmatic-dependent-launch build (quant/pdl.py): the next kernel
+    may launch at once; this one waits for the one before before anything else (it reads x first)."""
+    wait, launch_dependents, _ = pdl_hooks(PDL)
+
     @cuda.jit
     def kernel(x, w, eps, xq, xd, xb):
+        launch_dependents()
+        wait()
         r = cuda.blockIdx.x
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
@@ -103,10 +109,12 @@ def rmsnorm_q8k_kernel(NORM: bool):
     return kernel_cache.attach(kernel)
 
 
-def rmsnorm_q8k(x, w, eps: float, xq, xd, xb, stream=0) -> None:
+def rmsnorm_q8k(x, w, eps: float, xq, xd, xb, stream=0, pdl: bool = False) -> None:
     """q8_K of rmsnorm(x) * w (w None: of x) for every row of x float32 [n_tok, d] (d a multiple
     of 256) into xq int8 [n_tok, d], xd float32 [n_tok, d / 256], xb int32 [n_tok, d / 32] (device
-    arrays, any shape of that size). No allocation, no synchronization."""
+    arrays, any shape of that size). pdl: the programmatic-dependent-launch build and launch (sm_90+:
+    the caller checks quant/pdl.available()). No allocation, no synchronization."""
+    from . import pdl as P
     if x.ndim != 2 or x.dtype != np.float32:
         raise ValueError(f"rmsnorm_q8k: x must be float32 [n_tok, d], got {x.dtype} {tuple(x.shape)}")
     n, d = x.shape
@@ -121,5 +129,6 @@ def rmsnorm_q8k(x, w, eps: float, xq, xd, xb, stream=0) -> None:
         raise ValueError(f"rmsnorm_q8k: w must be float32 with {d} elements, got {w.dtype} {tuple(w.shape)}")
     xq4 = xq.reshape(n * d).view(np.uint32)
     flat_d, flat_b = xd.reshape(n * d // QK), xb.reshape(n * d // 32)
-    kern = rmsnorm_q8k_kernel(w is not None)
-    kern[n, THREADS, stream](x, x[0] if w is None else w.reshape(d), np.float32(eps), xq4, flat_d, flat_b)
+    kern = rmsnorm_q8k_kernel(w is not None, bool(pdl))
+    P.launch_or_plain(kern, n, THREADS, stream, SIGNATURE, bool(pdl), x, x[0] if w is None else w.reshape(d),
+                      np.float32(eps), xq4, flat_d, flat_b)

@@ -166,11 +166,11 @@ def k_ldg_v4(xu, xf, out_u, out_f):
 @cuda.jit
 def k_ldg_v2(xu, xf, out_u, out_f):
     # xu (2n + 2,) u32, xf (2n + 2,) f32; out_u (n, 2) u32, out_f (n, 2) f32: words 2i + 2, 2i + 3
-    # (an 8-byte boundary that is not a 16-byte one for odd i)
+    # (an 8-byte boundary that is not a 16-byte one for odd i); f by the coherent ld_v2
     i = cuda.grid(1)
     if i < out_u.shape[0]:
         u = ptx.ldg_v2(xu, i * 2 + 2)
-        f = ptx.ldg_v2(xf, i * 2 + 2)
+        f = ptx.ld_v2(xf, i * 2 + 2)
         for k in range(2):
             out_u[i, k] = u[k]
             out_f[i, k] = f[k]
@@ -521,7 +521,7 @@ def test_ldg_v4():
     np.testing.assert_array_equal(out_f, xf.reshape(n, 4))
 
 
-def test_ldg_v2():
+def test_ldg_v2_and_ld_v2():
     n = 37
     xu = np.arange(2 * n + 2, dtype=np.uint32) * np.uint32(2654435761)
     xf = np.linspace(-3, 3, 2 * n + 2).astype(np.float32)
@@ -636,7 +636,7 @@ EXPECT = {
                           "mma.sync.aligned.m16n8k32"],
     "k_dp4a": ["dp4a.s32.s32"],
     "k_ldg_v4": ["ld.global.nc.v4.u32", "ld.global.nc.v4.f32"],
-    "k_ldg_v2": ["ld.global.nc.v2.u32", "ld.global.nc.v2.f32"],
+    "k_ldg_v2": ["ld.global.nc.v2.u32", "ld.global.v2.f32"],
     "k_ld_relaxed": ["ld.relaxed.gpu.global.f32"],
     "k_cp_async": ["cp.async.cg.shared.global", "cp.async.wait_group 2",
                    "cp.async.wait_group 1", "cp.async.wait_group 0"],

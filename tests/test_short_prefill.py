@@ -6,6 +6,7 @@
   the whole text (cosine >= 0.999: its activations are q8_K where the CPU's are float32), the same
   argmax, and the K/V rows it wrote: the decode step after it agrees with the CPU's. A chunk of
   more than 8 tokens keeps the MMQ bucket.
+- By programmatic dependent launch (EngineConfig.decode_pdl, sm_90+): the same bits.
 """
 import os
 import sys
@@ -69,6 +70,40 @@ def test_simulated_short_prefill_matches_the_mmq_prefill_and_the_cpu(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: test_gpu_short_prefill_pdl_keeps_the_bits)")
+def test_simulated_short_prefill_by_pdl_launches_every_gemv_and_norm_so_and_keeps_the_bits(tmp_path, monkeypatch):
+    # EngineConfig.decode_pdl on a device with PDL (stood in for: the simulator runs the PDL builds
+    # plainly, griddepcontrol as no-ops): the norms, q8_K launches, GEMVs and rope_write of the short
+    # graph ask for their PDL builds, the attention does not, and the logits keep the plain graph's bits
+    from genie_rt.engine import cuda_short_prefill
+    from genie_rt.quant import pdl
+    from test_backend_cuda import make_backends
+    path = tmp_path / "tiny.gguf"
+    write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
+                                     vocab=300, text_tokens=274), seed=0, exact=True)
+    prompt = np.array([5, 17, 100, 3, 250, 9, 42, 8, 61, 7, 199, 33], np.int32)
+    turn = np.array([11, 4, 270, 90, 6], np.int32)
+    launched, real = [], pdl.launch_or_plain
+    monkeypatch.setattr(pdl, "launch_or_plain", lambda kern, grid, block, stream, sig, on, *a, **k:
+                        launched.append((kern.py_func.__qualname__, on)) or real(kern, grid, block, stream, sig, on,
+                                                                               *a, **k))
+    got = {}
+    for on in (False, True):
+        monkeypatch.setattr(cuda_short_prefill, "_pdl_available", lambda: on)
+        gpu, _, _ = make_backends(path, "f16", n_ctx=64, chunk=16, warm=False, short_prefill=True)
+        gpu.prefill(prompt, 0)
+        launched.clear()
+        got[on] = gpu.prefill(turn, len(prompt))
+        flags = {}
+        for q, flag in launched:
+            flags.setdefault(q.split(".")[0], set()).add(flag)
+        for k in ("rmsnorm_q8k_kernel", "mma_qkv_kernel", "mma_q4k_q8k_kernel", "mma_q6k_q8k_kernel",
+                  "mma_glu_q4k_q8k_kernel", "_rope_write_kernel"):
+            assert flags.get(k) == {on}, (k, flags)
+    np.testing.assert_array_equal(got[True], got[False])
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(not SIM, reason="simulator test")
 def test_simulated_short_prefill_stays_off_where_a_chunk_is_below_8_rows(tmp_path, caplog):
     from test_backend_cuda import make_backends
@@ -111,3 +146,30 @@ def test_gpu_short_prefill_matches_the_mmq_prefill(fixture_gguf, tmp_path, which
             assert keys[0] == ("prefill_short" if short else "prefill"), keys
         for a, b in zip(got[True], got[False]):
             assert cosine_rows(a, b)[0] >= 0.999, (which, n)
+
+
+@pytest.mark.gpu
+def test_gpu_short_prefill_pdl_keeps_the_bits(tmp_path):
+    # the short graph with its launches chained by PDL (EngineConfig.decode_pdl, sm_90+) against the
+    # same graph launched plainly, on a file with Q4_K and Q6_K matrices: turns of 1, 5 and 8 tokens
+    # after a prompt, the logits' bits equal, replay after replay
+    from genie_rt.quant import pdl
+    from test_backend_cuda import make_backends
+    if not pdl.available():
+        pytest.skip("no programmatic dependent launch on this device (sm_90+)")
+    path = tmp_path / "two.gguf"
+    write_synthetic_qwen3(path, dict(layers=2, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1536,
+                                     vocab=1000, text_tokens=970), seed=1, exact=True)
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(0, 256, 20).astype(np.int32)
+    turns = [rng.integers(0, 256, n).astype(np.int32) for n in (1, 5, 8, 8)]
+    got = {}
+    for on in (True, False):
+        gpu, _, _ = make_backends(path, "f16", n_ctx=128, chunk=64, short_prefill=True, decode_pdl=on)
+        assert gpu.short_prefill
+        got[on] = []
+        for turn in turns:
+            gpu.prefill(prompt, 0)
+            got[on].append(gpu.prefill(turn, 20))
+    for a, b in zip(got[True], got[False]):
+        np.testing.assert_array_equal(a, b)

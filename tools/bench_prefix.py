@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="CUDA: EngineConfig.prefill_pdl (the prefill's GEMMs by programmatic dependent launch)")
     p.add_argument("--short-prefill", action="store_true",
                    help="CUDA: EngineConfig.short_prefill (up to 8 new tokens by the int8 tensor-core GEMV)")
+    p.add_argument("--no-pdl", action="store_true",
+                   help="CUDA: EngineConfig.decode_pdl off (the decode step's and the short prefill's launches plain)")
     args = p.parse_args(argv)
 
     from genie_rt.engine.config import EngineConfig
@@ -125,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         model = Path(args.model) if args.model else synth_model(tmp, args.seed)
         n_ctx = args.system_tokens + 2 * args.user_tokens + 16
         engine = Engine.load(model, EngineConfig(backend=args.backend, n_ctx=n_ctx, kv_dtype=args.kv,
-                                                 prefill_pdl=args.prefill_pdl, short_prefill=args.short_prefill))
+                                                 prefill_pdl=args.prefill_pdl, short_prefill=args.short_prefill,
+                                                 decode_pdl=not args.no_pdl))
         store = KVStore(tmp / "kv")
         rng = np.random.default_rng(args.seed)
         vocab = min(engine.cfg.vocab_size, 4000)

@@ -80,7 +80,8 @@
 #   small17   mmak16, then the engine's MMQ GEMMs at 8 and 16 rows (python -m genie_rt.quant.mmq; mmq-small.json)
 #   short18   the short prefill (EngineConfig.short_prefill): GPU tests, the fused launches and gemv_mma_k's
 #             Q6_K build timed (TT, MT: their time limits)
-#   shortpx18 the prefix-reuse bench without and with --short-prefill (PXT: each run's limit)
+#   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter by PDL (the default on
+#             sm_90) and plain (--no-pdl) (PXT: each run's limit; PXW: which of off short shortplain)
 #   ppdl16    the prefill's GEMMs by programmatic dependent launch (EngineConfig.prefill_pdl): the prefill
 #             graph off / on with the bits compared (profile_prefill --pdl both), bench_prefix both ways,
 #             TT s of GPU tests
@@ -640,8 +641,8 @@ for s in "$@"; do
       # (short18's second half, a call of its own: each bench loads the 4B and compiles its graphs)
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      for w in off short; do
-        A=""; [ $w = short ] && A="--short-prefill"
+      for w in ${PXW:-off short shortplain}; do
+        A=""; [ $w = short ] && A="--short-prefill"; [ $w = shortplain ] && A="--short-prefill --no-pdl"
         timeout ${PXT:-240} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B $A 2>&1 | grep -v "^INFO numba" \
           > "$OUT/prefix-$w.txt"; echo "prefix-reuse, $w:"; grep -E "warm|cold" "$OUT/prefix-$w.txt" | head -3
       done ;;
