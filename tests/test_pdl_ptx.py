@@ -166,3 +166,46 @@ def test_default_attention_shapes_fit_the_split_sizing(tmp_path):
         if not name.startswith("chain"):      # the knobs' builds: 128 (two blocks an SM all the same)
             assert regs <= _REGISTERS[(2, rows)], f"{name}: {regs} registers > the table's {_REGISTERS[(2, rows)]}"
         assert blocks_at(regs, warps) == _blocks_per_sm(2, warps, rows), (name, regs)
+
+
+_MMA_SOURCE = """
+from genie_rt.quant.gemv_mma_glu import mma_glu_q4k_q8k_kernel
+from genie_rt.quant.gemv_mma_k import mma_q4k_q8k_kernel
+from genie_rt.quant.gemv_mma_q6k import mma_q6k_q8k_kernel
+from genie_rt.quant.gemv_mma_qkv import mma_qkv_kernel
+from genie_rt.quant.quantize_q8k import rmsnorm_q8k_kernel
+mma_q4k = mma_q4k_q8k_kernel(4, True, 8, True)
+mma_q4k_16 = mma_q4k_q8k_kernel(4, False, 16, True)
+mma_q6k = mma_q6k_q8k_kernel(4, True, 8, True)
+mma_glu = mma_glu_q4k_q8k_kernel(2, True, "silu", True)
+mma_qkv = mma_qkv_kernel(("Q4_K", "Q4_K", "Q6_K"), 4, True, True)
+norm_q8k = rmsnorm_q8k_kernel(True, True)
+mma_q4k_plain = mma_q4k_q8k_kernel(4, True, 8, False)
+"""
+# the short prefill's builds (engine/cuda_short_prefill.py): before the wait only the first 256-weight
+# block's weights - Q4_K 8 quant loads + 2 headers for the lane's two rows, Q6_K 2 x (8 ql, 4 qh, the
+# scales, d), both weights of the GLU; the q8_K norm waits first
+MMA_PRE_WAIT = {"mma_q4k": 10, "mma_q4k_16": 10, "mma_q6k": 28, "mma_glu": 20, "mma_qkv": 10, "norm_q8k": 0}
+
+
+@pytest.mark.slow
+def test_short_prefill_pdl_builds_read_only_weights_before_the_wait():
+    from genie_rt.quant import gemv_mma_glu, gemv_mma_k, gemv_mma_q6k, gemv_mma_qkv, quantize_q8k
+    sigs = {"mma_q4k": gemv_mma_k.SIGNATURE, "mma_q4k_16": gemv_mma_k.SIGNATURE, "mma_q6k": gemv_mma_q6k.SIGNATURE,
+            "mma_glu": gemv_mma_glu.SIGNATURE, "mma_qkv": gemv_mma_qkv.SIGNATURE, "norm_q8k": quantize_q8k.SIGNATURE,
+            "mma_q4k_plain": gemv_mma_k.SIGNATURE}
+    out = compile_in_subprocess(_MMA_SOURCE, sigs, ccs=((9, 0),))
+    assert "griddepcontrol" not in out["mma_q4k_plain"][(9, 0)]
+    for name, pre in MMA_PRE_WAIT.items():
+        text = out[name][(9, 0)]
+        assert_no_f64(text, name)
+        trigger, wait = text.find("griddepcontrol.launch_dependents;"), text.find("griddepcontrol.wait;")
+        assert 0 <= trigger < wait, f"{name}: launch_dependents must come first, then the wait"
+        # (the q/k/v kernel has a wait in each matrix's branch; the first is q's, a Q4_K one)
+        assert len(_LOAD.findall(text[:wait])) == pre, f"{name}: {len(_LOAD.findall(text[:wait]))} loads before it"
+        after = text[wait:]
+        # the activations (q8_K values, sums, scales) coherently: the read-only path is only the weights'
+        # (the later blocks' quants and headers, ld.global.nc.v2 / .v4.u32)
+        assert not re.search(r"ld\.global\.nc\.(v\d\.)?(s32|f32)", after), f"{name}: an activation by ld.global.nc"
+        if name in ("mma_q4k", "mma_q4k_16", "mma_glu", "mma_qkv"):
+            assert "ld.global.v2.u32" in after and "ld.global.v4.s32" in after, name
