@@ -80,6 +80,8 @@
 #   small17   mmak16, then the engine's MMQ GEMMs at 8 and 16 rows (python -m genie_rt.quant.mmq; mmq-small.json)
 #   short18   the short prefill (EngineConfig.short_prefill): GPU tests, the fused launches and gemv_mma_k's
 #             Q6_K build timed (TT, MT: their time limits)
+#   short19   the short prefill in one call: prefix reuse with and without it, its graph's profile (PDL off /
+#             on, bits), its GPU tests (PXT, PT, TT: the limits)
 #   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter by PDL (the default on
 #             sm_90) and plain (--no-pdl) (PXT: each run's limit; PXW: which of off short shortplain)
 #   ppdl16    the prefill's GEMMs by programmatic dependent launch (EngineConfig.prefill_pdl): the prefill
@@ -636,6 +638,22 @@ for s in "$@"; do
       timeout ${MT:-120} $PY -m genie_rt.quant.gemv_mma_glu --json "$OUT/gemv-mma-glu.json" 2>&1 | grep -v "^INFO numba" | tail -6
       timeout ${MT:-200} $PY -m genie_rt.quant.gemv_mma_k --json "$OUT/gemv-mma-k-q6k.json" --shapes q6k \
         --tokens 1,8 --ks 2,4,8 --copies 8 2>&1 | grep -v "^INFO numba" | tail -8 ;;
+    short19)
+      stage short19
+      # the short prefill in one call (2026-12-06; the device came rarely that day): the prefix-reuse
+      # bench with it (PDL: the default on sm_90) and without (prefix-short.txt, prefix-off.txt: issue
+      # 14's warm check; the kernel cache of the first run serves the rest), the short graph's families
+      # and PDL off / on with the bits compared (profile-short.txt/json), then its GPU tests (tests.txt)
+      use_kernel_cache
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      for w in short off; do
+        A=""; [ $w = short ] && A="--short-prefill"
+        timeout ${PXT:-250} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B $A 2>&1 | grep -v "^INFO numba" \
+          > "$OUT/prefix-$w.txt"; echo "prefix-reuse, $w:"; grep -E "warm|cold|greedy|short prefill" "$OUT/prefix-$w.txt" | head -5
+      done
+      timeout ${PT:-120} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 --pdl both \
+        --json "$OUT/profile-short.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-short.txt" | tail -16
+      GF="tests/test_short_prefill.py tests/test_ptx.py" gpu_tests_4b "short or k16" ${TT:-150} ;;
     shortpx18)
       stage shortpx18
       # (short18's second half, a call of its own: each bench loads the 4B and compiles its graphs)

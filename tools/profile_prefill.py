@@ -1,6 +1,11 @@
 """Where a CUDA prefill spends its time, by kernel family and GEMM (GPU only).
 
     python tools/profile_prefill.py -m MODEL.gguf [--sizes 16,32,48,64,128,512] [--json PATH]
+    python tools/profile_prefill.py -m MODEL.gguf --short --start 500 [--pdl both]
+
+--short: the short prefill's graph (EngineConfig.short_prefill, engine/cuda_short_prefill.py: up
+to 8 new tokens by the int8 tensor-core GEMV), its own families; its --pdl is EngineConfig.decode_pdl
+(the switch that chains its launches), the buckets' is prefill_pdl.
 
 For each prefill size n: times the layer-major prefill of n tokens recorded into a CUDA
 graph, then the same with one family's launches (or one GEMM of the layer) replaced by a
@@ -19,7 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_decode import without  # noqa: E402
 
 MODULES = ["genie_rt.quant.embed", "genie_rt.quant.mmq", "genie_rt.kvcache.rope_write",
-           "genie_rt.kvcache.attention_prefill"]
+           "genie_rt.kvcache.attention_prefill", "genie_rt.quant.quantize_q8k", "genie_rt.quant.gemv_mma_k",
+           "genie_rt.quant.gemv_mma_glu", "genie_rt.quant.gemv_mma_qkv"]
 
 
 def families(cfg):
@@ -38,10 +44,32 @@ def families(cfg):
     ]
 
 
+def short_families(cfg):
+    """The short graph's (ShortPrefillOps'): rmsnorm_q8k(x, w, eps, ...) with a norm weight is a
+    norm, without one the q8_K of the attention's output (cols q_dim) or of the SwiGLU's (n_ff);
+    gemv_mma_k(w, ...) is attn_output or ffn_down by its columns."""
+    q8k, k = "genie_rt.quant.quantize_q8k", "genie_rt.quant.gemv_mma_k"
+    return [
+        ("embed", "genie_rt.quant.embed", "embed", None),
+        ("norm -> q8_K", q8k, "rmsnorm_q8k", lambda a: a[1] is not None),
+        ("q8_K of the attention out", q8k, "rmsnorm_q8k", lambda a: a[1] is None and a[0].shape[1] != cfg.n_ff),
+        ("q8_K of the SwiGLU out", q8k, "rmsnorm_q8k", lambda a: a[1] is None and a[0].shape[1] == cfg.n_ff),
+        ("q, k, v (one launch)", "genie_rt.quant.gemv_mma_qkv", "gemv_mma_qkv", None),
+        ("attn_output + residual", k, "gemv_mma_k", lambda a: a[0].cols == cfg.q_dim),
+        ("gate, up, SwiGLU", "genie_rt.quant.gemv_mma_glu", "gemv_mma_glu", None),
+        ("ffn_down + residual", k, "gemv_mma_k", lambda a: a[0].cols == cfg.n_ff),
+        ("rope + KV write", "genie_rt.kvcache.rope_write", "rope_write", None),
+        ("prefill attention", "genie_rt.kvcache.attention_prefill", "prefill_attention", None),
+    ]
+
+
+SHORT = False                   # --short: time the short prefill's graph (set by main)
+
+
 def time_prefill(be, n: int, reps: int = 20, splits: tuple = (1,)) -> float:
     """Median ms of one prefill of n rows, recorded fresh into its own graph."""
     from genie_rt.engine.cuda_graph import time_us
-    return time_us(lambda: be._record_prefill(n, splits), be.stream, per=1, reps=reps) / 1000
+    return time_us(lambda: be._record_prefill(n, splits, SHORT), be.stream, per=1, reps=reps) / 1000
 
 
 def compare_split_tiles(be, n: int, start: int, values: list) -> dict:
@@ -64,22 +92,23 @@ def compare_split_tiles(be, n: int, start: int, values: list) -> dict:
     return res
 
 
-def compare_pdl(be, n: int, splits: tuple) -> dict:
-    """The n-row prefill graph with EngineConfig.prefill_pdl off and on, twice in turn: ms each
-    time, and whether the residual stream after the last layer has the same bits both ways."""
+def compare_pdl(be, n: int, splits: tuple, field: str = "prefill_pdl") -> dict:
+    """The n-row prefill graph with EngineConfig.<field> (prefill_pdl; the short graph's decode_pdl)
+    off and on, twice in turn: ms each time, and whether the residual stream after the last layer
+    has the same bits both ways."""
     import numpy as np
     res, bits = {}, {}
     for rnd in (1, 2):
         for on in (False, True):
-            be.ecfg = dataclasses.replace(be.ecfg, prefill_pdl=on)     # read by each recording
+            be.ecfg = dataclasses.replace(be.ecfg, **{field: on})     # read by each recording
             ms = time_prefill(be, n, splits=splits)
-            res.setdefault(f"prefill_pdl={on}", []).append(ms)
+            res.setdefault(f"{field}={on}", []).append(ms)
             x = be._prefill_scratch[n].x.copy_to_host()
             bits.setdefault(on, x)
-            print(f"  prefill_pdl={on}: {ms:.3f} ms (pass {rnd})", flush=True)
+            print(f"  {field}={on}: {ms:.3f} ms (pass {rnd})", flush=True)
     same = bool(np.array_equal(bits[False], bits[True]))
     diff = float(np.max(np.abs(bits[False] - bits[True])))
-    print(f"  prefill_pdl on against off: same bits {same} (max |diff| {diff:.3g})", flush=True)
+    print(f"  {field} on against off: same bits {same} (max |diff| {diff:.3g})", flush=True)
     return dict(ms=res, same_bits=same, max_abs_diff=diff)
 
 
@@ -92,30 +121,41 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None)
     p.add_argument("--start", type=int, default=0, help="first position of the prefill (tokens already "
                    "in the cache, as after prefix reuse; default 0)")
-    p.add_argument("--pdl", choices=("off", "on", "both"), default="off",
-                   help="EngineConfig.prefill_pdl (sm_90+: the GEMMs by programmatic dependent launch); "
+    p.add_argument("--pdl", choices=("off", "on", "both"), default=None,
+                   help="EngineConfig.prefill_pdl (sm_90+: the GEMMs by programmatic dependent launch; default "
+                        "off), with --short decode_pdl (default on, as the engine's); "
                         "both: time the graph each way in turn and check that the residual stream has "
-                        "the same bits (the ablation then runs with it off)")
+                        "the same bits (the ablation then runs with it off; --short: on)")
     p.add_argument("--split-tiles", default=None, metavar="K,K,...",
                    help="also time the graph with kvcache/attention_prefill.MIN_SPLIT_TILES at each value "
                         "(the fewest key tiles a split of the attention keeps; default 4)")
+    p.add_argument("--short", action="store_true",
+                   help="the short prefill's graph (EngineConfig.short_prefill; sizes up to 8, default 8)")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
                    help="time the whole graph only, not each family's share")
     args = p.parse_args(argv)
     if args.start < 0:
         p.error(f"--start must be >= 0, got {args.start}")
+    global SHORT
+    SHORT = args.short
+    args.pdl = args.pdl or ("on" if args.short else "off")
+    if args.short and args.sizes == p.get_default("sizes"):
+        args.sizes = "8"
     from genie_rt.engine.config import EngineConfig
     from genie_rt.engine.engine import Engine
     for module in MODULES:
         importlib.import_module(module)
+    pdl_field = "decode_pdl" if args.short else "prefill_pdl"
     eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv,
-                                               prefill_pdl=args.pdl == "on"))
+                                               short_prefill=args.short, **{pdl_field: args.pdl != "off"}))
     be = eng.backend
+    if args.short and not be.short_prefill:
+        p.error(f"--short: the short prefill does not take this model ({be.device_info().get('short_prefill')})")
     out = []
     for n in (int(v) for v in args.sizes.split(",")):
-        if n > be.lay.chunk or args.start + n > be.n_ctx:
+        if n > (8 if args.short else be.lay.chunk) or args.start + n > be.n_ctx:
             print(f"prefill of {n} tokens at position {args.start}: skipped (chunk {be.lay.chunk}, "
-                  f"context {be.n_ctx}; raise --ctx)", flush=True)
+                  f"context {be.n_ctx}; raise --ctx; --short: at most 8)", flush=True)
             continue
         used = be._splits(n, args.start)                 # in use at this start (device state)
         be._set_state(pos=args.start, last=n - 1, splits=used)
@@ -126,17 +166,18 @@ def main(argv=None) -> int:
             used, splits = be._splits(n, args.start), be._max_splits(n)
             be._set_state(pos=args.start, last=n - 1, splits=used)
         if args.pdl == "both":
-            ways = compare_pdl(be, n, splits)
-            be.ecfg = dataclasses.replace(be.ecfg, prefill_pdl=False)
+            ways = compare_pdl(be, n, splits, pdl_field)
+            be.ecfg = dataclasses.replace(be.ecfg, **{pdl_field: args.short})    # the short graph: PDL on
         full = time_prefill(be, n, splits=splits)
         print(f"prefill of {n} tokens at position {args.start} ({used} of at most {splits} attention splits), "
               f"{be.device_info()['device']}: {full:.3f} ms "
-              f"({n / full * 1000:.0f} tokens/s, graph only), prefill_pdl={be.ecfg.prefill_pdl}", flush=True)
+              f"({n / full * 1000:.0f} tokens/s, graph only), {pdl_field}={getattr(be.ecfg, pdl_field)}"
+              f"{', short graph' if args.short else ''}", flush=True)
         if not args.ablation:
             out.append(dict(n=n, start=args.start, ms=full, pdl=ways))
             continue
         rows = []
-        for label, module, name, pred in families(be.cfg):
+        for label, module, name, pred in (short_families if args.short else families)(be.cfg):
             with without(module, name, pred):
                 rest = time_prefill(be, n, splits=splits)
             rows.append(dict(n=n, family=label, ms=full - rest, percent=100 * (full - rest) / full))
