@@ -643,7 +643,8 @@ for s in "$@"; do
       # the short prefill in one call (2026-12-06; the device came rarely that day): the prefix-reuse
       # bench with it (PDL: the default on sm_90) and without (prefix-short.txt, prefix-off.txt: issue
       # 14's warm check; the kernel cache of the first run serves the rest), the short graph's families
-      # and PDL off / on with the bits compared (profile-short.txt/json), then its GPU tests (tests.txt)
+      # and PDL off / on with the bits compared, its attention at 1, 2 and 4 key tiles a split at least
+      # (profile-short.txt/json), then its GPU tests (tests.txt)
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       for w in short off; do
@@ -651,7 +652,7 @@ for s in "$@"; do
         timeout ${PXT:-250} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B $A 2>&1 | grep -v "^INFO numba" \
           > "$OUT/prefix-$w.txt"; echo "prefix-reuse, $w:"; grep -E "warm|cold|greedy|short prefill" "$OUT/prefix-$w.txt" | head -5
       done
-      timeout ${PT:-120} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 --pdl both \
+      timeout ${PT:-150} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 --pdl both --split-tiles 1,2,4 \
         --json "$OUT/profile-short.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-short.txt" | tail -16
       GF="tests/test_short_prefill.py tests/test_ptx.py" gpu_tests_4b "short or k16" ${TT:-150} ;;
     shortpx18)
