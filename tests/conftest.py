@@ -51,7 +51,7 @@ SIMULATOR_MODULES = frozenset({
     "test_gemv_norm.py", "test_gemv_pdl.py",
     "test_gpu_sampling.py", "test_h2d.py", "test_integrated_gpu.py", "test_mmq.py", "test_mmq_types.py",
     "test_norm.py",
-    "test_ptx.py", "test_rope_write.py",
+    "test_ptx.py", "test_ptx_mma.py", "test_rope_write.py",
 })
 
 

@@ -217,7 +217,7 @@ for s in "$@"; do
     kernels)
       stage kernels
       timeout ${KT:-330} $PY -m pytest -q -m gpu -p no:cacheprovider --durations=10 \
-        ${KTESTS:-tests/test_ptx.py tests/test_gemv.py tests/test_gemv_pdl.py tests/test_mmq.py tests/test_mmq_types.py tests/test_attention_*.py \
+        ${KTESTS:-tests/test_ptx.py tests/test_ptx_mma.py tests/test_gemv.py tests/test_gemv_pdl.py tests/test_mmq.py tests/test_mmq_types.py tests/test_attention_*.py \
         tests/test_rope_write.py tests/test_device_pool.py tests/test_embed.py tests/test_norm.py \
         tests/test_gpu_sampling.py} 2>&1 | tee "$OUT/kernels.txt" | tail -30 ;;
     gputests)
@@ -634,7 +634,7 @@ for s in "$@"; do
       # (prefix-off.txt, prefix-short.txt: 500 cached + 8 new tokens, the issue's warm-reuse check)
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      GF="tests/test_short_prefill.py tests/test_ptx.py" gpu_tests_4b "short or k16" ${TT:-240}
+      GF="tests/test_short_prefill.py tests/test_ptx_mma.py" gpu_tests_4b "short or k16" ${TT:-240}
       timeout ${MT:-120} $PY -m genie_rt.quant.gemv_mma_glu --json "$OUT/gemv-mma-glu.json" 2>&1 | grep -v "^INFO numba" | tail -6
       timeout ${MT:-200} $PY -m genie_rt.quant.gemv_mma_k --json "$OUT/gemv-mma-k-q6k.json" --shapes q6k \
         --tokens 1,8 --ks 2,4,8 --copies 8 2>&1 | grep -v "^INFO numba" | tail -8 ;;
@@ -654,7 +654,7 @@ for s in "$@"; do
       done
       timeout ${PT:-150} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 --pdl both --split-tiles 1,2,4 \
         --json "$OUT/profile-short.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-short.txt" | tail -16
-      GF="tests/test_short_prefill.py tests/test_ptx.py" gpu_tests_4b "short or k16" ${TT:-150} ;;
+      GF="tests/test_short_prefill.py tests/test_ptx_mma.py" gpu_tests_4b "short or k16" ${TT:-150} ;;
     shortpx18)
       stage shortpx18
       # (short18's second half, a call of its own: each bench loads the 4B and compiles its graphs)
