@@ -38,6 +38,12 @@ from .cuda_layout import SHORT_ROWS
 from .cuda_ops import _Ops, _pdl_available
 from .models.ops import AttnLayer
 
+# Lab knob: the graph's launches chained by programmatic dependent launch (where the decode step's
+# are: EngineConfig.decode_pdl on sm_90+). Off: slower on an H100, 2026-12-06 - 8 new tokens after
+# 500 cached, the 4B's graph 3.43 ms with it against 3.13 without, the same bits
+# (`tools/profile_prefill.py --short --pdl both`; docs/kernels/gemv.md 8g).
+PDL = False
+
 
 def _layer_matrices(weights):
     """Every matrix of every layer (the norms and other 1-D tensors left out)."""
@@ -79,10 +85,10 @@ class ShortPrefillOps(_Ops):
                         for i, (p, k) in enumerate(zip(rt._plans(), n_splits))}
         self._holds = None          # the buffer whose q8_K values are in xq8k now
         self._gemv = rt.short_gemv  # tensor name -> its dp4a-mode GemvWeight
-        # programmatic dependent launch (quant/pdl.py) where the decode step takes it
-        # (EngineConfig.decode_pdl on sm_90+): the norms, the q8_K launches, the GEMVs and rope_write;
-        # the attention and its merge launch plainly
-        self.pdl = bool(getattr(rt.ecfg, "decode_pdl", False)) and _pdl_available()
+        # the lab knob PDL: programmatic dependent launch (quant/pdl.py) where the decode step takes
+        # it (EngineConfig.decode_pdl on sm_90+) - the norms, the q8_K launches, the GEMVs and
+        # rope_write; the attention and its merge launch plainly
+        self.pdl = PDL and bool(getattr(rt.ecfg, "decode_pdl", False)) and _pdl_available()
         self.pdl_kinds = frozenset({"rope"}) if self.pdl else frozenset()
 
     def _invalidate(self, name: str) -> None:

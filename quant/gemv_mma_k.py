@@ -347,6 +347,15 @@ def _fits(kern, signature: str, key: tuple) -> None:
 FORMATS = (QType.Q4_K, QType.Q6_K)
 
 
+def default_pipe(qtype, n_tok: int) -> bool:
+    """Whether a build issues the next block's loads before this block's multiplies (PIPE): for
+    Q4_K up to 8 tokens. Not above 8 (the 16-token build holds two blocks' loads in 255 registers,
+    and was slower so) nor for Q6_K: its pipelined build (158 registers against ~100) was slower at
+    every k-split on an H100, 2026-12-06 (weights from DRAM, 8 tokens: ffn_down 25.3 us at the
+    planned k-split 8 against 19.4 unpipelined, attn_v 5.4 against 4.9; docs/kernels/gemv.md 8h)."""
+    return n_tok <= 8 and qtype == QType.Q4_K
+
+
 def q8k_inputs(who: str, weights, xq, xd, xb, n_tok: int, cols: int, read_xb: bool):
     """The q8_K activations as the mma GEMV kernels read them - (xq as uint32 words, xd, xb), flat -
     after the checks every launcher makes: sizes and dtypes (xb where read_xb: a Q4_K build reads
@@ -375,8 +384,8 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
     (gemv.prepare_weight, dp4a mode) and q8_K activations xq int8 [n_tok, cols], xd float32
     [n_tok, cols / 256], xb int32 [n_tok, cols / 32] (`quantize_q8k`; a Q6_K weight does not read
     xb, which may then be None); 1 <= n_tok <= 16 (above 8: the NT 16 build). ksplit: warps a
-    thread block (1..16; None: plan_ksplit), pipe: the kernel's PIPE (None: on for up to 8 tokens;
-    the 16-token build holds two blocks' loads in 255 registers, and was slower so). Q6_K:
+    thread block (1..16; None: plan_ksplit), pipe: the kernel's PIPE (None: `default_pipe` - on for
+    Q4_K up to 8 tokens, off for Q6_K and above 8 tokens). Q6_K:
     quant/gemv_mma_q6k.py. ldy: y (and residual) hold token t's row at t * ldy of a 1-D array of
     at least (n_tok - 1) * ldy + rows values - a column slice of a wider buffer, e.g. q's columns of
     [q | k | v] (None: y is [n_tok, rows]). pdl: the programmatic-dependent-launch build and launch
@@ -388,7 +397,7 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
     if not 1 <= n_tok <= MAX_TOK:
         raise ValueError(f"gemv_mma_k: n_tok {n_tok} must be 1..{MAX_TOK}")
     ksplit = plan_ksplit(w.rows, w.cols, n_tok) if ksplit is None else ksplit
-    pipe = n_tok <= 8 if pipe is None else pipe
+    pipe = default_pipe(w.qtype, n_tok) if pipe is None else pipe
     if not 1 <= ksplit <= 16:
         raise ValueError(f"gemv_mma_k: ksplit {ksplit} must be 1..16")
     rows, cols = w.rows, w.cols

@@ -194,7 +194,7 @@ def bench_glu(argv=None) -> int:
 def _bench_qkv(n_tok, q, stream, dup) -> dict:
     """q, k, v of the 4B (4,096 / 1,024 / 1,024 rows x 2,560; Q4_K, Q4_K, Q6_K: a Q4_K_M file's
     mixed layers; 8 copies) in one launch (gemv_mma_qkv) against gemv_mma_k three times into the
-    same columns: the bits, then the times."""
+    same columns: the bits (at the one launch's k-split), then the times (each at its own plan)."""
     import itertools
     from dataclasses import replace
 
@@ -211,15 +211,17 @@ def _bench_qkv(n_tok, q, stream, dup) -> dict:
     flat3 = y3.reshape(n_tok * total)
     nxt = itertools.cycle(sets).__next__
 
-    def three(ws=None):
+    ks = plan_ksplit(total, 2560, n_tok)            # gemv_mma_qkv's: the same sums in the same order
+
+    def three(ws=None, ksplit=None):
         c = 0
         for w in ws or nxt():
-            gemv_mma_k(w, *q, flat3[c:], n_tok, ldy=total, stream=stream)
+            gemv_mma_k(w, *q, flat3[c:], n_tok, ldy=total, stream=stream, ksplit=ksplit)
             c += w.rows
 
     def one(ws=None):
         gemv_mma_qkv(ws or nxt(), *q, y, n_tok, stream=stream)
-    three(base)
+    three(base, ks)
     one(base)
     stream.synchronize()
     row = dict(kernel="qkv", n_tok=n_tok, same_bits=bool(np.array_equal(y.copy_to_host(), y3.copy_to_host())))

@@ -39,12 +39,14 @@ def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True, PDL: bool = 
     """The kernel for the formats FMTS (three "Q4_K" / "Q6_K"): grid = the three matrices' tiles,
     32 * KSPLIT threads. Arguments: for each matrix its GEMV planes wa, wb, wc, wd and rows; then
     nu (units a row, the same for all: one input), xq, xd, xb (q8_K), cols, n_tok (<= 8), ldy, y
-    ([q | k | v] rows of ldy floats). PDL: as gemv_mma_k's."""
+    ([q | k | v] rows of ldy floats). PIPE: the Q4_K matrices' (a Q6_K one's trips are unpipelined,
+    as gemv_mma_k.default_pipe). PDL: as gemv_mma_k's."""
     if len(FMTS) != 3 or any(f not in ("Q4_K", "Q6_K") for f in FMTS):
         raise ValueError(f"mma_qkv_kernel: FMTS {FMTS} must be three of Q4_K, Q6_K")
     NW = KSPLIT
     finish = make_finish(NW, 4)
-    T0, T1, T2 = ((make_trips if f == "Q4_K" else Q6.make_trips)(NW, 8, PIPE, PDL) for f in FMTS)
+    # (PIPE is the Q4_K matrices'; the Q6_K trips are unpipelined: gemv_mma_k.default_pipe)
+    T0, T1, T2 = ((make_trips(NW, 8, PIPE, PDL) if f == "Q4_K" else Q6.make_trips(NW, 8, False, PDL)) for f in FMTS)
     launch_dependents = pdl_hooks(PDL)[1]
 
     @cuda.jit

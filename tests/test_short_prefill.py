@@ -6,7 +6,8 @@
   the whole text (cosine >= 0.999: its activations are q8_K where the CPU's are float32), the same
   argmax, and the K/V rows it wrote: the decode step after it agrees with the CPU's. A chunk of
   more than 8 tokens keeps the MMQ bucket.
-- By programmatic dependent launch (EngineConfig.decode_pdl, sm_90+): the same bits.
+- By programmatic dependent launch (the lab knob cuda_short_prefill.PDL with EngineConfig.decode_pdl,
+  sm_90+): the same bits.
 """
 import os
 import sys
@@ -83,10 +84,15 @@ def test_simulated_short_prefill_by_pdl_launches_every_gemv_and_norm_so_and_keep
                                      vocab=300, text_tokens=274), seed=0, exact=True)
     prompt = np.array([5, 17, 100, 3, 250, 9, 42, 8, 61, 7, 199, 33], np.int32)
     turn = np.array([11, 4, 270, 90, 6], np.int32)
+    from genie_rt.kvcache import rope_write
     launched, real = [], pdl.launch_or_plain
-    monkeypatch.setattr(pdl, "launch_or_plain", lambda kern, grid, block, stream, sig, on, *a, **k:
-                        launched.append((kern.py_func.__qualname__, on)) or real(kern, grid, block, stream, sig, on,
-                                                                               *a, **k))
+
+    def spy(kern, grid, block, stream, sig, on, *a, **k):
+        launched.append((kern.py_func.__qualname__, on))
+        return real(kern, grid, block, stream, sig, on, *a, **k)
+    monkeypatch.setattr(pdl, "launch_or_plain", spy)
+    monkeypatch.setattr(rope_write, "launch_or_plain", spy)        # (imported by name there)
+    monkeypatch.setattr(cuda_short_prefill, "PDL", True)       # (the lab knob: off by default)
     got = {}
     for on in (False, True):
         monkeypatch.setattr(cuda_short_prefill, "_pdl_available", lambda: on)
@@ -149,14 +155,16 @@ def test_gpu_short_prefill_matches_the_mmq_prefill(fixture_gguf, tmp_path, which
 
 
 @pytest.mark.gpu
-def test_gpu_short_prefill_pdl_keeps_the_bits(tmp_path):
+def test_gpu_short_prefill_pdl_keeps_the_bits(tmp_path, monkeypatch):
     # the short graph with its launches chained by PDL (EngineConfig.decode_pdl, sm_90+) against the
     # same graph launched plainly, on a file with Q4_K and Q6_K matrices: turns of 1, 5 and 8 tokens
     # after a prompt, the logits' bits equal, replay after replay
     from genie_rt.quant import pdl
     from test_backend_cuda import make_backends
+    from genie_rt.engine import cuda_short_prefill
     if not pdl.available():
         pytest.skip("no programmatic dependent launch on this device (sm_90+)")
+    monkeypatch.setattr(cuda_short_prefill, "PDL", True)       # (the lab knob: off by default)
     path = tmp_path / "two.gguf"
     write_synthetic_qwen3(path, dict(layers=2, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1536,
                                      vocab=1000, text_tokens=970), seed=1, exact=True)

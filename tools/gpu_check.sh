@@ -82,8 +82,8 @@
 #             Q6_K build timed (TT, MT: their time limits)
 #   short19   the short prefill in one call: prefix reuse with and without it, its graph's profile (PDL off /
 #             on, bits), its GPU tests (PXT, PT, TT: the limits)
-#   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter by PDL (the default on
-#             sm_90) and plain (--no-pdl) (PXT: each run's limit; PXW: which of off short shortplain)
+#   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter also with --no-pdl
+#             (PXT: each run's limit; PXW: which of off short shortplain)
 #   ppdl16    the prefill's GEMMs by programmatic dependent launch (EngineConfig.prefill_pdl): the prefill
 #             graph off / on with the bits compared (profile_prefill --pdl both), bench_prefix both ways,
 #             TT s of GPU tests
@@ -641,10 +641,11 @@ for s in "$@"; do
     short19)
       stage short19
       # the short prefill in one call (2026-12-06; the device came rarely that day): the prefix-reuse
-      # bench with it (PDL: the default on sm_90) and without (prefix-short.txt, prefix-off.txt: issue
+      # bench with it and without (prefix-short.txt, prefix-off.txt: issue
       # 14's warm check; the kernel cache of the first run serves the rest), the short graph's families
-      # and PDL off / on with the bits compared, its attention at 1, 2 and 4 key tiles a split at least
-      # (profile-short.txt/json), then its GPU tests (tests.txt)
+      # and PDL off / on with the bits compared (PSPLIT="--split-tiles 1,2,4": its attention's splits; no
+      # difference on 2026-12-06) (profile-short.txt/json), its GPU tests (tests.txt), then the fused
+      # gate/up/SwiGLU and q/k/v launches against their parts (gemv-mma-glu.json)
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       for w in short off; do
@@ -652,9 +653,11 @@ for s in "$@"; do
         timeout ${PXT:-250} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B $A 2>&1 | grep -v "^INFO numba" \
           > "$OUT/prefix-$w.txt"; echo "prefix-reuse, $w:"; grep -E "warm|cold|greedy|short prefill" "$OUT/prefix-$w.txt" | head -5
       done
-      timeout ${PT:-150} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 --pdl both --split-tiles 1,2,4 \
+      timeout ${PT:-150} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 --pdl both ${PSPLIT:-} \
         --json "$OUT/profile-short.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-short.txt" | tail -16
-      GF="tests/test_short_prefill.py tests/test_ptx_mma.py" gpu_tests_4b "short or k16" ${TT:-150} ;;
+      GF="tests/test_short_prefill.py tests/test_ptx_mma.py" gpu_tests_4b "short or k16" ${TT:-150}
+      timeout ${MT:-100} $PY -m genie_rt.quant.gemv_mma_glu --json "$OUT/gemv-mma-glu.json" 2>&1 | grep -v "^INFO numba" \
+        | grep -v "Warning\|warn(" | tail -6 ;;
     shortpx18)
       stage shortpx18
       # (short18's second half, a call of its own: each bench loads the 4B and compiles its graphs)

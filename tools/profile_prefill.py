@@ -4,8 +4,9 @@
     python tools/profile_prefill.py -m MODEL.gguf --short --start 500 [--pdl both]
 
 --short: the short prefill's graph (EngineConfig.short_prefill, engine/cuda_short_prefill.py: up
-to 8 new tokens by the int8 tensor-core GEMV), its own families; its --pdl is EngineConfig.decode_pdl
-(the switch that chains its launches), the buckets' is prefill_pdl.
+to 8 new tokens by the int8 tensor-core GEMV), its own families; its --pdl turns on the lab knob
+cuda_short_prefill.PDL and toggles EngineConfig.decode_pdl (together they chain its launches), the
+buckets' is prefill_pdl.
 
 For each prefill size n: times the layer-major prefill of n tokens recorded into a CUDA
 graph, then the same with one family's launches (or one GEMM of the layer) replaced by a
@@ -123,7 +124,7 @@ def main(argv=None) -> int:
                    "in the cache, as after prefix reuse; default 0)")
     p.add_argument("--pdl", choices=("off", "on", "both"), default=None,
                    help="EngineConfig.prefill_pdl (sm_90+: the GEMMs by programmatic dependent launch; default "
-                        "off), with --short decode_pdl (default on, as the engine's); "
+                        "off), with --short the short graph's (the lab knob cuda_short_prefill.PDL; off); "
                         "both: time the graph each way in turn and check that the residual stream has "
                         "the same bits (the ablation then runs with it off; --short: on)")
     p.add_argument("--split-tiles", default=None, metavar="K,K,...",
@@ -138,7 +139,10 @@ def main(argv=None) -> int:
         p.error(f"--start must be >= 0, got {args.start}")
     global SHORT
     SHORT = args.short
-    args.pdl = args.pdl or ("on" if args.short else "off")
+    args.pdl = args.pdl or "off"
+    if args.short and args.pdl != "off":
+        from genie_rt.engine import cuda_short_prefill
+        cuda_short_prefill.PDL = True               # then decode_pdl decides (compare_pdl toggles it)
     if args.short and args.sizes == p.get_default("sizes"):
         args.sizes = "8"
     from genie_rt.engine.config import EngineConfig
@@ -167,7 +171,7 @@ def main(argv=None) -> int:
             be._set_state(pos=args.start, last=n - 1, splits=used)
         if args.pdl == "both":
             ways = compare_pdl(be, n, splits, pdl_field)
-            be.ecfg = dataclasses.replace(be.ecfg, **{pdl_field: args.short})    # the short graph: PDL on
+            be.ecfg = dataclasses.replace(be.ecfg, **{pdl_field: False})       # the ablation: plain
         full = time_prefill(be, n, splits=splits)
         print(f"prefill of {n} tokens at position {args.start} ({used} of at most {splits} attention splits), "
               f"{be.device_info()['device']}: {full:.3f} ms "
