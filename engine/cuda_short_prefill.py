@@ -26,8 +26,9 @@ others keep the MMQ buckets (`unfit_reason`).
 
 The numbers differ from the MMQ prefill's: the activations are q8_K (a scale per 256 values)
 where the GEMMs read fp16 - tests/test_short_prefill.py holds the logits to the MMQ graph's by
-cosine and checks the greedy next token. EngineConfig.short_prefill (off) until measured on the
-GPU: `tools/gpu_check.sh short18`.
+cosine and checks the greedy next token. EngineConfig.short_prefill stays off by default: on an
+H100 (2026-12-06) a warm 8-token turn after 500 cached tokens took 3.5 ms with it against 4.3 (7.1x
+against 5.6x cold), while a first start also compiles the mma builds (docs/decode-step.md 7).
 """
 from __future__ import annotations
 

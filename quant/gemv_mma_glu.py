@@ -15,8 +15,9 @@ The activation's arithmetic is engine/norm.py's swiglu / geglu kernels' (the sam
 expressions), so only the products' rounding differs from gemv_mma_k twice plus norm.swiglu:
 the sums are the same integers, in the same order, so the bits are equal (tests/test_gemv_mma_glu.py).
 
-Status: checked in the simulator and by ptxas; not yet timed. Used by the short prefill (a lab
-switch, off), not by the engine's default path.
+Status: checked in the simulator and by ptxas; on an H100 (2026-12-06) the same bits as its parts,
+15.9 us for 8 tokens of the 4B's 9,728 x 2,560 against 23.1 for the three launches (kernels/gemv.md
+8h). Used by the short prefill (a lab switch, off), not by the engine's default path.
 """
 from __future__ import annotations
 

@@ -10,7 +10,9 @@ launch instead of three takes two launch gaps, ramps and tails off the short pre
 (engine/cuda_short_prefill.py); registers are the larger build's (sm_90 ptxas: see
 tests/test_gemv_mma_qkv.py's slow test).
 
-Status: checked in the simulator (the same bits as gemv_mma_k per matrix); not yet timed.
+Status: checked in the simulator (the same bits as gemv_mma_k per matrix at its k-split) and in the
+short prefill's GPU tests (H100, 2026-12-06: 12.4 us a layer for 8 tokens in its graph); its own
+bench's bits check ran at mismatched k-splits that night (fixed since), so not yet timed alone.
 """
 from __future__ import annotations
 
