@@ -150,6 +150,22 @@ def assert_ptx_contains(ptx, *needles, where=""):
     assert not missing, f"{where}: PTX lacks {missing}"
 
 
+def assert_compiled_for(ptx_text, kernels, ccs=DEFAULT_CCS):
+    """compile_in_subprocess's result holds every kernel of `kernels`, each for exactly `ccs`,
+    each text naming its target."""
+    assert set(ptx_text) == set(kernels)
+    for name, per_cc in ptx_text.items():
+        assert set(per_cc) == {tuple(cc) for cc in ccs}, name
+        for cc, text in per_cc.items():
+            assert f".target sm_{cc[0]}{cc[1]}" in text
+
+
+def assert_every_target_contains(per_cc, needles, name=""):
+    """assert_ptx_contains on each target's text of one kernel ({(major, minor): ptx})."""
+    for cc, text in per_cc.items():
+        assert_ptx_contains(text, *needles, where=f"{name} sm_{cc[0]}{cc[1]}")
+
+
 def assert_ptx_lacks(ptx, *needles, where=""):
     """No needle (plain substring) occurs in the PTX text."""
     found = [n for n in needles if n in ptx]

@@ -19,7 +19,7 @@ import pytest
 from numba import cuda, int32
 
 from genie_rt.quant import ptx
-from ptx_helpers import assert_no_f64, assert_ptx_contains, compile_in_subprocess
+from ptx_helpers import assert_compiled_for, assert_every_target_contains, assert_no_f64, compile_in_subprocess
 
 SIM = ptx.SIMULATOR
 sim_only = pytest.mark.skipif(not SIM, reason="checks a simulator-only behaviour")
@@ -348,17 +348,12 @@ def ptx_text():
 
 
 def test_ptx_compiles_for_sm87_and_sm90(ptx_text):
-    assert set(ptx_text) == set(KERNELS)
-    for name, per_cc in ptx_text.items():
-        assert set(per_cc) == {(8, 7), (9, 0)}, name
-        for cc, text in per_cc.items():
-            assert f".target sm_{cc[0]}{cc[1]}" in text
+    assert_compiled_for(ptx_text, KERNELS, ((8, 7), (9, 0)))
 
 
 @pytest.mark.parametrize("name", sorted(EXPECT))
 def test_ptx_contains_the_instructions(ptx_text, name):
-    for cc, text in ptx_text[name].items():
-        assert_ptx_contains(text, *EXPECT[name], where=f"{name} sm_{cc[0]}{cc[1]}")
+    assert_every_target_contains(ptx_text[name], EXPECT[name], name)
 
 
 def test_ptx_zfill_and_no_float64(ptx_text):

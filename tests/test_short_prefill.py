@@ -26,6 +26,27 @@ from synth_gguf import write_synthetic_qwen3  # noqa: E402
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
+# the simulator tests' prompt (12 tokens: the MMQ bucket) and turn (5: the short graph)
+PROMPT = np.array([5, 17, 100, 3, 250, 9, 42, 8, 61, 7, 199, 33], np.int32)
+TURN = np.array([11, 4, 270, 90, 6], np.int32)
+
+
+def _tiny(tmp_path):
+    """A one-layer Qwen3 file of Q4_K and Q6_K matrices (the simulator tests')."""
+    path = tmp_path / "tiny.gguf"
+    write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
+                                     vocab=300, text_tokens=274), seed=0, exact=True)
+    return path
+
+
+def _two_layers(tmp_path):
+    """Two layers at real-ish widths, Q6_K attn_v and ffn_down among them (the GPU tests')."""
+    path = tmp_path / "two.gguf"
+    write_synthetic_qwen3(path, dict(layers=2, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1536,
+                                     vocab=1000, text_tokens=970), seed=1, exact=True)
+    return path
+
+
 def _m(name, qtype, cols):
     return SimpleNamespace(name=name, packed=SimpleNamespace(qtype=qtype, cols=cols))
 
@@ -44,14 +65,11 @@ def test_unfit_reason_names_the_matrix():
 @pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: tools/gpu_check.sh short18)")
 def test_simulated_short_prefill_matches_the_mmq_prefill_and_the_cpu(tmp_path):
     from test_backend_cuda import cosine_rows, make_backends
-    path = tmp_path / "tiny.gguf"
-    write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
-                                     vocab=300, text_tokens=274), seed=0, exact=True)
+    path = _tiny(tmp_path)
     gpu, cpu, _ = make_backends(path, "f16", n_ctx=64, chunk=16, warm=False, short_prefill=True)
     assert gpu.short_prefill and set(gpu.short_gemv) == {f"blk.0.{n}.weight" for n in (
         "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
-    prompt = np.array([5, 17, 100, 3, 250, 9, 42, 8, 61, 7, 199, 33], np.int32)   # 12: the MMQ bucket
-    turn = np.array([11, 4, 270, 90, 6], np.int32)                                 # 5: the short graph
+    prompt, turn = PROMPT, TURN
     seen, real = [], gpu._record_prefill
     gpu._record_prefill = lambda n, splits, short=False: seen.append((n, short)) or real(n, splits, short)
     gpu.prefill(prompt, 0)
@@ -79,11 +97,8 @@ def test_simulated_short_prefill_by_pdl_launches_every_gemv_and_norm_so_and_keep
     from genie_rt.engine import cuda_short_prefill
     from genie_rt.quant import pdl
     from test_backend_cuda import make_backends
-    path = tmp_path / "tiny.gguf"
-    write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
-                                     vocab=300, text_tokens=274), seed=0, exact=True)
-    prompt = np.array([5, 17, 100, 3, 250, 9, 42, 8, 61, 7, 199, 33], np.int32)
-    turn = np.array([11, 4, 270, 90, 6], np.int32)
+    path = _tiny(tmp_path)
+    prompt, turn = PROMPT, TURN
     from genie_rt.kvcache import rope_write
     launched, real = [], pdl.launch_or_plain
 
@@ -113,9 +128,7 @@ def test_simulated_short_prefill_by_pdl_launches_every_gemv_and_norm_so_and_keep
 @pytest.mark.skipif(not SIM, reason="simulator test")
 def test_simulated_short_prefill_stays_off_where_a_chunk_is_below_8_rows(tmp_path, caplog):
     from test_backend_cuda import make_backends
-    path = tmp_path / "tiny.gguf"
-    write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
-                                     vocab=300, text_tokens=274), seed=0, exact=True)
+    path = _tiny(tmp_path)
     with caplog.at_level("WARNING", logger="genie_rt.cuda"):
         gpu, _, _ = make_backends(path, "f16", n_ctx=64, chunk=4, warm=False, short_prefill=True)
     assert not gpu.short_prefill and "chunk of 4 rows" in caplog.text
@@ -131,9 +144,7 @@ def test_gpu_short_prefill_matches_the_mmq_prefill(fixture_gguf, tmp_path, which
     from test_backend_cuda import cosine_rows, make_backends
     path = fixture_gguf
     if which == "q6k":
-        path = tmp_path / "two.gguf"
-        write_synthetic_qwen3(path, dict(layers=2, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1536,
-                                         vocab=1000, text_tokens=970), seed=1, exact=True)
+        path = _two_layers(tmp_path)
     gpu, _, _ = make_backends(path, "f16", n_ctx=128, chunk=64, short_prefill=True)
     assert gpu.short_prefill and gpu.device_info()["short_prefill"]
     assert ("prefill_short", 8, gpu._max_splits(8)) in gpu._graphs     # captured at load
@@ -165,9 +176,7 @@ def test_gpu_short_prefill_pdl_keeps_the_bits(tmp_path, monkeypatch):
     if not pdl.available():
         pytest.skip("no programmatic dependent launch on this device (sm_90+)")
     monkeypatch.setattr(cuda_short_prefill, "PDL", True)       # (the lab knob: off by default)
-    path = tmp_path / "two.gguf"
-    write_synthetic_qwen3(path, dict(layers=2, hidden=512, heads=8, kv_heads=2, head_dim=64, ffn=1536,
-                                     vocab=1000, text_tokens=970), seed=1, exact=True)
+    path = _two_layers(tmp_path)
     rng = np.random.default_rng(5)
     prompt = rng.integers(0, 256, 20).astype(np.int32)
     turns = [rng.integers(0, 256, n).astype(np.int32) for n in (1, 5, 8, 8)]

@@ -194,6 +194,16 @@ prefix_4b() {
   timeout $1 $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" \
     | tee "$OUT/prefix.txt" | tail -4
 }
+# the prefix-reuse bench once for each way of $1 (off: the buckets; short: --short-prefill; shortplain:
+# that and --no-pdl) within $2 s each: prefix-<way>.txt, its verdict lines shown
+prefix_ways() {
+  local w A
+  for w in $1; do
+    A=""; [ $w = short ] && A="--short-prefill"; [ $w = shortplain ] && A="--short-prefill --no-pdl"
+    timeout $2 $PY tools/bench_prefix.py --backend cuda -m $MODEL4B $A 2>&1 | grep -v "^INFO numba" \
+      > "$OUT/prefix-$w.txt"; echo "prefix-reuse, $w:"; grep -E "warm|cold|greedy|short prefill" "$OUT/prefix-$w.txt" | head -6
+  done
+}
 # the 4B's decode step by tools/profile_decode.py at each depth of $1 with --settings $2 (the
 # ablation only at depth 512 when $3 is "abl"): profile-$4$d.json / .txt, the last $5 lines shown
 profile_4b() {
@@ -648,11 +658,7 @@ for s in "$@"; do
       # gate/up/SwiGLU and q/k/v launches against their parts (gemv-mma-glu.json)
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      for w in short off; do
-        A=""; [ $w = short ] && A="--short-prefill"
-        timeout ${PXT:-250} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B $A 2>&1 | grep -v "^INFO numba" \
-          > "$OUT/prefix-$w.txt"; echo "prefix-reuse, $w:"; grep -E "warm|cold|greedy|short prefill" "$OUT/prefix-$w.txt" | head -5
-      done
+      prefix_ways "short off" ${PXT:-250}
       timeout ${PT:-150} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 --pdl both ${PSPLIT:-} \
         --json "$OUT/profile-short.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-short.txt" | tail -16
       GF="tests/test_short_prefill.py tests/test_ptx_mma.py" gpu_tests_4b "short or k16" ${TT:-150}
@@ -663,11 +669,7 @@ for s in "$@"; do
       # (short18's second half, a call of its own: each bench loads the 4B and compiles its graphs)
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      for w in ${PXW:-off short shortplain}; do
-        A=""; [ $w = short ] && A="--short-prefill"; [ $w = shortplain ] && A="--short-prefill --no-pdl"
-        timeout ${PXT:-240} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B $A 2>&1 | grep -v "^INFO numba" \
-          > "$OUT/prefix-$w.txt"; echo "prefix-reuse, $w:"; grep -E "warm|cold" "$OUT/prefix-$w.txt" | head -3
-      done ;;
+      prefix_ways "${PXW:-off short shortplain}" ${PXT:-240} ;;
     ncu15)
       stage ncu15
       use_kernel_cache

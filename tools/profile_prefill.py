@@ -64,13 +64,11 @@ def short_families(cfg):
     ]
 
 
-SHORT = False                   # --short: time the short prefill's graph (set by main)
-
-
 def time_prefill(be, n: int, reps: int = 20, splits: tuple = (1,)) -> float:
-    """Median ms of one prefill of n rows, recorded fresh into its own graph."""
+    """Median ms of one prefill of n rows, recorded fresh into its own graph (the short prefill's
+    where the back-end was loaded with it: --short)."""
     from genie_rt.engine.cuda_graph import time_us
-    return time_us(lambda: be._record_prefill(n, splits, SHORT), be.stream, per=1, reps=reps) / 1000
+    return time_us(lambda: be._record_prefill(n, splits, be.short_prefill), be.stream, per=1, reps=reps) / 1000
 
 
 def compare_split_tiles(be, n: int, start: int, values: list) -> dict:
@@ -137,8 +135,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.start < 0:
         p.error(f"--start must be >= 0, got {args.start}")
-    global SHORT
-    SHORT = args.short
     args.pdl = args.pdl or "off"
     if args.short and args.pdl != "off":
         from genie_rt.engine import cuda_short_prefill
