@@ -257,21 +257,49 @@ def _get(key, make):
 # registers for Q4_K / Q6_K against 72 / 96 at two, ptxas sm_90).
 PDL_EARLY_TRIPS = 2
 
+# Whether a PDL build's loads before its wait are ones the compilers leave there (ptx.ldw_v4), or
+# the read-only ldg_v4 that every build used until 2026-12-06 - which ptxas (12.9, 13.0) schedules
+# below griddepcontrol.wait, so no weight load overlapped the kernel before (the SASS:
+# tests/test_pdl_sass.py). A lab knob, to time the two against each other (tools/profile_decode.py
+# --settings pin); the same bits either way. Pinned, a 16-lane row (the output projection: many
+# waves, whose later blocks gain nothing) keeps one early trip - two would pin 5 Q6_K units' loads,
+# 120 registers against 64.
+PDL_PIN_WEIGHTS = True
+# Q6_K's early trips where they differ from PDL_EARLY_TRIPS (None: the same). Pinned, two trips of
+# Q6_K units (4 loads each) take ptxas sm_90 to 98 registers - 4 blocks an SM, so ffn_down's 640
+# blocks would need two waves on 132 SMs - and one trip to 64 (Q4_K: 76 at two trips, 6 blocks an
+# SM; 58 at one). One until timed (tools/profile_decode.py --settings pin).
+PDL_EARLY_TRIPS_Q6K = 1
+
+
+def _early_trips(qtype, lpr: int, pin: bool) -> int:
+    """The early trips of a PDL build of the plain GEMV (gemv_kernels._make_row_dot EARLY)."""
+    if not pin:
+        return PDL_EARLY_TRIPS                  # the build of 2026-12-04 to 12-06
+    if lpr != 32:
+        return 1
+    if qtype == QType.Q6_K and PDL_EARLY_TRIPS_Q6K is not None:
+        return PDL_EARLY_TRIPS_Q6K
+    return PDL_EARLY_TRIPS
+
 
 def _gemv_kernel(spec, n_tok, ks, resid, lpr, norm=0, pdl=False, norm_shape=(0, 0)):
     """norm_shape: (rows, the norm's block) of a fused launch - the tail is built for them
     (quant/norm_q8_device.py make_norm_q8_tail's staged tail)."""
     if not norm:
-        early = PDL_EARLY_TRIPS if pdl else 1
-        return _get(("gemv", spec, n_tok, ks, resid, lpr, pdl, early),
-                    lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid, lpr, pdl, EARLY=early))
+        pin = PDL_PIN_WEIGHTS
+        early = _early_trips(spec[0], lpr, pin) if pdl else 1
+        return _get(("gemv", spec, n_tok, ks, resid, lpr, pdl, early, pin),
+                    lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid, lpr, pdl, EARLY=early, PIN=pin))
     return _get(("gemv_norm", spec, ks, lpr, norm, pdl, norm_shape),
                 lambda: K.gemv_kernel(spec[0], spec[1], 1, ks, True, lpr, pdl, NORM=norm,
                                       NORM_D=norm_shape[0], NORM_VB=norm_shape[1]))
 
 
 def _qkv_kernel(specs, n_tok, ks, lpr, pdl=False):
-    return _get(("qkv", specs, n_tok, ks, lpr, pdl), lambda: K.qkv_kernel(specs, n_tok, ks, lpr, PDL=pdl))
+    pin = PDL_PIN_WEIGHTS
+    return _get(("qkv", specs, n_tok, ks, lpr, pdl, pin),
+                lambda: K.qkv_kernel(specs, n_tok, ks, lpr, PDL=pdl, PIN=pin))
 
 
 # The SwiGLU GEMV streams a warp's gate and up rows together where it can (K.pairable:
@@ -281,8 +309,9 @@ SWIGLU_PAIR = False
 
 def _swiglu_kernel(g, u, n_tok, ks, lpr, act="silu", pdl=False):
     pair = SWIGLU_PAIR and K.pairable(g, u, n_tok)
-    return _get(("swiglu", g, u, n_tok, ks, lpr, act, pdl, pair),
-                lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr, act, PDL=pdl, PAIR=pair))
+    pin = PDL_PIN_WEIGHTS
+    return _get(("swiglu", g, u, n_tok, ks, lpr, act, pdl, pair, pin),
+                lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr, act, PDL=pdl, PAIR=pair, PIN=pin))
 
 
 def _blocks(rows: int, ks: int, lpr: int = 32) -> int:

@@ -94,44 +94,50 @@ def _k_scales(h, c):
 # Unit loaders. g = row * units_per_row + u is the global unit index; planes are flat
 # (wa, wb, wc: uint32 words; wd: uint16 fp16 bits), see gemv.prepare_weight.
 # =====================================================================================
-@_dev
-def load_q4k(wa, wb, wc, wd, g):
-    # wa = qs  (128 B per 256-weight block: 8 units), wb = hdr (16 B per block)
-    return ptx.ldg_v4(wa, g * 4), ptx.ldg_v4(wb, (g >> 3) * 4)
+def _loaders(ld):
+    @_dev
+    def load_q4k(wa, wb, wc, wd, g):
+        # wa = qs  (128 B per 256-weight block: 8 units), wb = hdr (16 B per block)
+        return ld(wa, g * 4), ld(wb, (g >> 3) * 4)
+
+    @_dev
+    def load_q6k(wa, wb, wc, wd, g):
+        # wa = ql (128 B/block: unit p = bytes 16p..16p+15), wb = qh (64 B/block: the unit
+        # needs piece 2h + g of 4, h = p >> 2, g = p & 1), wc = sc (16 int8/block), wd = d
+        p = g & 7
+        b = g >> 3
+        return (ld(wa, g * 4), ld(wb, (b * 4 + (p >> 2) * 2 + (p & 1)) * 4),
+                ld(wc, b * 4), wd[uint32(b)])
+
+    @_dev
+    def load_q8_0(wa, wb, wc, wd, g):
+        # wa = qs (32 B per 32-weight block: 2 units), wd = d
+        return ld(wa, g * 4), wd[uint32(g >> 1)]
+
+    @_dev
+    def load_q5_0(wa, wb, wc, wd, g):
+        # wa = qs (16 B per block = 1 unit), wb = qh (one uint32 per block), wd = d
+        return ld(wa, g * 4), wb[uint32(g)], wd[uint32(g)]
+
+    @_dev
+    def load_f16(wa, wb, wc, wd, g):
+        # wa = 8 fp16 weights per unit, as 4 words
+        return ld(wa, g * 4)
+
+    return {QType.Q4_K: load_q4k, QType.Q6_K: load_q6k, QType.Q8_0: load_q8_0, QType.Q5_0: load_q5_0,
+            QType.F16: load_f16, **U.loaders(ld)}
 
 
-@_dev
-def load_q6k(wa, wb, wc, wd, g):
-    # wa = ql (128 B/block: unit p = bytes 16p..16p+15), wb = qh (64 B/block: the unit
-    # needs piece 2h + g of 4, h = p >> 2, g = p & 1), wc = sc (16 int8/block), wd = d
-    p = g & 7
-    b = g >> 3
-    return (ptx.ldg_v4(wa, g * 4), ptx.ldg_v4(wb, (b * 4 + (p >> 2) * 2 + (p & 1)) * 4),
-            ptx.ldg_v4(wc, b * 4), wd[uint32(b)])
+# the plain builds: the read-only path (ptx.ldg_v4), which the compiler may schedule freely
+LOADERS = _loaders(ptx.ldg_v4)
+# programmatic-dependent-launch builds: loads issued before griddepcontrol.wait must stay there
+# (ptx.ldw_v4: ptxas sinks an ld.global.nc below the wait, and the overlap is lost)
+PDL_LOADERS = _loaders(ptx.ldw_v4)
 
 
-@_dev
-def load_q8_0(wa, wb, wc, wd, g):
-    # wa = qs (32 B per 32-weight block: 2 units), wd = d
-    return ptx.ldg_v4(wa, g * 4), wd[uint32(g >> 1)]
-
-
-@_dev
-def load_q5_0(wa, wb, wc, wd, g):
-    # wa = qs (16 B per block = 1 unit), wb = qh (one uint32 per block), wd = d
-    return ptx.ldg_v4(wa, g * 4), wb[uint32(g)], wd[uint32(g)]
-
-
-@_dev
-def load_f16(wa, wb, wc, wd, g):
-    # wa = 8 fp16 weights per unit, as 4 words
-    return ptx.ldg_v4(wa, g * 4)
-
-
-LOADERS = {QType.Q4_K: load_q4k, QType.Q6_K: load_q6k, QType.Q8_0: load_q8_0,
-           QType.Q5_0: load_q5_0, QType.F16: load_f16,
-           QType.Q4_0: U.load_q4_0, QType.Q4_1: U.load_q4_1, QType.Q5_1: U.load_q5_1,
-           QType.Q5_K: U.load_q5_k, QType.BF16: U.load_bf16}
+def loaders(PDL: bool):
+    """{qtype: load(wa, wb, wc, wd, g)}: the unit loaders of a plain build, or of a PDL build."""
+    return PDL_LOADERS if PDL else LOADERS
 
 
 # =====================================================================================

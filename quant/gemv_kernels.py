@@ -49,7 +49,7 @@ from numba import cuda, float32, int32
 from genie_rt.engine import kernel_cache
 
 from . import pdl, ptx
-from .gemv_formats import LOADERS, MODES, MULTIPLIERS, UNIT_SHIFT, UNIT_WEIGHTS  # noqa: F401
+from .gemv_formats import LOADERS, MODES, MULTIPLIERS, UNIT_SHIFT, UNIT_WEIGHTS, loaders  # noqa: F401
 from .norm_q8_device import make_norm_q8_tail, q8_of_warp, q8_write   # quantize_q8_kernel's
 
 WARPS = 4                 # warps per block
@@ -77,7 +77,7 @@ def _warp_sum(v):
 _row_dots = {}
 
 
-def _make_row_dot(qtype, mode, NT, PDL=False, EARLY=1):
+def _make_row_dot(qtype, mode, NT, PDL=False, EARLY=1, PIN=True):
     """Device function row_dot(wa, wb, wc, wd, nu, row, u, step, xf, xq, xs, cols, acc, ao):
     acc[ao + t] += the lane's share (units u, u + step, ...) of row `row` times x[t].
     PDL: each trip's weight loads are issued before `griddepcontrol.wait` - on the first trip
@@ -85,25 +85,34 @@ def _make_row_dot(qtype, mode, NT, PDL=False, EARLY=1):
     pass the wait at once. EARLY (PDL builds, 1-3): the first EARLY trips' loads (3 units
     each) all go out before the wait - a long row (ffn_down's 304 units: 3.2 trips of 32
     lanes) then has more of itself in flight while the kernel before finishes. The units are
-    multiplied in the same order either way: the same bits."""
-    key = (qtype, mode, NT, PDL, EARLY)
+    multiplied in the same order either way: the same bits. PIN (PDL builds): the loads before
+    the wait by ptx.ldw_v4, which the compilers leave there (False: the read-only ldg_v4, which
+    ptxas sinks below the wait - the build of 2026-12-04 to 12-06, kept to time against)."""
+    key = (qtype, mode, NT, PDL, EARLY, PIN)
     if key in _row_dots:
         return _row_dots[key]
     assert EARLY in (1, 2, 3) and (PDL or EARLY == 1), EARLY
     # a PDL build's activations are written by the kernel before while this one starts: read
     # them coherently (ld_v4), not by the non-coherent path the compiler may move above the wait
     wait, _, xl = pdl.hooks(PDL)
-    load = LOADERS[qtype]
+    # a PDL build's loads before its wait must stay there (ptx.ldw_v4: ptxas sinks the read-only
+    # ldg_v4 below griddepcontrol.wait); the trips after the early ones may use the read-only path
+    early_load = loaders(PDL and PIN)[qtype]
+    late_load = LOADERS[qtype] if EARLY > 1 else early_load
     mul = MULTIPLIERS[(qtype, mode)](NT, xl)
     SH = UNIT_SHIFT[qtype]
     PM = (1 << SH) - 1
 
-    @_dev
-    def load3(wa, wb, wc, wd, base, last, u, step):
-        # 3 units' loads; past the end of the row a lane re-reads its last unit (harmless, L1)
-        # instead of branching around a load
-        return (load(wa, wb, wc, wd, base + min(u, last)), load(wa, wb, wc, wd, base + min(u + step, last)),
-                load(wa, wb, wc, wd, base + min(u + 2 * step, last)))
+    def make_load3(load):
+        @_dev
+        def load3(wa, wb, wc, wd, base, last, u, step):
+            # 3 units' loads; past the end of the row a lane re-reads its last unit (harmless:
+            # L1 or L2) instead of branching around a load
+            return (load(wa, wb, wc, wd, base + min(u, last)), load(wa, wb, wc, wd, base + min(u + step, last)),
+                    load(wa, wb, wc, wd, base + min(u + 2 * step, last)))
+        return load3
+    load3 = make_load3(early_load)
+    late_load3 = make_load3(late_load)
 
     @_dev
     def mul3(v, nu, u, step, blk, bstep, p, xf, xq, xs, cols, acc, ao):
@@ -118,7 +127,7 @@ def _make_row_dot(qtype, mode, NT, PDL=False, EARLY=1):
     def rest(wa, wb, wc, wd, nu, base, last, u, step, blk, bstep, p, xf, xq, xs, cols, acc, ao):
         while u < nu:
             # 3 units' loads issued before the first multiply
-            v = load3(wa, wb, wc, wd, base, last, u, step)
+            v = late_load3(wa, wb, wc, wd, base, last, u, step)
             wait()                  # x is the previous kernel's output (PDL builds only)
             mul3(v, nu, u, step, blk, bstep, p, xf, xq, xs, cols, acc, ao)
             u += 3 * step
@@ -157,19 +166,19 @@ def _make_row_dot(qtype, mode, NT, PDL=False, EARLY=1):
 _pair_dots = {}
 
 
-def make_pair_dot(qa, qb, PDL=False):
+def make_pair_dot(qa, qb, PDL=False, PIN=True):
     """pair_dot(Wa, Wb, nu, row, row_b, u, step, xf, xq, xs, cols, acc): row_dot of row `row`
     of Wa and row `row_b` of Wb (two weights of the same width, or one weight twice) at once,
     one token, dp4a - each trip issues both rows' three 16-byte loads before the first
     multiply, so a warp waits for memory once a trip, not twice (and a PDL build has both
     rows' first loads in flight before its wait). acc[0] gets Wa's units and acc[1] Wb's in
     row_dot's order: the same bits as two row_dot calls. Used by the SwiGLU GEMV (PAIR) and
-    quant/ffn_fused.py."""
-    key = (qa, qb, PDL)
+    quant/ffn_fused.py. PIN: as _make_row_dot's."""
+    key = (qa, qb, PDL, PIN)
     if key in _pair_dots:
         return _pair_dots[key]
     wait, _, xl = pdl.hooks(PDL)
-    load_a, load_b = LOADERS[qa], LOADERS[qb]
+    load_a, load_b = loaders(PDL and PIN)[qa], loaders(PDL and PIN)[qb]
     mul_a, mul_b = MULTIPLIERS[(qa, "dp4a")](1, xl), MULTIPLIERS[(qb, "dp4a")](1, xl)
     SA, SB = UNIT_SHIFT[qa], UNIT_SHIFT[qb]
     MA, MB = (1 << SA) - 1, (1 << SB) - 1
@@ -270,7 +279,7 @@ _LOG2 = {1: 0, 2: 1, 4: 2}
 # =====================================================================================
 # Kernels
 # =====================================================================================
-def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_D=0, NORM_VB=0, EARLY=1):
+def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_D=0, NORM_VB=0, EARLY=1, PIN=True):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < NT:
     grid = ceil(rows * KSPLIT / (4 * 32 / LPR)) blocks.
 
@@ -300,7 +309,7 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_
     it counts, so the counter's reset by the previous fused launch is seen.)
     """
     assert NORM in (0, 1, 2) and (not NORM or (RESID and NT == 1)), "NORM: a residual GEMV of one token"
-    row_dot = _make_row_dot(qtype, mode, NT, PDL, EARLY)
+    row_dot = _make_row_dot(qtype, mode, NT, PDL, EARLY, PIN)
     launch_dependents = pdl.hooks(PDL)[1]
     reduce = _make_reduce(NT, KSPLIT, LPR)
     assign = _make_assign(KSPLIT, LPR)
@@ -354,12 +363,12 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_
     return kernel_cache.attach(gemv_norm)
 
 
-def qkv_kernel(specs, NT, KSPLIT, LPR=32, PDL=False):
+def qkv_kernel(specs, NT, KSPLIT, LPR=32, PDL=False, PIN=True):
     """Three weights in one launch; segment s owns blocks [start_s, start_s+1) and writes
     y[t, off_s + r] with off = (0, rows0, rows0 + rows1), ldy = rows0 + rows1 + rows2.
     specs = ((qtype, mode),) * 3. Arguments: per weight (wa, wb, wc, wd, nu, rows), then
     blk1, blk2 (first block of segments 1 and 2), xf, xq, xs, cols, y [NT * ldy]."""
-    dots = [_make_row_dot(q, m, NT, PDL) for q, m in specs]
+    dots = [_make_row_dot(q, m, NT, PDL, PIN=PIN) for q, m in specs]
     dot0, dot1, dot2 = dots
     launch_dependents = pdl.hooks(PDL)[1]
     reduce = _make_reduce(NT, KSPLIT, LPR)
@@ -407,7 +416,7 @@ GELU_S = np.float32(0.79788456080286535587989211986876)   # ggml's SQRT_2_OVER_P
 ACTS = ("silu", "gelu")
 
 
-def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False, PAIR=False):
+def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False, PAIR=False, PIN=True):
     """h[t, r] = act(Wg x)[t, r] * (Wu x)[t, r]: each warp streams row r of both weights
     (gate then up; mixed formats just mean two different row loops). act = silu (SwiGLU:
     Qwen, Llama) or gelu, the tanh form (GeGLU: Gemma; engine/norm.py's gelu_reference).
@@ -417,9 +426,9 @@ def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False, PAIR=Fals
     assert ACT in ACTS, ACT
     assert not PAIR or pairable(gate, up, NT), (gate, up, NT)
     GELU = ACT == "gelu"
-    dot_g = _make_row_dot(gate[0], gate[1], NT, PDL)
-    dot_u = _make_row_dot(up[0], up[1], NT, PDL)
-    pair = make_pair_dot(gate[0], up[0], PDL) if PAIR else dot_g
+    dot_g = _make_row_dot(gate[0], gate[1], NT, PDL, PIN=PIN)
+    dot_u = _make_row_dot(up[0], up[1], NT, PDL, PIN=PIN)
+    pair = make_pair_dot(gate[0], up[0], PDL, PIN) if PAIR else dot_g
     launch_dependents = pdl.hooks(PDL)[1]
     NT2 = 2 * NT
     reduce = _make_reduce(NT2, KSPLIT, LPR)

@@ -32,7 +32,7 @@ from genie_rt.engine import kernel_cache
 from . import ptx
 from .formats import QType
 from .gemv_mma import ROWS, _dev, _flat, lanes, make_block_loop
-from .gemv_mma_k import _bases, _fits, _tokens, _weight_loads, make_token_loads, plan_ksplit, q8k_inputs
+from .gemv_mma_k import _bases, _fits, _tokens, make_token_loads, make_weight_loads, plan_ksplit, q8k_inputs
 from .pdl import hooks as pdl_hooks
 
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint32[::1], int64, int64, uint32[::1], float32[::1], "
@@ -84,12 +84,13 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
     finish = _make_finish(NW, ACT)
 
     token_loads = make_token_loads(PDL)
+    weight_loads = make_weight_loads(PDL)          # PDL: loads that stay above the wait
     launch_dependents = pdl_hooks(PDL)[1]
 
     @_dev
     def wloads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, blk):
-        return (_weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk),
-                _weight_loads(wa2, wb2, nblk, rr0, rr1, wi0, wi1, blk))
+        return (weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk),
+                weight_loads(wa2, wb2, nblk, rr0, rr1, wi0, wi1, blk))
 
     @_dev
     def tloads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, blk):

@@ -112,21 +112,27 @@ def _bases(nu, rr0, rr1, t, tb, cols):
     return (uint32(rr0 * nu * 4) + off, uint32(rr1 * nu * 4) + off, uint32((tb * cols) >> 2) + uint32(2 * t))
 
 
-@_dev
-def _weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk):
-    """Rows rr0 and rr1's part of block blk: the lane's 8 bytes of each of the block's four chunks
-    (`_bases`' layout; 8 words a chunk) and both rows' headers, once a block."""
-    w = uint32(32) * uint32(blk)
-    a0 = ptx.ldg_v2(wa, wi0 + w)
-    a1 = ptx.ldg_v2(wa, wi0 + w + uint32(8))
-    a2 = ptx.ldg_v2(wa, wi0 + w + uint32(16))
-    a3 = ptx.ldg_v2(wa, wi0 + w + uint32(24))
-    b0 = ptx.ldg_v2(wa, wi1 + w)
-    b1 = ptx.ldg_v2(wa, wi1 + w + uint32(8))
-    b2 = ptx.ldg_v2(wa, wi1 + w + uint32(16))
-    b3 = ptx.ldg_v2(wa, wi1 + w + uint32(24))
-    return ((a0, a1, a2, a3), (b0, b1, b2, b3), ptx.ldg_v4(wb, uint32((rr0 * nblk + blk) * 4)),
-            ptx.ldg_v4(wb, uint32((rr1 * nblk + blk) * 4)))
+def make_weight_loads(PDL: bool = False):
+    """weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk): rows rr0 and rr1's part of block blk - the
+    lane's 8 bytes of each of the block's four chunks (`_bases`' layout; 8 words a chunk) and both
+    rows' headers, once a block. PDL: by ptx.ldw_v2 / ldw_v4, which stay above griddepcontrol.wait
+    (ptxas sinks the read-only ldg below it: tests/test_pdl_sass.py), else read-only loads."""
+    ld2, ld4 = (ptx.ldw_v2, ptx.ldw_v4) if PDL else (ptx.ldg_v2, ptx.ldg_v4)
+
+    @_dev
+    def weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk):
+        w = uint32(32) * uint32(blk)
+        a0 = ld2(wa, wi0 + w)
+        a1 = ld2(wa, wi0 + w + uint32(8))
+        a2 = ld2(wa, wi0 + w + uint32(16))
+        a3 = ld2(wa, wi0 + w + uint32(24))
+        b0 = ld2(wa, wi1 + w)
+        b1 = ld2(wa, wi1 + w + uint32(8))
+        b2 = ld2(wa, wi1 + w + uint32(16))
+        b3 = ld2(wa, wi1 + w + uint32(24))
+        return ((a0, a1, a2, a3), (b0, b1, b2, b3), ld4(wb, uint32((rr0 * nblk + blk) * 4)),
+                ld4(wb, uint32((rr1 * nblk + blk) * 4)))
+    return weight_loads
 
 
 def make_token_loads(PDL: bool = False):
@@ -163,10 +169,11 @@ def make_block_parts(NT: int = 8, PDL: bool = False):
     token loads (NT 16: 28 - tokens 8 .. 15 are a second B fragment and a second set of sums against
     the same A fragments), and its mma and epilogue."""
     token_loads = make_token_loads(PDL)
+    weight_loads = make_weight_loads(PDL)
 
     @_dev
     def wloads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, blk):
-        return _weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk)
+        return weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk)
 
     if NT == 8:
         @_dev
@@ -229,7 +236,7 @@ def _mins(m, sums):
 
 @_dev
 def _tokens(acc, k0, W, T):
-    """One B fragment's eight tokens of block (W, T) (`_weight_loads`, `make_token_loads`) into the
+    """One B fragment's eight tokens of block (W, T) (`make_weight_loads`, `make_token_loads`) into the
     float accumulators acc[k0 .. k0 + 3]: the four chunks' integer sums, then xd * (d S - dmin M)."""
     wr0, wr1, h0, h1 = W
     xv, sa, sc, xd0, xd1 = T

@@ -51,17 +51,23 @@ SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64, in
 HI2 = 0x03030303
 
 
-@_dev
-def _row_loads(wa, wb, wc, wd, nblk, rr, qi, hi, blk):
-    """Row rr's part of block blk for this lane: its 8 ql words (qi: the row's first, + t), its 4
-    qh words (hi likewise), the row's 16 scales (one 16-byte load) and d's bits."""
-    q = qi + uint32(32) * uint32(blk)
-    h = hi + uint32(16) * uint32(blk)
-    ql = (wa[q], wa[q + uint32(4)], wa[q + uint32(8)], wa[q + uint32(12)],
-          wa[q + uint32(16)], wa[q + uint32(20)], wa[q + uint32(24)], wa[q + uint32(28)])
-    qh = (wb[h], wb[h + uint32(4)], wb[h + uint32(8)], wb[h + uint32(12)])
-    j = uint32(rr * nblk + blk)
-    return ql, qh, ptx.ldg_v4(wc, j * uint32(4)), wd[j]
+def make_row_loads(PDL: bool = False):
+    """row_loads(wa, wb, wc, wd, nblk, rr, qi, hi, blk): row rr's part of block blk for this lane -
+    its 8 ql words (qi: the row's first, + t), its 4 qh words (hi likewise), the row's 16 scales
+    (one 16-byte load: PDL ptx.ldw_v4, which stays above griddepcontrol.wait, else the read-only
+    ldg_v4, which ptxas sinks below it) and d's bits. The word loads are ordinary ones either way."""
+    ld4 = ptx.ldw_v4 if PDL else ptx.ldg_v4
+
+    @_dev
+    def row_loads(wa, wb, wc, wd, nblk, rr, qi, hi, blk):
+        q = qi + uint32(32) * uint32(blk)
+        h = hi + uint32(16) * uint32(blk)
+        ql = (wa[q], wa[q + uint32(4)], wa[q + uint32(8)], wa[q + uint32(12)],
+              wa[q + uint32(16)], wa[q + uint32(20)], wa[q + uint32(24)], wa[q + uint32(28)])
+        qh = (wb[h], wb[h + uint32(4)], wb[h + uint32(8)], wb[h + uint32(12)])
+        j = uint32(rr * nblk + blk)
+        return ql, qh, ld4(wc, j * uint32(4)), wd[j]
+    return row_loads
 
 
 @_dev
@@ -144,16 +150,18 @@ def _tokens(acc, k0, W, T):
     acc[k0 + 3] += xd1 * (d1 * float32(S[3]))
 
 
-def make_block_parts(NT: int = 8):
+def make_block_parts(NT: int = 8, PDL: bool = False):
     """(wloads, tloads, block) for up to NT (8 or 16) tokens, gemv_mma.make_block_loop's three: the
-    two rows' 28 weight loads a lane (`_row_loads`: 24 quant words, two 16-byte scale loads, two d),
+    two rows' 28 weight loads a lane (`make_row_loads`: 24 quant words, two 16-byte scale loads, two d),
     the token's 18 (16 words, 2 block scales; NT 16: a second B fragment, tokens 8 .. 15) and the
     block's sixteen mma. The token
     loads are ordinary (coherent) loads, so the PDL build reads them the same way."""
+    row_loads = make_row_loads(PDL)
+
     @_dev
     def wloads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, blk):
         q0, q1, h0, h1 = bases
-        return _row_loads(wa, wb, wc, wd, nblk, rr0, q0, h0, blk), _row_loads(wa, wb, wc, wd, nblk, rr1, q1, h1, blk)
+        return row_loads(wa, wb, wc, wd, nblk, rr0, q0, h0, blk), row_loads(wa, wb, wc, wd, nblk, rr1, q1, h1, blk)
 
     if NT == 8:
         @_dev
@@ -179,7 +187,7 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
     """trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok): warp `warp`'s
     share of the blocks of the Q6_K rows tile * 16 .. + 15 into acc - gemv_mma_k.make_trips' contract
     (xb is not read; PDL as there)."""
-    run = make_block_loop(*make_block_parts(NT), PIPE, PDL)
+    run = make_block_loop(*make_block_parts(NT, PDL), PIPE, PDL)
 
     @_dev
     def trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok):

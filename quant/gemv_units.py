@@ -33,6 +33,7 @@ from __future__ import annotations
 from numba import cuda, float32, uint32
 
 from . import ptx
+from .formats import QType
 
 if ptx.SIMULATOR:
     _dev = cuda.jit(device=True)
@@ -61,32 +62,34 @@ def spread4(bits):
 # =====================================================================================
 # Loaders (g = row * units_per_row + u: the global unit index)
 # =====================================================================================
-@_dev
-def load_q4_0(wa, wb, wc, wd, g):
-    return ptx.ldg_v4(wa, g * 4), wd[uint32(g)]
+def loaders(ld):
+    """{qtype: load(wa, wb, wc, wd, g)} of this file's formats, the 16-byte loads by `ld`
+    (ptx.ldg_v4; ptx.ldw_v4 in a PDL build: gemv_formats.loaders)."""
+    @_dev
+    def load_q4_0(wa, wb, wc, wd, g):
+        return ld(wa, g * 4), wd[uint32(g)]
 
+    @_dev
+    def load_q4_1(wa, wb, wc, wd, g):
+        return ld(wa, g * 4), wb[uint32(g)]
 
-@_dev
-def load_q4_1(wa, wb, wc, wd, g):
-    return ptx.ldg_v4(wa, g * 4), wb[uint32(g)]
+    @_dev
+    def load_q5_1(wa, wb, wc, wd, g):
+        return ld(wa, g * 4), wb[uint32(g)], wc[uint32(g)]
 
+    @_dev
+    def load_q5_k(wa, wb, wc, wd, g):
+        # unit p = g & 7 of a block: qs bytes 16p..16p+15 (sub-blocks 2c, 2c + 1 with c = p >> 1,
+        # weights 16 (p & 1) + 0..15 of each), so it needs qh bytes 16 (p & 1) + 0..15
+        return (ld(wa, g * 4), ld(wb, (g >> 3) * 4),
+                ld(wc, (g >> 3) * 8 + (g & 1) * 4))
 
-@_dev
-def load_q5_1(wa, wb, wc, wd, g):
-    return ptx.ldg_v4(wa, g * 4), wb[uint32(g)], wc[uint32(g)]
+    @_dev
+    def load_bf16(wa, wb, wc, wd, g):
+        return ld(wa, g * 4)
 
-
-@_dev
-def load_q5_k(wa, wb, wc, wd, g):
-    # unit p = g & 7 of a block: qs bytes 16p..16p+15 (sub-blocks 2c, 2c + 1 with c = p >> 1,
-    # weights 16 (p & 1) + 0..15 of each), so it needs qh bytes 16 (p & 1) + 0..15
-    return (ptx.ldg_v4(wa, g * 4), ptx.ldg_v4(wb, (g >> 3) * 4),
-            ptx.ldg_v4(wc, (g >> 3) * 8 + (g & 1) * 4))
-
-
-@_dev
-def load_bf16(wa, wb, wc, wd, g):
-    return ptx.ldg_v4(wa, g * 4)
+    return {QType.Q4_0: load_q4_0, QType.Q4_1: load_q4_1, QType.Q5_1: load_q5_1, QType.Q5_K: load_q5_k,
+            QType.BF16: load_bf16}
 
 
 # =====================================================================================

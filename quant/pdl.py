@@ -23,6 +23,11 @@ Rules for a PDL build (the factories' `PDL=True` / `pdl=True`):
    own token (the default: kvcache/attention_decode_rope.py), the attention block itself writes
    from the QKV GEMV's row after its wait. On a ring layer the slot the new row overwrites held
    position pos - R, outside the window (W <= R), never read.
+   What it loads there must be loaded by an ordinary load (`ptx.ldw_v4` / `ldw_v2` for weights),
+   not the read-only `ld.global.nc` (`ptx.ldg_v4`): ptxas (12.9, 13.0) schedules a read-only
+   load next to its use, below the wait - the PTX has it before, the SASS after (LDG ... CONSTANT
+   after ACQBULK). Every GEMV build had its early weight loads sunk that way until 2026-12-06;
+   tests/test_pdl_sass.py checks each build's SASS.
 3. What another kernel wrote is read after the wait by ordinary (coherent) loads, never by
    `ld.global.nc` (`ptx.ldg_v4`): a non-coherent load promises data that does not change
    while the kernel runs, and ptxas may then schedule it above the wait. That was the wrong

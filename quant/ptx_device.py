@@ -291,6 +291,14 @@ ldg_v4 = _make_ld_v4("ldg_v4", ".nc", side_effect=False)
 # move an ordinary load above griddepcontrol.wait, where it may an .nc load, whose data it
 # may assume unchanging for the kernel's lifetime).
 ld_v4 = _make_ld_v4("ld_v4", "", side_effect=True)
+# Weights a programmatic-dependent-launch build loads BEFORE griddepcontrol.wait, to overlap them
+# with the kernel before: not ldg_v4. ptxas (12.9 and 13.0, sm_90) schedules an ld.global.nc next to
+# its use - below the wait, so the weight stream starts only once the kernel before has finished
+# (the SASS: LDG.E.128.CONSTANT after ACQBULK; tests/test_pdl_sass.py). An ordinary load stays
+# where it is, and volatile asm keeps LLVM from moving it. L1::no_allocate: a weight is streamed
+# once; L1 keeps the activations every warp reads.
+ldw_v4 = _make_ld_v4("ldw_v4", ".L1::no_allocate", side_effect=True)
+ldw_v2 = _make_ld_v4("ldw_v2", ".L1::no_allocate", side_effect=True, n=2)     # 8 bytes of the same
 # 8 bytes of read-only data: two words by one ld.global.nc.v2 (the int8 tensor-core GEMV's A and B
 # fragments, quant/gemv_mma_k.py)
 ldg_v2 = _make_ld_v4("ldg_v2", ".nc", side_effect=False, n=2)

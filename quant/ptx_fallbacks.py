@@ -178,6 +178,16 @@ def ld_v4(arr, idx):
     return ldg_v4(arr, idx)
 
 
+def ldw_v4(arr, idx):
+    """Simulator: ldg_v4's (ptx_device.ldw_v4 differs only in where the compiler schedules it)."""
+    return _ldg_words("ldw_v4", arr, idx, 4)
+
+
+def ldw_v2(arr, idx):
+    """Simulator: ldg_v2's (as ldw_v4)."""
+    return _ldg_words("ldw_v2", arr, idx, 2)
+
+
 def _ld_relaxed(name, arr, idx, dtype):
     """Simulator: a plain load (the simulator's memory is coherent)."""
     _check_space(name, "arr", arr, shared=False)

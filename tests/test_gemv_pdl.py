@@ -1,8 +1,8 @@
 """The decode GEMVs' programmatic-dependent-launch builds (quant/pdl.py) against the plain ones,
 under the simulator (griddepcontrol is a no-op there; pdl.launch is replaced by the plain launch,
 since the launch itself needs an sm_90 GPU): the same bits, with the early trips' loads issued
-before the wait (PDL_EARLY_TRIPS, and a k-split of 2). The PTX
-rules of these builds are tests/test_pdl_ptx.py; the helpers and bounds are test_gemv.py's.
+before the wait (PDL_EARLY_TRIPS, and a k-split of 2), pinned there or not (PDL_PIN_WEIGHTS). The PTX
+rules of these builds are tests/test_pdl_ptx.py, where ptxas puts their loads tests/test_pdl_sass.py; the helpers and bounds are test_gemv.py's.
 """
 import numpy as np
 import pytest
@@ -38,7 +38,7 @@ def test_pdl_builds_compute_the_same_bits(monkeypatch, plain_launch):
         outs[use] = [a.copy_to_host() for a in (y, qkv, h)]
     for a, b in zip(outs[False], outs[True]):
         np.testing.assert_array_equal(a, b)
-    assert ("gemv", wq.spec, 1, 1, True, 32, True, G.PDL_EARLY_TRIPS) in G._kernels   # the PDL build ran
+    assert ("gemv", wq.spec, 1, 1, True, 32, True, G.PDL_EARLY_TRIPS, True) in G._kernels   # the PDL build ran
 
 
 @pytest.mark.parametrize("qt", [Q4, Q6])
@@ -51,12 +51,38 @@ def test_pdl_early_trips_give_the_same_bits(monkeypatch, plain_launch, qt):
         _, w = weight(qt, "dp4a", 3, cols, seed=cols)
         x, dx, xq, xs = activations(1, cols)
         outs = []
-        for use, early in ((False, 1), (True, 1), (True, 2), (True, 3)):
+        for use, early, pin in ((False, 1, True), (True, 1, True), (True, 2, True), (True, 3, True),
+                                (True, 2, False)):
             monkeypatch.setattr(G, "PDL", use)
             monkeypatch.setattr(G, "PDL_EARLY_TRIPS", early)
+            monkeypatch.setattr(G, "PDL_PIN_WEIGHTS", pin)
+            monkeypatch.setattr(G, "PDL_EARLY_TRIPS_Q6K", None)      # Q6_K's trips as Q4_K's here
             y = cuda.to_device(np.ones((1, 3), np.float32))
             G.gemv(w, dx, y, xq=xq, xs=xs, residual=y, ksplit=ks)
             outs.append(y.copy_to_host())
-            assert ("gemv", w.spec, 1, ks, True, 32, use, early if use else 1) in G._kernels
+            assert ("gemv", w.spec, 1, ks, True, 32, use, early if use else 1, pin) in G._kernels
         for o in outs[1:]:
             np.testing.assert_array_equal(o, outs[0])
+
+
+def test_pinned_early_trips_by_format_and_lanes(monkeypatch, plain_launch):
+    """gemv.PDL_PIN_WEIGHTS's early trips (gemv._early_trips): PDL_EARLY_TRIPS_Q6K for Q6_K where
+    set, one for a 16-lane row (the output projection), and PDL_EARLY_TRIPS unpinned - each the
+    plain build's bits on the output projection's shape of row (2,560 columns, 16 lanes)."""
+    monkeypatch.setattr(G, "PDL_EARLY_TRIPS", 2)
+    monkeypatch.setattr(G, "PDL_EARLY_TRIPS_Q6K", 1)
+    assert G._early_trips(Q6, 32, True) == 1 and G._early_trips(Q4, 32, True) == 2
+    assert G._early_trips(Q4, 16, True) == 1 and G._early_trips(Q6, 16, False) == 2
+    _, w = weight(Q6, "dp4a", 37, 2560, seed=5)
+    x, dx, xq, xs = activations(1, 2560)
+    outs = []
+    for use, pin in ((False, True), (True, True), (True, False)):
+        monkeypatch.setattr(G, "PDL", use)
+        monkeypatch.setattr(G, "PDL_PIN_WEIGHTS", pin)
+        y = cuda.device_array((1, 37), np.float32)
+        G.gemv(w, dx, y, xq=xq, xs=xs, lpr=16)
+        outs.append(y.copy_to_host())
+    assert ("gemv", w.spec, 1, 1, False, 16, True, 1, True) in G._kernels
+    assert ("gemv", w.spec, 1, 1, False, 16, True, 2, False) in G._kernels
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])

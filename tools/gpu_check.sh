@@ -82,6 +82,9 @@
 #             Q6_K build timed (TT, MT: their time limits)
 #   short19   the short prefill in one call: prefix reuse with and without it, its graph's profile (PDL off /
 #             on, bits), its GPU tests (PXT, PT, TT: the limits)
+#   pin20     the decode GEMVs' early weight loads pinned above their PDL wait (2026-12-06): the step at
+#             depths 64 / 4096 each way (bits, then times), genie-rt bench pinned and unpinned, GPU
+#             tests (TT s), llama-bench (built in the background) - one call
 #   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter also with --no-pdl
 #             (PXT: each run's limit; PXW: which of off short shortplain)
 #   ppdl16    the prefill's GEMMs by programmatic dependent launch (EngineConfig.prefill_pdl): the prefill
@@ -664,6 +667,25 @@ for s in "$@"; do
       GF="tests/test_short_prefill.py tests/test_ptx_mma.py" gpu_tests_4b "short or k16" ${TT:-150}
       timeout ${MT:-100} $PY -m genie_rt.quant.gemv_mma_glu --json "$OUT/gemv-mma-glu.json" 2>&1 | grep -v "^INFO numba" \
         | grep -v "Warning\|warn(" | tail -6 ;;
+    pin20)
+      stage pin20
+      # the decode GEMVs' early weight loads pinned above their PDL wait (2026-12-06: ptxas had been
+      # scheduling them below it; quant/gemv.py PDL_PIN_WEIGHTS), one call: llama.cpp built in the
+      # background; the 4B's step at depths PDEPTHS (64 4096) with each way of profile_settings.PIN_WAYS
+      # (the same bits first, then the times: profile-pin<d>.txt/json); genie-rt bench with the old way
+      # (bench-unpinned.json) and with the default (bench.json); the kernel cache as kc.tar.gz; TT s of
+      # the PDL / CPU-parity GPU tests; llama-bench on the same file if built by then (LCPP_WAIT)
+      use_kernel_cache
+      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      PT=${PT1:-330} profile_4b "${PDEPTHS-64 4096}" pin none pin ${PTAIL:-9}
+      bench_4b ${BT:-120}
+      BENCH_ARGS="-p 0" PY="$PY tools/lab_knobs.py quant.gemv.PDL_PIN_WEIGHTS=False --" bench_4b ${BT2:-90}
+      mv "$OUT/bench.json" "$OUT/bench-unpinned.json"
+      tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")"
+      [ "${TT:-0}" -gt 0 ] && GF="tests/test_decode_switches.py tests/test_backend_cuda.py tests/test_gemv.py" \
+        gpu_tests_4b "${GK:-pdl or every_position or greedy or real_layer}" $TT
+      llama_bench_4b ${LCPP_WAIT:-60} ;;
     shortpx18)
       stage shortpx18
       # (short18's second half, a call of its own: each bench loads the 4B and compiles its graphs)

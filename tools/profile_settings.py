@@ -124,6 +124,21 @@ def gemv_knob_settings(be, name: str, values, min_cos: float | None = None) -> d
     return knob_settings(be, gemv, (name,), [(v,) for v in values], name, min_cos)
 
 
+# (PDL_PIN_WEIGHTS, PDL_EARLY_TRIPS, PDL_EARLY_TRIPS_Q6K, SWIGLU_PAIR): the first is the build of
+# 2026-12-04 to 12-06, whose early weight loads ptxas scheduled below the wait (quant/gemv.py)
+PIN_WAYS = ((False, 2, None, False), (True, 2, 1, False), (True, 1, None, False), (True, 2, None, False),
+            (True, 2, 1, True), (True, 1, None, True))
+
+
+def pin_settings(be, ways=PIN_WAYS) -> dict:
+    """The step with the decode GEMVs' pre-wait weight loads pinned above their PDL wait or not
+    (quant/gemv.py PDL_PIN_WEIGHTS), at each count of early trips, with and without the SwiGLU
+    GEMV's paired rows: the same bits as the first way, then the times."""
+    from genie_rt.quant import gemv
+    return knob_settings(be, gemv, ("PDL_PIN_WEIGHTS", "PDL_EARLY_TRIPS", "PDL_EARLY_TRIPS_Q6K", "SWIGLU_PAIR"),
+                         ways, "pinned pre-wait weight loads")
+
+
 def attention_chain_settings(be) -> dict:
     """The step with the decode attention's merge prefetch (kvcache/attention.py MERGE_PREFETCH)
     off (the default, the reference) and on: the same bits, then the times."""

@@ -1,0 +1,60 @@
+#!/usr/bin/env python3
+"""Run a Python command with lab knobs (module attributes of the package) set first.
+
+A lab knob (e.g. quant/gemv.py PDL_PIN_WEIGHTS) is read when a kernel is built, so a benchmark
+of another setting needs it set in the process before anything compiles. This does that, then
+runs the rest of the command line as `python` would:
+
+    python tools/lab_knobs.py quant.gemv.PDL_PIN_WEIGHTS=False -- -m genie_rt.engine.cli bench ...
+    python tools/lab_knobs.py quant.gemv.PDL_EARLY_TRIPS=1 -- tools/bench_prefix.py --backend cuda ...
+
+Each assignment is `module.NAME=value` (module relative to genie_rt; value a Python literal). The
+attribute must exist: a typo is an error, not a silently ignored setting.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import runpy
+import sys
+
+
+def apply(assignment: str) -> None:
+    target, sep, value = assignment.partition("=")
+    module, _, name = target.rpartition(".")
+    if not sep or not module or not name:
+        raise SystemExit(f"lab_knobs: {assignment!r} is not module.NAME=value")
+    mod = importlib.import_module(f"genie_rt.{module}")
+    if not hasattr(mod, name):
+        raise SystemExit(f"lab_knobs: genie_rt.{module} has no attribute {name!r}")
+    try:
+        parsed = ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        raise SystemExit(f"lab_knobs: {value!r} (for {target}) is not a Python literal") from None
+    setattr(mod, name, parsed)
+    print(f"lab_knobs: genie_rt.{module}.{name} = {parsed!r}", file=sys.stderr)
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv:
+        raise SystemExit("usage: lab_knobs.py module.NAME=value ... -- (-m module | -c code | script) [args]")
+    split = argv.index("--")
+    for a in argv[:split]:
+        apply(a)
+    rest = argv[split + 1:]
+    if not rest:
+        raise SystemExit("lab_knobs: nothing to run after --")
+    if rest[0] == "-m" and len(rest) > 1:
+        sys.argv = [rest[1]] + rest[2:]
+        runpy.run_module(rest[1], run_name="__main__", alter_sys=True)
+    elif rest[0] == "-c" and len(rest) > 1:
+        sys.argv = ["-c"] + rest[2:]
+        exec(compile(rest[1], "<string>", "exec"), {"__name__": "__main__"})
+    else:
+        sys.argv = rest
+        runpy.run_path(rest[0], run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
