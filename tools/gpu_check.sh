@@ -85,6 +85,8 @@
 #   pin20     the decode GEMVs' early weight loads pinned above their PDL wait (2026-12-06): the step at
 #             depths 64 / 4096 each way (bits, then times), genie-rt bench pinned and unpinned, GPU
 #             tests (TT s), llama-bench (built in the background) - one call
+#   pin20b    its second call: llama-bench, the GPU tests (PDL chain, CPU parity, short prefill), the short
+#             prefill's graph plain / PDL with pinned loads, prefix reuse
 #   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter also with --no-pdl
 #             (PXT: each run's limit; PXW: which of off short shortplain)
 #   ppdl16    the prefill's GEMMs by programmatic dependent launch (EngineConfig.prefill_pdl): the prefill
@@ -679,6 +681,9 @@ for s in "$@"; do
       [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       PT=${PT1:-330} profile_4b "${PDEPTHS-64 4096}" pin none pin ${PTAIL:-9}
+      # the SASS the device's own compiler made (nvdisasm carried as .gpu/nvdisasm, or on the PATH)
+      [ -x .gpu/nvdisasm ] && export NVDISASM=${NVDISASM:-$PWD/.gpu/nvdisasm}
+      timeout ${ST:-90} $PY tools/pdl_sass.py --json "$OUT/pdl-sass.json" 2>&1 | grep -v "^INFO numba" | tail -6
       bench_4b ${BT:-120}
       BENCH_ARGS="-p 0" PY="$PY tools/lab_knobs.py quant.gemv.PDL_PIN_WEIGHTS=False --" bench_4b ${BT2:-90}
       mv "$OUT/bench.json" "$OUT/bench-unpinned.json"
@@ -686,6 +691,20 @@ for s in "$@"; do
       [ "${TT:-0}" -gt 0 ] && GF="tests/test_decode_switches.py tests/test_backend_cuda.py tests/test_gemv.py" \
         gpu_tests_4b "${GK:-pdl or every_position or greedy or real_layer}" $TT
       llama_bench_4b ${LCPP_WAIT:-60} ;;
+    pin20b)
+      stage pin20b
+      # pin20's second call (the machine still warm: its kernel cache, model and llama.cpp build):
+      # llama-bench on the same file, the GPU tests of the PDL chain and CPU parity (TT s), then the
+      # short prefill's graph with its launches plain / by PDL - now with its weight loads pinned
+      # above the wait - bits compared (profile-short.txt), and the prefix-reuse bench with it
+      use_kernel_cache
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      llama_bench_4b ${LCPP_WAIT:-120}
+      GF="tests/test_decode_switches.py tests/test_backend_cuda.py tests/test_gemv.py tests/test_short_prefill.py" \
+        gpu_tests_4b "${GK:-pdl or every_position or greedy or real_layer or short}" ${TT:-150}
+      timeout ${PT:-150} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 --pdl both \
+        --json "$OUT/profile-short.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-short.txt" | tail -16
+      prefix_ways "${PXW:-short}" ${PXT:-120} ;;
     shortpx18)
       stage shortpx18
       # (short18's second half, a call of its own: each bench loads the 4B and compiles its graphs)
