@@ -263,12 +263,15 @@ PDL_EARLY_TRIPS = 2
 # tests/test_pdl_sass.py). A lab knob, to time the two against each other (tools/profile_decode.py
 # --settings pin); the same bits either way. Pinned, a 16-lane row (the output projection: many
 # waves, whose later blocks gain nothing) keeps one early trip - two would pin 5 Q6_K units' loads,
-# 120 registers against 64.
+# 120 registers against 64. The 4B's step at depth 64 (H100, 2026-12-06 03:50 UTC, two passes):
+# 1.863 / 1.866 ms unpinned, 1.810 / 1.821 pinned (Q6_K one early trip), 1.762 / 1.783 pinned with
+# SWIGLU_PAIR; tg128 545.1 -> 572.2 tokens/s (docs/decode-step.md 6i).
 PDL_PIN_WEIGHTS = True
 # Q6_K's early trips where they differ from PDL_EARLY_TRIPS (None: the same). Pinned, two trips of
 # Q6_K units (4 loads each) take ptxas sm_90 to 98 registers - 4 blocks an SM, so ffn_down's 640
-# blocks would need two waves on 132 SMs - and one trip to 64 (Q4_K: 76 at two trips, 6 blocks an
-# SM; 58 at one). One until timed (tools/profile_decode.py --settings pin).
+# blocks need two waves on 132 SMs - and one trip to 64 (Q4_K: 76 at two trips, 6 blocks an SM; 58
+# at one). Timed (H100, 2026-12-06): two trips everywhere 1.852 / 1.855 ms, one everywhere 1.821 /
+# 1.835, two for Q4_K and one for Q6_K 1.810 / 1.821.
 PDL_EARLY_TRIPS_Q6K = 1
 
 
@@ -302,9 +305,12 @@ def _qkv_kernel(specs, n_tok, ks, lpr, pdl=False):
                 lambda: K.qkv_kernel(specs, n_tok, ks, lpr, PDL=pdl, PIN=pin))
 
 
-# The SwiGLU GEMV streams a warp's gate and up rows together where it can (K.pairable:
-# one token, dp4a, the same units a row): a lab knob until measured (docs/decode-step.md 7).
-SWIGLU_PAIR = False
+# The SwiGLU GEMV streams a warp's gate and up rows together where it can (K.pairable: one token,
+# dp4a, the same units a row), so a PDL build has both rows' first trip in flight before its wait.
+# Within the noise while the early loads were sunk below the wait (2026-12-04); with them pinned
+# there, the 4B's step at depth 64 took 1.762 / 1.783 ms against 1.810 / 1.821 without (H100,
+# 2026-12-06, tools/profile_decode.py --settings pin; the same bits): on since.
+SWIGLU_PAIR = True
 
 
 def _swiglu_kernel(g, u, n_tok, ks, lpr, act="silu", pdl=False):
