@@ -40,7 +40,9 @@ def main(argv=None) -> int:
         raise SystemExit("pdl_sass: no nvdisasm (NVDISASM=path)")
     from numba import cuda
 
+    from genie_rt.engine import kernel_cache
     from genie_rt.quant import gemv as G
+    kernel_cache.configure("off")       # compiled here: a cached kernel has its cubin but no LLVM IR to list
     from genie_rt.quant import gemv_kernels as K
     from genie_rt.quant.formats import QType as Q
     cc = cuda.get_current_device().compute_capability
