@@ -674,8 +674,8 @@ for s in "$@"; do
       # the decode GEMVs' early weight loads pinned above their PDL wait (2026-12-06: ptxas had been
       # scheduling them below it; quant/gemv.py PDL_PIN_WEIGHTS), one call: llama.cpp built in the
       # background; the 4B's step at depths PDEPTHS (64 4096) with each way of profile_settings.PIN_WAYS
-      # (the same bits first, then the times: profile-pin<d>.txt/json); genie-rt bench with the old way
-      # (bench-unpinned.json) and with the default (bench.json); the kernel cache as kc.tar.gz; TT s of
+      # (the same bits first, then the times: profile-pin<d>.txt/json); genie-rt bench with the default
+      # (bench.json) and the build before 2026-12-06 (unpinned, unpaired: bench-unpinned.json); the kernel cache as kc.tar.gz; TT s of
       # the PDL / CPU-parity GPU tests; llama-bench on the same file if built by then (LCPP_WAIT)
       use_kernel_cache
       [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
@@ -684,9 +684,10 @@ for s in "$@"; do
       # the SASS the device's own compiler made (nvdisasm carried as .gpu/nvdisasm, or on the PATH)
       [ -x .gpu/nvdisasm ] && export NVDISASM=${NVDISASM:-$PWD/.gpu/nvdisasm}
       timeout ${ST:-90} $PY tools/pdl_sass.py --json "$OUT/pdl-sass.json" 2>&1 | grep -v "^INFO numba" | tail -6
-      bench_4b ${BT:-120}
-      BENCH_ARGS="-p 0" PY="$PY tools/lab_knobs.py quant.gemv.PDL_PIN_WEIGHTS=False --" bench_4b ${BT2:-90}
-      mv "$OUT/bench.json" "$OUT/bench-unpinned.json"
+      bench_4b ${BT:-120}; cp "$OUT/bench.json" "$OUT/bench-default.json"
+      BENCH_ARGS="-p 0" PY="$PY tools/lab_knobs.py quant.gemv.PDL_PIN_WEIGHTS=False quant.gemv.SWIGLU_PAIR=False --" \
+        bench_4b ${BT2:-90}
+      mv "$OUT/bench.json" "$OUT/bench-unpinned.json"; mv "$OUT/bench-default.json" "$OUT/bench.json"
       tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")"
       [ "${TT:-0}" -gt 0 ] && GF="tests/test_decode_switches.py tests/test_backend_cuda.py tests/test_gemv.py" \
         gpu_tests_4b "${GK:-pdl or every_position or greedy or real_layer}" $TT
