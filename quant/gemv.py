@@ -309,12 +309,14 @@ def _qkv_kernel(specs, n_tok, ks, lpr, pdl=False):
 # dp4a, the same units a row), so a PDL build has both rows' first trip in flight before its wait.
 # Within the noise while the early loads were sunk below the wait (2026-12-04); with them pinned
 # there, the 4B's step at depth 64 took 1.762 / 1.783 ms against 1.810 / 1.821 without (H100,
-# 2026-12-06, tools/profile_decode.py --settings pin; the same bits): on since.
+# 2026-12-06, tools/profile_decode.py --settings pin; the same bits): on since, for the PDL builds
+# it was timed in. A plain build (sm_80 / sm_87: the Jetson; --no-pdl) stays unpaired - untimed
+# there, and pairing costs registers (ptxas sm_87: 66 against 52; sm_90 PDL: 96 against 60).
 SWIGLU_PAIR = True
 
 
 def _swiglu_kernel(g, u, n_tok, ks, lpr, act="silu", pdl=False):
-    pair = SWIGLU_PAIR and K.pairable(g, u, n_tok)
+    pair = SWIGLU_PAIR and pdl and K.pairable(g, u, n_tok)
     pin = PDL_PIN_WEIGHTS
     return _get(("swiglu", g, u, n_tok, ks, lpr, act, pdl, pair, pin),
                 lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr, act, PDL=pdl, PAIR=pair, PIN=pin))

@@ -208,16 +208,22 @@ def test_swiglu(gate, up, n_tok, ks):
 def test_swiglu_pair_gives_the_same_bits(gate, up, ks, lpr, monkeypatch):
     """G.SWIGLU_PAIR: a warp's gate and up rows streamed together (make_pair_dot: both rows'
     loads of a trip issued before the first multiply) - the same bits as one row after the
-    other; rows of 80 units (2,560 columns: the 4B's), a k-split and two rows a warp."""
+    other; rows of 80 units (2,560 columns: the 4B's), a k-split and two rows a warp. The knob
+    pairs the PDL builds only (griddepcontrol a no-op here, pdl.launch the plain launch)."""
+    from genie_rt.quant import pdl
+    monkeypatch.setattr(pdl, "launch", lambda k, grid, block, stream, *a: k[grid, block, stream](*a))
     Wg, wg = weight(*gate, 9, 2560, seed=33)
     Wu, wu = weight(*up, 9, 2560, seed=34)
     x, dx, xq, xs = activations(1, 2560, seed=35)
     got = {}
-    for pair in (False, True):
+    for pair, use_pdl in ((False, True), (True, True), (True, False)):
         monkeypatch.setattr(G, "SWIGLU_PAIR", pair)
+        monkeypatch.setattr(G, "PDL", use_pdl)
         h = cuda.device_array((1, 9), np.float32)
         G.gemv_swiglu(wg, wu, dx, h, xq=xq, xs=xs, ksplit=ks, lpr=lpr)
-        got[pair] = h.copy_to_host()
+        got[pair and use_pdl] = h.copy_to_host()
+        paired = pair and use_pdl and K.pairable(gate, up, 1)
+        assert ("swiglu", gate, up, 1, ks, lpr, "silu", use_pdl, paired, G.PDL_PIN_WEIGHTS) in G._kernels
     assert K.pairable(gate, up, 1) and not K.pairable(gate, up, 2)
     assert np.array_equal(got[True].view(np.int32), got[False].view(np.int32))
     _check_swiglu("swiglu pair", got[True], Wg, Wu, x, xq, xs, (gate[1], up[1]))
