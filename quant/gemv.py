@@ -254,7 +254,9 @@ def _get(key, make):
 # bits; a row of fewer trips re-reads its last unit for the rest, from L1). H200, 2026-12-04 12:43 UTC
 # (tools/profile_decode.py --settings early, the 4B's step): 1.976 / 1.961 / 2.109 ms at depth
 # 512, 2.276 / 2.246 / 2.401 ms at 4096 - two (3 trips' registers cost occupancy: 98 / 130
-# registers for Q4_K / Q6_K against 72 / 96 at two, ptxas sm_90).
+# registers for Q4_K / Q6_K against 72 / 96 at two, ptxas sm_90). (Those loads were read-only ones,
+# which ptxas scheduled after the wait: the numbers compared code shapes. Pinned above it since
+# 2026-12-06 - PDL_PIN_WEIGHTS below - two is still the best for Q4_K, one for Q6_K.)
 PDL_EARLY_TRIPS = 2
 
 # Whether a PDL build's loads before its wait are ones the compilers leave there (ptx.ldw_v4), or

@@ -26,6 +26,7 @@ from . import gemv_units as U
 from .gemv_units import dot16 as _dot16
 from . import ptx
 from .formats import QType
+from .pdl import weight_loads
 
 LO4 = 0x0F0F0F0F          # low nibble of each byte
 MAGIC = 0x64006400        # two fp16 1024.0: (q | MAGIC) as half2 is (1024 + q_lo, 1024 + q_hi)
@@ -128,11 +129,10 @@ def _loaders(ld):
             QType.F16: load_f16, **U.loaders(ld)}
 
 
-# the plain builds: the read-only path (ptx.ldg_v4), which the compiler may schedule freely
-LOADERS = _loaders(ptx.ldg_v4)
-# programmatic-dependent-launch builds: loads issued before griddepcontrol.wait must stay there
-# (ptx.ldw_v4: ptxas sinks an ld.global.nc below the wait, and the overlap is lost)
-PDL_LOADERS = _loaders(ptx.ldw_v4)
+# the plain builds' and the programmatic-dependent-launch builds' (whose loads before
+# griddepcontrol.wait must stay there: quant/pdl.py weight_loads, rule 2)
+LOADERS = _loaders(weight_loads(False)[1])
+PDL_LOADERS = _loaders(weight_loads(True)[1])
 
 
 def loaders(PDL: bool):

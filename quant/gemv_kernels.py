@@ -98,7 +98,6 @@ def _make_row_dot(qtype, mode, NT, PDL=False, EARLY=1, PIN=True):
     # a PDL build's loads before its wait must stay there (ptx.ldw_v4: ptxas sinks the read-only
     # ldg_v4 below griddepcontrol.wait); the trips after the early ones may use the read-only path
     early_load = loaders(PDL and PIN)[qtype]
-    late_load = LOADERS[qtype] if EARLY > 1 else early_load
     mul = MULTIPLIERS[(qtype, mode)](NT, xl)
     SH = UNIT_SHIFT[qtype]
     PM = (1 << SH) - 1
@@ -112,7 +111,7 @@ def _make_row_dot(qtype, mode, NT, PDL=False, EARLY=1, PIN=True):
                     load(wa, wb, wc, wd, base + min(u + 2 * step, last)))
         return load3
     load3 = make_load3(early_load)
-    late_load3 = make_load3(late_load)
+    late_load3 = load3 if EARLY == 1 else make_load3(LOADERS[qtype])   # EARLY 1: `rest` is the first trip
 
     @_dev
     def mul3(v, nu, u, step, blk, bstep, p, xf, xq, xs, cols, acc, ao):

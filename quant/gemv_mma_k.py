@@ -70,6 +70,7 @@ from . import ptx
 from .formats import QType
 from .gemv_mma import LO4, ROWS, _dev, _flat, lanes, make_block_loop, make_finish
 from .pdl import hooks as pdl_hooks
+from .pdl import weight_loads as pdl_weight_loads
 from .gemv_mma_q6k import SIGNATURE as SIGNATURE_Q6K
 from .gemv_mma_q6k import mma_q6k_q8k_kernel
 
@@ -117,7 +118,7 @@ def make_weight_loads(PDL: bool = False):
     lane's 8 bytes of each of the block's four chunks (`_bases`' layout; 8 words a chunk) and both
     rows' headers, once a block. PDL: by ptx.ldw_v2 / ldw_v4, which stay above griddepcontrol.wait
     (ptxas sinks the read-only ldg below it: tests/test_pdl_sass.py), else read-only loads."""
-    ld2, ld4 = (ptx.ldw_v2, ptx.ldw_v4) if PDL else (ptx.ldg_v2, ptx.ldg_v4)
+    ld2, ld4 = pdl_weight_loads(PDL)
 
     @_dev
     def weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk):

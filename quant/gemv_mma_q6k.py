@@ -45,6 +45,7 @@ from genie_rt.engine import kernel_cache
 from . import ptx
 from .gemv_mma import LO4, ROWS, _dev, lanes, make_block_loop, make_finish
 from .pdl import hooks as pdl_hooks
+from .pdl import weight_loads as pdl_weight_loads
 
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64, int64, uint32[::1], "
              "float32[::1], int64, int64, int64, float32[::1], float32[::1], int64)")
@@ -56,7 +57,7 @@ def make_row_loads(PDL: bool = False):
     its 8 ql words (qi: the row's first, + t), its 4 qh words (hi likewise), the row's 16 scales
     (one 16-byte load: PDL ptx.ldw_v4, which stays above griddepcontrol.wait, else the read-only
     ldg_v4, which ptxas sinks below it) and d's bits. The word loads are ordinary ones either way."""
-    ld4 = ptx.ldw_v4 if PDL else ptx.ldg_v4
+    ld4 = pdl_weight_loads(PDL)[1]
 
     @_dev
     def row_loads(wa, wb, wc, wd, nblk, rr, qi, hi, blk):

@@ -72,6 +72,13 @@ def hooks(PDL: bool):
     return _no_op, _no_op, ptx.ldg_v4
 
 
+def weight_loads(PDL: bool):
+    """(8-byte, 16-byte) weight loads for a kernel factory (rule 2): on a PDL build ptx.ldw_v2 /
+    ldw_v4, which stay above griddepcontrol.wait; otherwise the read-only ldg_v2 / ldg_v4, which
+    the compilers may schedule freely (and ptxas sinks below a wait)."""
+    return (ptx.ldw_v2, ptx.ldw_v4) if PDL else (ptx.ldg_v2, ptx.ldg_v4)
+
+
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
     """A real device of compute capability >= 9.0 and a cuda.core that knows the attribute."""

@@ -23,6 +23,7 @@ NVRTC/NVVM, no GPU), and returns the PTX text. Use it once per test module:
 Kernels must be module-level names; `@cuda.jit` without a signature (lazy) is the right
 form, since a decorator with signatures compiles at import. Signatures are numba strings.
 """
+import importlib.util
 import json
 import os
 import re
@@ -190,3 +191,51 @@ def assert_no_f64(ptx, where=""):
 def local_memory_bytes(ptx):
     """Bytes of per-thread local memory (`.local` depots: local arrays, spills at PTX level)."""
     return sum(int(n) for n in re.findall(r"\.local\s+\.align\s+\d+\s+\.b8\s+\w+\[(\d+)\]", ptx))
+
+
+# ---- before / after griddepcontrol.wait (the PDL builds: test_pdl_ptx.py, test_pdl_sass.py,
+# tools/pdl_sass.py) ----------------------------------------------------------------------
+_GLOBAL_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.", re.M)
+_SASS_INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
+
+
+def global_loads(ptx_text):
+    """The number of global loads (ld.global.*) in a piece of PTX."""
+    return len(_GLOBAL_LOAD.findall(ptx_text))
+
+
+def ptx_pre_wait_loads(ptx_text):
+    """Global loads before the first griddepcontrol.wait in the PTX."""
+    wait = ptx_text.find("griddepcontrol.wait;")
+    assert wait >= 0, "no griddepcontrol.wait in the PTX"
+    return global_loads(ptx_text[:wait])
+
+
+def sass_instructions(nvdisasm_text):
+    """The instructions of `nvdisasm -c` output, predicate first, without the addresses."""
+    return _SASS_INSN.findall(nvdisasm_text)
+
+
+def sass_pre_wait_loads(insns):
+    """Global loads (LDG) before the first ACQBULK (griddepcontrol.wait) of the SASS, or None
+    when it has no wait."""
+    waits = [i for i, s in enumerate(insns) if s.startswith("ACQBULK")]
+    if not waits:
+        return None
+    return sum(1 for s in insns[:waits[0]] if re.match(r"(@!?U?P\w+\s+)?LDG\b", s))
+
+
+def cuda_tool(name, wheel_dirs=("cuda_nvcc", "cu13", "cu12")):
+    """A CUDA tool (ptxas, nvdisasm) from $NAME (upper case), the PATH, or an nvidia-* wheel's bin
+    folder (nvidia/<dir>/bin); None if none has it."""
+    import shutil
+    found = os.environ.get(name.upper()) or shutil.which(name)
+    if found:
+        return found
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations if spec else ()):
+        for d in wheel_dirs:
+            path = os.path.join(root, d, "bin", name)
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                return path
+    return None

@@ -31,6 +31,16 @@ from genie_rt.quant.layout import pack
 from ptx_helpers import assert_no_f64, assert_ptx_contains, assert_ptx_lacks, compile_in_subprocess, \
     local_memory_bytes
 
+
+@pytest.fixture
+def plain_launch(monkeypatch):
+    """pdl.launch as the plain launch: a PDL build runs under the simulator (griddepcontrol is a
+    no-op there; the launch attribute needs an sm_90 GPU). test_gemv_pdl.py and test_gemv_norm.py
+    use it too."""
+    from genie_rt.quant import pdl
+    monkeypatch.setattr(pdl, "launch", lambda k, grid, block, stream, *a: k[grid, block, stream](*a))
+
+
 Q4, Q6, Q8, Q5, F16 = QType.Q4_K, QType.Q6_K, QType.Q8_0, QType.Q5_0, QType.F16
 Q40, Q41, Q51, Q5K, BF16 = QType.Q4_0, QType.Q4_1, QType.Q5_1, QType.Q5_K, QType.BF16
 VARIANTS = [(q, m) for q, modes in K.MODES.items() for m in modes]   # 7 (format, mode) pairs
@@ -205,13 +215,11 @@ def test_swiglu(gate, up, n_tok, ks):
     ((Q4, "dp4a"), (Q4, "dp4a"), 1, 32),
     ((Q4, "dp4a"), (Q6, "dp4a"), 2, 32),                 # Q4_K_M: some layers' up is Q6_K
     ((Q4, "dp4a"), (Q4, "dp4a"), 1, 16)], ids=["q4k-q4k", "q4k-q6k-ks2", "q4k-q4k-lpr16"])
-def test_swiglu_pair_gives_the_same_bits(gate, up, ks, lpr, monkeypatch):
+def test_swiglu_pair_gives_the_same_bits(gate, up, ks, lpr, monkeypatch, plain_launch):
     """G.SWIGLU_PAIR: a warp's gate and up rows streamed together (make_pair_dot: both rows'
     loads of a trip issued before the first multiply) - the same bits as one row after the
     other; rows of 80 units (2,560 columns: the 4B's), a k-split and two rows a warp. The knob
     pairs the PDL builds only (griddepcontrol a no-op here, pdl.launch the plain launch)."""
-    from genie_rt.quant import pdl
-    monkeypatch.setattr(pdl, "launch", lambda k, grid, block, stream, *a: k[grid, block, stream](*a))
     Wg, wg = weight(*gate, 9, 2560, seed=33)
     Wu, wu = weight(*up, 9, 2560, seed=34)
     x, dx, xq, xs = activations(1, 2560, seed=35)

@@ -18,6 +18,7 @@ from genie_rt.engine import norm as N
 from genie_rt.quant import gemv as G
 from genie_rt.quant.formats import QType
 from genie_rt.quant.gemv_bench import random_weight
+from test_gemv import plain_launch  # noqa: F401 (a fixture)
 
 Q4, Q6, Q8 = QType.Q4_K, QType.Q6_K, QType.Q8_0
 EPS = 1e-6
@@ -131,11 +132,9 @@ def test_three_launches_in_a_row_share_one_counter():
         _bits_equal(ns.copy_to_host(), rs.copy_to_host(), f"launch {step}: xs")
 
 
-def test_pdl_build_of_the_fused_kernel_gives_the_same_bits(monkeypatch):
+def test_pdl_build_of_the_fused_kernel_gives_the_same_bits(monkeypatch, plain_launch):
     """The programmatic-dependent-launch build (G.PDL, a lab switch; griddepcontrol is a
     no-op here and pdl.launch the plain launch) of the fused kernel: the same bits."""
-    from genie_rt.quant import pdl
-    monkeypatch.setattr(pdl, "launch", lambda k, grid, block, stream, *a: k[grid, block, stream](*a))
     w, dx, xq, xs, y0, wn = _problem(Q4, 32, 256, seed=11)
     outs = {}
     for use in (False, True):

@@ -9,13 +9,7 @@ import pytest
 from numba import cuda
 
 from genie_rt.quant import gemv as G
-from test_gemv import Q4, Q6, activations, weight
-
-
-@pytest.fixture
-def plain_launch(monkeypatch):
-    from genie_rt.quant import pdl
-    monkeypatch.setattr(pdl, "launch", lambda k, grid, block, stream, *a: k[grid, block, stream](*a))
+from test_gemv import Q4, Q6, activations, plain_launch, weight  # noqa: F401 (plain_launch: a fixture)
 
 
 def test_pdl_builds_compute_the_same_bits(monkeypatch, plain_launch):

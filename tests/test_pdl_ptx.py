@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from ptx_helpers import assert_no_f64, compile_in_subprocess
+from ptx_helpers import assert_no_f64, compile_in_subprocess, global_loads, ptx_pre_wait_loads
 
 _SOURCE = """
 from genie_rt.engine.norm import _make_rmsnorm_q8_resident
@@ -46,7 +46,6 @@ attention_rope_chain_pdl = decode_kernel(128, 2, "int8", 8, 2, q8=True, pdl=True
                                          merge_pf=True)
 swiglu_pair_pdl = K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), 1, 1, 32, "silu", True, True)
 """
-_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.", re.M)
 # global loads a build may issue before its wait: constants only
 PRE_WAIT_LOADS = {"norm_pdl": 1, "rope_pdl": 0, "attention_pdl": 0, "attention_q8_pdl": 0,
                   # the warp loop: the position (state[0], written by the step before) and the first
@@ -95,9 +94,9 @@ def test_pdl_build_reads_nothing_of_the_kernel_before_until_it_waits(ptx, name):
     trigger = text.find("griddepcontrol.launch_dependents;")
     wait = text.find("griddepcontrol.wait;")
     assert 0 <= trigger < wait, f"{name}: launch_dependents must come first, then the wait"
-    before = len(_LOAD.findall(text[:wait]))
+    before = ptx_pre_wait_loads(text)
     assert before == PRE_WAIT_LOADS[name], f"{name}: {before} global loads before the wait"
-    assert len(_LOAD.findall(text[wait:])) > 0, f"{name}: nothing read after the wait?"
+    assert global_loads(text[wait:]) > 0, f"{name}: nothing read after the wait?"
     # what the kernel before wrote is read coherently: an ld.global.nc (data unchanging for the
     # kernel's lifetime) may be scheduled above the wait by ptxas, and with PDL it is not
     if name.startswith(("gemv", "swiglu")):   # later trips' weights are .nc; the activations not
@@ -202,7 +201,7 @@ def test_short_prefill_pdl_builds_read_only_weights_before_the_wait():
         trigger, wait = text.find("griddepcontrol.launch_dependents;"), text.find("griddepcontrol.wait;")
         assert 0 <= trigger < wait, f"{name}: launch_dependents must come first, then the wait"
         # (the q/k/v kernel has a wait in each matrix's branch; the first is q's, a Q4_K one)
-        assert len(_LOAD.findall(text[:wait])) == pre, f"{name}: {len(_LOAD.findall(text[:wait]))} loads before it"
+        assert ptx_pre_wait_loads(text) == pre, f"{name}: {ptx_pre_wait_loads(text)} loads before it"
         after = text[wait:]
         # the activations (q8_K values, sums, scales) coherently: the read-only path is only the weights'
         # (the later blocks' quants and headers, ld.global.nc.v2 / .v4.u32)

@@ -14,16 +14,12 @@ file is about.
 """
 from __future__ import annotations
 
-import importlib.util
-import os
-import re
-import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from ptx_helpers import compile_in_subprocess
+from ptx_helpers import (compile_in_subprocess, cuda_tool, ptx_pre_wait_loads, sass_instructions,
+                         sass_pre_wait_loads)
 
 _SOURCE = """
 from genie_rt.engine.norm import _make_rmsnorm_q8_resident
@@ -49,28 +45,10 @@ mma_glu = mma_glu_q4k_q8k_kernel(2, True, "silu", True)
 """
 _GEMVS = ("gemv_q4k_early2", "gemv_q6k_early1", "gemv_q6k_early2", "head_q6k_lpr16", "qkv", "swiglu",
           "swiglu_pair", "mma_q4k", "mma_q6k", "mma_glu")       # mma_*: the short prefill's (PDL knob)
-_PTX_LOAD = re.compile(r"^\s*(@%p\d+\s+)?ld\.global\.", re.M)
-_SASS_INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
-
-
-def _tool(name: str, wheel_dirs: tuple[str, ...]) -> str | None:
-    """A CUDA tool from the PATH, else from an nvidia-* wheel's bin folder."""
-    found = shutil.which(name)
-    if found:
-        return found
-    spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations if spec else ()):
-        for d in wheel_dirs:
-            p = Path(root) / d / "bin" / name
-            if p.is_file() and os.access(p, os.X_OK):
-                return str(p)
-    return None
-
 
 @pytest.fixture(scope="module")
 def sass(tmp_path_factory):
-    ptxas = _tool("ptxas", ("cuda_nvcc", "cu13", "cu12"))
-    nvdisasm = _tool("nvdisasm", ("cu13", "cuda_nvdisasm", "cu12"))
+    ptxas, nvdisasm = cuda_tool("ptxas"), cuda_tool("nvdisasm")
     if ptxas is None or nvdisasm is None:
         pytest.skip(f"needs ptxas ({ptxas}) and nvdisasm ({nvdisasm}): pip install -e '.[test]'")
     from genie_rt.engine.norm import KERNEL_SIGNATURES
@@ -93,29 +71,18 @@ def sass(tmp_path_factory):
         dis = subprocess.run([nvdisasm, "-c", str(d / f"{name}.cubin")], capture_output=True, text=True,
                              timeout=300)
         assert dis.returncode == 0, dis.stderr[-2000:]
-        out[name] = (text, _SASS_INSN.findall(dis.stdout))
+        out[name] = (text, sass_instructions(dis.stdout))
     return out
-
-
-def _ptx_pre_wait_loads(text: str) -> int:
-    head, sep, _ = text.partition("griddepcontrol.wait")
-    assert sep, "no griddepcontrol.wait in the PTX"
-    return len(_PTX_LOAD.findall(head))
-
-
-def _sass_pre_wait_loads(insns: list[str]) -> int:
-    waits = [i for i, s in enumerate(insns) if s.startswith("ACQBULK")]
-    assert waits, "no ACQBULK (griddepcontrol.wait) in the SASS"
-    return sum(1 for s in insns[:waits[0]] if re.match(r"(@!?U?P\w+\s+)?LDG\b", s))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", _GEMVS + ("norm", "attention"))
 def test_pre_wait_loads_stay_before_the_wait_in_the_sass(sass, name):
     text, insns = sass[name]
-    want = _ptx_pre_wait_loads(text)
+    want = ptx_pre_wait_loads(text)
     assert want > 0, f"{name}: no load before the wait in the PTX"
-    got = _sass_pre_wait_loads(insns)
+    got = sass_pre_wait_loads(insns)
+    assert got is not None, f"{name}: no ACQBULK (griddepcontrol.wait) in the SASS"
     if name == "qkv":       # three segments, each its own wait: the first in the SASS may be V's (Q6_K)
         want = (want, 12)
         assert got in want, f"qkv: {got} loads before the first ACQBULK, not one segment's first trip {want}"
@@ -129,8 +96,8 @@ def test_read_only_loads_are_sunk_below_the_wait(sass):
     its 12 early loads before the wait in the PTX and none before ACQBULK in the SASS. Should a
     later ptxas keep them in place, this fails: then the knob can go."""
     text, insns = sass["unpinned_q4k"]
-    assert _ptx_pre_wait_loads(text) == 12
-    assert _sass_pre_wait_loads(insns) == 0
+    assert ptx_pre_wait_loads(text) == 12
+    assert sass_pre_wait_loads(insns) == 0
     assert any(s.startswith("LDG.E.128.CONSTANT") for s in insns)
     pinned = sass["gemv_q4k_early2"][1]
     assert sum(1 for s in pinned if s.startswith("LDG.E.NA.128")) >= 12

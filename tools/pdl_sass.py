@@ -6,7 +6,7 @@ for sm_90. On a GPU, numba hands the PTX to the driver's (or nvJitLink's) compil
 may schedule differently. This compiles the decode GEMVs' PDL builds there - the pinned loads
 (ptx.ldw_v4) and the unpinned ones (quant/gemv.py PDL_PIN_WEIGHTS False) - and counts the global
 loads before the first griddepcontrol.wait (ACQBULK) in what the device will run, beside the PTX's.
-Needs nvdisasm (NVDISASM=path, or on the PATH: the nvidia-cuda-nvdisasm wheel).
+Needs nvdisasm ($NVDISASM, the PATH, or the nvidia-cuda-nvdisasm wheel: ptx_helpers.cuda_tool).
 
     python tools/pdl_sass.py [--json PATH]
 """
@@ -15,27 +15,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
-_INSN = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;")
-
-
-def pre_wait(insns: list[str]) -> int | None:
-    waits = [i for i, s in enumerate(insns) if s.startswith("ACQBULK")]
-    if not waits:
-        return None
-    return sum(1 for s in insns[:waits[0]] if re.match(r"(@!?U?P\w+\s+)?LDG\b", s))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from ptx_helpers import cuda_tool, ptx_pre_wait_loads, sass_instructions, sass_pre_wait_loads  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    nvdisasm = os.environ.get("NVDISASM") or shutil.which("nvdisasm")
+    nvdisasm = cuda_tool("nvdisasm")
     if not nvdisasm:
         raise SystemExit("pdl_sass: no nvdisasm (NVDISASM=path)")
     from numba import cuda
@@ -61,15 +54,13 @@ def main(argv=None) -> int:
             kern.compile(sig)
             over = next(iter(kern.overloads.values()))
             lib = over._codelibrary
-            ptx = lib.get_asm_str(cc=cc)
-            head = ptx.partition("griddepcontrol.wait")[0]
-            ptx_loads = len(re.findall(r"^\s*(@%p\d+\s+)?ld\.global\.", head, re.M))
+            ptx_loads = ptx_pre_wait_loads(lib.get_asm_str(cc=cc))
             path = os.path.join(d, "k.cubin")
             with open(path, "wb") as f:
                 f.write(lib.get_cubin(cc=cc))
             sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True).stdout
-            insns = _INSN.findall(sass)
-            n = pre_wait(insns)
+            insns = sass_instructions(sass)
+            n = sass_pre_wait_loads(insns)
             regs = over.regs_per_thread
             rows.append(dict(build=label, ptx_pre_wait_loads=ptx_loads, sass_pre_wait_loads=n, registers=regs,
                              sass_instructions=len(insns)))
