@@ -275,6 +275,11 @@ PDL_PIN_WEIGHTS = True
 # at one). Timed (H100, 2026-12-06): two trips everywhere 1.852 / 1.855 ms, one everywhere 1.821 /
 # 1.835, two for Q4_K and one for Q6_K 1.810 / 1.821.
 PDL_EARLY_TRIPS_Q6K = 1
+# ptxas's register cap for the PDL builds of the plain GEMV (None: its own choice), a lab knob. Three
+# pinned Q4_K trips take 100 registers and two Q6_K trips 98: 4 blocks an SM, two waves for a
+# 2,560-row output on 132 SMs; capped at 96 (8-12 bytes of spill, ptxas sm_90) they are 5 blocks,
+# one wave. tools/profile_decode.py --settings trips times the early trips with and without it.
+PDL_MAX_REGISTERS = None
 
 
 def _early_trips(qtype, lpr: int, pin: bool) -> int:
@@ -294,8 +299,10 @@ def _gemv_kernel(spec, n_tok, ks, resid, lpr, norm=0, pdl=False, norm_shape=(0, 
     if not norm:
         pin = PDL_PIN_WEIGHTS
         early = _early_trips(spec[0], lpr, pin) if pdl else 1
-        return _get(("gemv", spec, n_tok, ks, resid, lpr, pdl, early, pin),
-                    lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid, lpr, pdl, EARLY=early, PIN=pin))
+        cap = PDL_MAX_REGISTERS if pdl else None
+        return _get(("gemv", spec, n_tok, ks, resid, lpr, pdl, early, pin, cap),
+                    lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid, lpr, pdl, EARLY=early, PIN=pin,
+                                          MAXREG=cap))
     return _get(("gemv_norm", spec, ks, lpr, norm, pdl, norm_shape),
                 lambda: K.gemv_kernel(spec[0], spec[1], 1, ks, True, lpr, pdl, NORM=norm,
                                       NORM_D=norm_shape[0], NORM_VB=norm_shape[1]))

@@ -278,7 +278,8 @@ _LOG2 = {1: 0, 2: 1, 4: 2}
 # =====================================================================================
 # Kernels
 # =====================================================================================
-def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_D=0, NORM_VB=0, EARLY=1, PIN=True):
+def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_D=0, NORM_VB=0, EARLY=1, PIN=True,
+                MAXREG=None):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < NT:
     grid = ceil(rows * KSPLIT / (4 * 32 / LPR)) blocks.
 
@@ -290,7 +291,8 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_
       y:    float32 [NT * rows] output              res: float32 [NT * rows] residual (may be y)
     PDL: built for programmatic dependent launch (sm_90+, quant/pdl.py): the next kernel may
     launch at once, and the weight loads start before this one waits for the one before
-    (EARLY: the first 1-3 trips' loads of a row, _make_row_dot).
+    (EARLY: the first 1-3 trips' loads of a row, _make_row_dot). MAXREG: ptxas's register cap for
+    the build without NORM (None: ptxas chooses; ignored by the simulator).
 
     NORM (1: q8 only, 2: q8 and h; needs RESID and NT == 1): the RMSNorm of the new y and
     its q8 activations, by the block that finishes last (engine/norm.py's rmsnorm_q8 at
@@ -334,7 +336,9 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_
                     y[i] = acc[t]
 
     if not NORM:
-        @cuda.jit
+        jit = cuda.jit(max_registers=MAXREG) if MAXREG and not ptx.SIMULATOR else cuda.jit
+
+        @jit
         def gemv(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res):
             launch_dependents()
             body(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res)

@@ -85,6 +85,12 @@
 #   pin20     the decode GEMVs' early weight loads pinned above their PDL wait (2026-12-06): the step at
 #             depths 64 / 4096 each way (bits, then times), genie-rt bench pinned and unpinned, GPU
 #             tests (TT s), llama-bench (built in the background) - one call
+#   trips21   issue 14's check with the pinned loads (2026-12-06 07:15), one call: llama.cpp built in the
+#             background, genie-rt bench, the step at PDEPTHS (64) by --settings trips (the residual GEMVs'
+#             pinned early trips with and without a register cap), llama-bench on the same file, the
+#             kernel cache as kc.tar.gz, then the PDL / CPU-parity GPU tests in what is left of TEND s (570)
+#   trips21b  its second call (warm: its kernel cache, model and build): the short graph's split counts at
+#             depth 64 (--settings short: 1, 2, 4 splits beside 8), the trips at depth 4096, prefix reuse
 #   pin20b    its second call: llama-bench, the GPU tests (PDL chain, CPU parity, short prefill), the short
 #             prefill's graph plain / PDL with pinned loads, prefix reuse
 #   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter also with --no-pdl
@@ -692,6 +698,25 @@ for s in "$@"; do
       [ "${TT:-0}" -gt 0 ] && GF="tests/test_decode_switches.py tests/test_backend_cuda.py tests/test_gemv.py" \
         gpu_tests_4b "${GK:-pdl or every_position or greedy or real_layer}" $TT
       llama_bench_4b ${LCPP_WAIT:-60} ;;
+    trips21)
+      stage trips21
+      use_kernel_cache
+      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      bench_4b ${BT:-240}
+      PT=${PT1:-180} profile_4b "${PDEPTHS-64}" trips none trips ${PTAIL:-7}
+      llama_bench_4b ${LCPP_WAIT:-240}
+      tar czf "$OUT/kc.tar.gz" -C "$(dirname "$GENIE_RT_KERNEL_CACHE")" "$(basename "$GENIE_RT_KERNEL_CACHE")"
+      TT=$(( ${TEND:-570} - SECONDS )); echo "GPU tests within $TT s"
+      [ $TT -gt 30 ] && GF="tests/test_decode_switches.py tests/test_backend_cuda.py tests/test_gemv.py" \
+        gpu_tests_4b "${GK:-pdl or every_position or greedy}" $TT ;;
+    trips21b)
+      stage trips21b
+      use_kernel_cache
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      PT=${PT1:-180} profile_4b "${SDEPTHS-64}" short none short ${PTAIL:-7}
+      PT=${PT2:-150} profile_4b "${TDEPTHS-4096}" trips none trips ${PTAIL:-7}
+      prefix_ways "${PXW:-off}" ${PXT:-120} ;;
     pin20b)
       stage pin20b
       # pin20's second call (the machine still warm: its kernel cache, model and llama.cpp build):

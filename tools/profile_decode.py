@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_settings import (attention_chain_settings, attention_knob_settings, config_settings,  # noqa: E402
                               fused_ffn_settings, gemv_knob_settings, heads_ways, loop_settings,
                               mma_ways, pdl_settings, pin_settings, plan_settings, record_step,
-                              short_shape_ways, splits_settings, time_step)
+                              short_shape_ways, splits_settings, time_step, trip_settings)
 
 # (module, function) the decode step launches through
 FAMILIES = [
@@ -91,7 +91,8 @@ def main(argv=None) -> int:
                    help="which comparisons to check and time before the ablation, comma-separated: pdl "
                         "(each set of PDL kinds), pair (SWIGLU_PAIR), loop (the attention's loops), early "
                         "(gemv.PDL_EARLY_TRIPS), pin (the GEMVs' pre-wait weight loads pinned above the PDL wait or "
-                        "not, by early trips and SWIGLU_PAIR: gemv.PDL_PIN_WEIGHTS), splits (the attention plans' split count), plan "
+                        "not, by early trips and SWIGLU_PAIR: gemv.PDL_PIN_WEIGHTS), trips (the pinned early trips of Q4_K / "
+                        "Q6_K with and without ptxas's register cap gemv.PDL_MAX_REGISTERS), splits (the attention plans' split count), plan "
                         "(their warps and rows a thread), heads (one or two heads an attention block), "
                         "short (the one-head blocks' shapes), rope (EngineConfig.decode_fused_rope), "
                         "q8 (decode_attention_q8), chain (the attention's merge prefetch: "
@@ -171,7 +172,7 @@ def main(argv=None) -> int:
         return 0
     wanted = {x for x in args.settings.split(",") if x}
     known = {"pdl", "pair", "loop", "early", "pin", "rope", "q8", "splits", "plan", "heads", "short", "chain", "qk8", "ksplit",
-             "mma", "skip"}
+             "mma", "skip", "trips"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -183,6 +184,8 @@ def main(argv=None) -> int:
         settings.update(gemv_knob_settings(be, "PDL_EARLY_TRIPS", (1, 2, 3)))
     if "pin" in wanted and pdl.available():
         settings.update(pin_settings(be))
+    if "trips" in wanted and pdl.available():
+        settings.update(trip_settings(be))
     if "splits" in wanted:
         settings.update(splits_settings(be))
     if "heads" in wanted:

@@ -139,6 +139,20 @@ def pin_settings(be, ways=PIN_WAYS) -> dict:
                          ways, "pinned pre-wait weight loads")
 
 
+# (PDL_EARLY_TRIPS, PDL_EARLY_TRIPS_Q6K, PDL_MAX_REGISTERS), pinned and paired (2026-12-06): the
+# default first; three Q4_K trips / two Q6_K trips pinned, uncapped (4 blocks an SM) and capped at 96
+# registers (5 blocks an SM: a 2,560-row output in one wave on 132 SMs)
+TRIP_WAYS = ((2, 1, None), (3, 1, None), (3, 1, 96), (2, 2, 96), (3, 2, 96))
+
+
+def trip_settings(be, ways=TRIP_WAYS) -> dict:
+    """The step with the residual GEMVs' pinned early trips (quant/gemv.py PDL_EARLY_TRIPS,
+    PDL_EARLY_TRIPS_Q6K) and their register cap (PDL_MAX_REGISTERS): the same bits, then the times."""
+    from genie_rt.quant import gemv
+    return knob_settings(be, gemv, ("PDL_EARLY_TRIPS", "PDL_EARLY_TRIPS_Q6K", "PDL_MAX_REGISTERS"), ways,
+                         "pinned early trips and the register cap")
+
+
 def attention_chain_settings(be) -> dict:
     """The step with the decode attention's merge prefetch (kvcache/attention.py MERGE_PREFETCH)
     off (the default, the reference) and on: the same bits, then the times."""
@@ -285,7 +299,11 @@ def short_shape_ways(be) -> dict:
     g = be.cfg.n_head // be.cfg.n_head_kv
     return {"one head a block, 8 x 2, 8 splits (the short graph)": dict(n_sub=g, n_splits=8),
             "one head a block, 4 x 2, 16 splits": dict(n_sub=g, n_splits=16, warps=4),
-            "one head a block, 8 x 1, 16 splits": dict(n_sub=g, n_splits=16, rows_per_thread=1)}
+            "one head a block, 8 x 1, 16 splits": dict(n_sub=g, n_splits=16, rows_per_thread=1),
+            # fewer splits: at depth 64 (two 64-row tiles) one split is two trips and no merge
+            "one head a block, 8 x 2, 1 split": dict(n_sub=g, n_splits=1),
+            "one head a block, 8 x 2, 2 splits": dict(n_sub=g, n_splits=2),
+            "one head a block, 8 x 2, 4 splits": dict(n_sub=g, n_splits=4)}
 
 
 def fused_ffn_settings(be, pdl_ok: bool) -> dict:
