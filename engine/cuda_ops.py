@@ -151,14 +151,6 @@ class _PendingRope(NamedTuple):
     q_out: object
 
 
-class _PendingNorm(NamedTuple):
-    """norm(x, w, out) recorded but not launched yet (EngineConfig.decode_norm_fold): the SwiGLU
-    GEMV that reads out computes it in its own blocks (quant/gemv_prenorm.py)."""
-    x: object
-    w: object
-    out: object
-
-
 class DecodeOps(_Ops):
     """One token: GEMVs, flash-decoding attention."""
 
@@ -182,11 +174,6 @@ class DecodeOps(_Ops):
         # (EngineConfig.decode_fused_rope, kvcache/attention_decode_rope.py); any other op launches it
         self.fused_rope = bool(getattr(rt.ecfg, "decode_fused_rope", False))
         self._rope: _PendingRope | None = None
-        # the norm before gate / up kept pending for the SwiGLU GEMV that folds it in
-        # (EngineConfig.decode_norm_fold, a lab): only where every GEMV reads q8 (no float h)
-        self.norm_fold = (bool(getattr(rt.ecfg, "decode_norm_fold", False)) and rt.q8_inputs
-                          and not rt.float_inputs)
-        self._norm: _PendingNorm | None = None
         # a layer's FFN half as one persistent launch (EngineConfig.decode_fused_ffn, lab): only
         # where every GEMV reads q8 (the launch writes no float h)
         self.ffn_chain = None
@@ -194,7 +181,6 @@ class DecodeOps(_Ops):
             from .cuda_ffn_chain import FFNChain
             self.ffn_chain = FFNChain(self)
             self.fuse_norm = False
-            self.norm_fold = False
 
     embed = _flushing(_Ops.embed)
     post_norm_add = _flushing(_Ops.post_norm_add)
@@ -211,11 +197,6 @@ class DecodeOps(_Ops):
         self._wrote(q_out)
 
     def _flush(self) -> None:
-        n = self._norm
-        if n is not None:           # no SwiGLU GEMV took it: its own launch after all
-            self._norm = None
-            self.rt.pending_launch = None
-            self._launch_norm(n.x, n.w, n.out)
         r = self._rope
         if r is not None:           # nothing fused it: its own launch, q_out written after all
             self._rope = None
@@ -264,15 +245,6 @@ class DecodeOps(_Ops):
         self._flush()
         self._reads_float(x)
         self._wrote(out)
-        if self.norm_fold:          # the SwiGLU GEMV that reads out may fold it (gated)
-            self._norm = _PendingNorm(x, w, out)
-            self.rt.pending_launch = "a norm (decode_norm_fold)"
-            self._no_float.add(self._name(out))
-            return
-        self._launch_norm(x, w, out)
-
-    def _launch_norm(self, x, w, out) -> None:
-        from genie_rt.engine import norm
         if not self.rt.q8_inputs:
             norm.rmsnorm(x, w, out, self.cfg.rms_eps, stream=self.stream)
             return
@@ -326,19 +298,10 @@ class DecodeOps(_Ops):
         self._wrote(out)
 
     @_chained
+    @_flushing
     def gated(self, x, w, out, act: str) -> None:
-        from genie_rt.quant import gemv, gemv_prenorm
+        from genie_rt.quant import gemv
         wg, wu = (m.gemv for m in w)
-        n = self._norm
-        if n is not None and n.out is x and gemv_prenorm.covers(wg, wu):
-            self._norm = None       # its norm folded into this launch (the same bits)
-            self.rt.pending_launch = None
-            self._flush()
-            gemv_prenorm.gemv_swiglu_prenorm(wg, wu, n.x, n.w, self.cfg.rms_eps, out, stream=self.stream,
-                                             act=act, pdl=self.pdl)
-            self._wrote(out)
-            return
-        self._flush()
         xq, xs = self._prepared(x, (wg, wu))
         kw = {} if act == "silu" else {"act": act}
         gemv.gemv_swiglu(wg, wu, x, out, xq=xq, xs=xs, stream=self.stream, pdl=self.pdl, **kw)
@@ -376,7 +339,6 @@ class DecodeOps(_Ops):
         if xq is not None:
             self._q8_fresh.add(self._name(out))
     attention.flushes = True        # (itself, after taking a pending rope_write it fuses)
-    gated.flushes = True            # (itself, after taking a pending norm it folds)
 
     def head(self, x, norm_w, w, logits, softcap: float | None = None) -> None:
         h = self.s.h

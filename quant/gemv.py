@@ -278,7 +278,10 @@ PDL_EARLY_TRIPS_Q6K = 1
 # ptxas's register cap for the PDL builds of the plain GEMV (None: its own choice), a lab knob. Three
 # pinned Q4_K trips take 100 registers and two Q6_K trips 98: 4 blocks an SM, two waves for a
 # 2,560-row output on 132 SMs; capped at 96 (8-12 bytes of spill, ptxas sm_90) they are 5 blocks,
-# one wave. tools/profile_decode.py --settings trips times the early trips with and without it.
+# one wave. tools/profile_decode.py --settings trips (H100, 2026-12-06 07:15 UTC, two passes, the same
+# bits): uncapped, 3 / 1 trips cost 7 % of the step; capped, 3 / 1, 2 / 2 and 3 / 2 were within 1 % of the
+# default 2 / 1 at depths 64 and 4,096 (2 / 2 the best by 0.6-0.8 %: tools/gpu_check.sh abl21 decides it
+# by genie-rt bench). docs/decode-step.md 6j.
 PDL_MAX_REGISTERS = None
 
 

@@ -1,6 +1,6 @@
 """The CUDA decode step's switches, each against the step without it (engine/cuda_ops.py,
-EngineConfig): the norm folded into the residual GEMV, the norm folded into the SwiGLU GEMV, the
-attention writing its q8, the PDL builds, the fused rope, the fused FFN and the short-context graph (decode_short_ctx). In the
+EngineConfig): the norm folded into the residual GEMV, the attention writing its q8, the PDL
+builds, the fused rope, the fused FFN and the short-context graph (decode_short_ctx). In the
 simulator (slow) on a 2-layer model, the launches and the logits' bits; on a GPU (marker gpu)
 through the captured graphs, replay after replay. The back-end against the CPU back-end is
 test_backend_cuda.py, whose helpers these tests share.
@@ -143,48 +143,6 @@ def test_simulated_decode_fused_rope(tmp_path, monkeypatch):
     for a, b in zip(caches[True], caches[False]):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: test_gpu_decode_norm_fold_same_bits)")
-def test_simulated_decode_norm_fold(tmp_path, monkeypatch):
-    """EngineConfig.decode_norm_fold: the norm before gate / up runs inside the SwiGLU GEMV's launch
-    (quant/gemv_prenorm.py) - one rmsnorm_q8 launch a layer instead of two - and the step gives the
-    same logits' bits as with the norm's own launch."""
-    import dataclasses
-
-    from genie_rt.engine import norm
-    from genie_rt.quant import gemv, gemv_prenorm
-    gpu, _, cfg = _tiny_decode_backends(tmp_path, "int8", warm=False)
-    calls = []
-    for mod, name in ((norm, "rmsnorm_q8"), (gemv, "gemv_swiglu"), (gemv_prenorm, "gemv_swiglu_prenorm")):
-        real = getattr(mod, name)
-        monkeypatch.setattr(mod, name, lambda *a, _n=name, _r=real, **k: (calls.append(_n), _r(*a, **k))[1])
-    got = {}
-    for on in (True, False):
-        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_norm_fold=on)
-        calls.clear()
-        got[on] = gpu.decode(77, 5)
-        L = cfg.n_layers
-        # (the head's norm is one more rmsnorm_q8 either way)
-        want = {"rmsnorm_q8": L + 1, "gemv_swiglu_prenorm": L} if on else {"rmsnorm_q8": 2 * L + 1, "gemv_swiglu": L}
-        assert {n: calls.count(n) for n in set(calls)} == want, (on, calls)
-    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
-
-
-@pytest.mark.gpu
-def test_gpu_decode_norm_fold_same_bits(tmp_path):
-    """The same through the captured decode graph on the GPU (PDL builds where the device has
-    them): the logits' bits of two steps with and without EngineConfig.decode_norm_fold."""
-    import dataclasses
-    gpu, _, _ = _tiny_decode_backends(tmp_path, "int8")
-    got = {}
-    for on in (False, True):
-        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_norm_fold=on)
-        gpu._graphs.clear()                          # record the decode graph anew
-        gpu.decode(77, 5)
-        got[on] = gpu.decode(78, 6)
-    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
 
 
 @pytest.mark.slow

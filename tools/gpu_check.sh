@@ -95,11 +95,6 @@
 #             (profile-abl<d>), genie-rt bench tg128 (-p 0 -r 5) with the default and with the trips way
 #             TRIPS (Q6_K two early trips at 96 registers: bench-trips.json), the device's own SASS check
 #             (tools/pdl_sass.py); KC= trips21's kc.tar.gz
-#   fold21    EngineConfig.decode_norm_fold (2026-12-06): the norm before gate / up inside the SwiGLU GEMV
-#             (quant/gemv_prenorm.py), one call: llama.cpp built in the background, the 4B's step at depths
-#             64 and 4096 both ways (--settings fold: the same bits, then times), genie-rt bench tg128 without
-#             and with --norm-fold (bench.json, bench-fold.json), llama-bench, then the fold's and the PDL
-#             GPU tests in what is left of TEND s (570)
 #   pin20b    its second call: llama-bench, the GPU tests (PDL chain, CPU parity, short prefill), the short
 #             prefill's graph plain / PDL with pinned loads, prefix reuse
 #   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter also with --no-pdl
@@ -738,19 +733,6 @@ for s in "$@"; do
       BENCH_ARGS="-p 0 -r 5" bench_4b ${BT:-120}        # the default again: the spread between runs
       [ -x .gpu/nvdisasm ] && export NVDISASM=${NVDISASM:-$PWD/.gpu/nvdisasm}
       timeout ${ST:-120} $PY tools/pdl_sass.py --json "$OUT/pdl-sass.json" 2>&1 | grep -v "^INFO numba" | tail -6 ;;
-    fold21)
-      stage fold21
-      use_kernel_cache
-      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
-      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      PT=${PT1:-240} profile_4b "${PDEPTHS-64 4096}" fold none fold ${PTAIL:-5}
-      rm -f "$OUT"/profile-fold*.txt                  # (the JSON holds them; $OUT's 8 files)
-      BENCH_ARGS="-p 0 -r 3" bench_4b ${BT:-120}; mv "$OUT/bench.json" "$OUT/bench-off.json"
-      BENCH_ARGS="-p 0 -r 3 --norm-fold" bench_4b ${BT:-120}; mv "$OUT/bench.json" "$OUT/bench-fold.json"
-      llama_bench_4b ${LCPP_WAIT:-200}
-      TT=$(( ${TEND:-570} - SECONDS )); echo "GPU tests within $TT s"
-      [ $TT -gt 30 ] && GF="tests/test_decode_switches.py tests/test_backend_cuda.py" \
-        gpu_tests_4b "${GK:-norm_fold or pdl or every_position}" $TT ;;
     pin20b)
       stage pin20b
       # pin20's second call (the machine still warm: its kernel cache, model and llama.cpp build):
