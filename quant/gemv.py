@@ -272,17 +272,19 @@ PDL_PIN_WEIGHTS = True
 # Q6_K's early trips where they differ from PDL_EARLY_TRIPS (None: the same). Pinned, two trips of
 # Q6_K units (4 loads each) take ptxas sm_90 to 98 registers - 4 blocks an SM, so ffn_down's 640
 # blocks need two waves on 132 SMs - and one trip to 64 (Q4_K: 76 at two trips, 6 blocks an SM; 58
-# at one). Timed (H100, 2026-12-06): two trips everywhere 1.852 / 1.855 ms, one everywhere 1.821 /
-# 1.835, two for Q4_K and one for Q6_K 1.810 / 1.821.
-PDL_EARLY_TRIPS_Q6K = 1
-# ptxas's register cap for the PDL builds of the plain GEMV (None: its own choice), a lab knob. Three
-# pinned Q4_K trips take 100 registers and two Q6_K trips 98: 4 blocks an SM, two waves for a
-# 2,560-row output on 132 SMs; capped at 96 (8-12 bytes of spill, ptxas sm_90) they are 5 blocks,
-# one wave. tools/profile_decode.py --settings trips (H100, 2026-12-06 07:15 UTC, two passes, the same
-# bits): uncapped, 3 / 1 trips cost 7 % of the step; capped, 3 / 1, 2 / 2 and 3 / 2 were within 1 % of the
-# default 2 / 1 at depths 64 and 4,096 (2 / 2 the best by 0.6-0.8 %: tools/gpu_check.sh abl21 decides it
-# by genie-rt bench). docs/decode-step.md 6j.
-PDL_MAX_REGISTERS = None
+# at one). Timed uncapped (H100, 2026-12-06 03:50 UTC): two trips everywhere 1.852 / 1.855 ms, one
+# everywhere 1.821 / 1.835, two for Q4_K and one for Q6_K 1.810 / 1.821. With PDL_MAX_REGISTERS at 96
+# (below) two Q6_K trips are 5 blocks an SM, one wave, and the best way (07:15-07:44 UTC): the step
+# 1.781 / 1.771 ms against 1.794 / 1.783 at depth 64, 2.042 / 1.997 against 2.049 / 2.012 at 4,096
+# (the same bits), genie-rt bench tg128 576.5 / 487.4 against 569.9 / 482.2 at depth 0 / 4,096 in
+# one call (docs/decode-step.md 6j).
+PDL_EARLY_TRIPS_Q6K = 2
+# ptxas's register cap for the PDL builds of the plain GEMV (None: its own choice). Binding only where
+# a build wants more: two pinned Q6_K trips (98 -> 96, 12 bytes of spill) or three Q4_K trips (100 ->
+# 96, 8 bytes); the others take 58-76. Uncapped, three Q4_K trips cost 7 % of the step (4 blocks an
+# SM); capped, they were within 1 % of two (tools/profile_decode.py --settings trips). The plain builds
+# (sm_80 / sm_87: the Jetson) are not capped.
+PDL_MAX_REGISTERS = 96
 
 
 def _early_trips(qtype, lpr: int, pin: bool) -> int:

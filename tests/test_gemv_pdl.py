@@ -32,7 +32,7 @@ def test_pdl_builds_compute_the_same_bits(monkeypatch, plain_launch):
         outs[use] = [a.copy_to_host() for a in (y, qkv, h)]
     for a, b in zip(outs[False], outs[True]):
         np.testing.assert_array_equal(a, b)
-    assert ("gemv", wq.spec, 1, 1, True, 32, True, G.PDL_EARLY_TRIPS, True, None) in G._kernels   # the PDL build ran
+    assert ("gemv", wq.spec, 1, 1, True, 32, True, G.PDL_EARLY_TRIPS, True, G.PDL_MAX_REGISTERS) in G._kernels   # the PDL build ran
 
 
 @pytest.mark.parametrize("qt", [Q4, Q6])
@@ -54,7 +54,8 @@ def test_pdl_early_trips_give_the_same_bits(monkeypatch, plain_launch, qt):
             y = cuda.to_device(np.ones((1, 3), np.float32))
             G.gemv(w, dx, y, xq=xq, xs=xs, residual=y, ksplit=ks)
             outs.append(y.copy_to_host())
-            assert ("gemv", w.spec, 1, ks, True, 32, use, early if use else 1, pin, None) in G._kernels
+            assert ("gemv", w.spec, 1, ks, True, 32, use, early if use else 1, pin,
+                    G.PDL_MAX_REGISTERS if use else None) in G._kernels
         for o in outs[1:]:
             np.testing.assert_array_equal(o, outs[0])
 
@@ -76,7 +77,7 @@ def test_pinned_early_trips_by_format_and_lanes(monkeypatch, plain_launch):
         y = cuda.device_array((1, 37), np.float32)
         G.gemv(w, dx, y, xq=xq, xs=xs, lpr=16)
         outs.append(y.copy_to_host())
-    assert ("gemv", w.spec, 1, 1, False, 16, True, 1, True, None) in G._kernels
-    assert ("gemv", w.spec, 1, 1, False, 16, True, 2, False, None) in G._kernels
+    assert ("gemv", w.spec, 1, 1, False, 16, True, 1, True, G.PDL_MAX_REGISTERS) in G._kernels
+    assert ("gemv", w.spec, 1, 1, False, 16, True, 2, False, G.PDL_MAX_REGISTERS) in G._kernels
     for o in outs[1:]:
         np.testing.assert_array_equal(o, outs[0])

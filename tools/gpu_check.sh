@@ -91,10 +91,10 @@
 #             kernel cache as kc.tar.gz, then the PDL / CPU-parity GPU tests in what is left of TEND s (570)
 #   trips21b  its second call (warm: its kernel cache, model and build): the short graph's split counts at
 #             depth 64 (--settings short: 1, 2, 4 splits beside 8), the trips at depth 4096, prefix reuse
-#   abl21     the ablation of the default step after the pinned loads (2026-12-06) at depths 64 and 4096
-#             (profile-abl<d>), genie-rt bench tg128 (-p 0 -r 5) with the default and with the trips way
-#             TRIPS (Q6_K two early trips at 96 registers: bench-trips.json), the device's own SASS check
-#             (tools/pdl_sass.py); KC= trips21's kc.tar.gz
+#   abl21     the ablation of the default step after the pinned loads (2026-12-06) at depths PDEPTHS (64;
+#             profile-abl<d>), genie-rt bench tg128 (-p 0 -r 5) with the default and with the trips way
+#             TRIPS (Q6_K two early trips at 96 registers: bench-default.json, bench-trips.json), the
+#             device's own SASS check (tools/pdl_sass.py), then the ablation at PDEPTHS2 (e.g. 4096) if set
 #   pin20b    its second call: llama-bench, the GPU tests (PDL chain, CPU parity, short prefill), the short
 #             prefill's graph plain / PDL with pinned loads, prefix reuse
 #   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter also with --no-pdl
@@ -725,14 +725,13 @@ for s in "$@"; do
       stage abl21
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      PT=${PT1:-150} profile_4b "${PDEPTHS-64 4096}" "" ablall abl ${PTAIL:-16}
-      BENCH_ARGS="-p 0 -r 5" bench_4b ${BT:-120}
+      PT=${PT1:-240} profile_4b "${PDEPTHS-64}" "" ablall abl ${PTAIL:-16}
+      BENCH_ARGS="-p 0 -r 5" bench_4b ${BT:-120}; mv "$OUT/bench.json" "$OUT/bench-default.json"
       BENCH_ARGS="-p 0 -r 5" PY="$PY tools/lab_knobs.py ${TRIPS:-quant.gemv.PDL_EARLY_TRIPS_Q6K=2 quant.gemv.PDL_MAX_REGISTERS=96} --" \
-        bench_4b ${BT2:-150}
-      mv "$OUT/bench.json" "$OUT/bench-trips.json"
-      BENCH_ARGS="-p 0 -r 5" bench_4b ${BT:-120}        # the default again: the spread between runs
+        bench_4b ${BT2:-150}; mv "$OUT/bench.json" "$OUT/bench-trips.json"
       [ -x .gpu/nvdisasm ] && export NVDISASM=${NVDISASM:-$PWD/.gpu/nvdisasm}
-      timeout ${ST:-120} $PY tools/pdl_sass.py --json "$OUT/pdl-sass.json" 2>&1 | grep -v "^INFO numba" | tail -6 ;;
+      timeout ${ST:-120} $PY tools/pdl_sass.py --json "$OUT/pdl-sass.json" 2>&1 | grep -v "^INFO numba" | tail -6
+      [ -n "${PDEPTHS2:-}" ] && PT=${PT2:-120} profile_4b "$PDEPTHS2" "" ablall abl ${PTAIL:-16} ;;
     pin20b)
       stage pin20b
       # pin20's second call (the machine still warm: its kernel cache, model and llama.cpp build):

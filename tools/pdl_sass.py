@@ -44,6 +44,8 @@ def main(argv=None) -> int:
         "gemv Q4_K, 2 early trips, unpinned": (K.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, True, EARLY=2, PIN=False),
                                                G.SIG_GEMV),
         "gemv Q6_K, 1 early trip, pinned": (K.gemv_kernel(Q.Q6_K, "dp4a", 1, 1, True, 32, True, EARLY=1), G.SIG_GEMV),
+        "gemv Q6_K, 2 early trips, pinned, 96 registers": (
+            K.gemv_kernel(Q.Q6_K, "dp4a", 1, 1, True, 32, True, EARLY=2, MAXREG=96), G.SIG_GEMV),
         "swiglu Q4_K, pinned": (K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), 1, 1, 32, PDL=True), G.SIG_SWIGLU),
         "swiglu Q4_K, unpinned": (K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), 1, 1, 32, PDL=True, PIN=False),
                                   G.SIG_SWIGLU),
@@ -56,8 +58,9 @@ def main(argv=None) -> int:
             lib = over._codelibrary
             ptx_loads = ptx_pre_wait_loads(lib.get_asm_str(cc=cc))
             path = os.path.join(d, "k.cubin")
-            with open(path, "wb") as f:
-                f.write(lib.get_cubin(cc=cc))
+            cubin = lib.get_cubin(cc=cc)
+            with open(path, "wb") as f:          # bytes, or cuda.core's ObjectCode (numba-cuda 0.30 on some hosts)
+                f.write(cubin if isinstance(cubin, (bytes, bytearray)) else bytes(cubin.code))
             sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True).stdout
             insns = sass_instructions(sass)
             n = sass_pre_wait_loads(insns)

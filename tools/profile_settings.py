@@ -139,10 +139,11 @@ def pin_settings(be, ways=PIN_WAYS) -> dict:
                          ways, "pinned pre-wait weight loads")
 
 
-# (PDL_EARLY_TRIPS, PDL_EARLY_TRIPS_Q6K, PDL_MAX_REGISTERS), pinned and paired (2026-12-06): the
-# default first; three Q4_K trips / two Q6_K trips pinned, uncapped (4 blocks an SM) and capped at 96
-# registers (5 blocks an SM: a 2,560-row output in one wave on 132 SMs)
-TRIP_WAYS = ((2, 1, None), (3, 1, None), (3, 1, 96), (2, 2, 96), (3, 2, 96))
+# (PDL_EARLY_TRIPS, PDL_EARLY_TRIPS_Q6K, PDL_MAX_REGISTERS), pinned and paired: the default first (since
+# 2026-12-06 07:50 UTC), then the default before it, then three Q4_K trips / two Q6_K trips pinned,
+# uncapped (4 blocks an SM) and capped at 96 registers (5 blocks an SM: a 2,560-row output in one
+# wave on 132 SMs)
+TRIP_WAYS = ((2, 2, 96), (2, 1, None), (3, 1, None), (3, 1, 96), (3, 2, 96))
 
 
 def trip_settings(be, ways=TRIP_WAYS) -> dict:
