@@ -127,9 +127,6 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         # the fused FFN launches' barrier counters (quant/ffn_fused.py: each launch leaves them 0)
         self.ffn_counters = A["ffn_counters"]
         self.ffn_counters.copy_to_device(np.zeros(8, np.int32), stream=self.stream)
-        # the SwiGLU GEMV's q8 groups (EngineConfig.decode_swiglu_q8: each launch leaves them 0)
-        self.q8_counters = A["q8_counters"]
-        self.q8_counters.copy_to_device(np.zeros(self.q8_counters.size, np.int32), stream=self.stream)
         self.dws = DecodeWorkspace(lay.decode_plan, A["ws.decode"], stream=self.stream)
         self.dws_short = (DecodeWorkspace(lay.decode_plan_short, A["ws.decode_short"], stream=self.stream)
                           if lay.decode_plan_short is not None else None)

@@ -68,9 +68,6 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
                    help="CUDA (lab): a chunk of up to 8 new tokens (a chat turn after a cached prefix) runs as a "
                         "decode-shaped graph on the int8 tensor-core GEMV (Q4_K / Q6_K models; logits within "
                         "a cosine of 0.999 of the default prefill's)")
-    p.add_argument("--swiglu-q8", action="store_true",
-                   help="CUDA decode (lab): the SwiGLU GEMV writes its output's 8-bit blocks itself, no "
-                        "quantize launch of their own (same results)")
     p.add_argument("--no-fused-rope", dest="fused_rope", action="store_false",
                    help="CUDA decode: QK-norm, RoPE and the KV write of the new token in a launch of their "
                         "own (rope_write) instead of inside the attention's (same results: for comparisons)")
@@ -144,7 +141,7 @@ def _engine_config(args):
                         thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory,
                         fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl,
                         prefill_pdl=bool(args.prefill_pdl and args.pdl), overlap_load=args.overlap_load,
-                        short_prefill=args.short_prefill, decode_swiglu_q8=args.swiglu_q8,
+                        short_prefill=args.short_prefill,
                         decode_attention_loop=args.attention_loop, decode_fused_rope=args.fused_rope,
                         decode_attention_splits=args.attention_splits,
                         **({} if args.attention_short_ctx is None else

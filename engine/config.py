@@ -277,8 +277,6 @@ class EngineConfig:
     decode_fused_rope: bool = True      # CUDA decode: the attention launch does rope_write's work for the
                                         # new token itself (kvcache/attention_decode_rope.py; the same
                                         # bits), one launch fewer a layer; --no-fused-rope
-    decode_swiglu_q8: bool = False      # CUDA decode (lab): the SwiGLU GEMV writes its output's q8 blocks
-                                        # itself (the same bits as quantize_q8), one launch fewer a layer
     decode_attention_splits: int | None = None  # CUDA decode attention: blocks along the context per KV
                                         # head and subgroup (kvcache/attention.py plan_decode; None: its
                                         # choice from the SM count); --attention-splits. Not for the
@@ -333,8 +331,6 @@ class EngineConfig:
             raise ValueError(f"decode_attention_q8 must be True or False, got {self.decode_attention_q8!r}")
         if not isinstance(self.decode_fused_ffn, bool):
             raise ValueError(f"decode_fused_ffn must be True or False, got {self.decode_fused_ffn!r}")
-        if not isinstance(self.decode_swiglu_q8, bool):
-            raise ValueError(f"decode_swiglu_q8 must be True or False, got {self.decode_swiglu_q8!r}")
         if not isinstance(self.decode_fused_rope, bool):
             raise ValueError(f"decode_fused_rope must be True or False, got {self.decode_fused_rope!r}")
         top = MAX_DECODE_ATTENTION_SPLITS

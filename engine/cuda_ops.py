@@ -174,8 +174,6 @@ class DecodeOps(_Ops):
         # (EngineConfig.decode_fused_rope, kvcache/attention_decode_rope.py); any other op launches it
         self.fused_rope = bool(getattr(rt.ecfg, "decode_fused_rope", False))
         self._rope: _PendingRope | None = None
-        # the SwiGLU GEMV writes its output's q8 blocks itself (EngineConfig.decode_swiglu_q8, a lab)
-        self.swiglu_q8 = bool(getattr(rt.ecfg, "decode_swiglu_q8", False)) and rt.q8_inputs
         # a layer's FFN half as one persistent launch (EngineConfig.decode_fused_ffn, lab): only
         # where every GEMV reads q8 (the launch writes no float h)
         self.ffn_chain = None
@@ -306,13 +304,8 @@ class DecodeOps(_Ops):
         wg, wu = (m.gemv for m in w)
         xq, xs = self._prepared(x, (wg, wu))
         kw = {} if act == "silu" else {"act": act}
-        q8 = self.swiglu_q8 and out.shape[1] % 32 == 0
-        if q8:
-            kw["q8"] = (*self._q8_views(out), self.rt.q8_counters)
         gemv.gemv_swiglu(wg, wu, x, out, xq=xq, xs=xs, stream=self.stream, pdl=self.pdl, **kw)
         self._wrote(out)
-        if q8:
-            self._q8_fresh.add(self._name(out))
 
     def attention(self, q, a: AttnLayer, out) -> None:
         """Decode attention; with attention_q8 (and GEMVs that read 8-bit input) its launch also

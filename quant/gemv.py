@@ -329,11 +329,11 @@ def _qkv_kernel(specs, n_tok, ks, lpr, pdl=False):
 SWIGLU_PAIR = True
 
 
-def _swiglu_kernel(g, u, n_tok, ks, lpr, act="silu", pdl=False, q8=False):
+def _swiglu_kernel(g, u, n_tok, ks, lpr, act="silu", pdl=False):
     pair = SWIGLU_PAIR and pdl and K.pairable(g, u, n_tok)
     pin = PDL_PIN_WEIGHTS
-    return _get(("swiglu", g, u, n_tok, ks, lpr, act, pdl, pair, pin, q8),
-                lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr, act, PDL=pdl, PAIR=pair, PIN=pin, Q8=q8))
+    return _get(("swiglu", g, u, n_tok, ks, lpr, act, pdl, pair, pin),
+                lambda: K.swiglu_kernel(g, u, n_tok, ks, lpr, act, PDL=pdl, PAIR=pair, PIN=pin))
 
 
 def _blocks(rows: int, ks: int, lpr: int = 32) -> int:
@@ -349,7 +349,6 @@ SIG_GEMV_NORM = (f"void({_W}, int64, {_X}, float32[::1], float32[::1], float32[:
                  "int8[:, ::1], float32[:, ::1], float32[:, ::1], int32[::1], int64)")
 SIG_QKV = f"void({_W}, int64, {_W}, int64, {_W}, int64, int64, int64, {_X}, float32[::1])"
 SIG_SWIGLU = f"void({_W}, {_W}, int64, {_X}, float32[::1])"
-SIG_SWIGLU_Q8 = SIG_SWIGLU[:-1] + ", int8[::1], float32[::1], int32[::1])"     # + hq, hs, counter
 SIG_QUANTIZE = "void(float32[::1], int8[::1], float32[::1], int64)"
 
 
@@ -581,16 +580,12 @@ def compile_qkv(wq, wk, wv, n_tok=1, ksplit=None, lpr=None, pdl=None):
 
 
 def gemv_swiglu(wg, wu, x, h, *, xq=None, xs=None, stream=0, ksplit=None, lpr=None, act="silu",
-                pdl=None, q8=None):
+                pdl=None):
     """h = act(Wg x) * (Wu x) in one launch: h float32 [n_tok, rows]; act "silu" (SwiGLU)
     or "gelu" (GELU, tanh form: Gemma's GeGLU).
 
     Wg and Wu must have the same shape; their formats may differ (the kernel then runs
-    two different row loops one after the other, still one launch).
-
-    q8 = (hq int8 [1, rows], hs float32 [1, rows // 8], counter int32 [>= rows // 32], zero):
-    the launch also writes h's q8 blocks - quantize_q8(h, hq, hs)'s bits, no launch of its own
-    (one token, rows % 32 == 0; the counter is zero again after it)."""
+    two different row loops one after the other, still one launch)."""
     if act not in K.ACTS:
         raise ValueError(f"gemv_swiglu: act must be one of {K.ACTS}, got {act!r}")
     wg, wu = _prepared(wg), _prepared(wu)
@@ -600,21 +595,9 @@ def gemv_swiglu(wg, wu, x, h, *, xq=None, xs=None, stream=0, ksplit=None, lpr=No
     _check_out(h, "h", n_tok, wg.rows, x)
     ks, lpr = _split_lanes(wg.rows, min(wg.units, wu.units), ksplit, lpr)
     pdl = _pdl(pdl)
-    extra = ()
-    if q8 is not None:
-        hq, hs, counter = q8
-        if n_tok != 1 or wg.rows % 32:
-            raise ValueError(f"gemv_swiglu: q8 output needs one token and rows % 32 == 0, got "
-                             f"{n_tok} tokens, {wg.rows} rows")
-        _check_array(hq, "hq", np.int8, (1, wg.rows))
-        _check_array(hs, "hs", np.float32, (1, wg.rows // 8))
-        if not _is_device(counter) or counter.dtype != np.int32 or counter.size < wg.rows // 32:
-            raise ValueError(f"gemv_swiglu: the q8 counter must be an int32 device array of at least "
-                             f"{wg.rows // 32} zeros")
-        extra = (_flat(hq), _flat(hs), _flat(counter))
-    kern = _swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr, act, pdl, q8 is not None)
-    _launch(kern, _blocks(wg.rows, ks, lpr), stream, pdl, SIG_SWIGLU_Q8 if extra else SIG_SWIGLU,
-            *_w_args(wg), *_w_args(wu), wg.rows, xf, xqf, xsf, cols, _flat(h), *extra)
+    kern = _swiglu_kernel(wg.spec, wu.spec, n_tok, ks, lpr, act, pdl)
+    _launch(kern, _blocks(wg.rows, ks, lpr), stream, pdl, SIG_SWIGLU, *_w_args(wg), *_w_args(wu), wg.rows,
+            xf, xqf, xsf, cols, _flat(h))
 
 
 def compile_swiglu(wg, wu, n_tok=1, ksplit=None, lpr=None, act="silu", pdl=None):

@@ -419,22 +419,15 @@ GELU_S = np.float32(0.79788456080286535587989211986876)   # ggml's SQRT_2_OVER_P
 ACTS = ("silu", "gelu")
 
 
-def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False, PAIR=False, PIN=True, Q8=False):
+def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False, PAIR=False, PIN=True):
     """h[t, r] = act(Wg x)[t, r] * (Wu x)[t, r]: each warp streams row r of both weights
     (gate then up; mixed formats just mean two different row loops). act = silu (SwiGLU:
     Qwen, Llama) or gelu, the tanh form (GeGLU: Gemma; engine/norm.py's gelu_reference).
     gate/up = (qtype, mode). Arguments: (wa, wb, wc, wd, nu) of Wg, then of Wu, rows,
     xf, xq, xs, cols, h [NT * rows]. PAIR (where `pairable`): both rows' loads of a trip
-    issued together (make_pair_dot), the same bits.
-
-    Q8 (one token, rows % 32 == 0): the launch also writes h's q8 blocks, as quantize_q8 would
-    (the same bits): three more arguments hq int8 [rows], hs float32 [rows / 8] and counter
-    int32 [rows / 32], zero before the launch and after it. A q8 block is 32 rows, 32 / (rows a
-    block) blocks; each block fences its rows of h and counts itself in its group's counter, and
-    the group's last block quantizes the 32 values (one warp, q8_of_warp) and resets the counter."""
+    issued together (make_pair_dot), the same bits."""
     assert ACT in ACTS, ACT
     assert not PAIR or pairable(gate, up, NT), (gate, up, NT)
-    assert not Q8 or NT == 1, "Q8: one token"
     GELU = ACT == "gelu"
     dot_g = _make_row_dot(gate[0], gate[1], NT, PDL, PIN=PIN)
     dot_u = _make_row_dot(up[0], up[1], NT, PDL, PIN=PIN)
@@ -445,11 +438,9 @@ def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False, PAIR=Fals
     assign = _make_assign(KSPLIT, LPR)
     SUB = LPR - 1
 
-    ROWS_PER_BLOCK = WARPS * (32 // LPR) // KSPLIT      # 1, 2, 4 or 8: divides a q8 block's 32
-    GROUP_BLOCKS = 32 // ROWS_PER_BLOCK
-
-    @_dev
-    def body(ga, gb, gc, gd, gnu, ua, ub, uc, ud, unu, rows, xf, xq, xs, cols, h):
+    @cuda.jit
+    def swiglu(ga, gb, gc, gd, gnu, ua, ub, uc, ud, unu, rows, xf, xq, xs, cols, h):
+        launch_dependents()
         lane = cuda.threadIdx.x & 31
         warp = cuda.threadIdx.x >> 5
         row, ks, u0, step = assign(cuda.blockIdx.x * WARPS + warp, lane)
@@ -471,38 +462,7 @@ def swiglu_kernel(gate, up, NT, KSPLIT, LPR=32, ACT="silu", PDL=False, PAIR=Fals
                     h[t * rows + row] = float32(0.5) * g * (float32(1) + th) * acc[NT + t]
                 else:
                     h[t * rows + row] = g / (float32(1) + math.exp(-g)) * acc[NT + t]
-
-    if not Q8:
-        @cuda.jit
-        def swiglu(ga, gb, gc, gd, gnu, ua, ub, uc, ud, unu, rows, xf, xq, xs, cols, h):
-            launch_dependents()
-            body(ga, gb, gc, gd, gnu, ua, ub, uc, ud, unu, rows, xf, xq, xs, cols, h)
-        return kernel_cache.attach(swiglu)
-
-    @cuda.jit
-    def swiglu_q8(ga, gb, gc, gd, gnu, ua, ub, uc, ud, unu, rows, xf, xq, xs, cols, h, hq, hs, counter):
-        launch_dependents()
-        body(ga, gb, gc, gd, gnu, ua, ub, uc, ud, unu, rows, xf, xq, xs, cols, h)
-        last = cuda.shared.array(1, int32)
-        grp = cuda.blockIdx.x // GROUP_BLOCKS
-        cuda.threadfence()                  # this thread's rows of h, visible GPU-wide ...
-        cuda.syncthreads()                  # ... for every thread of the block, before the count
-        if cuda.threadIdx.x == 0:
-            n = min(GROUP_BLOCKS, cuda.gridDim.x - grp * GROUP_BLOCKS)
-            done = cuda.atomic.add(counter, grp, 1)
-            is_last = done == n - 1
-            if is_last:
-                counter[grp] = 0            # for the next launch (and graph replay)
-            cuda.threadfence()              # acquire: the group's other rows of h before they are read
-            last[0] = 1 if is_last else 0
-        cuda.syncthreads()
-        if last[0] != 0 and cuda.threadIdx.x < 32:     # the group's q8 block: one warp
-            i = grp * 32 + cuda.threadIdx.x
-            v = ptx.ld_relaxed_f32(h, i) if i < rows else float32(0)
-            q, d, s, s_hi = q8_of_warp(v)
-            if i < rows:
-                q8_write(q, d, s, s_hi, i, hq, hs)
-    return kernel_cache.attach(swiglu_q8)
+    return kernel_cache.attach(swiglu)
 
 
 def _make_quantize_q8(PDL):

@@ -1,6 +1,6 @@
 """The CUDA decode step's switches, each against the step without it (engine/cuda_ops.py,
-EngineConfig): the norm folded into the residual GEMV, the attention and the SwiGLU GEMV writing
-their outputs' q8, the PDL builds, the fused rope, the fused FFN and the short-context graph (decode_short_ctx). In the
+EngineConfig): the norm folded into the residual GEMV, the attention writing its q8, the PDL
+builds, the fused rope, the fused FFN and the short-context graph (decode_short_ctx). In the
 simulator (slow) on a 2-layer model, the launches and the logits' bits; on a GPU (marker gpu)
 through the captured graphs, replay after replay. The back-end against the CPU back-end is
 test_backend_cuda.py, whose helpers these tests share.
@@ -143,47 +143,6 @@ def test_simulated_decode_fused_rope(tmp_path, monkeypatch):
     for a, b in zip(caches[True], caches[False]):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: test_gpu_decode_swiglu_q8_same_bits)")
-def test_simulated_decode_swiglu_q8(tmp_path, monkeypatch):
-    """EngineConfig.decode_swiglu_q8: the SwiGLU GEMV writes its output's q8 blocks itself
-    (gemv_swiglu q8=) - one quantize_q8 launch a layer fewer - and the step gives the same logits'
-    bits as with quantize_q8's own launch."""
-    import dataclasses
-
-    from genie_rt.quant import gemv
-    gpu, _, cfg = _tiny_decode_backends(tmp_path, "int8", warm=False)
-    calls = []
-    for name in ("quantize_q8", "gemv_swiglu"):
-        real = getattr(gemv, name)
-        monkeypatch.setattr(gemv, name, lambda *a, _n=name, _r=real, **k: (calls.append((_n, "q8" in k)), _r(*a, **k))[1])
-    got, n_q8 = {}, {}
-    for on in (True, False):
-        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_swiglu_q8=on)
-        calls.clear()
-        got[on] = gpu.decode(77, 5)
-        assert calls.count(("gemv_swiglu", on)) == cfg.n_layers, (on, calls)
-        n_q8[on] = sum(1 for n, _ in calls if n == "quantize_q8")
-    assert n_q8[False] - n_q8[True] == cfg.n_layers, n_q8
-    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
-    assert not gpu.q8_counters.copy_to_host().any()
-
-
-@pytest.mark.gpu
-def test_gpu_decode_swiglu_q8_same_bits(tmp_path):
-    """The same through the captured decode graph on the GPU (PDL builds where the device has
-    them): the logits' bits of two steps with and without EngineConfig.decode_swiglu_q8."""
-    import dataclasses
-    gpu, _, _ = _tiny_decode_backends(tmp_path, "int8")
-    got = {}
-    for on in (False, True):
-        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_swiglu_q8=on)
-        gpu._graphs.clear()                          # record the decode graph anew
-        gpu.decode(77, 5)
-        got[on] = gpu.decode(78, 6)
-    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
 
 
 @pytest.mark.slow

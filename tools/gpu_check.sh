@@ -95,9 +95,6 @@
 #             profile-abl<d>), genie-rt bench tg128 (-p 0 -r 5) with the default and with the trips way
 #             TRIPS (Q6_K two early trips at 96 registers: bench-default.json, bench-trips.json), the
 #             device's own SASS check (tools/pdl_sass.py), then the ablation at PDEPTHS2 (e.g. 4096) if set
-#   swq21     EngineConfig.decode_swiglu_q8 (2026-12-06): the SwiGLU GEMV writes its output's q8 blocks
-#             itself; the 4B's step at PDEPTHS (64) both ways (--settings swq8: the same bits, then
-#             times), then genie-rt bench tg128 without and with --swiglu-q8 while time is left (BT s each)
 #   pin20b    its second call: llama-bench, the GPU tests (PDL chain, CPU parity, short prefill), the short
 #             prefill's graph plain / PDL with pinned loads, prefix reuse
 #   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter also with --no-pdl
@@ -735,13 +732,6 @@ for s in "$@"; do
       [ -x .gpu/nvdisasm ] && export NVDISASM=${NVDISASM:-$PWD/.gpu/nvdisasm}
       timeout ${ST:-120} $PY tools/pdl_sass.py --json "$OUT/pdl-sass.json" 2>&1 | grep -v "^INFO numba" | tail -6
       [ -n "${PDEPTHS2:-}" ] && PT=${PT2:-120} profile_4b "$PDEPTHS2" "" ablall abl ${PTAIL:-16} ;;
-    swq21)
-      stage swq21
-      use_kernel_cache
-      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      PT=${PT1:-240} profile_4b "${PDEPTHS-64}" swq8 none swq8 ${PTAIL:-5}
-      BENCH_ARGS="-p 0 -d 0 -r 3" bench_4b ${BT:-60}; mv "$OUT/bench.json" "$OUT/bench-off.json"
-      BENCH_ARGS="-p 0 -d 0 -r 3 --swiglu-q8" bench_4b ${BT:-60}; mv "$OUT/bench.json" "$OUT/bench-swq8.json" ;;
     pin20b)
       stage pin20b
       # pin20's second call (the machine still warm: its kernel cache, model and llama.cpp build):
