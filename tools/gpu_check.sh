@@ -147,6 +147,8 @@
 #             not yet re-run)
 # Setup: wheels in .whl/ are installed to /tmp/site when present (machines without a
 # package index); the package is put on the path through a symlink farm, no install.
+# tools/gpu_prepare.sh makes .whl/ and .gpu/ (llama.cpp's sources, nvdisasm) on a new checkout;
+# carry both: run(command="tools/gpu_check.sh STAGE", carry=[".whl", ".gpu"]).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out}
