@@ -210,6 +210,12 @@ llama_bench_4b() {
     | tee "$OUT/llama-bench.md"
 }
 
+# tools/pdl_sass.py within $1 s: where the device's own compiler put the PDL builds' early loads
+# (pdl-sass.json; nvdisasm carried as .gpu/nvdisasm by tools/gpu_prepare.sh, or on the PATH)
+device_sass() {
+  [ -x .gpu/nvdisasm ] && export NVDISASM=${NVDISASM:-$PWD/.gpu/nvdisasm}
+  timeout $1 $PY tools/pdl_sass.py --json "$OUT/pdl-sass.json" 2>&1 | grep -v "^INFO numba" | tail -6
+}
 # the prefix-reuse bench on the 4B within $1 s (prefix.txt, its last lines shown)
 prefix_4b() {
   timeout $1 $PY tools/bench_prefix.py --backend cuda -m $MODEL4B 2>&1 | grep -v "^INFO numba" \
@@ -698,8 +704,7 @@ for s in "$@"; do
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       PT=${PT1:-330} profile_4b "${PDEPTHS-64 4096}" pin none pin ${PTAIL:-9}
       # the SASS the device's own compiler made (nvdisasm carried as .gpu/nvdisasm, or on the PATH)
-      [ -x .gpu/nvdisasm ] && export NVDISASM=${NVDISASM:-$PWD/.gpu/nvdisasm}
-      timeout ${ST:-90} $PY tools/pdl_sass.py --json "$OUT/pdl-sass.json" 2>&1 | grep -v "^INFO numba" | tail -6
+      device_sass ${ST:-90}
       bench_4b ${BT:-120}; cp "$OUT/bench.json" "$OUT/bench-default.json"
       BENCH_ARGS="-p 0" PY="$PY tools/lab_knobs.py quant.gemv.PDL_PIN_WEIGHTS=False quant.gemv.SWIGLU_PAIR=False --" \
         bench_4b ${BT2:-90}
@@ -735,8 +740,7 @@ for s in "$@"; do
       BENCH_ARGS="-p 0 -r 5" bench_4b ${BT:-120}; mv "$OUT/bench.json" "$OUT/bench-default.json"
       BENCH_ARGS="-p 0 -r 5" PY="$PY tools/lab_knobs.py ${TRIPS:-quant.gemv.PDL_EARLY_TRIPS_Q6K=2 quant.gemv.PDL_MAX_REGISTERS=96} --" \
         bench_4b ${BT2:-150}; mv "$OUT/bench.json" "$OUT/bench-trips.json"
-      [ -x .gpu/nvdisasm ] && export NVDISASM=${NVDISASM:-$PWD/.gpu/nvdisasm}
-      timeout ${ST:-120} $PY tools/pdl_sass.py --json "$OUT/pdl-sass.json" 2>&1 | grep -v "^INFO numba" | tail -6
+      device_sass ${ST:-120}
       [ -n "${PDEPTHS2:-}" ] && PT=${PT2:-120} profile_4b "$PDEPTHS2" "" ablall abl ${PTAIL:-16} ;;
     fence22)
       stage fence22

