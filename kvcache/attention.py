@@ -132,11 +132,6 @@ QK_DP4A = False
 # same bits (x * 1 is x). Built 2026-12-05 without a GPU (docs/decode-step.md 7, item 4); a lab
 # knob, off, until profile_decode --settings skip times it.
 SKIP_RESCALE = False
-# The fences around the merge's ticket (decode_kernel's fence): "sc", cuda.threadfence() - fence.sc.gpu,
-# MEMBAR.SC.GPU in the SASS, twice in every block of a split step - or "acq_rel", the acquire-release
-# fence that message passing through the ticket needs (ptx.fence_acq_rel_gpu; the same bits). Built
-# 2026-12-06 without a GPU; a lab knob, "sc", until profile_decode --settings fence times it.
-MERGE_FENCE = "sc"
 
 
 @dataclass(frozen=True)
@@ -172,7 +167,7 @@ class DecodePlan:
         return decode_kernel(self.head_dim, self.heads_per_block, self.kv_dtype, self.warps,
                              self.rows_per_thread, self.window, self.scale, q8, pdl, self.loop,
                              rope, bool(qk_norm), bool(ring), MERGE_PREFETCH,
-                             QK_DP4A and self.kv_dtype == "int8", SKIP_RESCALE, MERGE_FENCE)
+                             QK_DP4A and self.kv_dtype == "int8", SKIP_RESCALE)
 
     @property
     def workspace_bytes(self) -> int:

@@ -106,7 +106,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
                   rows_per_thread: int = 4, window: int = 0, scale: float | None = None,
                   q8: bool = False, pdl: bool = False, loop: str = DEFAULT_LOOP, rope: str = "",
                   qk_norm: bool = True, ring: bool = False, merge_pf: bool = False,
-                  qk8: bool = False, skip_rescale: bool = False, fence: str = "sc"):
+                  qk8: bool = False, skip_rescale: bool = False):
     """The decode kernel specialised on its compile-time constants (one per model shape
     and layer kind). window 0: keys 0 .. pos, slot = position; window W > 0: keys
     max(0, pos - W + 1) .. pos, slot = position % R (R = the layer's slots; a ring when
@@ -136,20 +136,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     (attention_decode_tiles.make_load_q) - what llama.cpp's vector kernel does for quantized
     caches; other numbers than the float q (kvcache/attention.py QK_DP4A).
     skip_rescale (the "warp" loops): a head's accumulators are rescaled only when some lane's max
-    grew (a warp vote), the same bits (kvcache/attention.py SKIP_RESCALE).
-    fence: the fences around the merge's ticket - "sc" (cuda.threadfence(), fence.sc.gpu) or
-    "acq_rel" (ptx.fence_acq_rel_gpu: release before the ticket, acquire after it, which is what
-    the merge needs), the same bits (kvcache/attention.py MERGE_FENCE)."""
-    if fence not in ("sc", "acq_rel"):
-        raise ValueError(f"decode attention fence '{fence}' is not 'sc' or 'acq_rel'")
-    if fence == "sc":
-        @_dev
-        def merge_fence():
-            cuda.threadfence()
-    else:
-        @_dev
-        def merge_fence():
-            ptx.fence_acq_rel_gpu()
+    grew (a warp vote), the same bits (kvcache/attention.py SKIP_RESCALE)."""
     # PDL: rope_write may still be writing the new K/V row when this launch starts (a ROPE build:
     # the block writes it itself), so the cache is read coherently (ld_v4), not by the read-only path
     wait, launch_dependents, ld4 = hooks(pdl)
@@ -302,7 +289,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
         if tid < GH:
             part_ml[split, 2 * (head0 + tid)] = s_m[tid]
             part_ml[split, 2 * (head0 + tid) + 1] = s_l[tid]
-        merge_fence()                            # partials visible before the ticket (release)
+        cuda.threadfence()                       # partials visible before the ticket
         cuda.syncthreads()
         if tid == 0:
             ticket = cuda.atomic.add(tickets, kvh * n_sub + sub, 1)
@@ -310,7 +297,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
         cuda.syncthreads()
         if s_flag[0] == 0:
             return
-        merge_fence()                            # the other splits' partials (acquire)
+        cuda.threadfence()
         # last block of this (kv head, subgroup): merge the n_active splits
         pf = cuda.local.array(NPF, float32)      # merge_pf: the first idx's partials,
         if MPF:                                          # in flight with the (max, sum) reads

@@ -41,8 +41,6 @@ __all__ = [
     "cp_async_wait_group_2", "ldg_v2", "ldg_v4", "ld_v2", "ld_v4", "ldw_v2", "ldw_v4", "ld_relaxed_f32", "ld_relaxed_i32",
     # programmatic dependent launch (sm_90+)
     "griddep_wait", "griddep_launch_dependents",
-    # memory ordering
-    "fence_acq_rel_gpu",
     # scalar
     "dp4a", "hfma2", "pack_half2", "unpack_half2", "f16_bits_to_f32", "bits_to_f32", "mul_rn",
     # host-side fragment packing and numpy references
@@ -98,13 +96,13 @@ if SIMULATOR:
     from .ptx_fallbacks import (bits_to_f32, cp_async16, cp_async16_zfill, cp_async_commit,
                                 cp_async_wait_all, cp_async_wait_group, cp_async_wait_group_0,
                                 cp_async_wait_group_1, cp_async_wait_group_2, dp4a, f16_bits_to_f32,
-                                fence_acq_rel_gpu, griddep_launch_dependents, griddep_wait, hfma2, ld_relaxed_f32, ld_relaxed_i32, ld_v2, ld_v4, ldg_v2, ldg_v4, ldw_v2, ldw_v4, ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2,
+                                griddep_launch_dependents, griddep_wait, hfma2, ld_relaxed_f32, ld_relaxed_i32, ld_v2, ld_v4, ldg_v2, ldg_v4, ldw_v2, ldw_v4, ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2,
                                 ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_f16_f32,
                                 mma_s8_k16, mma_s8_s32, mul_rn, pack_half2, unpack_half2)   # noqa: E402
 else:
     from .ptx_device import (bits_to_f32, cp_async16, cp_async16_zfill, cp_async_commit,
                              cp_async_wait_all, cp_async_wait_group, cp_async_wait_group_0,
                              cp_async_wait_group_1, cp_async_wait_group_2, dp4a, f16_bits_to_f32,
-                             fence_acq_rel_gpu, griddep_launch_dependents, griddep_wait, hfma2, ld_relaxed_f32, ld_relaxed_i32, ld_v2, ld_v4, ldg_v2, ldg_v4, ldw_v2, ldw_v4, ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2,
+                             griddep_launch_dependents, griddep_wait, hfma2, ld_relaxed_f32, ld_relaxed_i32, ld_v2, ld_v4, ldg_v2, ldg_v4, ldw_v2, ldw_v4, ldmatrix_x1, ldmatrix_x1_trans, ldmatrix_x2,
                              ldmatrix_x2_trans, ldmatrix_x4, ldmatrix_x4_trans, mma_f16_f32,
                              mma_s8_k16, mma_s8_s32, mul_rn, pack_half2, unpack_half2)   # noqa: E402

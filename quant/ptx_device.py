@@ -231,15 +231,6 @@ griddep_launch_dependents = _make_void_asm(
     "Allow the next kernel on the stream (launched with programmatic stream serialization) "
     "to start once every block of this grid has said so or exited.")
 
-# A GPU-scope fence of acquire-release strength (PTX 6.0, sm_70+): with a relaxed atomic after it, the
-# release of this thread's earlier stores; after an atomic that saw another block's, the acquire of
-# that block's stores - message passing, what a "last block merges" counter needs. cuda.threadfence()
-# is fence.sc.gpu (MEMBAR.SC.GPU), sequential consistency, which that pattern does not need.
-fence_acq_rel_gpu = _make_void_asm(
-    "fence_acq_rel_gpu", "fence.acq_rel.gpu;",
-    "fence.acq_rel.gpu: order this thread's memory operations at GPU scope, acquire and release "
-    "(not sequentially consistent: cuda.threadfence() is fence.sc.gpu).")
-
 
 @intrinsic
 def cp_async_wait_group(typingctx, n):

@@ -146,10 +146,6 @@ def griddep_launch_dependents():
     pass
 
 
-def fence_acq_rel_gpu():
-    pass                # the simulator's memory is coherent and its threads take turns
-
-
 # ---- 128-bit read-only global load ---------------------------------------------
 def _ldg_words(name, arr, idx, n):
     """n plain loads of a 1-d 32-bit array from element idx, after the hardware's alignment

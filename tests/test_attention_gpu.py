@@ -74,30 +74,6 @@ def test_gpu_decode_qwen3_4b_merge_prefetch_same_bits(pool_4b, pos, monkeypatch)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pos", [64, 100, 1023, 4095])
-def test_gpu_decode_qwen3_4b_merge_fence_same_bits(pool_4b, pos, monkeypatch):
-    """kvcache/attention.py MERGE_FENCE (lab): the merge's ticket between acquire-release fences
-    gives the bits of cuda.threadfence()'s, at the 4B's shape (2 to 64 active splits, both plans),
-    launch after launch (a missing release or acquire would show as a merge of stale partials)."""
-    import genie_rt.kvcache.attention as A
-    pool, kd, vd = pool_4b
-    q = cuda.to_device(np.random.default_rng(pos).standard_normal((32, 128)).astype(np.float32))
-    state = cuda.to_device(np.array([pos], np.int32))
-    for gh, n_splits in ((2, None), (2, 64), (1, None)):
-        plan = plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx, n_splits=n_splits, heads_per_block=gh)
-        ws = DecodeWorkspace(plan)
-        monkeypatch.setattr(A, "MERGE_FENCE", "sc")
-        ref = cuda.device_array(32 * 128, np.float32)
-        decode_attention(q, pool.layer(0), state, ref, ws)
-        want = ref.copy_to_host().view(np.int32)
-        monkeypatch.setattr(A, "MERGE_FENCE", "acq_rel")
-        for i in range(50):
-            out = cuda.device_array(32 * 128, np.float32)
-            decode_attention(q, pool.layer(0), state, out, ws)
-            assert np.array_equal(out.copy_to_host().view(np.int32), want), (gh, n_splits, i)
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("loop", ["block", "warp"])
 @pytest.mark.parametrize("pos", [0, 100, 4095])
 def test_gpu_decode_q8_output_is_quantize_q8_of_out(pool_4b, pos, loop):

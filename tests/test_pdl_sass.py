@@ -36,7 +36,6 @@ swiglu_pair = K.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), 1, 1, 32, PDL=
 unpinned_q4k = K.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, True, EARLY=2, PIN=False)
 norm = _make_rmsnorm_q8_resident(False, 4, True)
 attention = decode_kernel(128, 2, "int8", 8, 2, q8=True, pdl=True, loop="warp", rope="neox")
-attention_acq_rel = decode_kernel(128, 2, "int8", 8, 2, q8=True, pdl=True, loop="warp", rope="neox", fence="acq_rel")
 from genie_rt.quant.gemv_mma_glu import mma_glu_q4k_q8k_kernel
 from genie_rt.quant.gemv_mma_k import mma_q4k_q8k_kernel
 from genie_rt.quant.gemv_mma_q6k import mma_q6k_q8k_kernel
@@ -59,7 +58,6 @@ def sass(tmp_path_factory):
                                          "head_q6k_lpr16", "unpinned_q4k")}
     sigs.update(qkv=gemv.SIG_QKV, swiglu=gemv.SIG_SWIGLU, swiglu_pair=gemv.SIG_SWIGLU,
                 norm=KERNEL_SIGNATURES["_rmsnorm_q8_r4_kernel"][0], attention=rope_signature("int8", True),
-                attention_acq_rel=rope_signature("int8", True),
                 mma_q4k=gemv_mma_k.SIGNATURE, mma_q6k=gemv_mma_q6k.SIGNATURE, mma_glu=gemv_mma_glu.SIGNATURE)
     ptx = compile_in_subprocess(_SOURCE, sigs, ccs=((9, 0),))
     d = tmp_path_factory.mktemp("sass")
@@ -82,7 +80,7 @@ def sass(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", _GEMVS + ("norm", "attention", "attention_acq_rel"))
+@pytest.mark.parametrize("name", _GEMVS + ("norm", "attention"))
 def test_pre_wait_loads_stay_before_the_wait_in_the_sass(sass, name):
     text, insns = sass[name]
     want = ptx_pre_wait_loads(text)
@@ -107,14 +105,3 @@ def test_read_only_loads_are_sunk_below_the_wait(sass):
     assert any(s.startswith("LDG.E.128.CONSTANT") for s in insns)
     pinned = sass["gemv_q4k_early2"][1]
     assert sum(1 for s in pinned if s.startswith("LDG.E.NA.128")) >= 12
-
-
-@pytest.mark.slow
-def test_merge_fences_in_the_sass(sass):
-    """kvcache/attention.py MERGE_FENCE: cuda.threadfence() is fence.sc.gpu, MEMBAR.SC.GPU in the
-    SASS (twice: before the ticket and after it); the "acq_rel" build has MEMBAR.ALL.GPU there and
-    no SC fence."""
-    sc = [s.split()[0] for s in sass["attention"][1] if s.startswith("MEMBAR")]
-    acq_rel = [s.split()[0] for s in sass["attention_acq_rel"][1] if s.startswith("MEMBAR")]
-    assert sc == ["MEMBAR.SC.GPU"] * 2, sc
-    assert acq_rel == ["MEMBAR.ALL.GPU"] * 2, acq_rel

@@ -95,10 +95,6 @@
 #             profile-abl<d>), genie-rt bench tg128 (-p 0 -r 5) with the default and with the trips way
 #             TRIPS (Q6_K two early trips at 96 registers: bench-default.json, bench-trips.json), the
 #             device's own SASS check (tools/pdl_sass.py), then the ablation at PDEPTHS2 (e.g. 4096) if set
-#   fence22   the attention merge's fences (kvcache/attention.py MERGE_FENCE, built 2026-12-06 without a GPU):
-#             its GPU tests (the same bits as cuda.threadfence()'s, 50 launches each), the 4B's step at
-#             PDEPTHS (64 4096) with "sc" / "acq_rel" (--settings fence: bits, then times), genie-rt bench
-#             tg128 (-p 0 -r 5) with each (bench-sc.json, bench-acq_rel.json)
 #   pin20b    its second call: llama-bench, the GPU tests (PDL chain, CPU parity, short prefill), the short
 #             prefill's graph plain / PDL with pinned loads, prefix reuse
 #   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter also with --no-pdl
@@ -742,16 +738,6 @@ for s in "$@"; do
         bench_4b ${BT2:-150}; mv "$OUT/bench.json" "$OUT/bench-trips.json"
       device_sass ${ST:-120}
       [ -n "${PDEPTHS2:-}" ] && PT=${PT2:-120} profile_4b "$PDEPTHS2" "" ablall abl ${PTAIL:-16} ;;
-    fence22)
-      stage fence22
-      use_kernel_cache
-      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      GF=tests/test_attention_gpu.py gpu_tests_4b "merge_fence" ${TT:-150}
-      PT=${PT1:-240} profile_4b "${PDEPTHS-64 4096}" fence none fence ${PTAIL:-5}
-      for f in sc acq_rel; do
-        BENCH_ARGS="-p 0 -r 5" PY="$PY tools/lab_knobs.py kvcache.attention.MERGE_FENCE='$f' --" bench_4b ${BT:-120}
-        mv "$OUT/bench.json" "$OUT/bench-$f.json"
-      done ;;
     pin20b)
       stage pin20b
       # pin20's second call (the machine still warm: its kernel cache, model and llama.cpp build):

@@ -92,8 +92,7 @@ def main(argv=None) -> int:
                         "(each set of PDL kinds), pair (SWIGLU_PAIR), loop (the attention's loops), early "
                         "(gemv.PDL_EARLY_TRIPS), pin (the GEMVs' pre-wait weight loads pinned above the PDL wait or "
                         "not, by early trips and SWIGLU_PAIR: gemv.PDL_PIN_WEIGHTS), trips (the pinned early trips of Q4_K / "
-                        "Q6_K with and without ptxas's register cap gemv.PDL_MAX_REGISTERS), fence (the attention merge's "
-                        "fences: kvcache/attention.py MERGE_FENCE sc / acq_rel), splits (the attention plans' split count), plan "
+                        "Q6_K with and without ptxas's register cap gemv.PDL_MAX_REGISTERS), splits (the attention plans' split count), plan "
                         "(their warps and rows a thread), heads (one or two heads an attention block), "
                         "short (the one-head blocks' shapes), rope (EngineConfig.decode_fused_rope), "
                         "q8 (decode_attention_q8), chain (the attention's merge prefetch: "
@@ -173,7 +172,7 @@ def main(argv=None) -> int:
         return 0
     wanted = {x for x in args.settings.split(",") if x}
     known = {"pdl", "pair", "loop", "early", "pin", "rope", "q8", "splits", "plan", "heads", "short", "chain", "qk8", "ksplit",
-             "mma", "skip", "trips", "fence"}
+             "mma", "skip", "trips"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -187,8 +186,6 @@ def main(argv=None) -> int:
         settings.update(pin_settings(be))
     if "trips" in wanted and pdl.available():
         settings.update(trip_settings(be))
-    if "fence" in wanted:           # the same bits
-        settings.update(attention_knob_settings(be, "MERGE_FENCE", ("sc", "acq_rel")))
     if "splits" in wanted:
         settings.update(splits_settings(be))
     if "heads" in wanted:
