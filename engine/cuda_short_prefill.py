@@ -40,10 +40,25 @@ from .cuda_ops import _Ops, _pdl_available
 from .models.ops import AttnLayer
 
 # Lab knob: the graph's launches chained by programmatic dependent launch (where the decode step's
-# are: EngineConfig.decode_pdl on sm_90+). Off: slower on an H100, 2026-12-06 - 8 new tokens after
-# 500 cached, the 4B's graph 3.43 ms with it against 3.13 without, the same bits
-# (`tools/profile_prefill.py --short --pdl both`; docs/kernels/gemv.md 8g).
+# are: EngineConfig.decode_pdl on sm_90+). False: none; True: every kind of PDL_KINDS; or a
+# collection of some of them (which kinds pay and which cost: `tools/profile_prefill.py --short
+# --pdl-kinds`). Off: slower on an H100, 2026-12-06 - 8 new tokens after 500 cached, the 4B's
+# graph 3.43 ms with every kind against 3.13 without, the same bits (docs/kernels/gemv.md 8g).
 PDL = False
+# the launches that have PDL builds: rmsnorm_q8k with a norm weight (norm) and without (q8k), q/k/v
+# in one launch (qkv), gemv_mma_k (gemv: attn_output, ffn_down), gate/up/SwiGLU (glu), rope_write
+PDL_KINDS = ("norm", "q8k", "qkv", "gemv", "glu", "rope")
+
+
+def pdl_kinds(knob) -> frozenset:
+    """The kinds a value of the PDL knob names (ValueError for a kind not in PDL_KINDS)."""
+    if knob is True:
+        return frozenset(PDL_KINDS)
+    kinds = frozenset(knob or ())
+    if kinds - set(PDL_KINDS):
+        raise ValueError(f"cuda_short_prefill.PDL: unknown kinds {sorted(kinds - set(PDL_KINDS))}; "
+                         f"known: {', '.join(PDL_KINDS)}")
+    return kinds
 
 
 def _layer_matrices(weights):
@@ -86,11 +101,12 @@ class ShortPrefillOps(_Ops):
                         for i, (p, k) in enumerate(zip(rt._plans(), n_splits))}
         self._holds = None          # the buffer whose q8_K values are in xq8k now
         self._gemv = rt.short_gemv  # tensor name -> its dp4a-mode GemvWeight
-        # the lab knob PDL: programmatic dependent launch (quant/pdl.py) where the decode step takes
-        # it (EngineConfig.decode_pdl on sm_90+) - the norms, the q8_K launches, the GEMVs and
-        # rope_write; the attention and its merge launch plainly
-        self.pdl = PDL and bool(getattr(rt.ecfg, "decode_pdl", False)) and _pdl_available()
-        self.pdl_kinds = frozenset({"rope"}) if self.pdl else frozenset()
+        # the lab knob PDL: programmatic dependent launch (quant/pdl.py) of the kinds it names where
+        # the decode step takes it (EngineConfig.decode_pdl on sm_90+); the attention and its merge
+        # launch plainly
+        kinds = pdl_kinds(PDL)
+        on = bool(kinds) and bool(getattr(rt.ecfg, "decode_pdl", False)) and _pdl_available()
+        self.pdl_kinds = kinds if on else frozenset()
 
     def _invalidate(self, name: str) -> None:
         if self._holds == name:
@@ -107,7 +123,7 @@ class ShortPrefillOps(_Ops):
         q = self._q8k(x.shape[1])
         if self._holds != self._name(x):
             self._reads_float(x)
-            rmsnorm_q8k(x, None, 0.0, *q, stream=self.stream, pdl=self.pdl)
+            rmsnorm_q8k(x, None, 0.0, *q, stream=self.stream, pdl="q8k" in self.pdl_kinds)
             self._holds = self._name(x)
         return q
 
@@ -116,7 +132,8 @@ class ShortPrefillOps(_Ops):
         from genie_rt.quant.quantize_q8k import rmsnorm_q8k
         self._reads_float(x)
         self._wrote(out)
-        rmsnorm_q8k(x, w, self.cfg.rms_eps, *self._q8k(x.shape[1]), stream=self.stream, pdl=self.pdl)
+        rmsnorm_q8k(x, w, self.cfg.rms_eps, *self._q8k(x.shape[1]), stream=self.stream,
+                    pdl="norm" in self.pdl_kinds)
         self._holds = self._name(out)
         self._no_float.add(self._name(out))
 
@@ -127,7 +144,7 @@ class ShortPrefillOps(_Ops):
         for m in ws:
             y = flat[c:]
             gemv_mma_k(self._gemv[m.name], *q, y, self.n, residual=y if add else None, ldy=width,
-                       stream=self.stream, pdl=self.pdl)
+                       stream=self.stream, pdl="gemv" in self.pdl_kinds)
             c += m.rows
         assert c == width, (c, width)
 
@@ -139,7 +156,7 @@ class ShortPrefillOps(_Ops):
         q = self._prepared(x)
         if len(ws) == 3 and not add:
             gemv_mma_qkv([self._gemv[m.name] for m in ws], *q, out, self.n, ldy=out.shape[1], stream=self.stream,
-                         pdl=self.pdl)
+                         pdl="qkv" in self.pdl_kinds)
         else:
             self._products(q, ws, out, add)
         self._wrote(out)
@@ -152,7 +169,7 @@ class ShortPrefillOps(_Ops):
         q = self._prepared(x)
         wg, wu = (self._gemv[m.name] for m in w)
         if wg.qtype == wu.qtype == QType.Q4_K and (wg.rows, wg.cols) == (wu.rows, wu.cols):
-            gemv_mma_glu(wg, wu, *q, out, self.n, act=act, stream=self.stream, pdl=self.pdl)
+            gemv_mma_glu(wg, wu, *q, out, self.n, act=act, stream=self.stream, pdl="glu" in self.pdl_kinds)
             self._wrote(out)
             return
         gate, up = self.A["split_gate"][:self.n], self.A["split_up"][:self.n]

@@ -5,11 +5,14 @@ xd = max |h| / 127, the values xq = rint(h / xd) in -127..127 (int8), and the in
 each 32 values. `gemv_mma_k.quantize_q8k` is the numpy reference; `rmsnorm_q8k` here computes it
 of h = rmsnorm(x) * w (or of x itself when w is None) for n_tok rows at once.
 
-Who does what. One thread block of 8 warps a row. The sum of squares: every thread adds the
-squares of its values (8 consecutive values of each 256-value block its warp owns), then a
-block-wide sum (norm_q8_device.block_sum). Then warp w quantizes blocks w, w + 8, ..: lane l holds
-values 8l .. 8l + 7, the warp's max by butterflies, the 32-value sums over lanes 4k .. 4k + 3 by two
-more, and the lane stores its 8 quants as two 32-bit words (xq is written through a uint32 view).
+Who does what. A thread block of 8 warps quantizes 8 of a row's 256-value blocks, one a warp
+(`grid`: a 9,728-value row is 5 thread blocks, so the work is spread over the GPU, not over one
+SM a row). Lane l holds values 8l .. 8l + 7 of its warp's block (two 16-byte loads); the warp's
+max by butterflies, the 32-value sums over lanes 4k .. 4k + 3 by two more, and the lane stores its
+8 quants as two 32-bit words (xq is written through a uint32 view). With the norm, every thread
+block of a row first sums the whole row's squares (warp w blocks w, w + 8, ..; the row is 10-38 KB,
+read from the L2 by each), in the same order in each, so all of a row's blocks divide by the same
+rms; a warp keeps its own block's values from that pass.
 
 The arithmetic is the reference's: xd = amax / 127, inv = 1 / xd (0 for an all-zero block), q = rint(v
 * inv) (round half to even, as np.rint) in IEEE float32, the product rounded by itself (`mul.rn`:
@@ -17,9 +20,11 @@ NVVM would otherwise contract it and the rounding add into one FMA, as it does i
 kernel) - so without the norm the bits are the reference's; with it, h differs from numpy's by the
 order of the sum of squares (float rounding).
 
-Status: checked in the simulator (tests/test_quantize_q8k.py); on an H100 (2026-12-05, `python -m
-genie_rt.quant.gemv_mma_k`, which also checks its bits against numpy there): 4.6 us for 8 or 16 rows
-of 2,560 values, 9.0 us of 9,728. Not used by the engine yet (see gemv_mma_k's docstring).
+Status: checked in the simulator (tests/test_quantize_q8k.py). Used by the short prefill
+(engine/cuda_short_prefill.py). Its first build, a thread block a row and 8 scalar loads a lane,
+took 4.6 us on an H100 for 8 or 16 rows of 2,560 values and 9.0 us of 9,728 (2026-12-05, `python
+-m genie_rt.quant.gemv_mma_k`); in the short graph 2.8 us for the attention's output (4,096) and
+5.0 for the SwiGLU's (9,728), 3.9 a norm (docs/bench/profile-short-h100-2026-12-06b.txt).
 """
 from __future__ import annotations
 
@@ -36,76 +41,106 @@ from .norm_q8_device import FULL, RINT, block_sum
 from .pdl import hooks as pdl_hooks
 
 QK = 256
-THREADS = 256                                   # 8 warps a row
-SIGNATURE = "void(float32[:, ::1], float32[::1], float32, uint32[::1], float32[::1], int32[::1])"
+THREADS = 256                                   # 8 warps a block, a 256-value block a warp
+WARPS = THREADS // 32
+SIGNATURE = "void(float32[::1], int32, float32[::1], float32, uint32[::1], float32[::1], int32[::1])"
+
+
+def grid(n_tok: int, d: int) -> tuple:
+    """(n_tok, thread blocks a row): a row's 256-value blocks WARPS to a thread block."""
+    return (n_tok, -(-(d // QK) // WARPS))
 
 
 @functools.lru_cache(maxsize=None)
 def rmsnorm_q8k_kernel(NORM: bool, PDL: bool = False):
-    """The kernel: grid (n_tok,), THREADS threads. Arguments: x float32 [n, d], w float32 [d] (read
-    when NORM), eps, xq uint32 [n * d / 4] (int8 values, 4 a word), xd float32 [n * d / 256], xb
-    int32 [n * d / 32]. PDL: a programmatic-dependent-launch build (quant/pdl.py): the next kernel
-    may launch at once; this one waits for the one before before anything else (it reads x first)."""
+    """The kernel: grid `grid(n_tok, d)`, THREADS threads. Arguments: x float32 [n * d] (rows of d
+    values, d a multiple of 256), d, w float32 [d] (read when NORM), eps, xq uint32 [n * d / 4] (int8
+    values, 4 a word), xd float32 [n * d / 256], xb int32 [n * d / 32]. PDL: a programmatic-
+    dependent-launch build (quant/pdl.py): the next kernel may launch at once; this one loads its
+    norm weights (constants), then waits for the one before (it reads x next)."""
     wait, launch_dependents, _ = pdl_hooks(PDL)
+    ldw = ptx.ldw_v4 if PDL else ptx.ldg_v4      # a load that stays above the wait (quant/pdl.py)
 
     @cuda.jit
-    def kernel(x, w, eps, xq, xd, xb):
+    def kernel(x, d, w, eps, xq, xd, xb):
         launch_dependents()
-        wait()
         r = cuda.blockIdx.x
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
-        d = x.shape[1]
         nblk = d >> 8
+        mine = cuda.blockIdx.y * WARPS + warp    # the 256-value block this warp quantizes
+        base = mine * QK + 8 * lane              # its 8 values' first column
+        row = r * d
+        vals = cuda.local.array(8, float32)
+        wv = cuda.local.array(8, float32)
+        if NORM and mine < nblk:
+            w0, w1, w2, w3 = ldw(w, base)
+            w4, w5, w6, w7 = ldw(w, base + 4)
+            wv[0], wv[1], wv[2], wv[3], wv[4], wv[5], wv[6], wv[7] = w0, w1, w2, w3, w4, w5, w6, w7
+        wait()
         s = float32(1)
         if NORM:
+            # every thread block of a row sums the whole row's squares, each in the same order:
+            # warp w takes blocks w, w + 8, .., a lane 8 consecutive values of each (its own block's
+            # kept for the quantization)
             sh = cuda.shared.array(32, float32)
             ss = float32(0)
             b = warp
             while b < nblk:
-                base = b * QK + 8 * lane
-                for j in range(8):
-                    v = x[r, base + j]
-                    ss += v * v
-                b += 8
+                v0, v1, v2, v3 = ptx.ld_v4(x, row + b * QK + 8 * lane)
+                v4, v5, v6, v7 = ptx.ld_v4(x, row + b * QK + 8 * lane + 4)
+                if b == mine:
+                    vals[0], vals[1], vals[2], vals[3] = v0, v1, v2, v3
+                    vals[4], vals[5], vals[6], vals[7] = v4, v5, v6, v7
+                ss += v0 * v0
+                ss += v1 * v1
+                ss += v2 * v2
+                ss += v3 * v3
+                ss += v4 * v4
+                ss += v5 * v5
+                ss += v6 * v6
+                ss += v7 * v7
+                b += WARPS
             ss = block_sum(ss, sh)
             s = math.sqrt(ss / float32(d) + eps)
-        b = warp
-        while b < nblk:                          # warp-uniform
-            base = b * QK + 8 * lane
-            vals = cuda.local.array(8, float32)
-            a = float32(0)
-            for j in range(8):
-                v = x[r, base + j]
-                if NORM:
-                    v = float32(v / s * w[base + j])
-                vals[j] = v
-                a = max(a, abs(v))
-            for off in (16, 8, 4, 2, 1):
-                a = max(a, cuda.shfl_xor_sync(FULL, a, off))
-            scale = a / float32(127)
-            inv = float32(1) / scale if a > float32(0) else float32(0)
-            lo = uint32(0)
-            hi = uint32(0)
-            tot = int32(0)
-            for j in range(8):
-                # round half to even, exactly np.rint of the float32 product (not of an FMA's exact one)
-                q = int32((ptx.mul_rn(vals[j], inv) + RINT) - RINT)
-                tot += q
-                if j < 4:
-                    lo |= (uint32(q) & uint32(0xFF)) << uint32(8 * j)
-                else:
-                    hi |= (uint32(q) & uint32(0xFF)) << uint32(8 * (j - 4))
-            tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, 1))   # lanes 4k .. 4k + 3: one sub-block
-            tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, 2))
-            wi = uint32((r * d + base) >> 2)
-            xq[wi] = lo
-            xq[wi + uint32(1)] = hi
-            if (lane & 3) == 0:
-                xb[uint32(r * (d >> 5) + b * 8 + (lane >> 2))] = tot
-            if lane == 0:
-                xd[uint32(r * nblk + b)] = scale
-            b += 8
+        elif mine < nblk:
+            v0, v1, v2, v3 = ptx.ld_v4(x, row + base)
+            v4, v5, v6, v7 = ptx.ld_v4(x, row + base + 4)
+            vals[0], vals[1], vals[2], vals[3] = v0, v1, v2, v3
+            vals[4], vals[5], vals[6], vals[7] = v4, v5, v6, v7
+        if mine >= nblk:                         # warp-uniform; after the block-wide sum
+            return
+        a = float32(0)
+        for j in range(8):
+            v = vals[j]
+            if NORM:
+                v = float32(v / s * wv[j])
+            vals[j] = v
+            a = max(a, abs(v))
+        for off in (16, 8, 4, 2, 1):
+            a = max(a, cuda.shfl_xor_sync(FULL, a, off))
+        scale = a / float32(127)
+        inv = float32(1) / scale if a > float32(0) else float32(0)
+        lo = uint32(0)
+        hi = uint32(0)
+        tot = int32(0)
+        for j in range(8):
+            # round half to even, exactly np.rint of the float32 product (not of an FMA's exact one)
+            q = int32((ptx.mul_rn(vals[j], inv) + RINT) - RINT)
+            tot += q
+            if j < 4:
+                lo |= (uint32(q) & uint32(0xFF)) << uint32(8 * j)
+            else:
+                hi |= (uint32(q) & uint32(0xFF)) << uint32(8 * (j - 4))
+        tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, 1))   # lanes 4k .. 4k + 3: one sub-block
+        tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, 2))
+        wi = uint32((row + base) >> 2)
+        xq[wi] = lo
+        xq[wi + uint32(1)] = hi
+        if (lane & 3) == 0:
+            xb[uint32(r * (d >> 5) + mine * 8 + (lane >> 2))] = tot
+        if lane == 0:
+            xd[uint32(r * nblk + mine)] = scale
     return kernel_cache.attach(kernel)
 
 
@@ -127,8 +162,11 @@ def rmsnorm_q8k(x, w, eps: float, xq, xd, xb, stream=0, pdl: bool = False) -> No
                              f"got {a.dtype} {tuple(a.shape)}")
     if w is not None and (w.dtype != np.float32 or w.size != d):
         raise ValueError(f"rmsnorm_q8k: w must be float32 with {d} elements, got {w.dtype} {tuple(w.shape)}")
+    if not x.is_c_contiguous():
+        raise ValueError(f"rmsnorm_q8k: x must be C-contiguous (its rows back to back), got strides {x.strides}")
     xq4 = xq.reshape(n * d).view(np.uint32)
     flat_d, flat_b = xd.reshape(n * d // QK), xb.reshape(n * d // 32)
+    flat_x = x.reshape(n * d)
     kern = rmsnorm_q8k_kernel(w is not None, bool(pdl))
-    P.launch_or_plain(kern, n, THREADS, stream, SIGNATURE, bool(pdl), x, x[0] if w is None else w.reshape(d),
-                      np.float32(eps), xq4, flat_d, flat_b)
+    P.launch_or_plain(kern, grid(n, d), THREADS, stream, SIGNATURE, bool(pdl), flat_x, np.int32(d),
+                      flat_x[:d] if w is None else w.reshape(d), np.float32(eps), xq4, flat_d, flat_b)

@@ -183,8 +183,8 @@ mma_q4k_plain = mma_q4k_q8k_kernel(4, True, 8, False)
 """
 # the short prefill's builds (engine/cuda_short_prefill.py): before the wait only the first 256-weight
 # block's weights - Q4_K 8 quant loads + 2 headers for the lane's two rows, Q6_K 2 x (8 ql, 4 qh, the
-# scales, d), both weights of the GLU; the q8_K norm waits first
-MMA_PRE_WAIT = {"mma_q4k": 10, "mma_q4k_16": 10, "mma_q6k": 28, "mma_glu": 20, "mma_qkv": 10, "norm_q8k": 0}
+# scales, d), both weights of the GLU; the q8_K norm its lane's 8 norm weights (two 16-byte loads)
+MMA_PRE_WAIT = {"mma_q4k": 10, "mma_q4k_16": 10, "mma_q6k": 28, "mma_glu": 20, "mma_qkv": 10, "norm_q8k": 2}
 
 
 @pytest.mark.slow

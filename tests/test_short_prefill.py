@@ -107,21 +107,35 @@ def test_simulated_short_prefill_by_pdl_launches_every_gemv_and_norm_so_and_keep
         return real(kern, grid, block, stream, sig, on, *a, **k)
     monkeypatch.setattr(pdl, "launch_or_plain", spy)
     monkeypatch.setattr(rope_write, "launch_or_plain", spy)        # (imported by name there)
-    monkeypatch.setattr(cuda_short_prefill, "PDL", True)       # (the lab knob: off by default)
+    kernels = ("rmsnorm_q8k_kernel", "mma_qkv_kernel", "mma_q4k_q8k_kernel", "mma_q6k_q8k_kernel",
+               "mma_glu_q4k_q8k_kernel", "_rope_write_kernel")
     got = {}
-    for on in (False, True):
+    # the knob True (every kind) without and with PDL on the device, then two kinds of PDL_KINDS:
+    # the norms' rmsnorm_q8k by PDL, the q8_K-only launches of the same kernel not; the GLU by PDL
+    some = {"rmsnorm_q8k_kernel": {True, False}, "mma_glu_q4k_q8k_kernel": {True}}
+    for name, knob, on in (("off", True, False), ("all", True, True), ("some", ("norm", "glu"), True)):
+        monkeypatch.setattr(cuda_short_prefill, "PDL", knob)       # (the lab knob: off by default)
         monkeypatch.setattr(cuda_short_prefill, "_pdl_available", lambda: on)
         gpu, _, _ = make_backends(path, "f16", n_ctx=64, chunk=16, warm=False, short_prefill=True)
         gpu.prefill(prompt, 0)
         launched.clear()
-        got[on] = gpu.prefill(turn, len(prompt))
+        got[name] = gpu.prefill(turn, len(prompt))
         flags = {}
         for q, flag in launched:
             flags.setdefault(q.split(".")[0], set()).add(flag)
-        for k in ("rmsnorm_q8k_kernel", "mma_qkv_kernel", "mma_q4k_q8k_kernel", "mma_q6k_q8k_kernel",
-                  "mma_glu_q4k_q8k_kernel", "_rope_write_kernel"):
-            assert flags.get(k) == {on}, (k, flags)
-    np.testing.assert_array_equal(got[True], got[False])
+        for k in kernels:
+            want = some.get(k, {False}) if name == "some" else {on}
+            assert flags.get(k) == want, (name, k, flags)
+    np.testing.assert_array_equal(got["all"], got["off"])
+    np.testing.assert_array_equal(got["some"], got["off"])
+
+
+def test_short_prefill_pdl_knob_names_known_kinds():
+    from genie_rt.engine.cuda_short_prefill import PDL_KINDS, pdl_kinds
+    assert pdl_kinds(False) == frozenset() and pdl_kinds(True) == frozenset(PDL_KINDS)
+    assert pdl_kinds(("norm", "glu")) == {"norm", "glu"}
+    with pytest.raises(ValueError, match="unknown kinds \\['attention'\\]"):
+        pdl_kinds(("norm", "attention"))
 
 
 @pytest.mark.slow

@@ -95,6 +95,9 @@
 #             profile-abl<d>), genie-rt bench tg128 (-p 0 -r 5) with the default and with the trips way
 #             TRIPS (Q6_K two early trips at 96 registers: bench-default.json, bench-trips.json), the
 #             device's own SASS check (tools/pdl_sass.py), then the ablation at PDEPTHS2 (e.g. 4096) if set
+#   short23   the short prefill after rmsnorm_q8k's spread grid (2026-12-06): its tests on the GPU (TT s), the
+#             short graph at 500 cached tokens (profile-short: the plain graph against the PDL kinds of KINDS,
+#             MIN_SPLIT_TILES 1 / 2 / 4 / 8, the families' ablation; PT s), then prefix reuse (PXW ways, PXT s)
 #   pin20b    its second call: llama-bench, the GPU tests (PDL chain, CPU parity, short prefill), the short
 #             prefill's graph plain / PDL with pinned loads, prefix reuse
 #   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter also with --no-pdl
@@ -738,6 +741,17 @@ for s in "$@"; do
         bench_4b ${BT2:-150}; mv "$OUT/bench.json" "$OUT/bench-trips.json"
       device_sass ${ST:-120}
       [ -n "${PDEPTHS2:-}" ] && PT=${PT2:-120} profile_4b "$PDEPTHS2" "" ablall abl ${PTAIL:-16} ;;
+    short23)
+      stage short23
+      use_kernel_cache
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      timeout ${TT:-150} $PY -m pytest -q -p no:cacheprovider -p no:xdist -rfEs tests/test_quantize_q8k.py \
+        tests/test_short_prefill.py -m "gpu or not slow" > "$OUT/tests.txt" 2>&1
+      echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
+      timeout ${PT:-300} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 \
+        --pdl-kinds "${KINDS:-all;norm,q8k,rope;qkv,gemv,glu}" --split-tiles ${TILES:-1,2,4,8} \
+        --json "$OUT/profile-short.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-short.txt" | tail -30
+      prefix_ways "${PXW:-short}" ${PXT:-150} ;;
     pin20b)
       stage pin20b
       # pin20's second call (the machine still warm: its kernel cache, model and llama.cpp build):

@@ -1,7 +1,7 @@
 """Where a CUDA prefill spends its time, by kernel family and GEMM (GPU only).
 
     python tools/profile_prefill.py -m MODEL.gguf [--sizes 16,32,48,64,128,512] [--json PATH]
-    python tools/profile_prefill.py -m MODEL.gguf --short --start 500 [--pdl both]
+    python tools/profile_prefill.py -m MODEL.gguf --short --start 500 [--pdl both] [--pdl-kinds "norm,q8k;all"]
 
 --short: the short prefill's graph (EngineConfig.short_prefill, engine/cuda_short_prefill.py: up
 to 8 new tokens by the int8 tensor-core GEMV), its own families; its --pdl turns on the lab knob
@@ -111,6 +111,31 @@ def compare_pdl(be, n: int, splits: tuple, field: str = "prefill_pdl") -> dict:
     return dict(ms=res, same_bits=same, max_abs_diff=diff)
 
 
+def compare_pdl_kinds(be, n: int, splits: tuple, specs: list) -> dict:
+    """The short graph with cuda_short_prefill.PDL set to each spec (a tuple of its PDL_KINDS) and
+    EngineConfig.decode_pdl on, beside the plain graph, twice in turn: ms each time, and whether the
+    residual stream after the last layer has the plain graph's bits."""
+    import numpy as np
+    from genie_rt.engine import cuda_short_prefill as S
+    knob, res, bits = S.PDL, {}, {}
+    ways = [("plain", ())] + [(",".join(k) or "none", k) for k in specs]
+    try:
+        for rnd in (1, 2):
+            for label, kinds in ways:
+                S.PDL = kinds
+                be.ecfg = dataclasses.replace(be.ecfg, decode_pdl=bool(kinds))
+                ms = time_prefill(be, n, splits=splits)
+                res.setdefault(label, []).append(ms)
+                bits.setdefault(label, be._prefill_scratch[n].x.copy_to_host())
+                print(f"  PDL kinds {label}: {ms:.3f} ms (pass {rnd})", flush=True)
+    finally:
+        S.PDL = knob
+        be.ecfg = dataclasses.replace(be.ecfg, decode_pdl=False)
+    same = {k: bool(np.array_equal(v, bits["plain"])) for k, v in bits.items()}
+    print(f"  the plain graph's bits: {same}", flush=True)
+    return dict(ms=res, same_bits=same)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-m", "--model", required=True)
@@ -125,6 +150,10 @@ def main(argv=None) -> int:
                         "off), with --short the short graph's (the lab knob cuda_short_prefill.PDL; off); "
                         "both: time the graph each way in turn and check that the residual stream has "
                         "the same bits (the ablation then runs with it off; --short: on)")
+    p.add_argument("--pdl-kinds", default=None, metavar="K,K;K;...",
+                   help="with --short: time the graph with the lab knob cuda_short_prefill.PDL set to each "
+                        "';'-separated list of its PDL_KINDS (all: every kind) beside the plain graph, twice "
+                        "in turn, bits compared (which launches PDL pays for)")
     p.add_argument("--split-tiles", default=None, metavar="K,K,...",
                    help="also time the graph with kvcache/attention_prefill.MIN_SPLIT_TILES at each value "
                         "(the fewest key tiles a split of the attention keeps; default 4)")
@@ -136,6 +165,18 @@ def main(argv=None) -> int:
     if args.start < 0:
         p.error(f"--start must be >= 0, got {args.start}")
     args.pdl = args.pdl or "off"
+    kind_specs = None
+    if args.pdl_kinds is not None:
+        from genie_rt.engine import cuda_short_prefill
+        if not args.short:
+            p.error("--pdl-kinds is the short graph's (add --short)")
+        kind_specs = [tuple(cuda_short_prefill.PDL_KINDS) if spec.strip() == "all" else
+                      tuple(k for k in spec.split(",") if k) for spec in args.pdl_kinds.split(";")]
+        try:
+            for spec in kind_specs:
+                cuda_short_prefill.pdl_kinds(spec)
+        except ValueError as e:
+            p.error(f"--pdl-kinds: {e}")
     if args.short and args.pdl != "off":
         from genie_rt.engine import cuda_short_prefill
         cuda_short_prefill.PDL = True               # then decode_pdl decides (compare_pdl toggles it)
@@ -165,6 +206,8 @@ def main(argv=None) -> int:
             ways["split_tiles"] = compare_split_tiles(be, n, args.start, [int(v) for v in args.split_tiles.split(",")])
             used, splits = be._splits(n, args.start), be._max_splits(n)
             be._set_state(pos=args.start, last=n - 1, splits=used)
+        if kind_specs:
+            ways["pdl_kinds"] = compare_pdl_kinds(be, n, splits, kind_specs)
         if args.pdl == "both":
             ways = compare_pdl(be, n, splits, pdl_field)
             be.ecfg = dataclasses.replace(be.ecfg, **{pdl_field: False})       # the ablation: plain
