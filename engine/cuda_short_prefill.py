@@ -179,14 +179,20 @@ class ShortPrefillOps(_Ops):
         self._wrote(out)
 
     def attention(self, q, a: AttnLayer, out) -> None:
+        """The prefill attention, then its split merge and the q8_K of its output in one launch
+        (kvcache/attention_merge.merge_q8k): the O-projection after it quantizes nothing."""
+        from genie_rt.kvcache.attention_merge import merge_q8k
         from genie_rt.kvcache.attention_prefill import prefill_attention
         self._reads_float(q)
         q3 = q.reshape(self.n, self.cfg.n_head, self.cfg.head_dim)
         plan = self.rt.lay.prefill_plans[a.index]
         most, at = self._splits[id(plan)]
         prefill_attention(q3, self.rt.kv_layers[a.index], self.rt.state, out, self.rt.pws,
-                          n_splits=most, stream=self.stream, plan=plan, splits_at=at, merge=True)
+                          n_splits=most, stream=self.stream, plan=plan, splits_at=at, merge=False)
+        ws = self.rt.pws
+        merge_q8k(ws.part_o, ws.part_ml, most, self.rt.state, at, out, *self._q8k(out.shape[1]), stream=self.stream)
         self._wrote(out)
+        self._holds = self._name(out)
 
     def head(self, x, norm_w, w, logits, softcap: float | None = None) -> None:
         raise AssertionError("the prefill graph ends at the hidden state; the head runs on one row")

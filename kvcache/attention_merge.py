@@ -15,20 +15,27 @@ writes it to the attention output (which then holds what the merge would have wr
 converts it. The engine uses it when the next op after the attention is the GEMM that reads
 its output (engine/cuda_ops.py `PrefillOps`); anything else gets the merge launch.
 
-Reference: `prefill_merge` followed by `prepare_x` (tests/test_attention_merge.py compares
-bits under the simulator).
+`merge_q8k` is the same for the short prefill's graph (engine/cuda_short_prefill.py), whose
+O-projection reads q8_K activations (quant/gemv_mma_k.py): one launch that merges (or, with one
+split, reads) the attention output and writes its q8_K values - a thread block of 256 threads a
+token's 256-value block, a thread a value - where the graph had the merge and then
+quant/quantize_q8k.py's launch.
+
+Reference: `prefill_merge` followed by `prepare_x`, or by `rmsnorm_q8k` without a norm weight
+(tests/test_attention_merge.py compares bits under the simulator).
 """
 from __future__ import annotations
 
 import functools
 
 import numpy as np
-from numba import cuda, float32
+from numba import cuda, float32, int8, int32
 
 from genie_rt.engine import kernel_cache
 from genie_rt.quant.mmq_prep import PREP_THREADS, _norm_and_scale, _pair_pos
 from genie_rt.quant.pdl import hooks, wanted
-from genie_rt.quant.ptx import SIMULATOR, pack_half2
+from genie_rt.quant.norm_q8_device import FULL, RINT
+from genie_rt.quant.ptx import SIMULATOR, mul_rn, pack_half2
 
 from .attention_prefill_kernels import merge_value, merge_weights
 
@@ -135,3 +142,87 @@ def merge_prepare_x(part_o, part_ml, n_splits: int, state, splits_at: int | None
     at = np.int32(-1 if splits_at is None else splits_at)
     merge_prepare_x_kernel_for(wanted(pdl))[n, PREP_THREADS, stream](part_o, part_ml, np.int32(n_splits), state,
                                                              at, x, x16.view(np.uint32), xscale)
+
+
+QK = 256                              # values of a q8_K block (one scale)
+
+
+@cuda.jit
+def merge_q8k_kernel(part_o, part_ml, n_splits, state, splits_at, x, xq, xd, xb):
+    # part_o, part_ml, n_splits, state, splits_at, x: as _merge_prepare_x_body's
+    # xq int8 [n * cols], xd f32 [n * cols / 256], xb i32 [n * cols / 32]: q8_K of x (quantize_q8k)
+    # grid (n, cols / 256), 256 threads: thread i holds column 256 * blockIdx.y + i of token blockIdx.x
+    sh = cuda.shared.array(8, float32)
+    tok = cuda.blockIdx.x
+    blk = cuda.blockIdx.y
+    tid = cuda.threadIdx.x
+    lane = tid & 31
+    cols = x.shape[1]
+    hd = part_o.shape[2]
+    n_head = cols // hd
+    c = blk * QK + tid
+    count = n_splits
+    if splits_at >= 0:
+        count = min(max(state[splits_at], 1), n_splits)
+    if count > 1:                               # block-uniform
+        h = c // hd
+        row = tok * n_head + h
+        mx, inv = merge_weights(part_ml, count, row)
+        v = merge_value(part_o, part_ml, count, row, c - h * hd, mx, inv)
+        x[tok, c] = v
+    else:
+        v = x[tok, c]
+    a = abs(v)
+    for off in (16, 8, 4, 2, 1):
+        a = max(a, cuda.shfl_xor_sync(FULL, a, off))
+    if lane == 0:
+        sh[tid >> 5] = a
+    cuda.syncthreads()
+    a = sh[0]
+    for w in range(1, 8):
+        a = max(a, sh[w])
+    # quantize_q8k's arithmetic (and rmsnorm_q8k's without a norm weight): the same bits
+    scale = a / float32(127)
+    qinv = float32(1) / scale if a > float32(0) else float32(0)
+    q = int32((mul_rn(v, qinv) + RINT) - RINT)
+    xq[tok * cols + c] = int8(q)
+    tot = q
+    for off in (16, 8, 4, 2, 1):                # a warp is one 32-value sub-block
+        tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, off))
+    if lane == 0:
+        xb[(tok * cols + c) >> 5] = tot
+    if tid == 0:
+        xd[tok * (cols // QK) + blk] = scale
+
+
+kernel_cache.attach(merge_q8k_kernel)
+MERGE_Q8K_SIGNATURE = ("void(float32[:, :, ::1], float32[:, :, ::1], int32, int32[::1], int32, float32[:, ::1], "
+                       "int8[::1], float32[::1], int32[::1])")
+
+
+def merge_q8k(part_o, part_ml, n_splits: int, state, splits_at: int | None, x, xq, xd, xb, stream=0) -> None:
+    """The split merge of a prefill attention launch (as merge_prepare_x: its workspace, its most
+    splits n_splits, the count in use from state[splits_at] or n_splits when None) into x float32
+    [n, n_head * hd], then the q8_K of x into xq int8 [n * cols], xd float32 [n * cols / 256], xb
+    int32 [n * cols / 32] (any shapes of those sizes) - one launch. Same bits as prefill_merge then
+    quant/quantize_q8k.rmsnorm_q8k(x, None, ...). n_splits 1: x as the attention kernel wrote it,
+    quantized; the workspace (then a placeholder) is not read. No allocation, no synchronization."""
+    if x.dtype != np.float32 or x.ndim != 2:
+        raise ValueError(f"merge_q8k: x must be float32 [n, cols], got {x.dtype} {tuple(x.shape)}")
+    n, cols = x.shape
+    hd = part_o.shape[2]
+    if cols % hd or cols % QK:
+        raise ValueError(f"merge_q8k: {cols} columns must be n_head x head_dim {hd} and a multiple of {QK}")
+    if n_splits > 1 and (part_o.shape[0] < n_splits or part_ml.shape[0] < n_splits or
+                         part_o.shape[1] < n * (cols // hd)):     # (one split reads no workspace)
+        raise ValueError(f"merge_q8k: the workspace {tuple(part_o.shape)} holds fewer than "
+                         f"{n_splits} splits of {n * (cols // hd)} rows")
+    for name, a, dt, size in (("xq", xq, np.int8, n * cols), ("xd", xd, np.float32, n * cols // QK),
+                              ("xb", xb, np.int32, n * cols // 32)):
+        if a.dtype != dt or a.size != size:
+            raise ValueError(f"merge_q8k: {name} must be {np.dtype(dt).name} with {size} elements, "
+                             f"got {a.dtype} {tuple(a.shape)}")
+    at = np.int32(-1 if splits_at is None else splits_at)
+    merge_q8k_kernel[(n, cols // QK), QK, stream](part_o, part_ml, np.int32(n_splits), state, at, x,
+                                                  xq.reshape(n * cols), xd.reshape(n * cols // QK),
+                                                  xb.reshape(n * cols // 32))

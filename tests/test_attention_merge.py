@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from genie_rt.kvcache.attention_merge import merge_prepare_x
+from genie_rt.kvcache.attention_merge import merge_prepare_x, merge_q8k
 from genie_rt.kvcache.attention_prefill_kernels import prefill_merge
 from genie_rt.quant import mmq
 
@@ -49,6 +49,45 @@ def test_fused_merge_is_merge_then_prepare_x_bit_for_bit(n, n_head, hd, splits, 
                                       want.view(np.uint16 if want.dtype == np.float16 else np.uint32), err_msg=what)
     if count == 3:
         assert ref[2].max() > 1
+
+
+@pytest.mark.parametrize("n,n_head,hd,splits,count", [(3, 4, 64, 3, 1), (2, 4, 128, 3, 2), (2, 2, 256, 4, 4)])
+def test_merge_q8k_is_merge_then_q8k_bit_for_bit(n, n_head, hd, splits, count):
+    # the short prefill's merge: the merged output and its q8_K values, the bits of prefill_merge
+    # then rmsnorm_q8k without a norm weight (quantize_q8k's arithmetic) - for one split (the
+    # attention kernel wrote x: only quantized), two of three, and every split; 64-dim heads put
+    # four heads in a q8_K block, 256-dim ones one
+    from genie_rt.quant.quantize_q8k import rmsnorm_q8k
+    part_o, ml, x0 = _problem(n, n_head, hd, splits, seed=n * 5 + count)
+    x0[0, :256] = 0                                              # an all-zero block (one split: as written)
+    state = np.array([0, count, 0], np.int32)
+    want_x = _reference(part_o, ml, x0, count, 1, state)[0]
+    cols = n_head * hd
+    rq, rd, rb = (cuda.device_array(s, t) for s, t in (((n, cols), np.int8), ((n, cols // 256), np.float32),
+                                                        ((n, cols // 32), np.int32)))
+    rmsnorm_q8k(cuda.to_device(want_x), None, 0.0, rq, rd, rb)
+    x = cuda.to_device(x0)
+    xq, xd, xb = (cuda.device_array(a.size, a.dtype) for a in (rq, rd, rb))
+    merge_q8k(cuda.to_device(part_o), cuda.to_device(ml), splits, cuda.to_device(state), 1, x, xq, xd, xb)
+    np.testing.assert_array_equal(x.copy_to_host().view(np.uint32), want_x.view(np.uint32))
+    for what, got, want in (("xq", xq, rq), ("xd", xd, rd), ("xb", xb, rb)):
+        np.testing.assert_array_equal(got.copy_to_host().reshape(-1), want.copy_to_host().reshape(-1), err_msg=what)
+    assert np.abs(xq.copy_to_host()).max() == 127
+
+
+def test_merge_q8k_refuses_bad_arguments():
+    part_o, ml, x0 = (cuda.to_device(a) for a in _problem(2, 4, 64, 2, seed=2))
+    state = cuda.to_device(np.array([0, 2], np.int32))
+    xq, xd, xb = cuda.device_array(512, np.int8), cuda.device_array(2, np.float32), cuda.device_array(16, np.int32)
+    with pytest.raises(ValueError, match="xb must be int32 with 16"):
+        merge_q8k(part_o, ml, 2, state, 1, x0, xq, xd, cuda.device_array(16, np.float32))
+    with pytest.raises(ValueError, match="multiple of 256"):
+        merge_q8k(part_o, ml, 2, state, 1, cuda.device_array((4, 192), np.float32), xq, xd, xb)
+    with pytest.raises(ValueError, match="fewer than 3 splits"):
+        merge_q8k(part_o, ml, 3, state, 1, x0, xq, xd, xb)
+    # one split reads no workspace: a placeholder is taken (the plan without splits has one)
+    merge_q8k(cuda.device_array((1, 1, 64), np.float32), cuda.device_array((1, 1, 2), np.float32), 1, state, None,
+              x0, xq, xd, xb)
 
 
 def test_bad_arguments_are_refused():

@@ -97,7 +97,8 @@
 #             device's own SASS check (tools/pdl_sass.py), then the ablation at PDEPTHS2 (e.g. 4096) if set
 #   short23   the short prefill after rmsnorm_q8k's spread grid (2026-12-06): its tests on the GPU (TT s), the
 #             short graph at 500 cached tokens (profile-short: the plain graph against the PDL kinds of KINDS,
-#             MIN_SPLIT_TILES 1 / 2 / 4 / 8, the families' ablation; PT s), then prefix reuse (PXW ways, PXT s)
+#             MIN_SPLIT_TILES of TILES (1,2,4,8; KINDS= / TILES= for none), the families' ablation; PT s), then
+#             prefix reuse (PXW ways, PXT s)
 #   pin20b    its second call: llama-bench, the GPU tests (PDL chain, CPU parity, short prefill), the short
 #             prefill's graph plain / PDL with pinned loads, prefix reuse
 #   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter also with --no-pdl
@@ -748,8 +749,9 @@ for s in "$@"; do
       timeout ${TT:-150} $PY -m pytest -q -p no:cacheprovider -p no:xdist -rfEs tests/test_quantize_q8k.py \
         tests/test_short_prefill.py -m "gpu or not slow" > "$OUT/tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
-      timeout ${PT:-300} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 \
-        --pdl-kinds "${KINDS:-all;norm,q8k,rope;qkv,gemv,glu}" --split-tiles ${TILES:-1,2,4,8} \
+      K=${KINDS-all;norm,q8k,rope;qkv,gemv,glu}; KA=(); [ -n "$K" ] && KA=(--pdl-kinds "$K")
+      T=${TILES-1,2,4,8}; TA=(); [ -n "$T" ] && TA=(--split-tiles "$T")
+      timeout ${PT:-300} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 "${KA[@]}" "${TA[@]}" \
         --json "$OUT/profile-short.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-short.txt" | tail -30
       prefix_ways "${PXW:-short}" ${PXT:-150} ;;
     pin20b)

@@ -26,7 +26,7 @@ from profile_decode import without  # noqa: E402
 
 MODULES = ["genie_rt.quant.embed", "genie_rt.quant.mmq", "genie_rt.kvcache.rope_write",
            "genie_rt.kvcache.attention_prefill", "genie_rt.quant.quantize_q8k", "genie_rt.quant.gemv_mma_k",
-           "genie_rt.quant.gemv_mma_glu", "genie_rt.quant.gemv_mma_qkv"]
+           "genie_rt.quant.gemv_mma_glu", "genie_rt.quant.gemv_mma_qkv", "genie_rt.kvcache.attention_merge"]
 
 
 def families(cfg):
@@ -47,7 +47,8 @@ def families(cfg):
 
 def short_families(cfg):
     """The short graph's (ShortPrefillOps'): rmsnorm_q8k(x, w, eps, ...) with a norm weight is a
-    norm, without one the q8_K of the attention's output (cols q_dim) or of the SwiGLU's (n_ff);
+    norm, without one the q8_K of the attention's output (cols q_dim; since 2026-12-06 in the
+    attention's merge_q8k, so none) or of the SwiGLU's (n_ff);
     gemv_mma_k(w, ...) is attn_output or ffn_down by its columns."""
     q8k, k = "genie_rt.quant.quantize_q8k", "genie_rt.quant.gemv_mma_k"
     return [
@@ -61,6 +62,7 @@ def short_families(cfg):
         ("ffn_down + residual", k, "gemv_mma_k", lambda a: a[0].cols == cfg.n_ff),
         ("rope + KV write", "genie_rt.kvcache.rope_write", "rope_write", None),
         ("prefill attention", "genie_rt.kvcache.attention_prefill", "prefill_attention", None),
+        ("attention merge + q8_K", "genie_rt.kvcache.attention_merge", "merge_q8k", None),
     ]
 
 
