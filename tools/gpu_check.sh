@@ -746,7 +746,7 @@ for s in "$@"; do
       stage short23
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      timeout ${TT:-150} $PY -m pytest -q -p no:cacheprovider -p no:xdist -rfEs tests/test_quantize_q8k.py \
+      timeout ${TT:-150} $PY -m pytest -q -p no:cacheprovider -p no:xdist -rfEs tests/test_quantize_q8k.py tests/test_attention_merge.py \
         tests/test_short_prefill.py -m "gpu or not slow" > "$OUT/tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
       K=${KINDS-all;norm,q8k,rope;qkv,gemv,glu}; KA=(); [ -n "$K" ] && KA=(--pdl-kinds "$K")
