@@ -50,6 +50,11 @@ def bench(argv=None) -> int:
     ap.add_argument("--tokens", default="1,2,4,8,16")
     ap.add_argument("--mma", action="store_true")
     ap.add_argument("--shapes", default="q4k,q6k", help="which of SHAPES: q4k, q6k or both")
+    ap.add_argument("--rows", default=None, help="comma-separated row counts each selected shape is "
+                    "also timed at (its columns kept; e.g. 2112 = 132 tiles of 16: one thread block an SM "
+                    "of an H100, against 2,560's 160)")
+    ap.add_argument("--only", default=None, help="comma-separated names of SHAPES to time (default: all "
+                    "of --shapes' formats)")
     ap.add_argument("--copies", default="8,1", help="weight copies each timing cycles through: 8 "
                     "(112+ MB for the larger shapes, more than the L2: the weights come from DRAM as in a "
                     "decode step), 1 (the same weight 20 times: from the L2 after the first)")
@@ -59,8 +64,10 @@ def bench(argv=None) -> int:
     stream = cuda.stream()
     out = []
     kinds = {QType[k.upper().replace("K", "_K")] for k in args.shapes.split(",") if k}
-    for name, rows, cols, qtype, n_copies in ((*shape, int(c)) for c in args.copies.split(",") for shape in SHAPES
-                                              if shape[3] in kinds):
+    shapes = [s for s in SHAPES if s[3] in kinds and (args.only is None or s[0] in args.only.split(","))]
+    if args.rows:
+        shapes += [(f"{n}@{r}", int(r), c, q) for n, _, c, q in list(shapes) for r in args.rows.split(",")]
+    for name, rows, cols, qtype, n_copies in ((*shape, int(c)) for c in args.copies.split(",") for shape in shapes):
         W, gw = _weight(rows, cols, qtype)
         planes = ("wa", "wb") if qtype == QType.Q4_K else ("wa", "wb", "wc", "wd")
         copies = [gw] + [replace(gw, **{p: _dup(getattr(gw, p)) for p in planes}) for _ in range(n_copies - 1)]
