@@ -260,8 +260,10 @@ class EngineConfig:
                                         # turns it off
     short_prefill: bool = False         # CUDA: a chunk of up to 8 new tokens runs as a decode-shaped graph
                                         # on the int8 tensor-core GEMV (engine/cuda_short_prefill.py;
-                                        # models whose layer matrices are all Q4_K / Q6_K). A lab switch
-                                        # until measured (tools/gpu_check.sh short18); --short-prefill
+                                        # models whose layer matrices are all Q4_K / Q6_K). Off: q8_K
+                                        # activations, more kernels to compile at a first start; a warm
+                                        # 8-token turn 3.0 against 4.6 ms (H100, 2026-12-06,
+                                        # docs/decode-step.md 7); --short-prefill
     decode_attention_q8: bool = True    # CUDA decode: the attention launch also writes the q8 blocks of
                                         # its output (kvcache/attention.py xq=, xs=; same bits as
                                         # quantize_q8), one launch fewer a layer. Off until the rope went

@@ -15,9 +15,11 @@ activations:
                 the launch)
     gated       gate, up and the activation in one launch (quant/gemv_mma_glu.py) where both are
                 Q4_K; else gemv_mma_k of each, then swiglu / geglu (engine/norm.py)
-    rope_write, attention, embed, post_norm_add
-                the prefill's (n rows; the attention's split count is device state, its merge
-                launched by the attention itself)
+    attention   the prefill's kernel (its split count is device state), then its split merge and
+                the q8_K of its output in one launch (kvcache/attention_merge.merge_q8k): the
+                O-projection after it quantizes nothing
+    rope_write, embed, post_norm_add
+                the prefill's (n rows)
 
 Which rows: a chunk of at most SHORT_ROWS new tokens runs as SHORT_ROWS rows (padded rows are
 computed and ignored, as in the buckets), one graph for every start. Which models: every layer
@@ -26,9 +28,11 @@ others keep the MMQ buckets (`unfit_reason`).
 
 The numbers differ from the MMQ prefill's: the activations are q8_K (a scale per 256 values)
 where the GEMMs read fp16 - tests/test_short_prefill.py holds the logits to the MMQ graph's by
-cosine and checks the greedy next token. EngineConfig.short_prefill stays off by default: on an
-H100 (2026-12-06) a warm 8-token turn after 500 cached tokens took 3.5 ms with it against 4.3 (7.1x
-against 5.6x cold), while a first start also compiles the mma builds (docs/decode-step.md 7).
+cosine and checks the greedy next token. EngineConfig.short_prefill stays off by default (a first
+start also compiles the mma builds, and the q8_K activations are coarser than the MMQ path's): on
+an H100 (2026-12-06, 10:25 UTC, tools/bench_prefix.py) a warm 8-token turn after 500 cached tokens
+took 3.03 ms with it against 4.57 without (host clock; 7.4-7.9x against 5.5x cold), the graph
+2.68 ms (docs/decode-step.md 7, docs/kernels/gemv.md 8i).
 """
 from __future__ import annotations
 
