@@ -20,6 +20,22 @@ SHAPES = (("attn_q", 4096, 2560, QType.Q4_K), ("ffn_gate", 9728, 2560, QType.Q4_
           ("attn_v_q6k", 1024, 2560, QType.Q6_K), ("ffn_down_q6k", 2560, 9728, QType.Q6_K))
 
 
+def _plain_launches(fn):
+    """fn() with quant/pdl.launch_or_plain launching every build plainly (a PDL build's
+    griddepcontrol then waits for nothing): the build's own time, without the overlap that a
+    programmatic launch after the same kernel would give."""
+    from . import pdl as P
+    real = P.launch_or_plain
+
+    def plain(kern, grid, block, stream, sig, pdl, *args, shmem=0):
+        kern[grid, block, stream, shmem](*args)
+    P.launch_or_plain = plain
+    try:
+        return fn()
+    finally:
+        P.launch_or_plain = real
+
+
 def bench(argv=None) -> int:
     """Time gemv_mma_k (its defaults: plan_ksplit's k-split, pipelined up to 8 tokens; then --trips
     at each of --ks) against the dp4a GEMV at the 4B's Q4_K shapes, 1-16 tokens (the dp4a GEMV: 1-8;
@@ -55,6 +71,9 @@ def bench(argv=None) -> int:
                     "of an H100, against 2,560's 160)")
     ap.add_argument("--only", default=None, help="comma-separated names of SHAPES to time (default: all "
                     "of --shapes' formats)")
+    ap.add_argument("--pdl-build", action="store_true", help="also time the programmatic-dependent-launch "
+                    "build at the planned k-split, launched plainly (what the build's own code costs: its coherent "
+                    "token loads, the first block's weights before the wait)")
     ap.add_argument("--copies", default="8,1", help="weight copies each timing cycles through: 8 "
                     "(112+ MB for the larger shapes, more than the L2: the weights come from DRAM as in a "
                     "decode step), 1 (the same weight 20 times: from the L2 after the first)")
@@ -86,6 +105,10 @@ def bench(argv=None) -> int:
                        kref, kbound)
                       for trip in args.trips.split(",") if trip
                       for ks in (int(v) for v in args.ks.split(",")) if ks <= cols // QK]
+            if args.pdl_build:
+                cases += [(f"pdlbuild_ks{plan_ksplit(rows, cols, n_tok)}",
+                           lambda: _plain_launches(lambda: gemv_mma_k(nxt(), *kx, y, n_tok, stream=stream, pdl=True)),
+                           kref, kbound)]
             if args.mma and n_tok <= 8 and qtype == QType.Q4_K:
                 cases += [(f"mma_ks{ks}", lambda ks=ks: gemv_mma(nxt(), xq, xs, y, n_tok, ksplit=ks, stream=stream),
                            ref, bound) for ks in (4, 8)]

@@ -746,14 +746,14 @@ for s in "$@"; do
       stage short23
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      timeout ${TT:-150} $PY -m pytest -q -p no:cacheprovider -p no:xdist -rfEs tests/test_quantize_q8k.py tests/test_attention_merge.py \
+      [ "${TT:-150}" -gt 0 ] && timeout ${TT:-150} $PY -m pytest -q -p no:cacheprovider -p no:xdist -rfEs tests/test_quantize_q8k.py tests/test_attention_merge.py \
         tests/test_short_prefill.py -m "gpu or not slow" > "$OUT/tests.txt" 2>&1
       echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
       K=${KINDS-all;norm,q8k,rope;qkv,gemv,glu}; KA=(); [ -n "$K" ] && KA=(--pdl-kinds "$K")
       T=${TILES-1,2,4,8}; TA=(); [ -n "$T" ] && TA=(--split-tiles "$T")
-      timeout ${PT:-300} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 "${KA[@]}" "${TA[@]}" \
+      timeout ${PT:-300} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 "${KA[@]}" "${TA[@]}" ${PPARGS:-} \
         --json "$OUT/profile-short.json" 2>&1 | grep -v "^INFO numba" | tee "$OUT/profile-short.txt" | tail -30
-      prefix_ways "${PXW:-short}" ${PXT:-150} ;;
+      prefix_ways "${PXW-short}" ${PXT:-150} ;;
     pin20b)
       stage pin20b
       # pin20's second call (the machine still warm: its kernel cache, model and llama.cpp build):
