@@ -72,12 +72,20 @@ def _make_finish(NW: int, ACT: str):
     return finish
 
 
+# The PDL build's register cap (cuda.jit max_registers; None: none). Uncapped it takes 173 registers
+# against the plain build's 167 (sm_90 ptxas, k-split 2, pipelined): 5 thread blocks of 64 threads
+# an SM instead of 6. At 168 ptxas spills nothing. The gate/up launch's PDL build cost ~7 us a layer
+# of the short graph uncapped (H100, 2026-12-06; docs/kernels/gemv.md 8i).
+PDL_MAX_REGISTERS = 168
+
+
 @functools.lru_cache(maxsize=None)
-def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu", PDL: bool = False):
+def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu", PDL: bool = False,
+                           MAXREG: int | None = None):
     """The kernel: grid ceil(rows / 16) blocks of 32 * KSPLIT threads. Arguments: wa, wb (the gate
     weight's Q4_K planes), wa2, wb2 (the up weight's), nu, rows, xq, xd, xb (q8_K, gemv_mma_k's),
     cols, n_tok (<= 8), ldy, y (float32, token t's row at t * ldy). PDL: as gemv_mma_k's (both
-    weights' first block loaded before the wait)."""
+    weights' first block loaded before the wait). MAXREG: cuda.jit's max_registers (a GPU build)."""
     if ACT not in ACTS:
         raise ValueError(f"mma_glu_q4k_q8k_kernel: ACT {ACT!r} must be one of {ACTS}")
     NW = KSPLIT
@@ -85,12 +93,18 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
 
     token_loads = make_token_loads(PDL)
     weight_loads = make_weight_loads(PDL)          # PDL: loads that stay above the wait
+    weight_loads_ro = make_weight_loads(False)     # the later blocks' (read-only: make_block_loop's wrest)
     launch_dependents = pdl_hooks(PDL)[1]
 
     @_dev
     def wloads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, blk):
         return (weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk),
                 weight_loads(wa2, wb2, nblk, rr0, rr1, wi0, wi1, blk))
+
+    @_dev
+    def wloads_ro(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, blk):
+        return (weight_loads_ro(wa, wb, nblk, rr0, rr1, wi0, wi1, blk),
+                weight_loads_ro(wa2, wb2, nblk, rr0, rr1, wi0, wi1, blk))
 
     @_dev
     def tloads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, blk):
@@ -101,9 +115,10 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
         _tokens(acc, 0, W[0], X)                     # gate rows
         _tokens(acc, 4, W[1], X)                     # up rows: the same B fragment
 
-    run = make_block_loop(wloads, tloads, block, PIPE, PDL)
+    run = make_block_loop(wloads, tloads, block, PIPE, PDL, wrest=wloads_ro if PDL else None)
+    jit = cuda.jit(max_registers=MAXREG) if MAXREG and not ptx.SIMULATOR else cuda.jit
 
-    @cuda.jit
+    @jit
     def kernel(wa, wb, wa2, wb2, nu, rows, xq, xd, xb, cols, n_tok, ldy, y):
         launch_dependents()
         warp = cuda.threadIdx.x >> 5
@@ -143,9 +158,10 @@ def gemv_mma_glu(wg, wu, xq, xd, xb, y, n_tok: int, act: str = "silu", ksplit: i
         raise ValueError(f"gemv_mma_glu: ksplit {ksplit} must be 1..16")
     xq, xd, xb = q8k_inputs("gemv_mma_glu", (wg, wu), xq, xd, xb, n_tok, cols, read_xb=True)
     yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_glu")
-    kern = mma_glu_q4k_q8k_kernel(ksplit, bool(pipe), act, bool(pdl))
+    maxreg = PDL_MAX_REGISTERS if pdl else None
+    kern = mma_glu_q4k_q8k_kernel(ksplit, bool(pipe), act, bool(pdl), maxreg)
     if not ptx.SIMULATOR:
-        _fits(kern, SIGNATURE, (f"Q4_K {act}", ksplit, bool(pipe), 8, bool(pdl)))
+        _fits(kern, SIGNATURE, (f"Q4_K {act}", ksplit, bool(pipe), 8, bool(pdl), maxreg))
     P.launch_or_plain(kern, (rows + ROWS - 1) // ROWS, 32 * ksplit, stream, SIGNATURE, bool(pdl), wg.wa, wg.wb,
                       wu.wa, wu.wb, wg.units, rows, xq, xd, xb, cols, n_tok, rows, yf)
 

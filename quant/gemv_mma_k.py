@@ -265,8 +265,10 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
     floats, the layout `make_finish` reads). wc, wd are not read (the Q6_K build's slots:
     gemv_mma_q6k.make_trips takes the same arguments, so one kernel can hold both,
     quant/gemv_mma_qkv.py). NW warps split the blocks; PIPE and NT: see the module; PDL: the
-    first block's weight loads, then griddepcontrol.wait, then the rest (gemv_mma.make_block_loop)."""
-    run = make_block_loop(*make_block_parts(NT, PDL), PIPE, PDL)
+    first block's weight loads (ldw: they stay above it), then griddepcontrol.wait, then the rest, the
+    later blocks' weights by read-only loads (gemv_mma.make_block_loop's wrest)."""
+    run = make_block_loop(*make_block_parts(NT, PDL), PIPE, PDL,
+                          wrest=make_block_parts(NT, False)[0] if PDL else None)
 
     @_dev
     def trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok):

@@ -188,7 +188,8 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
     """trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok): warp `warp`'s
     share of the blocks of the Q6_K rows tile * 16 .. + 15 into acc - gemv_mma_k.make_trips' contract
     (xb is not read; PDL as there)."""
-    run = make_block_loop(*make_block_parts(NT, PDL), PIPE, PDL)
+    run = make_block_loop(*make_block_parts(NT, PDL), PIPE, PDL,
+                          wrest=make_block_parts(NT, False)[0] if PDL else None)   # (as gemv_mma_k's)
 
     @_dev
     def trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok):
