@@ -47,7 +47,8 @@ from .models.ops import AttnLayer
 # are: EngineConfig.decode_pdl on sm_90+). False: none; True: every kind of PDL_KINDS; or a
 # collection of some of them (which kinds pay and which cost: `tools/profile_prefill.py --short
 # --pdl-kinds`). Off: slower on an H100, 2026-12-06 - 8 new tokens after 500 cached, the 4B's
-# graph 3.43 ms with every kind against 3.13 without, the same bits (docs/kernels/gemv.md 8g).
+# graph 2.83 ms with every kind against 2.67 without (10:45 UTC), the same bits; each kind alone
+# loses a little, the gate/up launch most (docs/kernels/gemv.md 8g, 8i).
 PDL = False
 # the launches that have PDL builds: rmsnorm_q8k with a norm weight (norm) and without (q8k), q/k/v
 # in one launch (qkv), gemv_mma_k (gemv: attn_output, ffn_down), gate/up/SwiGLU (glu), rope_write
