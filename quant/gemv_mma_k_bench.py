@@ -74,6 +74,8 @@ def bench(argv=None) -> int:
     ap.add_argument("--pdl-build", action="store_true", help="also time the programmatic-dependent-launch "
                     "build at the planned k-split, launched plainly (what the build's own code costs: its coherent "
                     "token loads, the first block's weights before the wait)")
+    ap.add_argument("--ncu", action="store_true", help="no timing: each checked case launched once between "
+                    "cuProfilerStart/Stop, for ncu --profile-from-start off")
     ap.add_argument("--copies", default="8,1", help="weight copies each timing cycles through: 8 "
                     "(112+ MB for the larger shapes, more than the L2: the weights come from DRAM as in a "
                     "decode step), 1 (the same weight 20 times: from the L2 after the first)")
@@ -81,7 +83,7 @@ def bench(argv=None) -> int:
     if ptx.SIMULATOR:
         raise SystemExit("needs a GPU")
     stream = cuda.stream()
-    out = []
+    out, profiled = [], []
     kinds = {QType[k.upper().replace("K", "_K")] for k in args.shapes.split(",") if k}
     shapes = [s for s in SHAPES if s[3] in kinds and (args.only is None or s[0] in args.only.split(","))]
     if args.rows:
@@ -121,8 +123,12 @@ def bench(argv=None) -> int:
                     continue
                 stream.synchronize()
                 row[f"{label}_ok"] = ok = _within(y, r, b)
-                if ok:
+                if ok and args.ncu:
+                    profiled.append((f"{name} n_tok {n_tok} {label}", fn))
+                elif ok:
                     row[f"{label}_us"] = round(time_us(fn, stream), 3)
+            if args.ncu:
+                continue
             if n_tok <= G.MAX_TOKENS:                 # the dp4a GEMV takes 1..8 tokens
                 G.gemv(gw, dx, y, xq=xq, xs=xs, stream=stream)
                 row["dp4a_us"] = round(time_us(lambda: G.gemv(nxt(), dx, y, xq=xq, xs=xs, stream=stream), stream), 3)
@@ -132,6 +138,14 @@ def bench(argv=None) -> int:
                   f"{best[0]:7.2f} us ({best[1]}); "
                   + " ".join(f"{k[:-3]} {v:.2f}" for k, v in row.items() if k.endswith("_us")), flush=True)
             out.append(row)
+    if args.ncu:
+        cuda.profile_start()
+        for label, fn in profiled:
+            fn()
+            stream.synchronize()
+            print("profiled", label, flush=True)
+        cuda.profile_stop()
+        return 0
     for cols in sorted({s[2] for s in SHAPES if s[3] in kinds}):    # the quantizer before them (quantize_q8k.py)
         w = cuda.to_device(np.ones(cols, np.float32))
         for n_tok in (int(v) for v in args.tokens.split(",")):

@@ -99,6 +99,9 @@
 #             short graph at 500 cached tokens (profile-short: the plain graph against the PDL kinds of KINDS,
 #             MIN_SPLIT_TILES of TILES (1,2,4,8; KINDS= / TILES= for none), the families' ablation; PT s), then
 #             prefix reuse (PXW ways, PXT s)
+#   ncu24     Nsight Compute on the short prefill's mma GEMV (python -m genie_rt.quant.gemv_mma_k --ncu; NARGS: its
+#             shapes, default ffn_down Q4_K at 8 tokens, pipelined and not, k-split 8): what bounds a tile's time
+#             (docs/kernels/gemv.md 8i) - ncu-mmak.txt (NT s)
 #   pin20b    its second call: llama-bench, the GPU tests (PDL chain, CPU parity, short prefill), the short
 #             prefill's graph plain / PDL with pinned loads, prefix reuse
 #   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter also with --no-pdl
@@ -774,6 +777,16 @@ for s in "$@"; do
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       prefix_ways "${PXW:-off short shortplain}" ${PXT:-240} ;;
+    ncu24)
+      stage ncu24
+      NCU=$(ncu_path); [ -n "$NCU" ] || { echo "no ncu on this machine"; continue; }
+      timeout ${NT:-240} "$NCU" --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section WarpStateStats --section Occupancy --section LaunchStats --section SchedulerStats \
+        $PY -m genie_rt.quant.gemv_mma_k --ncu ${NARGS:---shapes q4k --only ffn_down --tokens 8 --trips pipe,block --ks 8 --copies 1} \
+        2>&1 | grep -v "Warning\|warn(\|^INFO numba" > "$OUT/ncu-mmak.txt"
+      echo "ncu exit $?"
+      grep -E "^  [A-Za-z_].*\(|profiled|Duration|DRAM Throughput|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Memory Throughput|Registers Per|Achieved Occupancy|Eligible Warps|Issued Warp|No Eligible|Warp Cycles Per Issued|Executed Ipc" \
+        "$OUT/ncu-mmak.txt" | head -80 ;;
     ncu15)
       stage ncu15
       use_kernel_cache
