@@ -150,8 +150,7 @@ QK = 256                              # values of a q8_K block (one scale)
 @cuda.jit
 def merge_q8k_kernel(part_o, part_ml, n_splits, state, splits_at, x, xq, xd, xb):
     # part_o, part_ml, n_splits, state, splits_at, x: as _merge_prepare_x_body's
-    # xq int8 [n * cols] (tiled: gemv_mma_k.tile_q8k), xd f32 [n * cols / 256], xb i32 [n * cols / 32]:
-    # q8_K of x (quantize_q8k)
+    # xq int8 [n * cols], xd f32 [n * cols / 256], xb i32 [n * cols / 32]: q8_K of x (quantize_q8k)
     # grid (n, cols / 256), 256 threads: thread i holds column 256 * blockIdx.y + i of token blockIdx.x
     sh = cuda.shared.array(8, float32)
     tok = cuda.blockIdx.x
@@ -186,7 +185,7 @@ def merge_q8k_kernel(part_o, part_ml, n_splits, state, splits_at, x, xq, xd, xb)
     scale = a / float32(127)
     qinv = float32(1) / scale if a > float32(0) else float32(0)
     q = int32((mul_rn(v, qinv) + RINT) - RINT)
-    xq[((c >> 5) * cuda.gridDim.x + tok) * 32 + (c & 31)] = int8(q)     # tiled (gemv_mma_k.tile_q8k)
+    xq[tok * cols + c] = int8(q)
     tot = q
     for off in (16, 8, 4, 2, 1):                # a warp is one 32-value sub-block
         tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, off))

@@ -130,7 +130,7 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
         for k in range(8):
             acc[k] = float32(0)
         wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
-        tok = (g < n_tok, xi, ta, tc, uint32(8 * n_tok))  # (the tiled xq: gemv_mma_k.tile_q8k)
+        tok = (g < n_tok, xi, ta, tc)
         run(acc, (wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb), b_lo, b_hi, nblk)
         finish(acc, warp, lane, cuda.blockIdx.x * ROWS + g, 2 * t, rows, ldy, n_tok, y)
     return kernel_cache.attach(kernel)

@@ -40,10 +40,6 @@ ffn_down 9.82 / 47.25 against 10.71 / 14.03. The chunk trips took 6.75 / 7.54, 1
 GEMV takes for one (and 1.1-1.4x this kernel's own one-token time); at one token the dp4a GEMV
 stays 8-28 % faster.
 
-The q8 values lie tiled on the device (`tile_q8k`: each 32-value sub-block's n_tok rows back to
-back), so a warp's load of 8 tokens' 32 bytes reads two 128-byte lines, not eight: the L1 was the
-busy unit (docs/kernels/gemv.md 8i; 2026-12-06, not yet timed).
-
 The price is the activation's quantization: one scale for 256 values instead of 32 (q8_K, what
 llama.cpp's CPU K-quant dot products use). `quantize_q8k` is its numpy reference, and
 quant/quantize_q8k.py's `rmsnorm_q8k` the device's (RMSNorm and q8_K in one launch, a block a row).
@@ -102,27 +98,6 @@ def quantize_q8k(x: np.ndarray):
     return xq, xd, xb
 
 
-def tile_q8k(xq: np.ndarray) -> np.ndarray:
-    """The q8 values as the device holds them (flat int8 [n_tok * cols]): sub-block by sub-block,
-    each 32-value sub-block's n_tok rows of 32 bytes back to back ([cols / 32][n_tok][32]). A
-    warp's load of 8 tokens' 32 bytes of one sub-block then reads 256 contiguous bytes, two
-    128-byte lines, where a row-major xq took eight (docs/kernels/gemv.md 8i). Written by
-    quant/quantize_q8k.rmsnorm_q8k and kvcache/attention_merge.merge_q8k; xd and xb stay row-major."""
-    n_tok, cols = xq.shape
-    return np.ascontiguousarray(xq.reshape(n_tok, cols // SUB, SUB).transpose(1, 0, 2)).reshape(-1)
-
-
-def quantize_q8k_tiled(x: np.ndarray):
-    """quantize_q8k's (xq, xd, xb) with xq as the device holds it (tile_q8k): what the GEMVs read."""
-    xq, xd, xb = quantize_q8k(x)
-    return tile_q8k(xq), xd, xb
-
-
-def untile_q8k(flat: np.ndarray, n_tok: int) -> np.ndarray:
-    """tile_q8k's inverse: int8 [n_tok, cols]."""
-    return np.ascontiguousarray(flat.reshape(-1, n_tok, SUB).transpose(1, 0, 2)).reshape(n_tok, -1)
-
-
 def dequantize_q8k(xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
     n_tok, cols = xq.shape
     return (xq.reshape(n_tok, -1, QK).astype(np.float32) * xd[..., None]).reshape(n_tok, cols)
@@ -131,11 +106,11 @@ def dequantize_q8k(xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
 @_dev
 def _bases(nu, rr0, rr1, t, tb, cols):
     """The lane's first 32-bit word of rows rr0 and rr1 (chunk 0: unit 0 for lanes 0, 1, unit 1
-    for lanes 2, 3; bytes 8 (t & 1) ..) and of token tb's q8 values in sub-block 0 (`tile_q8k`:
-    words 8 tb + 2t ..), unsigned (no negative-index wrap-around code). The lane's 8 weights of a
-    sub-block are then 8t .. 8t + 7 of its 32, and its 8 q8 values the same: one 8-byte load each."""
+    for lanes 2, 3; bytes 8 (t & 1) ..) and of token tb's q8 values (8 t ..), unsigned (no
+    negative-index wrap-around code). The lane's 8 weights of a sub-block are then 8t .. 8t + 7
+    of its 32, and its 8 q8 values the same: one 8-byte load each (`_loads`)."""
     off = uint32(4 * (t >> 1) + 2 * (t & 1))
-    return (uint32(rr0 * nu * 4) + off, uint32(rr1 * nu * 4) + off, uint32(8 * tb + 2 * t))
+    return (uint32(rr0 * nu * 4) + off, uint32(rr1 * nu * 4) + off, uint32((tb * cols) >> 2) + uint32(2 * t))
 
 
 def make_weight_loads(PDL: bool = False):
@@ -163,8 +138,7 @@ def make_weight_loads(PDL: bool = False):
 
 def make_token_loads(PDL: bool = False):
     """token_loads(xq, xd, xb, tok, nsb, nb, blk): eight tokens' part of block blk, tok = (okb, xi,
-    ta, tc, ts): the B fragment's token (first word xi, `_bases`; ts = 8 n_tok, the words of one
-    sub-block of every token in the tiled xq) - its q8 values of the four chunks,
+    ta, tc): the B fragment's token (first word xi, `_bases`) - its q8 values of the four chunks,
     zero when okb is false - and the eight sub-block sums of the accumulators' tokens ta and tc (two
     16-byte loads each: xb's rows are whole blocks of 8) with their block scales. PDL: by coherent
     loads (another kernel wrote them: quant/pdl.py rule 3), else read-only ones."""
@@ -172,17 +146,17 @@ def make_token_loads(PDL: bool = False):
 
     @_dev
     def token_loads(xq, xd, xb, tok, nsb, nb, blk):
-        okb, xi, ta, tc, ts = tok
-        xo = xi + uint32(8) * ts * uint32(blk)      # sub-block 8 blk, values 8t ..
+        okb, xi, ta, tc = tok
+        xo = xi + uint32(64) * uint32(blk)           # values 256 blk + 8t ..
         z = (uint32(0), uint32(0))
         x0 = ld2(xq, xo) if okb else z
-        x1 = ld2(xq, xo + ts) if okb else z
-        x2 = ld2(xq, xo + uint32(2) * ts) if okb else z
-        x3 = ld2(xq, xo + uint32(3) * ts) if okb else z
-        x4 = ld2(xq, xo + uint32(4) * ts) if okb else z
-        x5 = ld2(xq, xo + uint32(5) * ts) if okb else z
-        x6 = ld2(xq, xo + uint32(6) * ts) if okb else z
-        x7 = ld2(xq, xo + uint32(7) * ts) if okb else z
+        x1 = ld2(xq, xo + uint32(8)) if okb else z
+        x2 = ld2(xq, xo + uint32(16)) if okb else z
+        x3 = ld2(xq, xo + uint32(24)) if okb else z
+        x4 = ld2(xq, xo + uint32(32)) if okb else z
+        x5 = ld2(xq, xo + uint32(40)) if okb else z
+        x6 = ld2(xq, xo + uint32(48)) if okb else z
+        x7 = ld2(xq, xo + uint32(56)) if okb else z
         ja = uint32(ta * nsb + 8 * blk)
         jc = uint32(tc * nsb + 8 * blk)
         return ((x0, x1, x2, x3, x4, x5, x6, x7), (ld4(xb, ja), ld4(xb, ja + uint32(4))),
@@ -302,9 +276,8 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
         nsb = cols >> 5
         nb = cols >> 8
         wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
-        ts = uint32(8 * n_tok)
-        tok = (g < n_tok, xi, ta, tc, ts)
-        tok2 = (g + 8 < n_tok, uint32(8 * tb2 + 2 * t), ta2, tc2, ts)
+        tok = (g < n_tok, xi, ta, tc)
+        tok2 = (g + 8 < n_tok, uint32((tb2 * cols) >> 2) + uint32(2 * t), ta2, tc2)
         run(acc, (wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb), b_lo, b_hi, nblk)
     return trips
 

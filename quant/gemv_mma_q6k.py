@@ -73,21 +73,17 @@ def make_row_loads(PDL: bool = False):
 
 @_dev
 def _token_loads(xq, xd, tok, nb, blk):
-    """A B fragment's token's part of block blk (tok = (okb, xi, ta, tc, ts): words 4s + t of its 64,
-    zero when okb is false - in the tiled xq (gemv_mma_k.tile_q8k: xi = 8 tok + t, ts = 8 n_tok the
-    words of one sub-block of every token), word 4s + t is word 4 (s & 1) + t of sub-block s >> 1)
-    and the block scales of the accumulators' tokens ta and tc."""
-    okb, xi, ta, tc, ts = tok
-    o = xi + uint32(8) * ts * uint32(blk)
+    """A B fragment's token's part of block blk (tok = (okb, xi, ta, tc): words 4s + t of its 64,
+    zero when okb is false) and the block scales of the accumulators' tokens ta and tc."""
+    okb, xi, ta, tc = tok
+    o = xi + uint32(64) * uint32(blk)
     z = uint32(0)
-    o1, o2, o3 = o + ts, o + uint32(2) * ts, o + uint32(3) * ts
-    o4, o5, o6, o7 = o + uint32(4) * ts, o + uint32(5) * ts, o + uint32(6) * ts, o + uint32(7) * ts
-    x = (xq[o] if okb else z, xq[o + uint32(4)] if okb else z, xq[o1] if okb else z,
-         xq[o1 + uint32(4)] if okb else z, xq[o2] if okb else z, xq[o2 + uint32(4)] if okb else z,
-         xq[o3] if okb else z, xq[o3 + uint32(4)] if okb else z, xq[o4] if okb else z,
-         xq[o4 + uint32(4)] if okb else z, xq[o5] if okb else z, xq[o5 + uint32(4)] if okb else z,
-         xq[o6] if okb else z, xq[o6 + uint32(4)] if okb else z, xq[o7] if okb else z,
-         xq[o7 + uint32(4)] if okb else z)
+    x = (xq[o] if okb else z, xq[o + uint32(4)] if okb else z, xq[o + uint32(8)] if okb else z,
+         xq[o + uint32(12)] if okb else z, xq[o + uint32(16)] if okb else z, xq[o + uint32(20)] if okb else z,
+         xq[o + uint32(24)] if okb else z, xq[o + uint32(28)] if okb else z, xq[o + uint32(32)] if okb else z,
+         xq[o + uint32(36)] if okb else z, xq[o + uint32(40)] if okb else z, xq[o + uint32(44)] if okb else z,
+         xq[o + uint32(48)] if okb else z, xq[o + uint32(52)] if okb else z, xq[o + uint32(56)] if okb else z,
+         xq[o + uint32(60)] if okb else z)
     return x, xd[uint32(ta * nb + blk)], xd[uint32(tc * nb + blk)]
 
 
@@ -202,9 +198,8 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
         ut = uint32(t)
         bases = (uint32(rr0 * nu * 4) + ut, uint32(rr1 * nu * 4) + ut,     # ql: 4 words a unit
                  uint32(rr0 * nu * 2) + ut, uint32(rr1 * nu * 2) + ut)     # qh: 2 words a unit
-        ts = uint32(8 * n_tok)                                             # the tiled xq (tile_q8k)
-        tok = (g < n_tok, uint32(8 * tb) + ut, ta, tc, ts)
-        tok2 = (g + 8 < n_tok, uint32(8 * tb2) + ut, ta2, tc2, ts)
+        tok = (g < n_tok, uint32((tb * cols) >> 2) + ut, ta, tc)
+        tok2 = (g + 8 < n_tok, uint32((tb2 * cols) >> 2) + ut, ta2, tc2)
         run(acc, (wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb), b_lo, b_hi, nblk)
     return trips
 

@@ -9,8 +9,7 @@ Who does what. A thread block of 8 warps quantizes 8 of a row's 256-value blocks
 (`grid`: a 9,728-value row is 5 thread blocks, so the work is spread over the GPU, not over one
 SM a row). Lane l holds values 8l .. 8l + 7 of its warp's block (two 16-byte loads); the warp's
 max by butterflies, the 32-value sums over lanes 4k .. 4k + 3 by two more, and the lane stores its
-8 quants as two 32-bit words (xq is written through a uint32 view, tiled as gemv_mma_k.tile_q8k
-says: a sub-block's rows back to back, which the GEMVs read two 128-byte lines a warp load). With the norm, every thread
+8 quants as two 32-bit words (xq is written through a uint32 view). With the norm, every thread
 block of a row first sums the whole row's squares (warp w blocks w, w + 8, ..; the row is 10-38 KB,
 read from the L2 by each), in the same order in each, so all of a row's blocks divide by the same
 rms; a warp keeps its own block's values from that pass.
@@ -135,8 +134,7 @@ def rmsnorm_q8k_kernel(NORM: bool, PDL: bool = False):
                 hi |= (uint32(q) & uint32(0xFF)) << uint32(8 * (j - 4))
         tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, 1))   # lanes 4k .. 4k + 3: one sub-block
         tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, 2))
-        # the tiled xq (gemv_mma_k.tile_q8k): sub-block 8 mine + lane / 4 of every row, 32 bytes a row
-        wi = uint32((((mine * 8 + (lane >> 2)) * cuda.gridDim.x + r) * 32 + 8 * (lane & 3)) >> 2)
+        wi = uint32((row + base) >> 2)
         xq[wi] = lo
         xq[wi + uint32(1)] = hi
         if (lane & 3) == 0:

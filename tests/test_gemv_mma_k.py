@@ -57,7 +57,7 @@ def test_gemv_mma_k_matches_numpy_and_gemv_mma(rows, cols, n_tok, ksplit, resid,
     xq, xd, xb = K.quantize_q8k(x)
     r = np.random.default_rng(7).standard_normal((n_tok, rows)).astype(np.float32)
     y = cuda.to_device(r) if resid else cuda.device_array((n_tok, rows), np.float32)
-    K.gemv_mma_k(gw, cuda.to_device(K.tile_q8k(xq)), cuda.to_device(xd), cuda.to_device(xb), y, n_tok,
+    K.gemv_mma_k(gw, cuda.to_device(xq), cuda.to_device(xd), cuda.to_device(xb), y, n_tok,
                  residual=y if resid else None, ksplit=ksplit, pipe=pipe)
     got = y.copy_to_host()
     xt = K.dequantize_q8k(xq, xd)
@@ -95,13 +95,13 @@ def test_gemv_mma_k_uses_every_sum_and_scale(n_tok, tok):
         else:
             bad_d[tok - 1, 1] *= 1.01
         y = cuda.device_array((n_tok, rows), np.float32)
-        K.gemv_mma_k(gw, cuda.to_device(K.tile_q8k(xq)), cuda.to_device(bad_d), cuda.to_device(bad_b), y, n_tok, ksplit=2)
+        K.gemv_mma_k(gw, cuda.to_device(xq), cuda.to_device(bad_d), cuda.to_device(bad_b), y, n_tok, ksplit=2)
         assert not np.all(np.abs(y.copy_to_host() - ref) <= bound), what
 
 
 def test_gemv_mma_k_refuses_what_it_does_not_do():
     W, gw, x = _case(16, 256, 1, 0)
-    xq, xd, xb = (cuda.to_device(a) for a in K.quantize_q8k_tiled(x))
+    xq, xd, xb = (cuda.to_device(a) for a in K.quantize_q8k(x))
     y = cuda.device_array((1, 16), np.float32)
     with pytest.raises(ValueError, match="n_tok"):
         K.gemv_mma_k(gw, xq, xd, xb, y, 17)
@@ -152,7 +152,7 @@ def test_gemv_mma_k_writes_column_slices_of_a_wider_buffer():
     # and the columns past them untouched
     n_tok, cols, width = 3, 512, 40
     x = np.random.default_rng(5).standard_normal((n_tok, cols)).astype(np.float32)
-    xq, xd, xb = (cuda.to_device(a) for a in K.quantize_q8k_tiled(x))
+    xq, xd, xb = (cuda.to_device(a) for a in K.quantize_q8k(x))
     ws = [G.prepare_weight(G.to_device(random_weight(q, r, cols, np.random.default_rng(r))), "dp4a")
           for q, r in ((QType.Q4_K, 21), (QType.Q6_K, 16))]
     base = np.full((n_tok, width), np.nan, np.float32)
