@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from genie_rt.quant.formats import QType
 from genie_rt.quant.gemv_mma_k import FORMATS, QK
+from genie_rt.quant.q8k_layout import xq_size
 
 from .cuda_layout import SHORT_ROWS
 from .cuda_ops import _Ops, _pdl_available
@@ -89,7 +90,7 @@ def q8k_buffers(layout, widths: dict) -> None:
     import numpy as np
     cols = max(widths[n] for n in ("h", "attn", "ff"))
     cols = -(-cols // QK) * QK
-    layout.add("xq8k", (SHORT_ROWS, cols), np.int8)
+    layout.add("xq8k", (xq_size(SHORT_ROWS, cols),), np.int8)          # tiled: quant/q8k_layout.py
     layout.add("xd8k", (SHORT_ROWS, cols // QK), np.float32)
     layout.add("xb8k", (SHORT_ROWS, cols // 32), np.int32)
 
@@ -119,7 +120,7 @@ class ShortPrefillOps(_Ops):
 
     def _q8k(self, cols: int):
         A, n = self.A, self.n
-        return (A["xq8k"].reshape(-1)[:n * cols], A["xd8k"].reshape(-1)[:n * cols // QK],
+        return (A["xq8k"].reshape(-1)[:xq_size(n, cols)], A["xd8k"].reshape(-1)[:n * cols // QK],
                 A["xb8k"].reshape(-1)[:n * cols // 32])
 
     def _prepared(self, x):

@@ -40,6 +40,12 @@ ffn_down 9.82 / 47.25 against 10.71 / 14.03. The chunk trips took 6.75 / 7.54, 1
 GEMV takes for one (and 1.1-1.4x this kernel's own one-token time); at one token the dp4a GEMV
 stays 8-28 % faster.
 
+The q8 values lie tiled on the device (`tile_q8k`): tokens in groups of TILE = 8, and within a
+group each 32-value sub-block's 8 rows of 32 bytes back to back, so a warp's load of 8 tokens'
+bytes of one sub-block reads two 128-byte lines where row-major rows took eight (the kernel was
+L1-bound: docs/kernels/gemv.md 8i). The group's size is a constant, so every load's offset from
+the block's first word is an immediate (a runtime token stride cost 32-65 registers: 8i).
+
 The price is the activation's quantization: one scale for 256 values instead of 32 (q8_K, what
 llama.cpp's CPU K-quant dot products use). `quantize_q8k` is its numpy reference, and
 quant/quantize_q8k.py's `rmsnorm_q8k` the device's (RMSNorm and q8_K in one launch, a block a row).
@@ -72,6 +78,7 @@ from .gemv_mma import LO4, ROWS, _dev, _flat, lanes, make_block_loop, make_finis
 from .pdl import hooks as pdl_hooks
 from .pdl import weight_loads as pdl_weight_loads
 from .gemv_mma_q6k import SIGNATURE as SIGNATURE_Q6K
+from .q8k_layout import TILE, tile_q8k, untile_q8k, xq_size, xq_word  # noqa: F401 (the layout's home)
 from .gemv_mma_q6k import mma_q6k_q8k_kernel
 
 QK = 256                    # values a q8_K block (one scale)
@@ -98,6 +105,12 @@ def quantize_q8k(x: np.ndarray):
     return xq, xd, xb
 
 
+def quantize_q8k_tiled(x: np.ndarray):
+    """quantize_q8k's (xq, xd, xb) with xq as the device holds it (`tile_q8k`): the GEMVs' inputs."""
+    xq, xd, xb = quantize_q8k(x)
+    return tile_q8k(xq), xd, xb
+
+
 def dequantize_q8k(xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
     n_tok, cols = xq.shape
     return (xq.reshape(n_tok, -1, QK).astype(np.float32) * xd[..., None]).reshape(n_tok, cols)
@@ -106,11 +119,11 @@ def dequantize_q8k(xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
 @_dev
 def _bases(nu, rr0, rr1, t, tb, cols):
     """The lane's first 32-bit word of rows rr0 and rr1 (chunk 0: unit 0 for lanes 0, 1, unit 1
-    for lanes 2, 3; bytes 8 (t & 1) ..) and of token tb's q8 values (8 t ..), unsigned (no
-    negative-index wrap-around code). The lane's 8 weights of a sub-block are then 8t .. 8t + 7
-    of its 32, and its 8 q8 values the same: one 8-byte load each (`_loads`)."""
+    for lanes 2, 3; bytes 8 (t & 1) ..) and of token tb's q8 values of sub-block 0 (values 8 t ..;
+    the tiled xq, `xq_word`), unsigned (no negative-index wrap-around code). The lane's 8 weights of
+    a sub-block are then 8t .. 8t + 7 of its 32, and its 8 q8 values the same: one 8-byte load each."""
     off = uint32(4 * (t >> 1) + 2 * (t & 1))
-    return (uint32(rr0 * nu * 4) + off, uint32(rr1 * nu * 4) + off, uint32((tb * cols) >> 2) + uint32(2 * t))
+    return (uint32(rr0 * nu * 4) + off, uint32(rr1 * nu * 4) + off, xq_word(tb, cols) + uint32(2 * t))
 
 
 def make_weight_loads(PDL: bool = False):
@@ -147,16 +160,16 @@ def make_token_loads(PDL: bool = False):
     @_dev
     def token_loads(xq, xd, xb, tok, nsb, nb, blk):
         okb, xi, ta, tc = tok
-        xo = xi + uint32(64) * uint32(blk)           # values 256 blk + 8t ..
+        xo = xi + uint32(512) * uint32(blk)          # sub-block 8 blk (xq_word), values 8t ..
         z = (uint32(0), uint32(0))
         x0 = ld2(xq, xo) if okb else z
-        x1 = ld2(xq, xo + uint32(8)) if okb else z
-        x2 = ld2(xq, xo + uint32(16)) if okb else z
-        x3 = ld2(xq, xo + uint32(24)) if okb else z
-        x4 = ld2(xq, xo + uint32(32)) if okb else z
-        x5 = ld2(xq, xo + uint32(40)) if okb else z
-        x6 = ld2(xq, xo + uint32(48)) if okb else z
-        x7 = ld2(xq, xo + uint32(56)) if okb else z
+        x1 = ld2(xq, xo + uint32(64)) if okb else z
+        x2 = ld2(xq, xo + uint32(128)) if okb else z
+        x3 = ld2(xq, xo + uint32(192)) if okb else z
+        x4 = ld2(xq, xo + uint32(256)) if okb else z
+        x5 = ld2(xq, xo + uint32(320)) if okb else z
+        x6 = ld2(xq, xo + uint32(384)) if okb else z
+        x7 = ld2(xq, xo + uint32(448)) if okb else z
         ja = uint32(ta * nsb + 8 * blk)
         jc = uint32(tc * nsb + 8 * blk)
         return ((x0, x1, x2, x3, x4, x5, x6, x7), (ld4(xb, ja), ld4(xb, ja + uint32(4))),
@@ -277,7 +290,7 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
         nb = cols >> 8
         wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
         tok = (g < n_tok, xi, ta, tc)
-        tok2 = (g + 8 < n_tok, uint32((tb2 * cols) >> 2) + uint32(2 * t), ta2, tc2)
+        tok2 = (g + 8 < n_tok, xq_word(tb2, cols) + uint32(2 * t), ta2, tc2)
         run(acc, (wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb), b_lo, b_hi, nblk)
     return trips
 
@@ -287,7 +300,7 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: boo
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), x as q8_K; grid
     ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16), warp w taking the row's 256-weight
     blocks [w * ceil(nblk / KSPLIT), ..). Arguments: wa, wb, nu, rows (the Q4_K GEMV planes), xq
-    (uint32 words of int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), xb (int32 [n_tok *
+    (uint32 words of the tiled int8 [xq_size(n_tok, cols)], `tile_q8k`), xd (float32 [n_tok * cols / 256]), xb (int32 [n_tok *
     cols / 32]), cols, n_tok, ldy, y (float32, token t's row at t * ldy), res (the same layout),
     resid. PIPE: see the module. NT 16: a second B fragment (tokens 8 + g) against the same A
     fragments, eight accumulators a lane. PDL: a programmatic-dependent-launch build (sm_90;
@@ -368,11 +381,11 @@ def default_pipe(qtype, n_tok: int) -> bool:
 
 def q8k_inputs(who: str, weights, xq, xd, xb, n_tok: int, cols: int, read_xb: bool):
     """The q8_K activations as the mma GEMV kernels read them - (xq as uint32 words, xd, xb), flat -
-    after the checks every launcher makes: sizes and dtypes (xb where read_xb: a Q4_K build reads
+    after the checks every launcher makes: sizes (xq tiled: `xq_size`) and dtypes (xb where read_xb: a Q4_K build reads
     it, None is refused), then on a GPU the start of every plane read by vector loads (xq 8 bytes
     where xb is read - the Q4_K builds' 8-byte loads - else 4; xb 16; each weight's: Q4_K quants 8,
     Q6_K scales 16)."""
-    xq = _flat(xq, np.int8, n_tok * cols, "xq", who).view(np.uint32)
+    xq = _flat(xq, np.int8, xq_size(n_tok, cols), "xq", who).view(np.uint32)
     xd = _flat(xd, np.float32, n_tok * cols // QK, "xd", who)
     if read_xb:
         if xb is None:
@@ -391,8 +404,9 @@ def q8k_inputs(who: str, weights, xq, xd, xb, n_tok: int, cols: int, read_xb: bo
 def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None = None, stream=0,
                pipe: bool | None = None, ldy: int | None = None, pdl: bool = False) -> None:
     """y [n_tok, rows] = x W^T (+ residual) for a Q4_K or Q6_K GemvWeight `w`
-    (gemv.prepare_weight, dp4a mode) and q8_K activations xq int8 [n_tok, cols], xd float32
-    [n_tok, cols / 256], xb int32 [n_tok, cols / 32] (`quantize_q8k`; a Q6_K weight does not read
+    (gemv.prepare_weight, dp4a mode) and q8_K activations xq int8 [xq_size(n_tok, cols)] (tiled:
+    `tile_q8k`), xd float32 [n_tok, cols / 256], xb int32 [n_tok, cols / 32] (`quantize_q8k_tiled`;
+    a Q6_K weight does not read
     xb, which may then be None); 1 <= n_tok <= 16 (above 8: the NT 16 build). ksplit: warps a
     thread block (1..16; None: plan_ksplit), pipe: the kernel's PIPE (None: `default_pipe` - on for
     Q4_K up to 8 tokens, off for Q6_K and above 8 tokens). Q6_K:

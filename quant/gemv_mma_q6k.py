@@ -45,6 +45,7 @@ from genie_rt.engine import kernel_cache
 from . import ptx
 from .gemv_mma import LO4, ROWS, _dev, lanes, make_block_loop, make_finish
 from .pdl import hooks as pdl_hooks
+from .q8k_layout import xq_word
 from .pdl import weight_loads as pdl_weight_loads
 
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64, int64, uint32[::1], "
@@ -74,16 +75,18 @@ def make_row_loads(PDL: bool = False):
 @_dev
 def _token_loads(xq, xd, tok, nb, blk):
     """A B fragment's token's part of block blk (tok = (okb, xi, ta, tc): words 4s + t of its 64,
-    zero when okb is false) and the block scales of the accumulators' tokens ta and tc."""
+    zero when okb is false - in the tiled xq (gemv_mma_k.tile_q8k: xi = xq_word(token) + t), word
+    4s + t is word 4 (s & 1) + t of sub-block s >> 1, 64 words a sub-block) and the block scales of
+    the accumulators' tokens ta and tc."""
     okb, xi, ta, tc = tok
-    o = xi + uint32(64) * uint32(blk)
+    o = xi + uint32(512) * uint32(blk)
     z = uint32(0)
-    x = (xq[o] if okb else z, xq[o + uint32(4)] if okb else z, xq[o + uint32(8)] if okb else z,
-         xq[o + uint32(12)] if okb else z, xq[o + uint32(16)] if okb else z, xq[o + uint32(20)] if okb else z,
-         xq[o + uint32(24)] if okb else z, xq[o + uint32(28)] if okb else z, xq[o + uint32(32)] if okb else z,
-         xq[o + uint32(36)] if okb else z, xq[o + uint32(40)] if okb else z, xq[o + uint32(44)] if okb else z,
-         xq[o + uint32(48)] if okb else z, xq[o + uint32(52)] if okb else z, xq[o + uint32(56)] if okb else z,
-         xq[o + uint32(60)] if okb else z)
+    x = (xq[o] if okb else z, xq[o + uint32(4)] if okb else z, xq[o + uint32(64)] if okb else z,
+         xq[o + uint32(68)] if okb else z, xq[o + uint32(128)] if okb else z, xq[o + uint32(132)] if okb else z,
+         xq[o + uint32(192)] if okb else z, xq[o + uint32(196)] if okb else z, xq[o + uint32(256)] if okb else z,
+         xq[o + uint32(260)] if okb else z, xq[o + uint32(320)] if okb else z, xq[o + uint32(324)] if okb else z,
+         xq[o + uint32(384)] if okb else z, xq[o + uint32(388)] if okb else z, xq[o + uint32(448)] if okb else z,
+         xq[o + uint32(452)] if okb else z)
     return x, xd[uint32(ta * nb + blk)], xd[uint32(tc * nb + blk)]
 
 
@@ -198,8 +201,8 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
         ut = uint32(t)
         bases = (uint32(rr0 * nu * 4) + ut, uint32(rr1 * nu * 4) + ut,     # ql: 4 words a unit
                  uint32(rr0 * nu * 2) + ut, uint32(rr1 * nu * 2) + ut)     # qh: 2 words a unit
-        tok = (g < n_tok, uint32((tb * cols) >> 2) + ut, ta, tc)
-        tok2 = (g + 8 < n_tok, uint32((tb2 * cols) >> 2) + ut, ta2, tc2)
+        tok = (g < n_tok, xq_word(tb, cols) + ut, ta, tc)              # the tiled xq (gemv_mma_k.tile_q8k)
+        tok2 = (g + 8 < n_tok, xq_word(tb2, cols) + ut, ta2, tc2)
         run(acc, (wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb), b_lo, b_hi, nblk)
     return trips
 
@@ -209,7 +212,7 @@ def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: boo
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), W Q6_K, x as
     q8_K; grid ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16). Arguments: wa, wb,
     wc, wd (the Q6_K GEMV planes ql, qh, sc, d), nu (ql units a row), rows, xq (uint32 words of
-    int8 [n_tok * cols]), xd (float32 [n_tok * cols / 256]), cols, n_tok, ldy, y (float32, token t's
+    the tiled int8 [xq_size(n_tok, cols)], gemv_mma_k.tile_q8k), xd (float32 [n_tok * cols / 256]), cols, n_tok, ldy, y (float32, token t's
     row at t * ldy), res, resid. Rows, tokens, split, finish and PDL as gemv_mma_k.mma_q4k_q8k_kernel."""
     if NT not in (8, 16):
         raise ValueError(f"mma_q6k_q8k_kernel: NT {NT} must be 8 or 16")

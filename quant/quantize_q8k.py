@@ -9,7 +9,8 @@ Who does what. A thread block of 8 warps quantizes 8 of a row's 256-value blocks
 (`grid`: a 9,728-value row is 5 thread blocks, so the work is spread over the GPU, not over one
 SM a row). Lane l holds values 8l .. 8l + 7 of its warp's block (two 16-byte loads); the warp's
 max by butterflies, the 32-value sums over lanes 4k .. 4k + 3 by two more, and the lane stores its
-8 quants as two 32-bit words (xq is written through a uint32 view). With the norm, every thread
+8 quants as two 32-bit words (xq is written through a uint32 view, tiled: quant/q8k_layout.py).
+With the norm, every thread
 block of a row first sums the whole row's squares (warp w blocks w, w + 8, ..; the row is 10-38 KB,
 read from the L2 by each), in the same order in each, so all of a row's blocks divide by the same
 rms; a warp keeps its own block's values from that pass.
@@ -39,6 +40,7 @@ from genie_rt.engine import kernel_cache
 from . import ptx
 from .norm_q8_device import FULL, RINT, block_sum
 from .pdl import hooks as pdl_hooks
+from .q8k_layout import xq_size
 
 QK = 256
 THREADS = 256                                   # 8 warps a block, a 256-value block a warp
@@ -134,7 +136,8 @@ def rmsnorm_q8k_kernel(NORM: bool, PDL: bool = False):
                 hi |= (uint32(q) & uint32(0xFF)) << uint32(8 * (j - 4))
         tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, 1))   # lanes 4k .. 4k + 3: one sub-block
         tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, 2))
-        wi = uint32((row + base) >> 2)
+        # the tiled xq (quant/q8k_layout.py): token r's 32 bytes of sub-block 8 mine + lane / 4
+        wi = uint32((r >> 3) * (d << 1) + (mine * 8 + (lane >> 2)) * 64 + (r & 7) * 8 + 2 * (lane & 3))
         xq[wi] = lo
         xq[wi + uint32(1)] = hi
         if (lane & 3) == 0:
@@ -146,7 +149,7 @@ def rmsnorm_q8k_kernel(NORM: bool, PDL: bool = False):
 
 def rmsnorm_q8k(x, w, eps: float, xq, xd, xb, stream=0, pdl: bool = False) -> None:
     """q8_K of rmsnorm(x) * w (w None: of x) for every row of x float32 [n_tok, d] (d a multiple
-    of 256) into xq int8 [n_tok, d], xd float32 [n_tok, d / 256], xb int32 [n_tok, d / 32] (device
+    of 256) into xq int8 [xq_size(n_tok, d)] (tiled: quant/q8k_layout.py), xd float32 [n_tok, d / 256], xb int32 [n_tok, d / 32] (device
     arrays, any shape of that size). pdl: the programmatic-dependent-launch build and launch (sm_90+:
     the caller checks quant/pdl.available()). No allocation, no synchronization."""
     from . import pdl as P
@@ -155,7 +158,7 @@ def rmsnorm_q8k(x, w, eps: float, xq, xd, xb, stream=0, pdl: bool = False) -> No
     n, d = x.shape
     if d % QK:
         raise ValueError(f"rmsnorm_q8k: d {d} must be a multiple of {QK}")
-    for name, a, dt, size in (("xq", xq, np.int8, n * d), ("xd", xd, np.float32, n * d // QK),
+    for name, a, dt, size in (("xq", xq, np.int8, xq_size(n, d)), ("xd", xd, np.float32, n * d // QK),
                               ("xb", xb, np.int32, n * d // 32)):
         if a.dtype != dt or a.size != size:
             raise ValueError(f"rmsnorm_q8k: {name} must be {np.dtype(dt).name} with {size} elements, "
@@ -164,7 +167,7 @@ def rmsnorm_q8k(x, w, eps: float, xq, xd, xb, stream=0, pdl: bool = False) -> No
         raise ValueError(f"rmsnorm_q8k: w must be float32 with {d} elements, got {w.dtype} {tuple(w.shape)}")
     if not x.is_c_contiguous():
         raise ValueError(f"rmsnorm_q8k: x must be C-contiguous (its rows back to back), got strides {x.strides}")
-    xq4 = xq.reshape(n * d).view(np.uint32)
+    xq4 = xq.reshape(xq.size).view(np.uint32)
     flat_d, flat_b = xd.reshape(n * d // QK), xb.reshape(n * d // 32)
     flat_x = x.reshape(n * d)
     kern = rmsnorm_q8k_kernel(w is not None, bool(pdl))

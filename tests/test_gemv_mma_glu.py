@@ -27,7 +27,7 @@ def _weights(rows, cols, seed, qtype=QType.Q4_K):
 def test_glu_is_gemv_mma_k_twice_then_the_activation(rows, cols, n_tok, ksplit, act, pipe):
     hw, (wg, wu) = _weights(rows, cols, rows + cols)
     x = np.random.default_rng(4).standard_normal((n_tok, cols)).astype(np.float32)
-    q = [cuda.to_device(a) for a in K.quantize_q8k(x)]
+    q = [cuda.to_device(a) for a in K.quantize_q8k_tiled(x)]
     y = cuda.device_array((n_tok, rows), np.float32)
     gemv_mma_glu(wg, wu, *q, y, n_tok, act=act, ksplit=ksplit, pipe=pipe)
     ks = K.plan_ksplit(rows, cols, n_tok) if ksplit is None else ksplit
@@ -37,7 +37,7 @@ def test_glu_is_gemv_mma_k_twice_then_the_activation(rows, cols, n_tok, ksplit, 
     (norm.swiglu if act == "silu" else norm.geglu)(g, u, want)
     np.testing.assert_array_equal(y.copy_to_host(), want.copy_to_host())
     # and numpy's: act of the float products within their bound
-    xt = K.dequantize_q8k(*(a.copy_to_host() for a in q[:2]))
+    xt = K.dequantize_q8k(K.untile_q8k(q[0].copy_to_host(), n_tok, cols), q[1].copy_to_host())
     Wg, Wu = (G.dequantize_weight(h) for h in hw)
     rg, ru = G.gemv_reference(Wg, xt), G.gemv_reference(Wu, xt)
     ref = norm.swiglu_reference(rg, ru) if act == "silu" else norm.geglu_reference(rg, ru)
@@ -50,7 +50,7 @@ def test_glu_refuses_what_it_does_not_do():
     _, (w6, _) = _weights(16, 256, 0, QType.Q6_K)
     _, (wl, _) = _weights(32, 256, 0)
     x = np.random.default_rng(0).standard_normal((1, 256)).astype(np.float32)
-    q = [cuda.to_device(a) for a in K.quantize_q8k(x)]
+    q = [cuda.to_device(a) for a in K.quantize_q8k_tiled(x)]
     y = cuda.device_array((1, 16), np.float32)
     with pytest.raises(ValueError, match="only Q4_K"):
         gemv_mma_glu(w6, wu, *q, y, 1)

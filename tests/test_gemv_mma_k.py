@@ -41,6 +41,20 @@ def test_quantize_q8k_reference():
         K.quantize_q8k(np.zeros((1, 100), np.float32))
 
 
+def test_q8k_layout_is_groups_of_eight_tokens_by_sub_block():
+    # quant/q8k_layout.py: token t's value c at byte (t // 8) 8 cols + (c // 32) 256 + (t % 8) 32
+    # + c % 32, the last group padded with zeros; untile_q8k inverts it
+    n, cols = 11, 512
+    xq = np.random.default_rng(2).integers(-127, 128, (n, cols)).astype(np.int8)
+    flat = K.tile_q8k(xq)
+    assert flat.shape == (K.xq_size(n, cols),) == (16 * cols,)
+    for t, c in ((0, 0), (3, 37), (7, 511), (8, 0), (10, 300)):
+        assert flat[(t // 8) * 8 * cols + (c // 32) * 256 + (t % 8) * 32 + c % 32] == xq[t, c]
+    assert not flat.reshape(2, cols // 32, 8, 32)[1, :, 3:].any()
+    np.testing.assert_array_equal(K.untile_q8k(flat, n, cols), xq)
+    assert K.xq_size(8, cols) == 8 * cols and K.xq_size(1, cols) == 8 * cols
+
+
 @pytest.mark.parametrize("pipe", [True, False])
 @pytest.mark.parametrize("rows,cols,n_tok,ksplit,resid", [
     (16, 256, 1, 1, False),      # one tile, one block, one token
@@ -57,7 +71,7 @@ def test_gemv_mma_k_matches_numpy_and_gemv_mma(rows, cols, n_tok, ksplit, resid,
     xq, xd, xb = K.quantize_q8k(x)
     r = np.random.default_rng(7).standard_normal((n_tok, rows)).astype(np.float32)
     y = cuda.to_device(r) if resid else cuda.device_array((n_tok, rows), np.float32)
-    K.gemv_mma_k(gw, cuda.to_device(xq), cuda.to_device(xd), cuda.to_device(xb), y, n_tok,
+    K.gemv_mma_k(gw, cuda.to_device(K.tile_q8k(xq)), cuda.to_device(xd), cuda.to_device(xb), y, n_tok,
                  residual=y if resid else None, ksplit=ksplit, pipe=pipe)
     got = y.copy_to_host()
     xt = K.dequantize_q8k(xq, xd)
@@ -95,13 +109,13 @@ def test_gemv_mma_k_uses_every_sum_and_scale(n_tok, tok):
         else:
             bad_d[tok - 1, 1] *= 1.01
         y = cuda.device_array((n_tok, rows), np.float32)
-        K.gemv_mma_k(gw, cuda.to_device(xq), cuda.to_device(bad_d), cuda.to_device(bad_b), y, n_tok, ksplit=2)
+        K.gemv_mma_k(gw, cuda.to_device(K.tile_q8k(xq)), cuda.to_device(bad_d), cuda.to_device(bad_b), y, n_tok, ksplit=2)
         assert not np.all(np.abs(y.copy_to_host() - ref) <= bound), what
 
 
 def test_gemv_mma_k_refuses_what_it_does_not_do():
     W, gw, x = _case(16, 256, 1, 0)
-    xq, xd, xb = (cuda.to_device(a) for a in K.quantize_q8k(x))
+    xq, xd, xb = (cuda.to_device(a) for a in K.quantize_q8k_tiled(x))
     y = cuda.device_array((1, 16), np.float32)
     with pytest.raises(ValueError, match="n_tok"):
         K.gemv_mma_k(gw, xq, xd, xb, y, 17)
@@ -152,7 +166,7 @@ def test_gemv_mma_k_writes_column_slices_of_a_wider_buffer():
     # and the columns past them untouched
     n_tok, cols, width = 3, 512, 40
     x = np.random.default_rng(5).standard_normal((n_tok, cols)).astype(np.float32)
-    xq, xd, xb = (cuda.to_device(a) for a in K.quantize_q8k(x))
+    xq, xd, xb = (cuda.to_device(a) for a in K.quantize_q8k_tiled(x))
     ws = [G.prepare_weight(G.to_device(random_weight(q, r, cols, np.random.default_rng(r))), "dp4a")
           for q, r in ((QType.Q4_K, 21), (QType.Q6_K, 16))]
     base = np.full((n_tok, width), np.nan, np.float32)

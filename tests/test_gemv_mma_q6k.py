@@ -22,7 +22,7 @@ def _run(hw, x, n_tok, ksplit=None, pipe=None, resid=None):
     gw = G.prepare_weight(G.to_device(hw), "dp4a")
     xq, xd, _ = K.quantize_q8k(x)
     y = cuda.to_device(resid) if resid is not None else cuda.device_array((n_tok, hw.rows), np.float32)
-    K.gemv_mma_k(gw, cuda.to_device(xq), cuda.to_device(xd), None, y, n_tok,
+    K.gemv_mma_k(gw, cuda.to_device(K.tile_q8k(xq)), cuda.to_device(xd), None, y, n_tok,
                  residual=y if resid is not None else None, ksplit=ksplit, pipe=pipe)
     return y.copy_to_host(), xq, xd
 
@@ -101,7 +101,7 @@ def test_gemv_mma_q6k_reads_each_field_where_it_belongs():
 
 def test_gemv_mma_k_takes_q6k_without_xb_and_refuses_other_formats():
     hw, x = _case(16, 256, 1, 0)
-    xq, xd, xb = (cuda.to_device(a) for a in K.quantize_q8k(x))
+    xq, xd, xb = (cuda.to_device(a) for a in K.quantize_q8k_tiled(x))
     y = cuda.device_array((1, 16), np.float32)
     gw = G.prepare_weight(G.to_device(hw), "dp4a")
     K.gemv_mma_k(gw, xq, xd, xb, y, 1)               # xb given: not read

@@ -31,7 +31,7 @@ def _ws(spec, cols, seed):
 def test_qkv_is_gemv_mma_k_per_matrix(spec, cols, n_tok, ksplit, extra, pipe):
     ws = _ws(spec, cols, cols + n_tok)
     x = np.random.default_rng(2).standard_normal((n_tok, cols)).astype(np.float32)
-    q = [cuda.to_device(a) for a in K.quantize_q8k(x)]
+    q = [cuda.to_device(a) for a in K.quantize_q8k_tiled(x)]
     total = sum(w.rows for w in ws)
     ldy = total + extra
     y = cuda.to_device(np.full((n_tok, ldy), np.nan, np.float32))
@@ -50,7 +50,7 @@ def test_qkv_is_gemv_mma_k_per_matrix(spec, cols, n_tok, ksplit, extra, pipe):
 def test_qkv_refuses_what_it_does_not_do():
     ws = _ws(((Q4, 16), (Q4, 16), (Q6, 16)), 256, 0)
     x = np.random.default_rng(0).standard_normal((1, 256)).astype(np.float32)
-    q = [cuda.to_device(a) for a in K.quantize_q8k(x)]
+    q = [cuda.to_device(a) for a in K.quantize_q8k_tiled(x)]
     y = cuda.device_array((1, 48), np.float32)
     with pytest.raises(ValueError, match="three weights"):
         gemv_mma_qkv(ws[:2], *q, y, 1)

@@ -167,9 +167,12 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     .whl/*.whl && touch /tmp/site/.genie-installed; } || exit 1
   export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
-mkdir -p /tmp/gr/genie_rt
-for p in engine quant kvcache server cpu; do ln -sfn "$PWD/$p" /tmp/gr/genie_rt/$p; done
-export PYTHONPATH=/tmp/gr:${PYTHONPATH:-} PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
+# the package as genie_rt: this checkout's, or GENIE_SRC's (a baseline's sources, e.g. `git archive REV
+# engine quant kvcache server cpu tools` unpacked into an ignored folder and carried), under its own root
+GR=/tmp/gr; [ -n "${GENIE_SRC:-}" ] && GR=/tmp/gr-$(basename "$GENIE_SRC")
+mkdir -p $GR/genie_rt
+for p in engine quant kvcache server cpu; do ln -sfn "$(cd "${GENIE_SRC:-$PWD}" && pwd)/$p" $GR/genie_rt/$p; done
+export PYTHONPATH=$GR:${PYTHONPATH:-} PYTHONUNBUFFERED=1 NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 date -u | tee -a "$OUT/gpu.txt"
 

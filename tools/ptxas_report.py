@@ -48,6 +48,21 @@ gemv_q4k_nt8_lpr32 = GK.gemv_kernel(Q.Q4_K, "dp4a", 8, 1, True, 32)      # 8 tok
 swiglu_q4k_nt8_lpr16 = GK.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), 8, 1, 16)
 gemv_q4k_norm_loop = GK.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, NORM=1)
 gemv_q4k_norm_staged_2560 = GK.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, NORM=1, NORM_D=2560, NORM_VB=640)
+# the short prefill's q8_K kernels (engine/cuda_short_prefill.py): name -> (kernel, signature, register cap)
+from genie_rt.quant import gemv_mma_k as MK, gemv_mma_q6k as M6, gemv_mma_glu as MG, gemv_mma_qkv as MQ
+from genie_rt.quant import quantize_q8k as QQ
+MMA = {}
+for _pdl in (False, True):
+    _s = "_pdl" if _pdl else ""
+    MMA["mma_q4k_nt8" + _s] = (MK.mma_q4k_q8k_kernel(4, True, 8, _pdl), MK.SIGNATURE, None)
+    MMA["mma_q6k_nt8" + _s] = (M6.mma_q6k_q8k_kernel(4, False, 8, _pdl), M6.SIGNATURE, None)   # (unpipelined: default_pipe)
+    _cap = MG.PDL_MAX_REGISTERS if _pdl else None
+    MMA["mma_glu_q4k" + _s] = (MG.mma_glu_q4k_q8k_kernel(2, True, "silu", _pdl, _cap), MG.SIGNATURE, _cap)
+    MMA["mma_qkv_q4k_q4k_q6k" + _s] = (MQ.mma_qkv_kernel(("Q4_K", "Q4_K", "Q6_K"), 4, True, _pdl), MQ.SIGNATURE, None)
+MMA["mma_q4k_nt16"] = (MK.mma_q4k_q8k_kernel(4, False, 16, False), MK.SIGNATURE, None)
+MMA["mma_q6k_nt16"] = (M6.mma_q6k_q8k_kernel(4, False, 16, False), M6.SIGNATURE, None)
+for _name, (_k, _sig, _cap) in MMA.items():
+    globals()[_name] = _k
 '''
 
 
@@ -81,6 +96,9 @@ def main(argv=None) -> int:
                       ("gemv_q4k_norm_loop", G.SIG_GEMV_NORM), ("gemv_q4k_norm_staged_2560", G.SIG_GEMV_NORM)):
         if pat.search(name):
             sigs[name], caps[name] = sig, False
+    for name, (_, sig, cap) in ns["MMA"].items():
+        if pat.search(name):
+            sigs[name], caps[name] = sig, cap
     ccs = tuple((int(c[0]), int(c[1:])) for c in args.cc)
     ptx = compile_in_subprocess(SOURCE, sigs, ccs=ccs)
     with tempfile.TemporaryDirectory() as tmp:
@@ -90,8 +108,9 @@ def main(argv=None) -> int:
                 f = Path(tmp) / f"{name}_{cc[0]}{cc[1]}.ptx"
                 f.write_text(text)
                 cmd = [ptxas, "-v", f"--gpu-name=sm_{cc[0]}{cc[1]}", str(f), "-o", os.devnull]
-                if caps[name]:
-                    cmd.append(f"-maxrregcount={D.MAX_REGISTERS}")
+                cap = D.MAX_REGISTERS if caps[name] is True else caps[name]
+                if cap:
+                    cmd.append(f"-maxrregcount={cap}")
                 r = subprocess.run(cmd, capture_output=True, text=True)
                 regs = re.search(r"Used (\d+) registers", r.stderr)
                 spill = re.search(r"(\d+) bytes spill stores", r.stderr)

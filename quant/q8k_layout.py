@@ -1,0 +1,60 @@
+"""The device's layout of q8_K values (int8): what the short prefill's writers store and its mma GEMVs read.
+
+q8_K (gemv_mma_k.quantize_q8k) gives each token's row of int8 values, a float scale a 256 values
+(xd) and an integer sum a 32 (xb). xd and xb stay row-major; the int8 values are tiled: tokens in
+groups of TILE = 8, and within a group each 32-value sub-block's 8 rows of 32 bytes back to back.
+
+    byte of token t, value c:  (t // 8) * 8 * cols  +  (c // 32) * 256  +  (t % 8) * 32  +  c % 32
+
+Why. The mma GEMVs' B fragment is 8 tokens: a warp's load of 8 bytes a lane takes 32 bytes of one
+sub-block from each of 8 tokens. Row-major, that is 8 rows and 8 cache lines a load instruction
+(the kernel was L1-bound: docs/kernels/gemv.md 8i); tiled, 256 contiguous bytes, two lines. The
+group is a constant, so each load's offset from the block's first word is an immediate: an earlier
+build with the tokens' count as the stride cost 32-65 registers a thread (8i).
+
+Writers: quant/quantize_q8k.rmsnorm_q8k, kvcache/attention_merge.merge_q8k. Readers:
+quant/gemv_mma_k.py, gemv_mma_q6k.py, gemv_mma_glu.py, gemv_mma_qkv.py (through their token loads).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import uint32
+
+from .gemv_mma import _dev
+
+TILE = 8                    # tokens a group
+SUB = 32                    # values a sub-block
+
+
+def xq_size(n_tok: int, cols: int) -> int:
+    """The int8 values of the device's xq for n_tok tokens (`tile_q8k`: whole groups of TILE)."""
+    return -(-n_tok // TILE) * TILE * cols
+
+
+def tile_q8k(xq: np.ndarray) -> np.ndarray:
+    """The q8 values [n_tok, cols] as the device holds them, flat int8 [xq_size(n_tok, cols)]: the
+    tokens in groups of TILE (the last padded with zeros), a group [cols / 32][TILE][32] - each
+    32-value sub-block's TILE rows back to back. Token t's values 32 s .. 32 s + 31 start at byte
+    (t // 8) 8 cols + 256 s + 32 (t % 8). Written by quant/quantize_q8k.rmsnorm_q8k and
+    kvcache/attention_merge.merge_q8k, read by the mma GEMVs (above); xd and xb stay row-major."""
+    n_tok, cols = xq.shape
+    groups = -(-n_tok // TILE)
+    pad = np.zeros((groups * TILE, cols), np.int8)
+    pad[:n_tok] = xq
+    return np.ascontiguousarray(pad.reshape(groups, TILE, cols // SUB, SUB).transpose(0, 2, 1, 3)).reshape(-1)
+
+
+def untile_q8k(flat: np.ndarray, n_tok: int, cols: int) -> np.ndarray:
+    """tile_q8k's inverse: int8 [n_tok, cols]."""
+    groups = -(-n_tok // TILE)
+    t = np.asarray(flat)[:groups * TILE * cols].reshape(groups, cols // SUB, TILE, SUB)
+    return np.ascontiguousarray(t.transpose(0, 2, 1, 3)).reshape(groups * TILE, cols)[:n_tok]
+
+
+@_dev
+def xq_word(tb, cols):
+    """The first 32-bit word of token tb's 32 bytes of sub-block 0 in the tiled xq (`tile_q8k`);
+    sub-block s's are 64 s words on, block b's first 512 b."""
+    return uint32((tb >> 3) * (cols << 1)) + uint32((tb & 7) * 8)
+
+
