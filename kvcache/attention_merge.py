@@ -34,8 +34,8 @@ from numba import cuda, float32, int8, int32
 from genie_rt.engine import kernel_cache
 from genie_rt.quant.mmq_prep import PREP_THREADS, _norm_and_scale, _pair_pos
 from genie_rt.quant.pdl import hooks, wanted
-from genie_rt.quant.norm_q8_device import FULL, RINT
-from genie_rt.quant.ptx import SIMULATOR, mul_rn, pack_half2
+from genie_rt.quant.norm_q8_device import FULL, q8k_round, q8k_scale
+from genie_rt.quant.ptx import SIMULATOR, pack_half2
 from genie_rt.quant.q8k_layout import xq_size
 
 from .attention_prefill_kernels import merge_value, merge_weights
@@ -184,9 +184,8 @@ def merge_q8k_kernel(part_o, part_ml, n_splits, state, splits_at, x, xq, xd, xb)
     for w in range(1, 8):
         a = max(a, sh[w])
     # quantize_q8k's arithmetic (and rmsnorm_q8k's without a norm weight): the same bits
-    scale = a / float32(127)
-    qinv = float32(1) / scale if a > float32(0) else float32(0)
-    q = int32((mul_rn(v, qinv) + RINT) - RINT)
+    scale, qinv = q8k_scale(a)
+    q = q8k_round(v, qinv)
     xq[(tok >> 3) * (cols << 3) + (c >> 5) * 256 + (tok & 7) * 32 + (c & 31)] = int8(q)   # tiled (q8k_layout)
     tot = q
     for off in (16, 8, 4, 2, 1):                # a warp is one 32-value sub-block

@@ -14,6 +14,9 @@ They must give the same bits, so they share these device functions:
   rmsnorm_q8 is bit-identical to rmsnorm + quantize_q8 only at the same block size;
 - `q8_write`, `q8_put`, `q8_store`: the store of a warp's q8 block (flat xq / xs), q8_of_warp
   then that store, and the same into row r of 2-D xq / xs (quantize_q8_kernel's layout);
+- `q8k_scale`, `q8k_round`: q8_K's arithmetic (a scale a 256 values, gemv_mma_k.quantize_q8k),
+  shared by quant/quantize_q8k.rmsnorm_q8k and kvcache/attention_merge.merge_q8k, whose bits must
+  both be the reference's;
 - `make_norm_q8_tail`: rmsnorm_q8 of one row by a block of any size B, computing the sum of
   squares in the order a block of VB threads would (VB a runtime argument): B = 128 (the
   GEMV's block) reproduces rmsnorm_q8(block=VB) bit for bit, whatever VB.
@@ -62,6 +65,21 @@ def q8_of_warp(v):
         s = int32(s + cuda.shfl_xor_sync(FULL, s, off))
     s_hi = cuda.shfl_xor_sync(FULL, s, 16)      # lane 0: the other half's sum
     return q, a / float32(127), s, s_hi
+
+
+@_inline
+def q8k_scale(a):
+    """(xd, inv) of a q8_K block whose largest |value| is a: xd = a / 127, inv = 1 / xd (0 for an
+    all-zero block) - quantize_q8k's float32 operations."""
+    scale = a / float32(127)
+    return scale, (float32(1) / scale if a > float32(0) else float32(0))
+
+
+@_inline
+def q8k_round(v, inv):
+    """int32 rint(v * inv), round half to even - np.rint of the float32 product: the product is
+    rounded on its own (mul.rn; NVVM would otherwise contract it and the rounding add into an FMA)."""
+    return int32((ptx.mul_rn(v, inv) + RINT) - RINT)
 
 
 @cuda.jit(device=True)

@@ -38,7 +38,7 @@ from numba import cuda, float32, int32, uint32
 from genie_rt.engine import kernel_cache
 
 from . import ptx
-from .norm_q8_device import FULL, RINT, block_sum
+from .norm_q8_device import FULL, block_sum, q8k_round, q8k_scale
 from .pdl import hooks as pdl_hooks
 from .q8k_layout import xq_size
 
@@ -121,14 +121,13 @@ def rmsnorm_q8k_kernel(NORM: bool, PDL: bool = False):
             a = max(a, abs(v))
         for off in (16, 8, 4, 2, 1):
             a = max(a, cuda.shfl_xor_sync(FULL, a, off))
-        scale = a / float32(127)
-        inv = float32(1) / scale if a > float32(0) else float32(0)
+        scale, inv = q8k_scale(a)
         lo = uint32(0)
         hi = uint32(0)
         tot = int32(0)
         for j in range(8):
             # round half to even, exactly np.rint of the float32 product (not of an FMA's exact one)
-            q = int32((ptx.mul_rn(vals[j], inv) + RINT) - RINT)
+            q = q8k_round(vals[j], inv)
             tot += q
             if j < 4:
                 lo |= (uint32(q) & uint32(0xFF)) << uint32(8 * j)
