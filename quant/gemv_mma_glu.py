@@ -79,6 +79,16 @@ def _make_finish(NW: int, ACT: str):
 PDL_MAX_REGISTERS = 168
 
 
+def _both_weights(weight_loads):
+    """make_block_loop's wloads for the gate and up rows: weight_loads (gemv_mma_k.make_weight_loads)
+    of both weights' block blk."""
+    @_dev
+    def wloads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, blk):
+        return (weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk),
+                weight_loads(wa2, wb2, nblk, rr0, rr1, wi0, wi1, blk))
+    return wloads
+
+
 @functools.lru_cache(maxsize=None)
 def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu", PDL: bool = False,
                            MAXREG: int | None = None):
@@ -92,19 +102,9 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
     finish = _make_finish(NW, ACT)
 
     token_loads = make_token_loads(PDL)
-    weight_loads = make_weight_loads(PDL)          # PDL: loads that stay above the wait
-    weight_loads_ro = make_weight_loads(False)     # the later blocks' (read-only: make_block_loop's wrest)
+    wloads = _both_weights(make_weight_loads(PDL))         # PDL: loads that stay above the wait
+    wloads_ro = _both_weights(make_weight_loads(False))    # the later blocks' (read-only: make_block_loop's wrest)
     launch_dependents = pdl_hooks(PDL)[1]
-
-    @_dev
-    def wloads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, blk):
-        return (weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk),
-                weight_loads(wa2, wb2, nblk, rr0, rr1, wi0, wi1, blk))
-
-    @_dev
-    def wloads_ro(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, blk):
-        return (weight_loads_ro(wa, wb, nblk, rr0, rr1, wi0, wi1, blk),
-                weight_loads_ro(wa2, wb2, nblk, rr0, rr1, wi0, wi1, blk))
 
     @_dev
     def tloads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, blk):
