@@ -49,7 +49,7 @@ def bench(argv=None) -> int:
     from dataclasses import replace
 
     from . import gemv as G
-    from .gemv_mma import _activations, _weight, _within, gemv_mma
+    from .gemv_mma import _activations, _weight, _within, gemv_mma, profile_once
     from .quantize_q8k import rmsnorm_q8k
 
     def _dup(a):
@@ -140,13 +140,7 @@ def bench(argv=None) -> int:
                   + " ".join(f"{k[:-3]} {v:.2f}" for k, v in row.items() if k.endswith("_us")), flush=True)
             out.append(row)
     if args.ncu:
-        cuda.profile_start()
-        for label, fn in profiled:
-            fn()
-            stream.synchronize()
-            print("profiled", label, flush=True)
-        cuda.profile_stop()
-        return 0
+        return profile_once(profiled, stream)
     for cols in sorted({s[2] for s in SHAPES if s[3] in kinds}):    # the quantizer before them (quantize_q8k.py)
         w = cuda.to_device(np.ones(cols, np.float32))
         for n_tok in (int(v) for v in args.tokens.split(",")):
