@@ -93,24 +93,34 @@ def compare_split_tiles(be, n: int, start: int, values: list) -> dict:
     return res
 
 
+def time_ways(be, n: int, splits: tuple, ways: list, what: str) -> tuple:
+    """The n-row prefill graph each of ways [(label, setup)] - setup() sets the knobs of that way -
+    twice in turn: ({label: [ms, ms]}, {label: the residual stream after the last layer, host}),
+    a line each time printed as "<what> <label>"."""
+    res, bits = {}, {}
+    for rnd in (1, 2):
+        for label, setup in ways:
+            setup()
+            ms = time_prefill(be, n, splits=splits)
+            res.setdefault(label, []).append(ms)
+            bits.setdefault(label, be._prefill_scratch[n].x.copy_to_host())
+            print(f"  {what}{label}: {ms:.3f} ms (pass {rnd})", flush=True)
+    return res, bits
+
+
 def compare_pdl(be, n: int, splits: tuple, field: str = "prefill_pdl") -> dict:
     """The n-row prefill graph with EngineConfig.<field> (prefill_pdl; the short graph's decode_pdl)
     off and on, twice in turn: ms each time, and whether the residual stream after the last layer
     has the same bits both ways."""
     import numpy as np
-    res, bits = {}, {}
-    for rnd in (1, 2):
-        for on in (False, True):
-            be.ecfg = dataclasses.replace(be.ecfg, **{field: on})     # read by each recording
-            ms = time_prefill(be, n, splits=splits)
-            res.setdefault(f"{field}={on}", []).append(ms)
-            x = be._prefill_scratch[n].x.copy_to_host()
-            bits.setdefault(on, x)
-            print(f"  {field}={on}: {ms:.3f} ms (pass {rnd})", flush=True)
-    same = bool(np.array_equal(bits[False], bits[True]))
-    diff = float(np.max(np.abs(bits[False] - bits[True])))
+
+    def setter(on):
+        return lambda: setattr(be, "ecfg", dataclasses.replace(be.ecfg, **{field: on}))   # read by each recording
+    res, bits = time_ways(be, n, splits, [(f"={on}", setter(on)) for on in (False, True)], field)
+    off, on = bits["=False"], bits["=True"]
+    same, diff = bool(np.array_equal(off, on)), float(np.max(np.abs(off - on)))
     print(f"  {field} on against off: same bits {same} (max |diff| {diff:.3g})", flush=True)
-    return dict(ms=res, same_bits=same, max_abs_diff=diff)
+    return dict(ms={field + k: v for k, v in res.items()}, same_bits=same, max_abs_diff=diff)
 
 
 def compare_pdl_kinds(be, n: int, splits: tuple, specs: list) -> dict:
@@ -119,17 +129,16 @@ def compare_pdl_kinds(be, n: int, splits: tuple, specs: list) -> dict:
     residual stream after the last layer has the plain graph's bits."""
     import numpy as np
     from genie_rt.engine import cuda_short_prefill as S
-    knob, res, bits = S.PDL, {}, {}
-    ways = [("plain", ())] + [(",".join(k) or "none", k) for k in specs]
+
+    def setter(kinds):
+        def setup():
+            S.PDL = kinds
+            be.ecfg = dataclasses.replace(be.ecfg, decode_pdl=bool(kinds))
+        return setup
+    knob = S.PDL
     try:
-        for rnd in (1, 2):
-            for label, kinds in ways:
-                S.PDL = kinds
-                be.ecfg = dataclasses.replace(be.ecfg, decode_pdl=bool(kinds))
-                ms = time_prefill(be, n, splits=splits)
-                res.setdefault(label, []).append(ms)
-                bits.setdefault(label, be._prefill_scratch[n].x.copy_to_host())
-                print(f"  PDL kinds {label}: {ms:.3f} ms (pass {rnd})", flush=True)
+        res, bits = time_ways(be, n, splits, [("plain", setter(()))] +
+                              [(",".join(k) or "none", setter(k)) for k in specs], "PDL kinds ")
     finally:
         S.PDL = knob
         be.ecfg = dataclasses.replace(be.ecfg, decode_pdl=False)
