@@ -13,7 +13,7 @@ from numba import cuda
 
 from genie_rt.quant import gemv as G
 from genie_rt.quant import gemv_mma_k as K
-from genie_rt.quant import layout
+from genie_rt.quant import layout, ptx
 from genie_rt.quant.formats import QType
 from genie_rt.quant.gemv_bench import random_weight
 
@@ -64,6 +64,12 @@ def _case(rows, cols, n_tok, seed):
 def test_gemv_mma_q6k_matches_numpy_and_the_exact_sums(rows, cols, n_tok, ksplit, resid, pipe):
     hw, x = _case(rows, cols, n_tok, rows + cols)
     r = np.random.default_rng(7).standard_normal((n_tok, rows)).astype(np.float32)
+    if pipe and ksplit == 16 and not ptx.SIMULATOR:
+        # the pipelined Q6_K build's 158 registers (sm_90) x 512 threads exceed a block's 65,536:
+        # refused by name before the driver's out-of-resources error (gemv_mma_k._fits)
+        with pytest.raises(ValueError, match="k-split 16 with pipe=True .* does not fit a thread block"):
+            _run(hw, x, n_tok, ksplit, pipe, r if resid else None)
+        return
     got, xq, xd = _run(hw, x, n_tok, ksplit, pipe, r if resid else None)
     W = G.dequantize_weight(hw)
     xt = K.dequantize_q8k(xq, xd)
