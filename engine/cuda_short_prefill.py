@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from genie_rt.quant.formats import QType
 from genie_rt.quant.gemv_mma_k import FORMATS, QK
-from genie_rt.quant.q8k_layout import xq_size
+from genie_rt.quant.q8k_layout import sizes as q8k_sizes
 
 from .cuda_layout import SHORT_ROWS
 from .cuda_ops import _Ops, _pdl_available
@@ -90,9 +90,8 @@ def q8k_buffers(layout, widths: dict) -> None:
     import numpy as np
     cols = max(widths[n] for n in ("h", "attn", "ff"))
     cols = -(-cols // QK) * QK
-    layout.add("xq8k", (xq_size(SHORT_ROWS, cols),), np.int8)          # tiled: quant/q8k_layout.py
-    layout.add("xd8k", (SHORT_ROWS, cols // QK), np.float32)
-    layout.add("xb8k", (SHORT_ROWS, cols // 32), np.int32)
+    for name, size, dt in zip(("xq8k", "xd8k", "xb8k"), q8k_sizes(SHORT_ROWS, cols), (np.int8, np.float32, np.int32)):
+        layout.add(name, (size,), dt)              # tiled: quant/q8k_layout.py
 
 
 class ShortPrefillOps(_Ops):
@@ -120,8 +119,8 @@ class ShortPrefillOps(_Ops):
 
     def _q8k(self, cols: int):
         A, n = self.A, self.n
-        return (A["xq8k"].reshape(-1)[:xq_size(n, cols)], A["xd8k"].reshape(-1)[:n * cols // QK],
-                A["xb8k"].reshape(-1)[:n * cols // 32])
+        nq, nd, nb = q8k_sizes(n, cols)              # tiled: quant/q8k_layout.py
+        return A["xq8k"].reshape(-1)[:nq], A["xd8k"].reshape(-1)[:nd], A["xb8k"].reshape(-1)[:nb]
 
     def _prepared(self, x):
         """(xq, xd, xb) holding x's q8_K values, quantized here unless the op before wrote them."""

@@ -36,7 +36,7 @@ from genie_rt.quant.mmq_prep import PREP_THREADS, _norm_and_scale, _pair_pos
 from genie_rt.quant.pdl import hooks, wanted
 from genie_rt.quant.norm_q8_device import FULL, q8k_round, q8k_scale
 from genie_rt.quant.ptx import SIMULATOR, pack_half2
-from genie_rt.quant.q8k_layout import xq_size
+from genie_rt.quant.q8k_layout import sizes
 
 from .attention_prefill_kernels import merge_value, merge_weights
 
@@ -151,8 +151,7 @@ QK = 256                              # values of a q8_K block (one scale)
 @cuda.jit
 def merge_q8k_kernel(part_o, part_ml, n_splits, state, splits_at, x, xq, xd, xb):
     # part_o, part_ml, n_splits, state, splits_at, x: as _merge_prepare_x_body's
-    # xq int8 [xq_size(n, cols)] (tiled: quant/q8k_layout.py), xd f32 [n * cols / 256], xb i32 [n * cols / 32]:
-    # q8_K of x (quantize_q8k)
+    # xq int8, xd f32, xb i32: q8_K of x (quantize_q8k), tiled (quant/q8k_layout.py: whole groups of 8 rows)
     # grid (n, cols / 256), 256 threads: thread i holds column 256 * blockIdx.y + i of token blockIdx.x
     sh = cuda.shared.array(8, float32)
     tok = cuda.blockIdx.x
@@ -190,10 +189,11 @@ def merge_q8k_kernel(part_o, part_ml, n_splits, state, splits_at, x, xq, xd, xb)
     tot = q
     for off in (16, 8, 4, 2, 1):                # a warp is one 32-value sub-block
         tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, off))
+    ix = (tok >> 3) * ((cols // QK) << 3) + blk * 8 + (tok & 7)      # the tiled xd, xb (q8k_layout)
     if lane == 0:
-        xb[(tok * cols + c) >> 5] = tot
+        xb[ix * 8 + (tid >> 5)] = tot
     if tid == 0:
-        xd[tok * (cols // QK) + blk] = scale
+        xd[ix] = scale
 
 
 kernel_cache.attach(merge_q8k_kernel)
@@ -204,8 +204,8 @@ MERGE_Q8K_SIGNATURE = ("void(float32[:, :, ::1], float32[:, :, ::1], int32, int3
 def merge_q8k(part_o, part_ml, n_splits: int, state, splits_at: int | None, x, xq, xd, xb, stream=0) -> None:
     """The split merge of a prefill attention launch (as merge_prepare_x: its workspace, its most
     splits n_splits, the count in use from state[splits_at] or n_splits when None) into x float32
-    [n, n_head * hd], then the q8_K of x into xq int8 [xq_size(n, cols)] (tiled: quant/q8k_layout.py), xd float32 [n * cols / 256], xb
-    int32 [n * cols / 32] (any shapes of those sizes) - one launch. Same bits as prefill_merge then
+    [n, n_head * hd], then the q8_K of x into xq int8, xd float32, xb int32 tiled (quant/q8k_layout.py:
+    whole groups of 8 rows, any shapes of its `sizes`) - one launch. Same bits as prefill_merge then
     quant/quantize_q8k.rmsnorm_q8k(x, None, ...). n_splits 1: x as the attention kernel wrote it,
     quantized; the workspace (then a placeholder) is not read. No allocation, no synchronization."""
     if x.dtype != np.float32 or x.ndim != 2:
@@ -218,12 +218,10 @@ def merge_q8k(part_o, part_ml, n_splits: int, state, splits_at: int | None, x, x
                          part_o.shape[1] < n * (cols // hd)):     # (one split reads no workspace)
         raise ValueError(f"merge_q8k: the workspace {tuple(part_o.shape)} holds fewer than "
                          f"{n_splits} splits of {n * (cols // hd)} rows")
-    for name, a, dt, size in (("xq", xq, np.int8, xq_size(n, cols)), ("xd", xd, np.float32, n * cols // QK),
-                              ("xb", xb, np.int32, n * cols // 32)):
+    for name, a, dt, size in zip(("xq", "xd", "xb"), (xq, xd, xb), (np.int8, np.float32, np.int32), sizes(n, cols)):
         if a.dtype != dt or a.size != size:
             raise ValueError(f"merge_q8k: {name} must be {np.dtype(dt).name} with {size} elements, "
                              f"got {a.dtype} {tuple(a.shape)}")
     at = np.int32(-1 if splits_at is None else splits_at)
     merge_q8k_kernel[(n, cols // QK), QK, stream](part_o, part_ml, np.int32(n_splits), state, at, x,
-                                                  xq.reshape(xq.size), xd.reshape(n * cols // QK),
-                                                  xb.reshape(n * cols // 32))
+                                                  xq.reshape(xq.size), xd.reshape(xd.size), xb.reshape(xb.size))

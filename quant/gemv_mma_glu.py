@@ -33,6 +33,7 @@ from . import ptx
 from .formats import QType
 from .gemv_mma import ROWS, _dev, _flat, lanes, make_block_loop
 from .gemv_mma_k import _bases, _fits, _tokens, make_token_loads, make_weight_loads, plan_ksplit, q8k_inputs
+from .q8k_layout import xd_base
 from .pdl import hooks as pdl_hooks
 
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint32[::1], int64, int64, uint32[::1], float32[::1], "
@@ -130,7 +131,7 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
         for k in range(8):
             acc[k] = float32(0)
         wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
-        tok = (g < n_tok, xi, ta, tc)
+        tok = (g < n_tok, xi, xd_base(ta, nb), xd_base(tc, nb))
         run(acc, (wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb), b_lo, b_hi, nblk)
         finish(acc, warp, lane, cuda.blockIdx.x * ROWS + g, 2 * t, rows, ldy, n_tok, y)
     return kernel_cache.attach(kernel)

@@ -40,10 +40,10 @@ ffn_down 9.82 / 47.25 against 10.71 / 14.03. The chunk trips took 6.75 / 7.54, 1
 GEMV takes for one (and 1.1-1.4x this kernel's own one-token time); at one token the dp4a GEMV
 stays 8-28 % faster.
 
-The q8 values lie tiled on the device (`tile_q8k`): tokens in groups of TILE = 8, and within a
-group each 32-value sub-block's 8 rows of 32 bytes back to back, so a warp's load of 8 tokens'
-bytes of one sub-block reads two 128-byte lines where row-major rows took eight (the kernel was
-L1-bound: docs/kernels/gemv.md 8i). The group's size is a constant, so every load's offset from
+The q8_K activations lie tiled on the device (quant/q8k_layout.py): tokens in groups of TILE = 8,
+and within a group each 32-value sub-block's 8 rows of 32 bytes back to back (the sums and scales
+likewise a block at a time), so a warp's load of 8 tokens' bytes of one sub-block reads two
+128-byte lines where row-major rows took eight (the kernel was L1-bound: docs/kernels/gemv.md 8i). The group's size is a constant, so every load's offset from
 the block's first word is an immediate (a runtime token stride cost 32-65 registers: 8i).
 
 The price is the activation's quantization: one scale for 256 values instead of 32 (q8_K, what
@@ -78,7 +78,8 @@ from .gemv_mma import LO4, ROWS, _dev, _flat, lanes, make_block_loop, make_finis
 from .pdl import hooks as pdl_hooks
 from .pdl import weight_loads as pdl_weight_loads
 from .gemv_mma_q6k import SIGNATURE as SIGNATURE_Q6K
-from .q8k_layout import TILE, tile_q8k, untile_q8k, xq_size, xq_word  # noqa: F401 (the layout's home)
+from .q8k_layout import (TILE, sizes, tile_blocks, tile_q8k, tiled, untile_q8k, untiled,  # noqa: F401 (its home)
+                         xd_base, xq_size, xq_word)
 from .gemv_mma_q6k import mma_q6k_q8k_kernel
 
 QK = 256                    # values a q8_K block (one scale)
@@ -106,9 +107,8 @@ def quantize_q8k(x: np.ndarray):
 
 
 def quantize_q8k_tiled(x: np.ndarray):
-    """quantize_q8k's (xq, xd, xb) with xq as the device holds it (`tile_q8k`): the GEMVs' inputs."""
-    xq, xd, xb = quantize_q8k(x)
-    return tile_q8k(xq), xd, xb
+    """quantize_q8k's (xq, xd, xb) as the device holds them (quant/q8k_layout.tiled): the GEMVs' inputs."""
+    return tiled(*quantize_q8k(x))
 
 
 def dequantize_q8k(xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
@@ -151,15 +151,15 @@ def make_weight_loads(PDL: bool = False):
 
 def make_token_loads(PDL: bool = False):
     """token_loads(xq, xd, xb, tok, nsb, nb, blk): eight tokens' part of block blk, tok = (okb, xi,
-    ta, tc): the B fragment's token (first word xi, `_bases`) - its q8 values of the four chunks,
-    zero when okb is false - and the eight sub-block sums of the accumulators' tokens ta and tc (two
-    16-byte loads each: xb's rows are whole blocks of 8) with their block scales. PDL: by coherent
-    loads (another kernel wrote them: quant/pdl.py rule 3), else read-only ones."""
+    da, dc): the B fragment's token (first word xi, `_bases`) - its q8 values of the four chunks,
+    zero when okb is false - and the eight sub-block sums of the accumulators' tokens (two 16-byte
+    loads each) with their block scales, da and dc those tokens' `xd_base` (quant/q8k_layout.py).
+    PDL: by coherent loads (another kernel wrote them: quant/pdl.py rule 3), else read-only ones."""
     ld2, ld4 = (ptx.ld_v2, ptx.ld_v4) if PDL else (ptx.ldg_v2, ptx.ldg_v4)
 
     @_dev
     def token_loads(xq, xd, xb, tok, nsb, nb, blk):
-        okb, xi, ta, tc = tok
+        okb, xi, da, dc = tok
         xo = xi + uint32(512) * uint32(blk)          # sub-block 8 blk (xq_word), values 8t ..
         z = (uint32(0), uint32(0))
         x0 = ld2(xq, xo) if okb else z
@@ -170,10 +170,13 @@ def make_token_loads(PDL: bool = False):
         x5 = ld2(xq, xo + uint32(320)) if okb else z
         x6 = ld2(xq, xo + uint32(384)) if okb else z
         x7 = ld2(xq, xo + uint32(448)) if okb else z
-        ja = uint32(ta * nsb + 8 * blk)
-        jc = uint32(tc * nsb + 8 * blk)
+        b8 = uint32(8) * uint32(blk)
+        ia = da + b8                                 # the tiled xd, xb (quant/q8k_layout.py)
+        ic = dc + b8
+        ja = uint32(8) * ia
+        jc = uint32(8) * ic
         return ((x0, x1, x2, x3, x4, x5, x6, x7), (ld4(xb, ja), ld4(xb, ja + uint32(4))),
-                (ld4(xb, jc), ld4(xb, jc + uint32(4))), xd[uint32(ta * nb + blk)], xd[uint32(tc * nb + blk)])
+                (ld4(xb, jc), ld4(xb, jc + uint32(4))), xd[ia], xd[ic])
     return token_loads
 
 
@@ -289,8 +292,8 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
         nsb = cols >> 5
         nb = cols >> 8
         wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
-        tok = (g < n_tok, xi, ta, tc)
-        tok2 = (g + 8 < n_tok, xq_word(tb2, cols) + uint32(2 * t), ta2, tc2)
+        tok = (g < n_tok, xi, xd_base(ta, nb), xd_base(tc, nb))
+        tok2 = (g + 8 < n_tok, xq_word(tb2, cols) + uint32(2 * t), xd_base(ta2, nb), xd_base(tc2, nb))
         run(acc, (wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb), b_lo, b_hi, nblk)
     return trips
 
@@ -300,8 +303,8 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: boo
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), x as q8_K; grid
     ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16), warp w taking the row's 256-weight
     blocks [w * ceil(nblk / KSPLIT), ..). Arguments: wa, wb, nu, rows (the Q4_K GEMV planes), xq
-    (uint32 words of the tiled int8 [xq_size(n_tok, cols)], `tile_q8k`), xd (float32 [n_tok * cols / 256]), xb (int32 [n_tok *
-    cols / 32]), cols, n_tok, ldy, y (float32, token t's row at t * ldy), res (the same layout),
+    (uint32 words of int8), xd (float32), xb (int32) - q8_K, tiled (quant/q8k_layout.py: whole groups of
+    8 tokens), cols, n_tok, ldy, y (float32, token t's row at t * ldy), res (the same layout),
     resid. PIPE: see the module. NT 16: a second B fragment (tokens 8 + g) against the same A
     fragments, eight accumulators a lane. PDL: a programmatic-dependent-launch build (sm_90;
     quant/pdl.py): launch_dependents first, the first block's weights loaded before the wait."""
@@ -381,16 +384,17 @@ def default_pipe(qtype, n_tok: int) -> bool:
 
 def q8k_inputs(who: str, weights, xq, xd, xb, n_tok: int, cols: int, read_xb: bool):
     """The q8_K activations as the mma GEMV kernels read them - (xq as uint32 words, xd, xb), flat -
-    after the checks every launcher makes: sizes (xq tiled: `xq_size`) and dtypes (xb where read_xb: a Q4_K build reads
+    after the checks every launcher makes: sizes (tiled: quant/q8k_layout.sizes) and dtypes (xb where read_xb: a Q4_K build reads
     it, None is refused), then on a GPU the start of every plane read by vector loads (xq 8 bytes
     where xb is read - the Q4_K builds' 8-byte loads - else 4; xb 16; each weight's: Q4_K quants 8,
     Q6_K scales 16)."""
-    xq = _flat(xq, np.int8, xq_size(n_tok, cols), "xq", who).view(np.uint32)
-    xd = _flat(xd, np.float32, n_tok * cols // QK, "xd", who)
+    nq, nd, nsum = sizes(n_tok, cols)                     # the tiled layout's (quant/q8k_layout.py)
+    xq = _flat(xq, np.int8, nq, "xq", who).view(np.uint32)
+    xd = _flat(xd, np.float32, nd, "xd", who)
     if read_xb:
         if xb is None:
             raise ValueError(f"{who}: a Q4_K weight reads xb (the 32-value sums of quantize_q8k); got None")
-        xb = _flat(xb, np.int32, n_tok * cols // SUB, "xb", who)
+        xb = _flat(xb, np.int32, nsum, "xb", who)
     if not ptx.SIMULATOR:
         planes = [("xq", xq, 8 if read_xb else 4)] + ([("xb", xb, 16)] if read_xb else [])
         planes += [(f"the {w.qtype.name} weight's quants plane", w.wa, 8) if w.qtype == QType.Q4_K else
@@ -404,8 +408,8 @@ def q8k_inputs(who: str, weights, xq, xd, xb, n_tok: int, cols: int, read_xb: bo
 def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None = None, stream=0,
                pipe: bool | None = None, ldy: int | None = None, pdl: bool = False) -> None:
     """y [n_tok, rows] = x W^T (+ residual) for a Q4_K or Q6_K GemvWeight `w`
-    (gemv.prepare_weight, dp4a mode) and q8_K activations xq int8 [xq_size(n_tok, cols)] (tiled:
-    `tile_q8k`), xd float32 [n_tok, cols / 256], xb int32 [n_tok, cols / 32] (`quantize_q8k_tiled`;
+    (gemv.prepare_weight, dp4a mode) and q8_K activations xq int8, xd float32, xb int32 as the device
+    holds them (tiled, whole groups of 8 tokens: quant/q8k_layout.py; `quantize_q8k_tiled`;
     a Q6_K weight does not read
     xb, which may then be None); 1 <= n_tok <= 16 (above 8: the NT 16 build). ksplit: warps a
     thread block (1..16; None: plan_ksplit), pipe: the kernel's PIPE (None: `default_pipe` - on for

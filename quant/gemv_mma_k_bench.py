@@ -13,8 +13,8 @@ from numba import cuda
 
 from . import ptx
 from .formats import QType
-from .gemv_mma_k import QK, SUB, dequantize_q8k, gemv_mma_k, plan_ksplit, quantize_q8k, quantize_q8k_tiled
-from .q8k_layout import tile_q8k, untile_q8k, xq_size
+from .gemv_mma_k import QK, dequantize_q8k, gemv_mma_k, plan_ksplit, quantize_q8k, quantize_q8k_tiled
+from .q8k_layout import sizes, tiled, untiled
 
 SHAPES = (("attn_q", 4096, 2560, QType.Q4_K), ("ffn_gate", 9728, 2560, QType.Q4_K),
           ("attn_output", 2560, 4096, QType.Q4_K), ("ffn_down", 2560, 9728, QType.Q4_K),
@@ -97,7 +97,7 @@ def bench(argv=None) -> int:
         for n_tok in (int(v) for v in args.tokens.split(",")):
             dx, xq, xs, y, ref, bound = _activations(W, n_tok, stream)       # q8: gemv_mma and dp4a
             k8 = quantize_q8k(dx.copy_to_host())                            # q8_K: gemv_mma_k
-            kx = [cuda.to_device(a) for a in (tile_q8k(k8[0]),) + k8[1:]]   # xq tiled, as on the device
+            kx = [cuda.to_device(a) for a in tiled(*k8)]                    # tiled, as on the device
             xt = dequantize_q8k(k8[0], k8[1])
             kref, kbound = G.gemv_reference(W, xt), G.error_bound(W, xt, "f32")
             row = dict(gemv=name, rows=rows, cols=cols, n_tok=n_tok, copies=n_copies)
@@ -146,11 +146,10 @@ def bench(argv=None) -> int:
         for n_tok in (int(v) for v in args.tokens.split(",")):
             x = np.random.default_rng(2).standard_normal((n_tok, cols)).astype(np.float32)
             dx = cuda.to_device(x)
-            q = (cuda.device_array(xq_size(n_tok, cols), np.int8), cuda.device_array((n_tok, cols // QK), np.float32),
-                 cuda.device_array((n_tok, cols // SUB), np.int32))
+            q = tuple(cuda.device_array(n, t) for n, t in zip(sizes(n_tok, cols), (np.int8, np.float32, np.int32)))
             rmsnorm_q8k(dx, None, 0.0, *q, stream=stream)
             stream.synchronize()
-            got = (untile_q8k(q[0].copy_to_host(), n_tok, cols),) + tuple(a.copy_to_host() for a in q[1:])
+            got = untiled(*(a.copy_to_host() for a in q), n_tok, cols)
             ok = all(np.array_equal(a, b) for a, b in zip(got, quantize_q8k(x)))
             us = round(time_us(lambda: rmsnorm_q8k(dx, w, 1e-6, *q, stream=stream), stream), 3)
             print(f"rmsnorm_q8k  cols {cols} n_tok {n_tok}: {us:7.2f} us ({'same bits as numpy without the norm' if ok else 'MISMATCH'})",

@@ -45,7 +45,7 @@ from genie_rt.engine import kernel_cache
 from . import ptx
 from .gemv_mma import LO4, ROWS, _dev, lanes, make_block_loop, make_finish
 from .pdl import hooks as pdl_hooks
-from .q8k_layout import xq_word
+from .q8k_layout import xd_base, xq_word
 from .pdl import weight_loads as pdl_weight_loads
 
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64, int64, uint32[::1], "
@@ -74,11 +74,11 @@ def make_row_loads(PDL: bool = False):
 
 @_dev
 def _token_loads(xq, xd, tok, nb, blk):
-    """A B fragment's token's part of block blk (tok = (okb, xi, ta, tc): words 4s + t of its 64,
-    zero when okb is false - in the tiled xq (gemv_mma_k.tile_q8k: xi = xq_word(token) + t), word
+    """A B fragment's token's part of block blk (tok = (okb, xi, da, dc): words 4s + t of its 64,
+    zero when okb is false - in the tiled xq (quant/q8k_layout.py: xi = xq_word(token) + t), word
     4s + t is word 4 (s & 1) + t of sub-block s >> 1, 64 words a sub-block) and the block scales of
-    the accumulators' tokens ta and tc."""
-    okb, xi, ta, tc = tok
+    the accumulators' tokens (da, dc: their xd_base)."""
+    okb, xi, da, dc = tok
     o = xi + uint32(512) * uint32(blk)
     z = uint32(0)
     x = (xq[o] if okb else z, xq[o + uint32(4)] if okb else z, xq[o + uint32(64)] if okb else z,
@@ -87,7 +87,8 @@ def _token_loads(xq, xd, tok, nb, blk):
          xq[o + uint32(260)] if okb else z, xq[o + uint32(320)] if okb else z, xq[o + uint32(324)] if okb else z,
          xq[o + uint32(384)] if okb else z, xq[o + uint32(388)] if okb else z, xq[o + uint32(448)] if okb else z,
          xq[o + uint32(452)] if okb else z)
-    return x, xd[uint32(ta * nb + blk)], xd[uint32(tc * nb + blk)]
+    b8 = uint32(8) * uint32(blk)
+    return x, xd[da + b8], xd[dc + b8]
 
 
 @_dev
@@ -201,8 +202,8 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
         ut = uint32(t)
         bases = (uint32(rr0 * nu * 4) + ut, uint32(rr1 * nu * 4) + ut,     # ql: 4 words a unit
                  uint32(rr0 * nu * 2) + ut, uint32(rr1 * nu * 2) + ut)     # qh: 2 words a unit
-        tok = (g < n_tok, xq_word(tb, cols) + ut, ta, tc)              # the tiled xq (gemv_mma_k.tile_q8k)
-        tok2 = (g + 8 < n_tok, xq_word(tb2, cols) + ut, ta2, tc2)
+        tok = (g < n_tok, xq_word(tb, cols) + ut, xd_base(ta, nb), xd_base(tc, nb))   # (quant/q8k_layout.py)
+        tok2 = (g + 8 < n_tok, xq_word(tb2, cols) + ut, xd_base(ta2, nb), xd_base(tc2, nb))
         run(acc, (wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb), b_lo, b_hi, nblk)
     return trips
 

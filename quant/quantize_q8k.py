@@ -9,7 +9,7 @@ Who does what. A thread block of 8 warps quantizes 8 of a row's 256-value blocks
 (`grid`: a 9,728-value row is 5 thread blocks, so the work is spread over the GPU, not over one
 SM a row). Lane l holds values 8l .. 8l + 7 of its warp's block (two 16-byte loads); the warp's
 max by butterflies, the 32-value sums over lanes 4k .. 4k + 3 by two more, and the lane stores its
-8 quants as two 32-bit words (xq is written through a uint32 view, tiled: quant/q8k_layout.py).
+8 quants as two 32-bit words (xq is written through a uint32 view; all three tiled: quant/q8k_layout.py).
 With the norm, every thread
 block of a row first sums the whole row's squares (warp w blocks w, w + 8, ..; the row is 10-38 KB,
 read from the L2 by each), in the same order in each, so all of a row's blocks divide by the same
@@ -40,7 +40,7 @@ from genie_rt.engine import kernel_cache
 from . import ptx
 from .norm_q8_device import FULL, block_sum, q8k_round, q8k_scale
 from .pdl import hooks as pdl_hooks
-from .q8k_layout import xq_size
+from .q8k_layout import sizes
 
 QK = 256
 THREADS = 256                                   # 8 warps a block, a 256-value block a warp
@@ -139,17 +139,18 @@ def rmsnorm_q8k_kernel(NORM: bool, PDL: bool = False):
         wi = uint32((r >> 3) * (d << 1) + (mine * 8 + (lane >> 2)) * 64 + (r & 7) * 8 + 2 * (lane & 3))
         xq[wi] = lo
         xq[wi + uint32(1)] = hi
+        ix = uint32((r >> 3) * (nblk << 3) + mine * 8 + (r & 7))     # the tiled xd, xb (q8k_layout)
         if (lane & 3) == 0:
-            xb[uint32(r * (d >> 5) + mine * 8 + (lane >> 2))] = tot
+            xb[uint32(8) * ix + uint32(lane >> 2)] = tot
         if lane == 0:
-            xd[uint32(r * nblk + mine)] = scale
+            xd[ix] = scale
     return kernel_cache.attach(kernel)
 
 
 def rmsnorm_q8k(x, w, eps: float, xq, xd, xb, stream=0, pdl: bool = False) -> None:
     """q8_K of rmsnorm(x) * w (w None: of x) for every row of x float32 [n_tok, d] (d a multiple
-    of 256) into xq int8 [xq_size(n_tok, d)] (tiled: quant/q8k_layout.py), xd float32 [n_tok, d / 256], xb int32 [n_tok, d / 32] (device
-    arrays, any shape of that size). pdl: the programmatic-dependent-launch build and launch (sm_90+:
+    of 256) into xq int8, xd float32, xb int32 as the device holds them (tiled, whole groups of 8 rows:
+    quant/q8k_layout.py; device arrays of any shape of its `sizes`). pdl: the programmatic-dependent-launch build and launch (sm_90+:
     the caller checks quant/pdl.available()). No allocation, no synchronization."""
     from . import pdl as P
     if x.ndim != 2 or x.dtype != np.float32:
@@ -157,8 +158,7 @@ def rmsnorm_q8k(x, w, eps: float, xq, xd, xb, stream=0, pdl: bool = False) -> No
     n, d = x.shape
     if d % QK:
         raise ValueError(f"rmsnorm_q8k: d {d} must be a multiple of {QK}")
-    for name, a, dt, size in (("xq", xq, np.int8, xq_size(n, d)), ("xd", xd, np.float32, n * d // QK),
-                              ("xb", xb, np.int32, n * d // 32)):
+    for name, a, dt, size in zip(("xq", "xd", "xb"), (xq, xd, xb), (np.int8, np.float32, np.int32), sizes(n, d)):
         if a.dtype != dt or a.size != size:
             raise ValueError(f"rmsnorm_q8k: {name} must be {np.dtype(dt).name} with {size} elements, "
                              f"got {a.dtype} {tuple(a.shape)}")
@@ -167,7 +167,7 @@ def rmsnorm_q8k(x, w, eps: float, xq, xd, xb, stream=0, pdl: bool = False) -> No
     if not x.is_c_contiguous():
         raise ValueError(f"rmsnorm_q8k: x must be C-contiguous (its rows back to back), got strides {x.strides}")
     xq4 = xq.reshape(xq.size).view(np.uint32)
-    flat_d, flat_b = xd.reshape(n * d // QK), xb.reshape(n * d // 32)
+    flat_d, flat_b = xd.reshape(xd.size), xb.reshape(xb.size)
     flat_x = x.reshape(n * d)
     kern = rmsnorm_q8k_kernel(w is not None, bool(pdl))
     P.launch_or_plain(kern, grid(n, d), THREADS, stream, SIGNATURE, bool(pdl), flat_x, np.int32(d),

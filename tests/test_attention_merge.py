@@ -10,7 +10,7 @@ from genie_rt.kvcache.attention_merge import merge_prepare_x, merge_q8k
 from genie_rt.kvcache.attention_prefill_kernels import prefill_merge
 from genie_rt.quant import mmq
 from genie_rt.quant.gemv_mma_k import quantize_q8k
-from genie_rt.quant.q8k_layout import tile_q8k, xq_size
+from genie_rt.quant.q8k_layout import sizes, tiled
 
 
 def _problem(n, n_head, hd, splits, seed):
@@ -65,8 +65,7 @@ def test_merge_q8k_is_merge_then_q8k_bit_for_bit(n, n_head, hd, splits, count):
     state = np.array([0, count, 0], np.int32)
     want_x = _reference(part_o, ml, x0, count, 1, state)[0]
     cols = n_head * hd
-    rq, rd, rb = (cuda.to_device(np.zeros(s, t)) for s, t in ((xq_size(n, cols), np.int8),
-                                                               ((n, cols // 256), np.float32), ((n, cols // 32), np.int32)))
+    rq, rd, rb = (cuda.to_device(np.zeros(s, t)) for s, t in zip(sizes(n, cols), (np.int8, np.float32, np.int32)))
     rmsnorm_q8k(cuda.to_device(want_x), None, 0.0, rq, rd, rb)
     x = cuda.to_device(x0)
     xq, xd, xb = (cuda.to_device(np.zeros(a.size, a.dtype)) for a in (rq, rd, rb))
@@ -76,15 +75,16 @@ def test_merge_q8k_is_merge_then_q8k_bit_for_bit(n, n_head, hd, splits, count):
         np.testing.assert_array_equal(got.copy_to_host().reshape(-1), want.copy_to_host().reshape(-1), err_msg=what)
     assert np.abs(xq.copy_to_host()).max() == 127
     # and the layout the GEMVs read (quant/q8k_layout.py): tiled, not row-major
-    np.testing.assert_array_equal(xq.copy_to_host(), tile_q8k(quantize_q8k(want_x)[0]))
+    for what, got, want in zip(("xq", "xd", "xb"), (xq, xd, xb), tiled(*quantize_q8k(want_x))):
+        np.testing.assert_array_equal(got.copy_to_host(), want, err_msg=what)
 
 
 def test_merge_q8k_refuses_bad_arguments():
     part_o, ml, x0 = (cuda.to_device(a) for a in _problem(2, 4, 64, 2, seed=2))
     state = cuda.to_device(np.array([0, 2], np.int32))
-    xq, xd, xb = cuda.device_array(2048, np.int8), cuda.device_array(2, np.float32), cuda.device_array(16, np.int32)
-    with pytest.raises(ValueError, match="xb must be int32 with 16"):
-        merge_q8k(part_o, ml, 2, state, 1, x0, xq, xd, cuda.device_array(16, np.float32))
+    xq, xd, xb = cuda.device_array(2048, np.int8), cuda.device_array(8, np.float32), cuda.device_array(64, np.int32)
+    with pytest.raises(ValueError, match="xb must be int32 with 64"):
+        merge_q8k(part_o, ml, 2, state, 1, x0, xq, xd, cuda.device_array(64, np.float32))
     with pytest.raises(ValueError, match="xq must be int8 with 2048"):        # 2 rows: a whole group of 8
         merge_q8k(part_o, ml, 2, state, 1, x0, cuda.device_array(512, np.int8), xd, xb)
     with pytest.raises(ValueError, match="multiple of 256"):

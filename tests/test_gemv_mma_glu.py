@@ -37,7 +37,7 @@ def test_glu_is_gemv_mma_k_twice_then_the_activation(rows, cols, n_tok, ksplit, 
     (norm.swiglu if act == "silu" else norm.geglu)(g, u, want)
     np.testing.assert_array_equal(y.copy_to_host(), want.copy_to_host())
     # and numpy's: act of the float products within their bound
-    xt = K.dequantize_q8k(K.untile_q8k(q[0].copy_to_host(), n_tok, cols), q[1].copy_to_host())
+    xt = K.dequantize_q8k(*K.untiled(*(a.copy_to_host() for a in q), n_tok, cols)[:2])
     Wg, Wu = (G.dequantize_weight(h) for h in hw)
     rg, ru = G.gemv_reference(Wg, xt), G.gemv_reference(Wu, xt)
     ref = norm.swiglu_reference(rg, ru) if act == "silu" else norm.geglu_reference(rg, ru)

@@ -53,6 +53,17 @@ def test_q8k_layout_is_groups_of_eight_tokens_by_sub_block():
     assert not flat.reshape(2, cols // 32, 8, 32)[1, :, 3:].any()
     np.testing.assert_array_equal(K.untile_q8k(flat, n, cols), xq)
     assert K.xq_size(8, cols) == 8 * cols and K.xq_size(1, cols) == 8 * cols
+    # xd and xb a block at a time: [group][block][8 tokens][1 scale or 8 sums]; a token's first
+    # xb word of a block is 8x its xd index
+    xd = np.random.default_rng(3).standard_normal((n, 2)).astype(np.float32)
+    xb = np.arange(n * 16, dtype=np.int32).reshape(n, 16)
+    tq, td, tb = K.tiled(xq, xd, xb)
+    assert (td.size, tb.size) == K.sizes(n, cols)[1:] == (32, 256)
+    for t, b, s in ((0, 0, 0), (5, 1, 3), (9, 0, 7), (10, 1, 6)):
+        ix = (t // 8) * 8 * 2 + b * 8 + t % 8
+        assert td[ix] == xd[t, b] and tb[8 * ix + s] == xb[t, 8 * b + s]
+    for a, want in zip(K.untiled(tq, td, tb, n, cols), (xq, xd, xb)):
+        np.testing.assert_array_equal(a, want)
 
 
 @pytest.mark.parametrize("pipe", [True, False])
@@ -71,7 +82,7 @@ def test_gemv_mma_k_matches_numpy_and_gemv_mma(rows, cols, n_tok, ksplit, resid,
     xq, xd, xb = K.quantize_q8k(x)
     r = np.random.default_rng(7).standard_normal((n_tok, rows)).astype(np.float32)
     y = cuda.to_device(r) if resid else cuda.device_array((n_tok, rows), np.float32)
-    K.gemv_mma_k(gw, cuda.to_device(K.tile_q8k(xq)), cuda.to_device(xd), cuda.to_device(xb), y, n_tok,
+    K.gemv_mma_k(gw, *(cuda.to_device(a) for a in K.tiled(xq, xd, xb)), y, n_tok,
                  residual=y if resid else None, ksplit=ksplit, pipe=pipe)
     got = y.copy_to_host()
     xt = K.dequantize_q8k(xq, xd)
@@ -109,7 +120,7 @@ def test_gemv_mma_k_uses_every_sum_and_scale(n_tok, tok):
         else:
             bad_d[tok - 1, 1] *= 1.01
         y = cuda.device_array((n_tok, rows), np.float32)
-        K.gemv_mma_k(gw, cuda.to_device(K.tile_q8k(xq)), cuda.to_device(bad_d), cuda.to_device(bad_b), y, n_tok, ksplit=2)
+        K.gemv_mma_k(gw, *(cuda.to_device(a) for a in K.tiled(xq, bad_d, bad_b)), y, n_tok, ksplit=2)
         assert not np.all(np.abs(y.copy_to_host() - ref) <= bound), what
 
 

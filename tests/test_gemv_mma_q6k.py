@@ -22,7 +22,7 @@ def _run(hw, x, n_tok, ksplit=None, pipe=None, resid=None):
     gw = G.prepare_weight(G.to_device(hw), "dp4a")
     xq, xd, _ = K.quantize_q8k(x)
     y = cuda.to_device(resid) if resid is not None else cuda.device_array((n_tok, hw.rows), np.float32)
-    K.gemv_mma_k(gw, cuda.to_device(K.tile_q8k(xq)), cuda.to_device(xd), None, y, n_tok,
+    K.gemv_mma_k(gw, cuda.to_device(K.tile_q8k(xq)), cuda.to_device(K.tile_blocks(xd, 1)), None, y, n_tok,
                  residual=y if resid is not None else None, ksplit=ksplit, pipe=pipe)
     return y.copy_to_host(), xq, xd
 

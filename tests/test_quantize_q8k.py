@@ -14,7 +14,7 @@ import pytest
 from numba import cuda
 
 from genie_rt.quant import gemv_mma_k as K
-from genie_rt.quant.q8k_layout import tile_q8k, untile_q8k, xq_size
+from genie_rt.quant.q8k_layout import sizes, tiled, untiled, xq_size
 from genie_rt.quant.quantize_q8k import rmsnorm_q8k
 
 
@@ -33,25 +33,23 @@ def _run(x, w, eps=1e-6, flat=False):
     padding rows' bytes left as SENTINEL where the kernel wrote nothing."""
     n, d = x.shape
     xq = cuda.to_device(np.full(xq_size(n, d), SENTINEL, np.int8))
-    xd = cuda.device_array((n, d // 256), np.float32)
-    xb = cuda.device_array((n, d // 32), np.int32)
+    _, nd, nb = sizes(n, d)
+    xd = cuda.to_device(np.full(nd, SENTINEL, np.float32))
+    xb = cuda.to_device(np.full(nb, SENTINEL, np.int32))
     rmsnorm_q8k(cuda.to_device(x), None if w is None else cuda.to_device(w), eps, xq, xd, xb)
-    q = xq.copy_to_host()
-    return (q if flat else untile_q8k(q, n, d)), xd.copy_to_host(), xb.copy_to_host()
+    got = xq.copy_to_host(), xd.copy_to_host(), xb.copy_to_host()
+    return got if flat else untiled(*got, n, d)
 
 
 @pytest.mark.parametrize("n,d", [(1, 256), (3, 2560), (2, 4608), (9, 512)])   # 4608: 18 blocks, 3 thread
 def test_q8k_without_the_norm_is_the_reference_bit_for_bit(n, d):            # blocks; 9: two token groups
     x = _rows(n, d, d)
     got = _run(x, None, flat=True)
-    rq, rd, rb = K.quantize_q8k(x)
-    # xq tiled byte for byte (a row-major xq fails here), the padding rows untouched
-    real = tile_q8k(np.ones_like(rq)) == 1
-    want = tile_q8k(rq)
-    np.testing.assert_array_equal(got[0][real], want[real])
-    assert (got[0][~real] == SENTINEL).all()
-    np.testing.assert_array_equal(got[1], rd)
-    np.testing.assert_array_equal(got[2], rb)
+    # xq, xd, xb tiled element for element (a row-major one fails here), the padding rows untouched
+    ref = K.quantize_q8k(x)
+    for what, g, want, real in zip(("xq", "xd", "xb"), got, tiled(*ref), tiled(*(np.ones_like(a) for a in ref))):
+        np.testing.assert_array_equal(g[real == 1], want[real == 1], err_msg=what)
+        assert (g[real == 0] == SENTINEL).all(), what
 
 
 @pytest.mark.parametrize("n,d", [(2, 512), (5, 2560), (2, 4608)])
@@ -84,22 +82,22 @@ def test_rmsnorm_q8k_of_a_zero_row_is_zero():
 def test_rmsnorm_q8k_refuses_bad_shapes():
     wide = cuda.to_device(np.zeros((2, 512), np.float32))
     with pytest.raises(ValueError, match="C-contiguous"):
-        rmsnorm_q8k(wide[:, :256], None, 1e-6, cuda.device_array((8, 256), np.int8), cuda.device_array(2, np.float32),
-                    cuda.device_array(16, np.int32))
+        rmsnorm_q8k(wide[:, :256], None, 1e-6, cuda.device_array((8, 256), np.int8), cuda.device_array(8, np.float32),
+                    cuda.device_array(64, np.int32))
     x = cuda.to_device(np.zeros((2, 300), np.float32))
     with pytest.raises(ValueError, match="multiple of 256"):
-        rmsnorm_q8k(x, None, 1e-6, cuda.device_array((8, 300), np.int8), cuda.device_array(2, np.float32),
+        rmsnorm_q8k(x, None, 1e-6, cuda.device_array((8, 300), np.int8), cuda.device_array(8, np.float32),
                     cuda.device_array(18, np.int32))
     x = cuda.to_device(np.zeros((2, 256), np.float32))
     with pytest.raises(ValueError, match="xb must be int32"):
-        rmsnorm_q8k(x, None, 1e-6, cuda.device_array((8, 256), np.int8), cuda.device_array(2, np.float32),
-                    cuda.device_array(16, np.float32))
+        rmsnorm_q8k(x, None, 1e-6, cuda.device_array((8, 256), np.int8), cuda.device_array(8, np.float32),
+                    cuda.device_array(64, np.float32))
     with pytest.raises(ValueError, match="w must be float32 with 256"):
         rmsnorm_q8k(x, cuda.to_device(np.ones(128, np.float32)), 1e-6, cuda.device_array((8, 256), np.int8),
-                    cuda.device_array(2, np.float32), cuda.device_array(16, np.int32))
+                    cuda.device_array(8, np.float32), cuda.device_array(64, np.int32))
     with pytest.raises(ValueError, match="xq must be int8 with 2048"):      # a row-major size: not the tiled
-        rmsnorm_q8k(x, None, 1e-6, cuda.device_array((2, 256), np.int8), cuda.device_array(2, np.float32),
-                    cuda.device_array(16, np.int32))
+        rmsnorm_q8k(x, None, 1e-6, cuda.device_array((2, 256), np.int8), cuda.device_array(8, np.float32),
+                    cuda.device_array(64, np.int32))
 
 
 @pytest.mark.slow
