@@ -30,9 +30,9 @@ The numbers differ from the MMQ prefill's: the activations are q8_K (a scale per
 where the GEMMs read fp16 - tests/test_short_prefill.py holds the logits to the MMQ graph's by
 cosine and checks the greedy next token. EngineConfig.short_prefill stays off by default (a first
 start also compiles the mma builds, and the q8_K activations are coarser than the MMQ path's): on
-an H100 (2026-12-06, 10:25 UTC, tools/bench_prefix.py) a warm 8-token turn after 500 cached tokens
-took 3.03 ms with it against 4.57 without (host clock; 7.4-7.9x against 5.5x cold), the graph
-2.68 ms (docs/decode-step.md 7, docs/kernels/gemv.md 8i).
+an H100 (2026-12-06, 14:10 UTC, tools/bench_prefix.py) a warm 8-token turn after 500 cached tokens
+took 2.81 ms with it (host clock; 8.5-8.6x cold), 4.57 without that morning (5.5x), the graph
+2.49-2.53 ms (docs/decode-step.md 7, docs/kernels/gemv.md 8i, 8j).
 """
 from __future__ import annotations
 

@@ -2,6 +2,9 @@
 # Everything a GPU check needs, in one command (for the lent H200 or any CUDA machine):
 #
 #   tools/gpu_check.sh STAGE [STAGE ...]     results under $OUT (default ./out)
+#   GENIE_SRC=lab_base OUT=out/base tools/gpu_check.sh STAGE   the same with a baseline's package sources
+#             (`git archive REV engine quant kvcache server cpu | tar -x -C lab_base`, the folder git-ignored
+#             and carried): before / after in one call, on one machine
 #
 # Stages:
 #   kernels   pytest -m gpu over every kernel family (real shapes against numpy; KTESTS= picks files)

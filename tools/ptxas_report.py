@@ -59,6 +59,7 @@ for _pdl in (False, True):
     _cap = MG.PDL_MAX_REGISTERS if _pdl else None
     MMA["mma_glu_q4k" + _s] = (MG.mma_glu_q4k_q8k_kernel(2, True, "silu", _pdl, _cap), MG.SIGNATURE, _cap)
     MMA["mma_qkv_q4k_q4k_q6k" + _s] = (MQ.mma_qkv_kernel(("Q4_K", "Q4_K", "Q6_K"), 4, True, _pdl), MQ.SIGNATURE, None)
+MMA["mma_q6k_nt8_pipe"] = (M6.mma_q6k_q8k_kernel(4, True, 8, False), M6.SIGNATURE, None)
 MMA["mma_q4k_nt16"] = (MK.mma_q4k_q8k_kernel(4, False, 16, False), MK.SIGNATURE, None)
 MMA["mma_q6k_nt16"] = (M6.mma_q6k_q8k_kernel(4, False, 16, False), M6.SIGNATURE, None)
 for _name, (_k, _sig, _cap) in MMA.items():
