@@ -47,8 +47,13 @@ likewise a block at a time), so a warp's load of 8 tokens' bytes of one sub-bloc
 The group's size is a constant, so every load's offset from the block's first word is an
 immediate. 9-24 % faster at 8 tokens on an H100 (2026-12-06, 8j).
 
+W16 (the default for Q4_K up to 8 tokens since 2026-12-06): a lane loads a Q4_K row's quants 16
+bytes at a time, two loads a block instead of four, and lanes t and t ^ 2 swap halves by two
+shuffles before the multiply (`split16`): 6-15 % faster unpipelined at 8 tokens on an H100
+(docs/kernels/gemv.md 8k). Its pipelined build holds 164 registers and lost.
+
 The price is the activation's quantization: one scale for 256 values instead of 32 (q8_K, what
-llama.cpp's CPU K-quant dot products use). `quantize_q8k` is its numpy reference, and
+llama.cpp's CPU K-quant dot products use). `quantize_q8k` (quant/q8k_layout.py) is its numpy reference, and
 quant/quantize_q8k.py's `rmsnorm_q8k` the device's (RMSNorm and q8_K in one launch, a block a row).
 
 Up to 16 tokens (NT 16): a second B fragment, tokens 8 + g, against the same A fragments (160
@@ -79,8 +84,9 @@ from .gemv_mma import LO4, ROWS, _dev, _flat, lanes, make_block_loop, make_finis
 from .pdl import hooks as pdl_hooks
 from .pdl import weight_loads as pdl_weight_loads
 from .gemv_mma_q6k import SIGNATURE as SIGNATURE_Q6K
-from .q8k_layout import (TILE, sizes, tile_blocks, tile_q8k, tiled, untile_q8k, untiled,  # noqa: F401 (its home)
-                         xd_base, xq_size, xq_word)
+from .gemv_mma_k_w16 import _bases16, split16
+from .q8k_layout import (TILE, dequantize_q8k, quantize_q8k, sizes, tile_blocks, tile_q8k, tiled,  # noqa: F401
+                         untile_q8k, untiled, xd_base, xq_size, xq_word)
 from .gemv_mma_q6k import mma_q6k_q8k_kernel
 
 QK = 256                    # values a q8_K block (one scale)
@@ -90,31 +96,9 @@ SUB = 32                    # values a sub-block sum
 MAX_TOK = 16                # two B fragments
 
 
-def quantize_q8k(x: np.ndarray):
-    """numpy q8_K of x [n_tok, cols] (cols a multiple of 256): (xq int8 [n_tok, cols], xd float32
-    [n_tok, cols / 256], xb int32 [n_tok, cols / 32]); xq = round(x / xd), xd = max |x| / 127 of
-    each block (0 for an all-zero block), xb the sum of xq over each 32 values."""
-    x = np.asarray(x, np.float32)
-    n_tok, cols = x.shape
-    if cols % QK:
-        raise ValueError(f"quantize_q8k: cols {cols} must be a multiple of {QK}")
-    blocks = x.reshape(n_tok, cols // QK, QK)
-    amax = np.abs(blocks).max(axis=2)
-    xd = (amax / 127).astype(np.float32)
-    inv = np.divide(1.0, xd, out=np.zeros_like(xd), where=xd > 0)
-    xq = np.clip(np.rint(blocks * inv[..., None]), -127, 127).astype(np.int8).reshape(n_tok, cols)
-    xb = xq.reshape(n_tok, cols // SUB, SUB).astype(np.int32).sum(axis=2).astype(np.int32)
-    return xq, xd, xb
-
-
 def quantize_q8k_tiled(x: np.ndarray):
     """quantize_q8k's (xq, xd, xb) as the device holds them (quant/q8k_layout.tiled): the GEMVs' inputs."""
     return tiled(*quantize_q8k(x))
-
-
-def dequantize_q8k(xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
-    n_tok, cols = xq.shape
-    return (xq.reshape(n_tok, -1, QK).astype(np.float32) * xd[..., None]).reshape(n_tok, cols)
 
 
 @_dev
@@ -127,12 +111,21 @@ def _bases(nu, rr0, rr1, t, tb, cols):
     return (uint32(rr0 * nu * 4) + off, uint32(rr1 * nu * 4) + off, xq_word(tb, cols) + uint32(2 * t))
 
 
-def make_weight_loads(PDL: bool = False):
+def make_weight_loads(PDL: bool = False, W16: bool = False):
     """weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk): rows rr0 and rr1's part of block blk - the
     lane's 8 bytes of each of the block's four chunks (`_bases`' layout; 8 words a chunk) and both
-    rows' headers, once a block. PDL: by ptx.ldw_v2 / ldw_v4, which stay above griddepcontrol.wait
+    rows' headers, once a block. W16: two 16-byte loads a row instead of four 8-byte ones
+    (`_bases16`: half the L1 wavefronts of the weights), raw - `split16` makes the four chunks. PDL: by ptx.ldw_v2 / ldw_v4, which stay above griddepcontrol.wait
     (ptxas sinks the read-only ldg below it: tests/test_pdl_sass.py), else read-only loads."""
     ld2, ld4 = pdl_weight_loads(PDL)
+    if W16:
+        @_dev
+        def weight_loads16(wa, wb, nblk, rr0, rr1, wi0, wi1, blk):
+            w = uint32(32) * uint32(blk)
+            return ((ld4(wa, wi0 + w), ld4(wa, wi0 + w + uint32(16))),
+                    (ld4(wa, wi1 + w), ld4(wa, wi1 + w + uint32(16))),
+                    ld4(wb, uint32((rr0 * nblk + blk) * 4)), ld4(wb, uint32((rr1 * nblk + blk) * 4)))
+        return weight_loads16
 
     @_dev
     def weight_loads(wa, wb, nblk, rr0, rr1, wi0, wi1, blk):
@@ -150,27 +143,29 @@ def make_weight_loads(PDL: bool = False):
     return weight_loads
 
 
-def make_token_loads(PDL: bool = False):
+def make_token_loads(PDL: bool = False, W16: bool = False):
     """token_loads(xq, xd, xb, tok, nsb, nb, blk): eight tokens' part of block blk, tok = (okb, xi,
     da, dc): the B fragment's token (first word xi, `_bases`) - its q8 values of the four chunks,
     zero when okb is false - and the eight sub-block sums of the accumulators' tokens (two 16-byte
     loads each) with their block scales, da and dc those tokens' `xd_base` (quant/q8k_layout.py).
+    W16: tok's fifth entry is the odd chunks' first word (`_bases16`).
     PDL: by coherent loads (another kernel wrote them: quant/pdl.py rule 3), else read-only ones."""
     ld2, ld4 = (ptx.ld_v2, ptx.ld_v4) if PDL else (ptx.ldg_v2, ptx.ldg_v4)
 
     @_dev
     def token_loads(xq, xd, xb, tok, nsb, nb, blk):
-        okb, xi, da, dc = tok
+        okb, xi, da, dc = tok[0], tok[1], tok[2], tok[3]
         xo = xi + uint32(512) * uint32(blk)          # sub-block 8 blk (xq_word), values 8t ..
+        xp = (tok[4] if W16 else xi) + uint32(512) * uint32(blk)   # the odd chunks' (W16: _bases16)
         z = (uint32(0), uint32(0))
         x0 = ld2(xq, xo) if okb else z
         x1 = ld2(xq, xo + uint32(64)) if okb else z
-        x2 = ld2(xq, xo + uint32(128)) if okb else z
-        x3 = ld2(xq, xo + uint32(192)) if okb else z
+        x2 = ld2(xq, xp + uint32(128)) if okb else z
+        x3 = ld2(xq, xp + uint32(192)) if okb else z
         x4 = ld2(xq, xo + uint32(256)) if okb else z
         x5 = ld2(xq, xo + uint32(320)) if okb else z
-        x6 = ld2(xq, xo + uint32(384)) if okb else z
-        x7 = ld2(xq, xo + uint32(448)) if okb else z
+        x6 = ld2(xq, xp + uint32(384)) if okb else z
+        x7 = ld2(xq, xp + uint32(448)) if okb else z
         b8 = uint32(8) * uint32(blk)
         ia = da + b8                                 # the tiled xd, xb (quant/q8k_layout.py)
         ic = dc + b8
@@ -181,13 +176,13 @@ def make_token_loads(PDL: bool = False):
     return token_loads
 
 
-def make_block_parts(NT: int = 8, PDL: bool = False):
+def make_block_parts(NT: int = 8, PDL: bool = False, W16: bool = False):
     """(wloads, tloads, block) of a Q4_K build for up to NT (8 or 16) tokens, gemv_mma.make_block_loop's
     three: a block's 10 weight loads a lane (4 chunks x 2 rows, both rows' headers once), its 14
     token loads (NT 16: 28 - tokens 8 .. 15 are a second B fragment and a second set of sums against
     the same A fragments), and its mma and epilogue."""
-    token_loads = make_token_loads(PDL)
-    weight_loads = make_weight_loads(PDL)
+    token_loads = make_token_loads(PDL, W16)
+    weight_loads = make_weight_loads(PDL, W16)
 
     @_dev
     def wloads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, blk):
@@ -200,7 +195,7 @@ def make_block_parts(NT: int = 8, PDL: bool = False):
 
         @_dev
         def block(acc, W, X):
-            _tokens(acc, 0, W, X)
+            _tokens(acc, 0, split16(W) if W16 else W, X)
     else:
         @_dev
         def tloads(wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb, blk):
@@ -208,8 +203,9 @@ def make_block_parts(NT: int = 8, PDL: bool = False):
 
         @_dev
         def block(acc, W, X):
-            _tokens(acc, 0, W, X[0])
-            _tokens(acc, 4, W, X[1])                 # the same A fragments: the masks are shared
+            Ws = split16(W) if W16 else W
+            _tokens(acc, 0, Ws, X[0])
+            _tokens(acc, 4, Ws, X[1])                # the same A fragments: the masks are shared
     return wloads, tloads, block
 
 
@@ -276,31 +272,38 @@ def _tokens(acc, k0, W, T):
     acc[k0 + 3] += xd1 * (dm1[0] * float32(si[3]) - dm1[1] * float32(_mins(m1, sc)))
 
 
-def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
+def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False, W16: bool = False):
     """trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok): warp `warp`'s
     share of the 256-weight blocks of the Q4_K rows tile * 16 .. + 15, added into acc (NT // 2
     floats, the layout `make_finish` reads). wc, wd are not read (the Q6_K build's slots:
     gemv_mma_q6k.make_trips takes the same arguments, so one kernel can hold both,
     quant/gemv_mma_qkv.py). NW warps split the blocks; PIPE and NT: see the module; PDL: the
     first block's weight loads (ldw: they stay above it), then griddepcontrol.wait, then the rest, the
-    later blocks' weights by read-only loads (gemv_mma.make_block_loop's wrest)."""
-    run = make_block_loop(*make_block_parts(NT, PDL), PIPE, PDL,
-                          wrest=make_block_parts(NT, False)[0] if PDL else None)
+    later blocks' weights by read-only loads (gemv_mma.make_block_loop's wrest). W16: the weights by
+    16-byte lane loads (`make_weight_loads`, `split16`)."""
+    run = make_block_loop(*make_block_parts(NT, PDL, W16), PIPE, PDL,
+                          wrest=make_block_parts(NT, False, W16)[0] if PDL else None)
 
     @_dev
     def trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok):
         g, t, rr0, rr1, nblk, b_lo, b_hi, tb, ta, tc, tb2, ta2, tc2 = lanes(tile, warp, lane, rows, nu, n_tok, NW)
         nsb = cols >> 5
         nb = cols >> 8
-        wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
-        tok = (g < n_tok, xi, xd_base(ta, nb), xd_base(tc, nb))
-        tok2 = (g + 8 < n_tok, xq_word(tb2, cols) + uint32(2 * t), xd_base(ta2, nb), xd_base(tc2, nb))
+        if W16:
+            wi0, wi1, xi, xj = _bases16(nu, rr0, rr1, t, tb, cols)
+            xi2 = xq_word(tb2, cols) + (xi - xq_word(tb, cols))
+            tok = (g < n_tok, xi, xd_base(ta, nb), xd_base(tc, nb), xj)
+            tok2 = (g + 8 < n_tok, xi2, xd_base(ta2, nb), xd_base(tc2, nb), xi2 ^ uint32(2))
+        else:
+            wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
+            tok = (g < n_tok, xi, xd_base(ta, nb), xd_base(tc, nb))
+            tok2 = (g + 8 < n_tok, xq_word(tb2, cols) + uint32(2 * t), xd_base(ta2, nb), xd_base(tc2, nb))
         run(acc, (wa, wb, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, tok2, nsb, nb), b_lo, b_hi, nblk)
     return trips
 
 
 @functools.lru_cache(maxsize=None)
-def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: bool = False):
+def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: bool = False, W16: bool = False):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), x as q8_K; grid
     ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16), warp w taking the row's 256-weight
     blocks [w * ceil(nblk / KSPLIT), ..). Arguments: wa, wb, nu, rows (the Q4_K GEMV planes), xq
@@ -314,7 +317,7 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: boo
     NW = KSPLIT
     NACC = NT // 2
     finish = make_finish(NW, NACC)
-    trips = make_trips(NW, NT, PIPE, PDL)
+    trips = make_trips(NW, NT, PIPE, PDL, W16)
     launch_dependents = pdl_hooks(PDL)[1]
 
     @cuda.jit
@@ -331,16 +334,16 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: boo
     return kernel_cache.attach(kernel)
 
 
-def plan_ksplit(rows: int, cols: int, n_tok: int = 8) -> int:
+def plan_ksplit(rows: int, cols: int, n_tok: int = 8, warps: int = 1024) -> int:
     """The warps a thread block splits a row's 256-weight blocks over: the larger of the largest
-    power of two that keeps the grid within ~1,024 warps (1,024 / the 16-row tiles) and the
+    power of two that keeps the grid within ~`warps` warps (warps / the 16-row tiles) and the
     smallest that leaves a warp at most ~5 blocks, within 2..8 (2..4 above 8 tokens), then as few
     warps as give each the same count of blocks. From the H100's sweeps of 2026-12-05 (module
     docstring), weights from DRAM: within ~4 % of the sweep's best k-split at every shape for 1-8
     tokens (pipelined), within 6 % at 16 (unpipelined; the timings repeat within ~5 %)."""
     tiles, nblk = max(1, -(-rows // ROWS)), max(1, cols // QK)
     by_grid = 1
-    while by_grid * 2 * tiles <= 1024:
+    while by_grid * 2 * tiles <= warps:
         by_grid *= 2
     by_len = 1
     while by_len * 5 < nblk:
@@ -374,21 +377,44 @@ def _fits(kern, signature: str, key: tuple) -> None:
 FORMATS = (QType.Q4_K, QType.Q6_K)
 
 
-def default_pipe(qtype, n_tok: int) -> bool:
+def default_pipe(qtype, n_tok: int, w16: bool = False) -> bool:
     """Whether a build issues the next block's loads before this block's multiplies (PIPE): for
-    Q4_K up to 8 tokens. Not above 8 (the 16-token build holds two blocks' loads in 255 registers,
-    and was slower so) nor for Q6_K: its pipelined build (158 registers against ~100) was slower at
-    every k-split on an H100, 2026-12-06 (weights from DRAM, 8 tokens: ffn_down 25.3 us at the
-    planned k-split 8 against 19.4 unpipelined, attn_v 5.4 against 4.9; docs/kernels/gemv.md 8h)."""
+    Q4_K up to 8 tokens by 8-byte weight loads. Not above 8 (the 16-token build holds two blocks'
+    loads in 255 registers, and was slower so), not for Q6_K (its pipelined build, 158 registers
+    against ~100, was slower at every k-split on an H100, 2026-12-06: ffn_down 25.3 us at the
+    planned k-split 8 against 19.4 unpipelined, attn_v 5.4 against 4.9; docs/kernels/gemv.md 8h), and
+    not with W16 (164 registers pipelined against 96; slower at every shape, 8k)."""
+    return n_tok <= 8 and qtype == QType.Q4_K and not w16
+
+
+def default_w16(qtype, n_tok: int) -> bool:
+    """Whether a build loads a Q4_K weight's quants 16 bytes a lane (W16, `make_weight_loads`): up to
+    8 tokens. Unpipelined at its k-split (`plan_ksplit` with 2,048 warps) it beat the pipelined
+    8-byte build at every Q4_K shape of the 4B (H100, 2026-12-06, three calls; 8 tokens, weights from
+    DRAM, us): attn_q 5.18-5.21 against 5.50-5.53, ffn_gate 8.52-8.54 (k-split 4; the plan's 2 gave
+    9.09) against 9.77-9.88, attn_output 5.67-5.77 against 6.65-6.73, ffn_down 10.18-10.32 against
+    10.85-10.96 (docs/kernels/gemv.md 8k)."""
     return n_tok <= 8 and qtype == QType.Q4_K
 
 
-def q8k_inputs(who: str, weights, xq, xd, xb, n_tok: int, cols: int, read_xb: bool):
+def default_build(w, n_tok: int, ksplit=None, pipe=None, w16=None) -> tuple:
+    """(ksplit, pipe, w16) of gemv_mma_k for GemvWeight w at n_tok tokens: each None takes its
+    default (`default_w16`, `default_pipe`, `plan_ksplit` - with twice the warps for the W16
+    unpipelined build, which holds no next block in registers)."""
+    q4 = w.qtype == QType.Q4_K
+    w16 = default_w16(w.qtype, n_tok) if w16 is None else bool(w16) and q4
+    pipe = default_pipe(w.qtype, n_tok, w16) if pipe is None else bool(pipe)
+    if ksplit is None:
+        ksplit = plan_ksplit(w.rows, w.cols, n_tok, warps=2048 if w16 and not pipe else 1024)
+    return ksplit, pipe, w16
+
+
+def q8k_inputs(who: str, weights, xq, xd, xb, n_tok: int, cols: int, read_xb: bool, w16: bool = False):
     """The q8_K activations as the mma GEMV kernels read them - (xq as uint32 words, xd, xb), flat -
     after the checks every launcher makes: sizes (tiled: quant/q8k_layout.sizes) and dtypes (xb where read_xb: a Q4_K build reads
     it, None is refused), then on a GPU the start of every plane read by vector loads (xq 8 bytes
-    where xb is read - the Q4_K builds' 8-byte loads - else 4; xb 16; each weight's: Q4_K quants 8,
-    Q6_K scales 16)."""
+    where xb is read - the Q4_K builds' 8-byte loads - else 4; xb 16; each weight's: Q4_K quants 8
+    (16 for w16), Q6_K scales 16)."""
     nq, nd, nsum = sizes(n_tok, cols)                     # the tiled layout's (quant/q8k_layout.py)
     xq = _flat(xq, np.int8, nq, "xq", who).view(np.uint32)
     xd = _flat(xd, np.float32, nd, "xd", who)
@@ -398,7 +424,7 @@ def q8k_inputs(who: str, weights, xq, xd, xb, n_tok: int, cols: int, read_xb: bo
         xb = _flat(xb, np.int32, nsum, "xb", who)
     if not ptx.SIMULATOR:
         planes = [("xq", xq, 8 if read_xb else 4)] + ([("xb", xb, 16)] if read_xb else [])
-        planes += [(f"the {w.qtype.name} weight's quants plane", w.wa, 8) if w.qtype == QType.Q4_K else
+        planes += [(f"the {w.qtype.name} weight's quants plane", w.wa, 16 if w16 else 8) if w.qtype == QType.Q4_K else
                    (f"the {w.qtype.name} weight's scales plane", w.wc, 16) for w in weights]
         for name, a, align in planes:
             if a.__cuda_array_interface__["data"][0] % align:
@@ -407,14 +433,15 @@ def q8k_inputs(who: str, weights, xq, xd, xb, n_tok: int, cols: int, read_xb: bo
 
 
 def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None = None, stream=0,
-               pipe: bool | None = None, ldy: int | None = None, pdl: bool = False) -> None:
+               pipe: bool | None = None, ldy: int | None = None, pdl: bool = False, w16: bool | None = None) -> None:
     """y [n_tok, rows] = x W^T (+ residual) for a Q4_K or Q6_K GemvWeight `w`
     (gemv.prepare_weight, dp4a mode) and q8_K activations xq int8, xd float32, xb int32 as the device
     holds them (tiled, whole groups of 8 tokens: quant/q8k_layout.py; `quantize_q8k_tiled`;
     a Q6_K weight does not read
     xb, which may then be None); 1 <= n_tok <= 16 (above 8: the NT 16 build). ksplit: warps a
-    thread block (1..16; None: plan_ksplit), pipe: the kernel's PIPE (None: `default_pipe` - on for
-    Q4_K up to 8 tokens, off for Q6_K and above 8 tokens). Q6_K:
+    thread block (1..16), pipe: the kernel's PIPE, w16: a Q4_K weight's quants by 16-byte lane loads
+    (`make_weight_loads`; ignored for Q6_K) - each None: `default_build` (up to 8 tokens a Q4_K
+    weight takes W16 unpipelined, a Q6_K one the unpipelined build). Q6_K:
     quant/gemv_mma_q6k.py. ldy: y (and residual) hold token t's row at t * ldy of a 1-D array of
     at least (n_tok - 1) * ldy + rows values - a column slice of a wider buffer, e.g. q's columns of
     [q | k | v] (None: y is [n_tok, rows]). pdl: the programmatic-dependent-launch build and launch
@@ -425,13 +452,12 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
         raise ValueError(f"gemv_mma_k: only Q4_K and Q6_K weights (got {w.qtype.name})")
     if not 1 <= n_tok <= MAX_TOK:
         raise ValueError(f"gemv_mma_k: n_tok {n_tok} must be 1..{MAX_TOK}")
-    ksplit = plan_ksplit(w.rows, w.cols, n_tok) if ksplit is None else ksplit
-    pipe = default_pipe(w.qtype, n_tok) if pipe is None else pipe
+    ksplit, pipe, w16 = default_build(w, n_tok, ksplit, pipe, w16)
     if not 1 <= ksplit <= 16:
         raise ValueError(f"gemv_mma_k: ksplit {ksplit} must be 1..16")
     rows, cols = w.rows, w.cols
     q6 = w.qtype == QType.Q6_K
-    xq, xd, xb = q8k_inputs("gemv_mma_k", (w,), xq, xd, xb, n_tok, cols, read_xb=not q6)
+    xq, xd, xb = q8k_inputs("gemv_mma_k", (w,), xq, xd, xb, n_tok, cols, read_xb=not q6, w16=w16)
     if ldy is None:
         ldy = rows
         yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_k")
@@ -454,9 +480,9 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
         P.launch_or_plain(kern, grid, block, stream, SIGNATURE_Q6K, pdl, w.wa, w.wb, w.wc, w.wd, w.units, rows,
                           xq, xd, cols, n_tok, ldy, yf, rf, resid)
         return
-    kern = mma_q4k_q8k_kernel(ksplit, bool(pipe), nt, pdl)
+    kern = mma_q4k_q8k_kernel(ksplit, bool(pipe), nt, pdl, w16)
     if not ptx.SIMULATOR:
-        _fits(kern, SIGNATURE, ("Q4_K", ksplit, bool(pipe), nt, pdl))
+        _fits(kern, SIGNATURE, ("Q4_K", ksplit, bool(pipe), nt, pdl) + (("w16",) if w16 else ()))
     P.launch_or_plain(kern, grid, block, stream, SIGNATURE, pdl, w.wa, w.wb, w.units, rows, xq, xd, xb, cols,
                       n_tok, ldy, yf, rf, resid)
 

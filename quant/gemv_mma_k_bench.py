@@ -13,7 +13,7 @@ from numba import cuda
 
 from . import ptx
 from .formats import QType
-from .gemv_mma_k import QK, dequantize_q8k, gemv_mma_k, plan_ksplit, quantize_q8k, quantize_q8k_tiled
+from .gemv_mma_k import QK, default_build, dequantize_q8k, gemv_mma_k, plan_ksplit, quantize_q8k, quantize_q8k_tiled
 from .q8k_layout import sizes, tiled, untiled
 
 SHAPES = (("attn_q", 4096, 2560, QType.Q4_K), ("ffn_gate", 9728, 2560, QType.Q4_K),
@@ -62,7 +62,8 @@ def bench(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--ks", default="2,4,5,8,10,13,16", help="k-splits of the --trips sweep (those above "
                     "the row's 256-weight blocks are skipped)")
-    ap.add_argument("--trips", default="block,pipe", help="the sweep's builds: block (PIPE off), pipe; "
+    ap.add_argument("--trips", default="block,pipe", help="the sweep's builds: block (PIPE off), pipe, and "
+                    "block16 / pipe16 (the Q4_K weights by 16-byte lane loads: gemv_mma_k.make_weight_loads W16); "
                     "empty: no sweep")
     ap.add_argument("--tokens", default="1,2,4,8,16")
     ap.add_argument("--mma", action="store_true")
@@ -101,15 +102,15 @@ def bench(argv=None) -> int:
             xt = dequantize_q8k(k8[0], k8[1])
             kref, kbound = G.gemv_reference(W, xt), G.error_bound(W, xt, "f32")
             row = dict(gemv=name, rows=rows, cols=cols, n_tok=n_tok, copies=n_copies)
-            cases = [(f"plan_ks{plan_ksplit(rows, cols, n_tok)}", lambda: gemv_mma_k(nxt(), *kx, y, n_tok, stream=stream),
+            cases = [(f"plan_ks{default_build(gw, n_tok)[0]}", lambda: gemv_mma_k(nxt(), *kx, y, n_tok, stream=stream),
                       kref, kbound)]
-            cases += [(f"{trip}_ks{ks}", lambda ks=ks, trip=trip: gemv_mma_k(nxt(), *kx, y, n_tok, ksplit=ks,
-                                                                           stream=stream, pipe=trip == "pipe"),
-                       kref, kbound)
-                      for trip in args.trips.split(",") if trip
+            cases += [(f"{trip}_ks{ks}", lambda ks=ks, trip=trip: gemv_mma_k(
+                           nxt(), *kx, y, n_tok, ksplit=ks, stream=stream, pipe=trip.startswith("pipe"),
+                           w16=trip.endswith("16")), kref, kbound)
+                      for trip in args.trips.split(",") if trip and not (trip.endswith("16") and qtype != QType.Q4_K)
                       for ks in (int(v) for v in args.ks.split(",")) if ks <= cols // QK]
             if args.pdl_build:
-                cases += [(f"pdlbuild_ks{plan_ksplit(rows, cols, n_tok)}",
+                cases += [(f"pdlbuild_ks{default_build(gw, n_tok)[0]}",
                            lambda: _plain_launches(lambda: gemv_mma_k(nxt(), *kx, y, n_tok, stream=stream, pdl=True)),
                            kref, kbound)]
             if args.mma and n_tok <= 8 and qtype == QType.Q4_K:
@@ -276,12 +277,14 @@ def table(path: str) -> str:
     and tokens, the dp4a GEMV, gemv_mma_k's default build at plan_ksplit's k-split (as the sweep
     timed it), the best of the sweep (us)."""
     import json
+    from types import SimpleNamespace
     lines = ["| shape | weights from | tokens | dp4a GEMV | gemv_mma_k (plan) | best of the sweep |",
              "|---|---|---:|---:|---:|---:|"]
     for r in (r for r in json.load(open(path)) if "gemv" in r):
         us = {k[:-3]: v for k, v in r.items() if k.endswith("_us") and k != "dp4a_us"}
-        ks = plan_ksplit(r["rows"], r["cols"], r["n_tok"])
-        build = "pipe" if r["n_tok"] <= 8 else "block"
+        w = SimpleNamespace(rows=r["rows"], cols=r["cols"], qtype=QType.Q6_K if r["gemv"].endswith("q6k") else QType.Q4_K)
+        ks, pipe, w16 = default_build(w, r["n_tok"])
+        build = ("pipe" if pipe else "block") + ("16" if w16 else "")
         plan = us.get(f"{build}_ks{ks}", us.get(f"plan_ks{ks}"))   # (the plan's build, as the sweep timed it)
         if plan is None or not us:
             continue                                 # (not timed: outside the bound, or did not fit)

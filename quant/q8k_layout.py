@@ -1,4 +1,5 @@
-"""The device's layout of q8_K values (int8): what the short prefill's writers store and its mma GEMVs read.
+"""q8_K activations: the numpy reference (`quantize_q8k`) and the device's layout - what the short
+prefill's writers store and its mma GEMVs read.
 
 q8_K (gemv_mma_k.quantize_q8k) gives each token's row of int8 values, a float scale a 256 values
 (xd) and an integer sum a 32 (xb). On the device all three are tiled the same way: tokens in
@@ -31,6 +32,29 @@ from .gemv_mma import _dev
 
 TILE = 8                    # tokens a group
 SUB = 32                    # values a sub-block
+QK = 256                    # values a q8_K block (one scale)
+
+
+def quantize_q8k(x: np.ndarray):
+    """numpy q8_K of x [n_tok, cols] (cols a multiple of 256): (xq int8 [n_tok, cols], xd float32
+    [n_tok, cols / 256], xb int32 [n_tok, cols / 32]); xq = round(x / xd), xd = max |x| / 127 of
+    each block (0 for an all-zero block), xb the sum of xq over each 32 values."""
+    x = np.asarray(x, np.float32)
+    n_tok, cols = x.shape
+    if cols % QK:
+        raise ValueError(f"quantize_q8k: cols {cols} must be a multiple of {QK}")
+    blocks = x.reshape(n_tok, cols // QK, QK)
+    amax = np.abs(blocks).max(axis=2)
+    xd = (amax / 127).astype(np.float32)
+    inv = np.divide(1.0, xd, out=np.zeros_like(xd), where=xd > 0)
+    xq = np.clip(np.rint(blocks * inv[..., None]), -127, 127).astype(np.int8).reshape(n_tok, cols)
+    xb = xq.reshape(n_tok, cols // SUB, SUB).astype(np.int32).sum(axis=2).astype(np.int32)
+    return xq, xd, xb
+
+
+def dequantize_q8k(xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
+    n_tok, cols = xq.shape
+    return (xq.reshape(n_tok, -1, QK).astype(np.float32) * xd[..., None]).reshape(n_tok, cols)
 
 
 def xq_size(n_tok: int, cols: int) -> int:

@@ -2,7 +2,7 @@
 
 q8_K (llama.cpp's CPU K-quant activations): per token and 256-value block one float32 scale
 xd = max |h| / 127, the values xq = rint(h / xd) in -127..127 (int8), and the integer sum xb of
-each 32 values. `gemv_mma_k.quantize_q8k` is the numpy reference; `rmsnorm_q8k` here computes it
+each 32 values. `q8k_layout.quantize_q8k` is the numpy reference; `rmsnorm_q8k` here computes it
 of h = rmsnorm(x) * w (or of x itself when w is None) for n_tok rows at once.
 
 Who does what. A thread block of 8 warps quantizes 8 of a row's 256-value blocks, one a warp

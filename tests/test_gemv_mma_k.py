@@ -14,6 +14,7 @@ from numba import cuda
 from genie_rt.quant import gemv as G
 from genie_rt.quant import gemv_mma as M
 from genie_rt.quant import gemv_mma_k as K
+from genie_rt.quant import ptx
 from genie_rt.quant.formats import QType
 from genie_rt.quant.gemv_bench import random_weight
 
@@ -66,7 +67,7 @@ def test_q8k_layout_is_groups_of_eight_tokens_by_sub_block():
         np.testing.assert_array_equal(a, want)
 
 
-@pytest.mark.parametrize("pipe", [True, False])
+@pytest.mark.parametrize("pipe,w16", [(True, False), (False, False), (False, True), (True, True)])
 @pytest.mark.parametrize("rows,cols,n_tok,ksplit,resid", [
     (16, 256, 1, 1, False),      # one tile, one block, one token
     (21, 512, 3, 2, True),       # a partial second tile, two blocks over two warps
@@ -77,13 +78,19 @@ def test_q8k_layout_is_groups_of_eight_tokens_by_sub_block():
     (21, 768, 9, 2, True),       # the 16-token build: a second B fragment with one token
     (16, 512, 16, 3, False),     # 16 tokens, a warp without a block
     (20, 768, 4, 16, False)])    # 16 warps over 3 blocks: 13 without one
-def test_gemv_mma_k_matches_numpy_and_gemv_mma(rows, cols, n_tok, ksplit, resid, pipe):
+def test_gemv_mma_k_matches_numpy_and_gemv_mma(rows, cols, n_tok, ksplit, resid, pipe, w16):
+    # every build: 8- or 16-byte weight loads (W16, the default up to 8 tokens), pipelined or not
     W, gw, x = _case(rows, cols, n_tok, rows + cols)
     xq, xd, xb = K.quantize_q8k(x)
     r = np.random.default_rng(7).standard_normal((n_tok, rows)).astype(np.float32)
     y = cuda.to_device(r) if resid else cuda.device_array((n_tok, rows), np.float32)
-    K.gemv_mma_k(gw, *(cuda.to_device(a) for a in K.tiled(xq, xd, xb)), y, n_tok,
-                 residual=y if resid else None, ksplit=ksplit, pipe=pipe)
+    q = [cuda.to_device(a) for a in K.tiled(xq, xd, xb)]
+    if pipe and w16 and ksplit == 16 and not ptx.SIMULATOR:
+        # the pipelined W16 build's 164 registers (sm_90) x 512 threads exceed a block's 65,536
+        with pytest.raises(ValueError, match="does not fit a thread block"):
+            K.gemv_mma_k(gw, *q, y, n_tok, ksplit=ksplit, pipe=pipe, w16=w16)
+        return
+    K.gemv_mma_k(gw, *q, y, n_tok, residual=y if resid else None, ksplit=ksplit, pipe=pipe, w16=w16)
     got = y.copy_to_host()
     xt = K.dequantize_q8k(xq, xd)
     ref = G.gemv_reference(W, xt, r if resid else None)
@@ -103,6 +110,29 @@ def test_gemv_mma_k_matches_numpy_and_gemv_mma(rows, cols, n_tok, ksplit, resid,
                    cuda.to_device(np.ascontiguousarray(xs[part].reshape(n, cols // 8))), y2, n,
                    residual=y2 if resid else None, ksplit=ksplit if ksplit in (1, 2, 4, 8) else 1)
         np.testing.assert_allclose(got[part], y2.copy_to_host(), rtol=1e-5, atol=1e-5 * float(np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("rows,cols,n_tok,ksplit,pipe,resid", [
+    (21, 768, 5, 2, True, True),      # a partial tile, 3 blocks over 2 warps, pipelined
+    (16, 512, 8, 3, False, False),    # 8 tokens, a warp without a block
+    (20, 1024, 13, 2, False, True)])  # the 16-token build: the split weights against both B fragments
+def test_w16_is_the_8_byte_build_bit_for_bit(rows, cols, n_tok, ksplit, pipe, resid):
+    # the lab build W16 (16-byte weight loads a lane, lanes t and t ^ 2 swapping halves, the token
+    # loads at the matching bytes): the same integer sums in the same order, so the same bits - and
+    # numpy's within the bound. A wrong swap or token offset pairs weights with other values.
+    W, gw, x = _case(rows, cols, n_tok, 5 * rows + cols)
+    q = [cuda.to_device(a) for a in K.quantize_q8k_tiled(x)]
+    r = np.random.default_rng(9).standard_normal((n_tok, rows)).astype(np.float32)
+    ys = []
+    for w16 in (False, True):
+        y = cuda.to_device(r)
+        K.gemv_mma_k(gw, *q, y, n_tok, residual=y if resid else None, ksplit=ksplit, pipe=pipe, w16=w16)
+        ys.append(y.copy_to_host())
+    np.testing.assert_array_equal(ys[1], ys[0])
+    xq, xd, _ = K.quantize_q8k(x)
+    xt = K.dequantize_q8k(xq, xd)
+    ref = G.gemv_reference(W, xt, r if resid else None)
+    assert np.all(np.abs(ys[1] - ref) <= G.error_bound(W, xt, "f32"))
 
 
 @pytest.mark.parametrize("n_tok,tok", [(2, 1), (12, 9)])   # 12: token 9 is in the second B fragment

@@ -50,15 +50,20 @@ gemv_q4k_norm_loop = GK.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, NORM=1)
 gemv_q4k_norm_staged_2560 = GK.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, NORM=1, NORM_D=2560, NORM_VB=640)
 # the short prefill's q8_K kernels (engine/cuda_short_prefill.py): name -> (kernel, signature, register cap)
 from genie_rt.quant import gemv_mma_k as MK, gemv_mma_q6k as M6, gemv_mma_glu as MG, gemv_mma_qkv as MQ
-from genie_rt.quant import quantize_q8k as QQ
+
 MMA = {}
 for _pdl in (False, True):
     _s = "_pdl" if _pdl else ""
-    MMA["mma_q4k_nt8" + _s] = (MK.mma_q4k_q8k_kernel(4, True, 8, _pdl), MK.SIGNATURE, None)
+    MMA["mma_q4k_nt8_b8pipe" + _s] = (MK.mma_q4k_q8k_kernel(4, True, 8, _pdl), MK.SIGNATURE, None)
     MMA["mma_q6k_nt8" + _s] = (M6.mma_q6k_q8k_kernel(4, False, 8, _pdl), M6.SIGNATURE, None)   # (unpipelined: default_pipe)
     _cap = MG.PDL_MAX_REGISTERS if _pdl else None
     MMA["mma_glu_q4k" + _s] = (MG.mma_glu_q4k_q8k_kernel(2, True, "silu", _pdl, _cap), MG.SIGNATURE, _cap)
     MMA["mma_qkv_q4k_q4k_q6k" + _s] = (MQ.mma_qkv_kernel(("Q4_K", "Q4_K", "Q6_K"), 4, True, _pdl), MQ.SIGNATURE, None)
+# gemv_mma_k's Q4_K default up to 8 tokens (default_build: W16, unpipelined), its PDL build, and the others
+MMA["mma_q4k_nt8_w16"] = (MK.mma_q4k_q8k_kernel(8, False, 8, False, True), MK.SIGNATURE, None)
+MMA["mma_q4k_nt8_w16_pdl"] = (MK.mma_q4k_q8k_kernel(8, False, 8, True, True), MK.SIGNATURE, None)
+MMA["mma_q4k_nt8_w16_pipe"] = (MK.mma_q4k_q8k_kernel(8, True, 8, False, True), MK.SIGNATURE, None)
+MMA["mma_q4k_nt8_b8block"] = (MK.mma_q4k_q8k_kernel(8, False, 8, False), MK.SIGNATURE, None)
 MMA["mma_q6k_nt8_pipe"] = (M6.mma_q6k_q8k_kernel(4, True, 8, False), M6.SIGNATURE, None)
 MMA["mma_q4k_nt16"] = (MK.mma_q4k_q8k_kernel(4, False, 16, False), MK.SIGNATURE, None)
 MMA["mma_q6k_nt16"] = (M6.mma_q6k_q8k_kernel(4, False, 16, False), M6.SIGNATURE, None)
