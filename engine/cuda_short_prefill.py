@@ -51,6 +51,11 @@ from .models.ops import AttnLayer
 # graph 2.83 ms with every kind against 2.67 without (10:45 UTC), the same bits; each kind alone
 # loses a little, the gate/up launch most (docs/kernels/gemv.md 8g, 8i).
 PDL = False
+# Lab knob: the q/k/v and gate/up/SwiGLU launches by 16-byte weight loads, unpipelined (W16:
+# quant/gemv_mma_k_w16.py), as gemv_mma_k's Q4_K default has been since 2026-12-06 (6-15 % faster
+# alone on an H100, docs/kernels/gemv.md 8k). Off: not yet timed in these two kernels or the graph -
+# `tools/lab_knobs.py engine.cuda_short_prefill.FUSED_W16=True -- tools/profile_prefill.py --short ...`.
+FUSED_W16 = False
 # the launches that have PDL builds: rmsnorm_q8k with a norm weight (norm) and without (q8k), q/k/v
 # in one launch (qkv), gemv_mma_k (gemv: attn_output, ffn_down), gate/up/SwiGLU (glu), rope_write
 PDL_KINDS = ("norm", "q8k", "qkv", "gemv", "glu", "rope")
@@ -161,7 +166,7 @@ class ShortPrefillOps(_Ops):
         q = self._prepared(x)
         if len(ws) == 3 and not add:
             gemv_mma_qkv([self._gemv[m.name] for m in ws], *q, out, self.n, ldy=out.shape[1], stream=self.stream,
-                         pdl="qkv" in self.pdl_kinds)
+                         pdl="qkv" in self.pdl_kinds, pipe=not FUSED_W16, w16=FUSED_W16)
         else:
             self._products(q, ws, out, add)
         self._wrote(out)
@@ -174,7 +179,8 @@ class ShortPrefillOps(_Ops):
         q = self._prepared(x)
         wg, wu = (self._gemv[m.name] for m in w)
         if wg.qtype == wu.qtype == QType.Q4_K and (wg.rows, wg.cols) == (wu.rows, wu.cols):
-            gemv_mma_glu(wg, wu, *q, out, self.n, act=act, stream=self.stream, pdl="glu" in self.pdl_kinds)
+            gemv_mma_glu(wg, wu, *q, out, self.n, act=act, stream=self.stream, pdl="glu" in self.pdl_kinds,
+                         pipe=not FUSED_W16, w16=FUSED_W16)
             self._wrote(out)
             return
         gate, up = self.A["split_gate"][:self.n], self.A["split_up"][:self.n]

@@ -33,6 +33,7 @@ from . import ptx
 from .formats import QType
 from .gemv_mma import ROWS, _dev, _flat, lanes, make_block_loop
 from .gemv_mma_k import _bases, _fits, _tokens, make_token_loads, make_weight_loads, plan_ksplit, q8k_inputs
+from .gemv_mma_k_w16 import _bases16, split16
 from .q8k_layout import xd_base
 from .pdl import hooks as pdl_hooks
 
@@ -92,19 +93,20 @@ def _both_weights(weight_loads):
 
 @functools.lru_cache(maxsize=None)
 def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu", PDL: bool = False,
-                           MAXREG: int | None = None):
+                           MAXREG: int | None = None, W16: bool = False):
     """The kernel: grid ceil(rows / 16) blocks of 32 * KSPLIT threads. Arguments: wa, wb (the gate
     weight's Q4_K planes), wa2, wb2 (the up weight's), nu, rows, xq, xd, xb (q8_K, gemv_mma_k's),
     cols, n_tok (<= 8), ldy, y (float32, token t's row at t * ldy). PDL: as gemv_mma_k's (both
-    weights' first block loaded before the wait). MAXREG: cuda.jit's max_registers (a GPU build)."""
+    weights' first block loaded before the wait). MAXREG: cuda.jit's max_registers (a GPU build).
+    W16: both weights by 16-byte lane loads (quant/gemv_mma_k_w16.py; lab, not yet timed here)."""
     if ACT not in ACTS:
         raise ValueError(f"mma_glu_q4k_q8k_kernel: ACT {ACT!r} must be one of {ACTS}")
     NW = KSPLIT
     finish = _make_finish(NW, ACT)
 
-    token_loads = make_token_loads(PDL)
-    wloads = _both_weights(make_weight_loads(PDL))         # PDL: loads that stay above the wait
-    wloads_ro = _both_weights(make_weight_loads(False))    # the later blocks' (read-only: make_block_loop's wrest)
+    token_loads = make_token_loads(PDL, W16)
+    wloads = _both_weights(make_weight_loads(PDL, W16))         # PDL: loads that stay above the wait
+    wloads_ro = _both_weights(make_weight_loads(False, W16))    # the later blocks' (read-only: make_block_loop's wrest)
     launch_dependents = pdl_hooks(PDL)[1]
 
     @_dev
@@ -113,8 +115,8 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
 
     @_dev
     def block(acc, W, X):
-        _tokens(acc, 0, W[0], X)                     # gate rows
-        _tokens(acc, 4, W[1], X)                     # up rows: the same B fragment
+        _tokens(acc, 0, split16(W[0]) if W16 else W[0], X)     # gate rows
+        _tokens(acc, 4, split16(W[1]) if W16 else W[1], X)     # up rows: the same B fragment
 
     run = make_block_loop(wloads, tloads, block, PIPE, PDL, wrest=wloads_ro if PDL else None)
     jit = cuda.jit(max_registers=MAXREG) if MAXREG and not ptx.SIMULATOR else cuda.jit
@@ -130,18 +132,24 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
         acc = cuda.local.array(8, float32)           # k < 4: gate, as gemv_mma_k's; k >= 4: up
         for k in range(8):
             acc[k] = float32(0)
-        wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
-        tok = (g < n_tok, xi, xd_base(ta, nb), xd_base(tc, nb))
+        if W16:
+            wi0, wi1, xi, xj = _bases16(nu, rr0, rr1, t, tb, cols)
+            tok = (g < n_tok, xi, xd_base(ta, nb), xd_base(tc, nb), xj)
+        else:
+            wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
+            tok = (g < n_tok, xi, xd_base(ta, nb), xd_base(tc, nb))
         run(acc, (wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb), b_lo, b_hi, nblk)
         finish(acc, warp, lane, cuda.blockIdx.x * ROWS + g, 2 * t, rows, ldy, n_tok, y)
     return kernel_cache.attach(kernel)
 
 
 def gemv_mma_glu(wg, wu, xq, xd, xb, y, n_tok: int, act: str = "silu", ksplit: int | None = None,
-                 pipe: bool = True, stream=0, pdl: bool = False) -> None:
+                 pipe: bool = True, stream=0, pdl: bool = False, w16: bool = False) -> None:
     """y [n_tok, rows] = act(x Wg^T) * (x Wu^T) for two Q4_K GemvWeights of one shape (dp4a mode)
     and q8_K activations (gemv_mma_k's xq, xd, xb); 1 <= n_tok <= 8. ksplit None: plan_ksplit's
-    for the shape. pdl: as gemv_mma_k's. No allocation, no synchronization."""
+    for the shape. pdl: as gemv_mma_k's. w16: the weights by 16-byte lane loads (lab; unpipelined
+    is the build to try: pipelined, gemv_mma_k's held 164 registers). No allocation, no
+    synchronization."""
     from . import pdl as P
     for name, w in (("gate", wg), ("up", wu)):
         if w.qtype != QType.Q4_K:
@@ -157,12 +165,12 @@ def gemv_mma_glu(wg, wu, xq, xd, xb, y, n_tok: int, act: str = "silu", ksplit: i
     ksplit = plan_ksplit(rows, cols, n_tok) if ksplit is None else ksplit
     if not 1 <= ksplit <= 16:
         raise ValueError(f"gemv_mma_glu: ksplit {ksplit} must be 1..16")
-    xq, xd, xb = q8k_inputs("gemv_mma_glu", (wg, wu), xq, xd, xb, n_tok, cols, read_xb=True)
+    xq, xd, xb = q8k_inputs("gemv_mma_glu", (wg, wu), xq, xd, xb, n_tok, cols, read_xb=True, w16=bool(w16))
     yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_glu")
     maxreg = PDL_MAX_REGISTERS if pdl else None
-    kern = mma_glu_q4k_q8k_kernel(ksplit, bool(pipe), act, bool(pdl), maxreg)
+    kern = mma_glu_q4k_q8k_kernel(ksplit, bool(pipe), act, bool(pdl), maxreg, bool(w16))
     if not ptx.SIMULATOR:
-        _fits(kern, SIGNATURE, (f"Q4_K {act}", ksplit, bool(pipe), 8, bool(pdl), maxreg))
+        _fits(kern, SIGNATURE, (f"Q4_K {act}", ksplit, bool(pipe), 8, bool(pdl), maxreg, bool(w16)))
     P.launch_or_plain(kern, (rows + ROWS - 1) // ROWS, 32 * ksplit, stream, SIGNATURE, bool(pdl), wg.wa, wg.wb,
                       wu.wa, wu.wb, wg.units, rows, xq, xd, xb, cols, n_tok, rows, yf)
 

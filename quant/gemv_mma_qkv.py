@@ -37,18 +37,20 @@ FORMATS = (QType.Q4_K, QType.Q6_K)
 
 
 @functools.lru_cache(maxsize=None)
-def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True, PDL: bool = False):
+def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True, PDL: bool = False, W16: bool = False):
     """The kernel for the formats FMTS (three "Q4_K" / "Q6_K"): grid = the three matrices' tiles,
     32 * KSPLIT threads. Arguments: for each matrix its GEMV planes wa, wb, wc, wd and rows; then
     nu (units a row, the same for all: one input), xq, xd, xb (q8_K), cols, n_tok (<= 8), ldy, y
     ([q | k | v] rows of ldy floats). PIPE: the Q4_K matrices' (a Q6_K one's trips are unpipelined,
-    as gemv_mma_k.default_pipe). PDL: as gemv_mma_k's."""
+    as gemv_mma_k.default_pipe). PDL: as gemv_mma_k's. W16: the Q4_K matrices by 16-byte lane loads
+    (quant/gemv_mma_k_w16.py; lab, not yet timed here)."""
     if len(FMTS) != 3 or any(f not in ("Q4_K", "Q6_K") for f in FMTS):
         raise ValueError(f"mma_qkv_kernel: FMTS {FMTS} must be three of Q4_K, Q6_K")
     NW = KSPLIT
     finish = make_finish(NW, 4)
     # (PIPE is the Q4_K matrices'; the Q6_K trips are unpipelined: gemv_mma_k.default_pipe)
-    T0, T1, T2 = ((make_trips(NW, 8, PIPE, PDL) if f == "Q4_K" else Q6.make_trips(NW, 8, False, PDL)) for f in FMTS)
+    T0, T1, T2 = ((make_trips(NW, 8, PIPE, PDL, W16) if f == "Q4_K" else Q6.make_trips(NW, 8, False, PDL))
+                  for f in FMTS)
     launch_dependents = pdl_hooks(PDL)[1]
 
     @cuda.jit
@@ -79,12 +81,13 @@ def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True, PDL: bool = 
 
 
 def gemv_mma_qkv(ws, xq, xd, xb, y, n_tok: int, ldy: int | None = None, ksplit: int | None = None,
-                 pipe: bool = True, stream=0, pdl: bool = False) -> None:
+                 pipe: bool = True, stream=0, pdl: bool = False, w16: bool = False) -> None:
     """y[:, q | k | v] = x [Wq | Wk | Wv]^T for three GemvWeights (dp4a mode, Q4_K or Q6_K each, one
     column count) and q8_K activations (gemv_mma_k's xq, xd, xb; xb is read by the Q4_K ones);
     1 <= n_tok <= 8. y: [n_tok, ldy] rows (ldy None: the three matrices' rows), the first
     sum(rows) columns written. ksplit None: plan_ksplit of the three's rows. pdl: as gemv_mma_k's.
-    No allocation, no synchronization."""
+    w16: the Q4_K matrices by 16-byte lane loads (lab; as gemv_mma_glu's). No allocation, no
+    synchronization."""
     from . import pdl as P
     ws = tuple(ws)
     if len(ws) != 3:
@@ -104,12 +107,12 @@ def gemv_mma_qkv(ws, xq, xd, xb, y, n_tok: int, ldy: int | None = None, ksplit: 
     ksplit = plan_ksplit(total, cols, n_tok) if ksplit is None else ksplit
     if not 1 <= ksplit <= 16:
         raise ValueError(f"gemv_mma_qkv: ksplit {ksplit} must be 1..16")
-    xq, xd, xb = q8k_inputs("gemv_mma_qkv", ws, xq, xd, xb, n_tok, cols, read_xb=True)    # (the kernel takes xb)
+    xq, xd, xb = q8k_inputs("gemv_mma_qkv", ws, xq, xd, xb, n_tok, cols, read_xb=True, w16=bool(w16))  # (takes xb)
     yf = _flat(y, np.float32, n_tok * ldy, "y", "gemv_mma_qkv")
     fmts = tuple(w.qtype.name for w in ws)
-    kern = mma_qkv_kernel(fmts, ksplit, bool(pipe), bool(pdl))
+    kern = mma_qkv_kernel(fmts, ksplit, bool(pipe), bool(pdl), bool(w16))
     if not ptx.SIMULATOR:
-        _fits(kern, SIGNATURE, ("qkv " + "/".join(fmts), ksplit, bool(pipe), 8, bool(pdl)))
+        _fits(kern, SIGNATURE, ("qkv " + "/".join(fmts), ksplit, bool(pipe), 8, bool(pdl), bool(w16)))
     grid = sum((w.rows + ROWS - 1) // ROWS for w in ws)
     args = [a for w in ws for a in (w.wa, w.wb, w.wc, w.wd, w.rows)]
     P.launch_or_plain(kern, grid, 32 * ksplit, stream, SIGNATURE, bool(pdl), *args, ws[0].units, xq, xd, xb, cols,

@@ -21,19 +21,20 @@ def _weights(rows, cols, seed, qtype=QType.Q4_K):
     return hw, [G.prepare_weight(G.to_device(h), "dp4a") for h in hw]
 
 
-@pytest.mark.parametrize("pipe", [True, False])
+@pytest.mark.parametrize("pipe,w16", [(True, False), (False, False), (False, True)])
 @pytest.mark.parametrize("rows,cols,n_tok,ksplit,act", [
     (16, 256, 1, 1, "silu"), (21, 768, 5, 2, "silu"), (9, 1280, 8, 3, "gelu"), (40, 512, 3, None, "silu")])
-def test_glu_is_gemv_mma_k_twice_then_the_activation(rows, cols, n_tok, ksplit, act, pipe):
+def test_glu_is_gemv_mma_k_twice_then_the_activation(rows, cols, n_tok, ksplit, act, pipe, w16):
+    # (w16: both weights by 16-byte loads, against gemv_mma_k's 8-byte build: the same bits)
     hw, (wg, wu) = _weights(rows, cols, rows + cols)
     x = np.random.default_rng(4).standard_normal((n_tok, cols)).astype(np.float32)
     q = [cuda.to_device(a) for a in K.quantize_q8k_tiled(x)]
     y = cuda.device_array((n_tok, rows), np.float32)
-    gemv_mma_glu(wg, wu, *q, y, n_tok, act=act, ksplit=ksplit, pipe=pipe)
+    gemv_mma_glu(wg, wu, *q, y, n_tok, act=act, ksplit=ksplit, pipe=pipe, w16=w16)
     ks = K.plan_ksplit(rows, cols, n_tok) if ksplit is None else ksplit
     g, u, want = (cuda.device_array((n_tok, rows), np.float32) for _ in range(3))
-    K.gemv_mma_k(wg, *q, g, n_tok, ksplit=ks, pipe=pipe)
-    K.gemv_mma_k(wu, *q, u, n_tok, ksplit=ks, pipe=pipe)
+    K.gemv_mma_k(wg, *q, g, n_tok, ksplit=ks, pipe=pipe, w16=False)
+    K.gemv_mma_k(wu, *q, u, n_tok, ksplit=ks, pipe=pipe, w16=False)
     (norm.swiglu if act == "silu" else norm.geglu)(g, u, want)
     np.testing.assert_array_equal(y.copy_to_host(), want.copy_to_host())
     # and numpy's: act of the float products within their bound

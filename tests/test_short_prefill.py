@@ -130,6 +130,33 @@ def test_simulated_short_prefill_by_pdl_launches_every_gemv_and_norm_so_and_keep
     np.testing.assert_array_equal(got["some"], got["off"])
 
 
+@pytest.mark.slow
+def test_simulated_short_prefill_fused_w16_knob_keeps_the_bits(tmp_path, monkeypatch):
+    # the lab knob FUSED_W16: q/k/v and gate/up/SwiGLU by 16-byte weight loads, unpipelined - the
+    # same integer sums in the same order, so the logits keep the 8-byte graph's bits
+    from genie_rt.engine import cuda_short_prefill
+    from genie_rt.quant import gemv_mma_glu, gemv_mma_qkv
+    from test_backend_cuda import make_backends
+    path = _tiny(tmp_path)
+    calls, got = [], {}
+    for mod, name in ((gemv_mma_glu, "gemv_mma_glu"), (gemv_mma_qkv, "gemv_mma_qkv")):
+        real = getattr(mod, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            calls.append((_name, k.get("w16"), k.get("pipe")))
+            return _real(*a, **k)
+        monkeypatch.setattr(mod, name, spy)
+    for knob in (False, True):
+        monkeypatch.setattr(cuda_short_prefill, "FUSED_W16", knob)
+        gpu, _, _ = make_backends(path, "f16", n_ctx=64, chunk=16, warm=False, short_prefill=True)
+        gpu.prefill(PROMPT, 0)
+        calls.clear()
+        got[knob] = gpu.prefill(TURN, len(PROMPT))
+        assert {c[0] for c in calls} == {"gemv_mma_glu", "gemv_mma_qkv"}, calls
+        assert all(c[1] is knob and c[2] is (not knob) for c in calls), calls
+    np.testing.assert_array_equal(got[True], got[False])
+
+
 def test_short_prefill_pdl_knob_names_known_kinds():
     from genie_rt.engine.cuda_short_prefill import PDL_KINDS, pdl_kinds
     assert pdl_kinds(False) == frozenset() and pdl_kinds(True) == frozenset(PDL_KINDS)
