@@ -105,6 +105,10 @@
 #   ncu24     Nsight Compute on the short prefill's mma GEMV (python -m genie_rt.quant.gemv_mma_k --ncu; NARGS: its
 #             shapes, default ffn_down Q4_K at 8 tokens, pipelined and not, k-split 8): what bounds a tile's time
 #             (docs/kernels/gemv.md 8i) - ncu-mmak.txt (NT s)
+#   w16s25    the short prefill with W16 (2026-12-06 afternoon; docs/kernels/gemv.md 8k), one call: its GPU tests and the
+#             mma GEMVs' (TT s), then the short graph (profile-short-w16off / -w16on) and prefix reuse with
+#             --short-prefill (prefix-w16off / -w16on) with the lab knob cuda_short_prefill.FUSED_W16 off and on (W16
+#             in the GLU and q/k/v launches; gemv_mma_k's Q4_K default is W16 either way), PT / PXT s each
 #   pin20b    its second call: llama-bench, the GPU tests (PDL chain, CPU parity, short prefill), the short
 #             prefill's graph plain / PDL with pinned loads, prefix reuse
 #   shortpx18 the prefix-reuse bench without and with --short-prefill, the latter also with --no-pdl
@@ -783,6 +787,23 @@ for s in "$@"; do
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
       prefix_ways "${PXW:-off short shortplain}" ${PXT:-240} ;;
+    w16s25)
+      stage w16s25
+      use_kernel_cache
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      [ "${TT:-170}" -gt 0 ] && { timeout ${TT:-170} $PY -m pytest -q -p no:cacheprovider -n ${NW:-6} -rfEs tests/test_quantize_q8k.py \
+        tests/test_attention_merge.py tests/test_short_prefill.py tests/test_gemv_mma_k.py tests/test_gemv_mma_q6k.py \
+        tests/test_gemv_mma_glu.py tests/test_gemv_mma_qkv.py -m "gpu or not slow" > "$OUT/tests.txt" 2>&1
+        echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10; }
+      for v in False True; do
+        W=$([ $v = True ] && echo w16on || echo w16off)
+        timeout ${PT:-150} $PY tools/lab_knobs.py engine.cuda_short_prefill.FUSED_W16=$v -- tools/profile_prefill.py \
+          -m $MODEL4B --short --start 500 --ctx 1024 ${PPARGS:-} --json "$OUT/profile-short-$W.json" 2>&1 \
+          | grep -v "^INFO numba" > "$OUT/profile-short-$W.txt"; echo "$W:"; grep -E "prefill of|gate, up|q, k, v" "$OUT/profile-short-$W.txt"
+        timeout ${PXT:-150} $PY tools/lab_knobs.py engine.cuda_short_prefill.FUSED_W16=$v -- tools/bench_prefix.py \
+          --backend cuda -m $MODEL4B --short-prefill 2>&1 | grep -v "^INFO numba" > "$OUT/prefix-$W.txt"
+        grep -E "warm|cold|greedy|cosine" "$OUT/prefix-$W.txt" | head -5
+      done ;;
     ncu24)
       stage ncu24
       NCU=$(ncu_path); [ -n "$NCU" ] || { echo "no ncu on this machine"; continue; }
