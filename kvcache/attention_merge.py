@@ -36,7 +36,7 @@ from genie_rt.quant.mmq_prep import PREP_THREADS, _norm_and_scale, _pair_pos
 from genie_rt.quant.pdl import hooks, wanted
 from genie_rt.quant.norm_q8_device import FULL, q8k_round, q8k_scale
 from genie_rt.quant.ptx import SIMULATOR, pack_half2
-from genie_rt.quant.q8k_layout import sizes
+from genie_rt.quant.q8k_layout import check, xd_base, xq_word
 
 from .attention_prefill_kernels import merge_value, merge_weights
 
@@ -185,11 +185,11 @@ def merge_q8k_kernel(part_o, part_ml, n_splits, state, splits_at, x, xq, xd, xb)
     # quantize_q8k's arithmetic (and rmsnorm_q8k's without a norm weight): the same bits
     scale, qinv = q8k_scale(a)
     q = q8k_round(v, qinv)
-    xq[(tok >> 3) * (cols << 3) + (c >> 5) * 256 + (tok & 7) * 32 + (c & 31)] = int8(q)   # tiled (q8k_layout)
+    xq[4 * xq_word(tok, cols) + (c >> 5) * 256 + (c & 31)] = int8(q)      # tiled (q8k_layout)
     tot = q
     for off in (16, 8, 4, 2, 1):                # a warp is one 32-value sub-block
         tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, off))
-    ix = (tok >> 3) * ((cols // QK) << 3) + blk * 8 + (tok & 7)      # the tiled xd, xb (q8k_layout)
+    ix = xd_base(tok, cols // QK) + 8 * blk                           # the tiled xd, xb (q8k_layout)
     if lane == 0:
         xb[ix * 8 + (tid >> 5)] = tot
     if tid == 0:
@@ -218,10 +218,7 @@ def merge_q8k(part_o, part_ml, n_splits: int, state, splits_at: int | None, x, x
                          part_o.shape[1] < n * (cols // hd)):     # (one split reads no workspace)
         raise ValueError(f"merge_q8k: the workspace {tuple(part_o.shape)} holds fewer than "
                          f"{n_splits} splits of {n * (cols // hd)} rows")
-    for name, a, dt, size in zip(("xq", "xd", "xb"), (xq, xd, xb), (np.int8, np.float32, np.int32), sizes(n, cols)):
-        if a.dtype != dt or a.size != size:
-            raise ValueError(f"merge_q8k: {name} must be {np.dtype(dt).name} with {size} elements, "
-                             f"got {a.dtype} {tuple(a.shape)}")
+    check("merge_q8k", n, cols, xq, xd, xb)
     at = np.int32(-1 if splits_at is None else splits_at)
     merge_q8k_kernel[(n, cols // QK), QK, stream](part_o, part_ml, np.int32(n_splits), state, at, x,
                                                   xq.reshape(xq.size), xd.reshape(xd.size), xb.reshape(xb.size))

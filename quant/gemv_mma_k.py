@@ -85,14 +85,12 @@ from .pdl import hooks as pdl_hooks
 from .pdl import weight_loads as pdl_weight_loads
 from .gemv_mma_q6k import SIGNATURE as SIGNATURE_Q6K
 from .gemv_mma_k_w16 import _bases16, split16
-from .q8k_layout import (TILE, dequantize_q8k, quantize_q8k, sizes, tile_blocks, tile_q8k, tiled,  # noqa: F401
-                         untile_q8k, untiled, xd_base, xq_size, xq_word)
+from .q8k_layout import (QK, SUB, TILE, dequantize_q8k, quantize_q8k, sizes, tile_blocks, tile_q8k,  # noqa: F401
+                         tiled, untile_q8k, untiled, xd_base, xq_size, xq_word)
 from .gemv_mma_q6k import mma_q6k_q8k_kernel
 
-QK = 256                    # values a q8_K block (one scale)
 SIGNATURE = ("void(uint32[::1], uint32[::1], int64, int64, uint32[::1], float32[::1], int32[::1], int64, "
              "int64, int64, float32[::1], float32[::1], int64)")
-SUB = 32                    # values a sub-block sum
 MAX_TOK = 16                # two B fragments
 
 
@@ -362,7 +360,7 @@ def _fits(kern, signature: str, key: tuple) -> None:
     builds: 160 registers a thread without PIPE, 255 with it on sm_90 - 12 and 8 warps at most;
     the H100 refused 13), once a build, before the driver's CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES.
     Registers are allocated a warp at a time in units of 256: a thread's count rounds up to 8.
-    key: (format, ksplit, pipe, nt, pdl)."""
+    key: (format, ksplit, pipe, nt, pdl[, the build's other parameters])."""
     qname, ksplit, pipe, nt = key[:4]
     if key not in _FITS:
         kern.compile(signature)                      # the launch's own specialisation (flat arrays)
@@ -482,7 +480,7 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
         return
     kern = mma_q4k_q8k_kernel(ksplit, bool(pipe), nt, pdl, w16)
     if not ptx.SIMULATOR:
-        _fits(kern, SIGNATURE, ("Q4_K", ksplit, bool(pipe), nt, pdl) + (("w16",) if w16 else ()))
+        _fits(kern, SIGNATURE, ("Q4_K", ksplit, bool(pipe), nt, pdl, w16))
     P.launch_or_plain(kern, grid, block, stream, SIGNATURE, pdl, w.wa, w.wb, w.units, rows, xq, xd, xb, cols,
                       n_tok, ldy, yf, rf, resid)
 

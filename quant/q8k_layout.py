@@ -1,7 +1,7 @@
 """q8_K activations: the numpy reference (`quantize_q8k`) and the device's layout - what the short
 prefill's writers store and its mma GEMVs read.
 
-q8_K (gemv_mma_k.quantize_q8k) gives each token's row of int8 values, a float scale a 256 values
+q8_K (`quantize_q8k`) gives each token's row of int8 values, a float scale a 256 values
 (xd) and an integer sum a 32 (xb). On the device all three are tiled the same way: tokens in
 groups of TILE = 8, and within a group block by block, each block's 8 tokens' parts back to back.
 
@@ -57,20 +57,30 @@ def dequantize_q8k(xq: np.ndarray, xd: np.ndarray) -> np.ndarray:
     return (xq.reshape(n_tok, -1, QK).astype(np.float32) * xd[..., None]).reshape(n_tok, cols)
 
 
-def xq_size(n_tok: int, cols: int) -> int:
-    """The int8 values of the device's xq for n_tok tokens (`tile_q8k`: whole groups of TILE)."""
-    return -(-n_tok // TILE) * TILE * cols
-
-
 def sizes(n_tok: int, cols: int) -> tuple:
     """(xq, xd, xb) element counts on the device for n_tok tokens of cols values: whole groups."""
     rows = -(-n_tok // TILE) * TILE
-    return rows * cols, rows * (cols // 256), rows * (cols // SUB)
+    return rows * cols, rows * (cols // QK), rows * (cols // SUB)
+
+
+def xq_size(n_tok: int, cols: int) -> int:
+    """The int8 values of the device's xq for n_tok tokens (`sizes`' first)."""
+    return sizes(n_tok, cols)[0]
+
+
+def check(who: str, n_tok: int, cols: int, xq, xd, xb) -> None:
+    """ValueError naming who and the array unless xq, xd, xb are int8, float32, int32 arrays of
+    `sizes`' element counts (the writers' argument check)."""
+    for name, a, dt, size in zip(("xq", "xd", "xb"), (xq, xd, xb), (np.int8, np.float32, np.int32),
+                                 sizes(n_tok, cols)):
+        if a.dtype != dt or a.size != size:
+            raise ValueError(f"{who}: {name} must be {np.dtype(dt).name} with {size} elements, "
+                             f"got {a.dtype} {tuple(a.shape)}")
 
 
 def tile_blocks(a: np.ndarray, per: int) -> np.ndarray:
-    """xd (per 1) or xb (per 8) [n_tok, blocks * per] as the device holds it, flat: groups of TILE
-    tokens (the last padded with zeros), a group [blocks][TILE][per]."""
+    """xd (per 1), xb (per 8) or xq (per 32, `tile_q8k`) [n_tok, units * per] as the device holds
+    it, flat: groups of TILE tokens (the last padded with zeros), a group [units][TILE][per]."""
     n_tok, m = a.shape
     groups = -(-n_tok // TILE)
     pad = np.zeros((groups * TILE, m), a.dtype)
@@ -92,28 +102,23 @@ def tiled(xq: np.ndarray, xd: np.ndarray, xb: np.ndarray) -> tuple:
 
 def untiled(xq, xd, xb, n_tok: int, cols: int) -> tuple:
     """`tiled`'s inverse, from the device's flat arrays: quantize_q8k's layout."""
-    return (untile_q8k(xq, n_tok, cols), untile_blocks(xd, n_tok, cols // 256, 1),
+    return (untile_q8k(xq, n_tok, cols), untile_blocks(xd, n_tok, cols // QK, 1),
             untile_blocks(xb, n_tok, cols // SUB, 8))
 
 
 def tile_q8k(xq: np.ndarray) -> np.ndarray:
     """The q8 values [n_tok, cols] as the device holds them, flat int8 [xq_size(n_tok, cols)]: the
     tokens in groups of TILE (the last padded with zeros), a group [cols / 32][TILE][32] - each
-    32-value sub-block's TILE rows back to back. Token t's values 32 s .. 32 s + 31 start at byte
-    (t // 8) 8 cols + 256 s + 32 (t % 8). Written by quant/quantize_q8k.rmsnorm_q8k and
-    kvcache/attention_merge.merge_q8k, read by the mma GEMVs (above); xd and xb: `tile_blocks`."""
-    n_tok, cols = xq.shape
-    groups = -(-n_tok // TILE)
-    pad = np.zeros((groups * TILE, cols), np.int8)
-    pad[:n_tok] = xq
-    return np.ascontiguousarray(pad.reshape(groups, TILE, cols // SUB, SUB).transpose(0, 2, 1, 3)).reshape(-1)
+    32-value sub-block's TILE rows back to back (`tile_blocks` with a sub-block's 32 values as the
+    unit). Token t's values 32 s .. 32 s + 31 start at byte (t // 8) 8 cols + 256 s + 32 (t % 8).
+    Written by quant/quantize_q8k.rmsnorm_q8k and kvcache/attention_merge.merge_q8k, read by the mma
+    GEMVs (above)."""
+    return tile_blocks(xq, SUB)
 
 
 def untile_q8k(flat: np.ndarray, n_tok: int, cols: int) -> np.ndarray:
     """tile_q8k's inverse: int8 [n_tok, cols]."""
-    groups = -(-n_tok // TILE)
-    t = np.asarray(flat)[:groups * TILE * cols].reshape(groups, cols // SUB, TILE, SUB)
-    return np.ascontiguousarray(t.transpose(0, 2, 1, 3)).reshape(groups * TILE, cols)[:n_tok]
+    return untile_blocks(flat, n_tok, cols, SUB)
 
 
 @_dev
@@ -121,8 +126,6 @@ def xq_word(tb, cols):
     """The first 32-bit word of token tb's 32 bytes of sub-block 0 in the tiled xq (`tile_q8k`);
     sub-block s's are 64 s words on, block b's first 512 b."""
     return uint32((tb >> 3) * (cols << 1)) + uint32((tb & 7) * 8)
-
-
 
 
 @_dev

@@ -40,7 +40,7 @@ from genie_rt.engine import kernel_cache
 from . import ptx
 from .norm_q8_device import FULL, block_sum, q8k_round, q8k_scale
 from .pdl import hooks as pdl_hooks
-from .q8k_layout import sizes
+from .q8k_layout import check, xd_base, xq_word
 
 QK = 256
 THREADS = 256                                   # 8 warps a block, a 256-value block a warp
@@ -136,10 +136,10 @@ def rmsnorm_q8k_kernel(NORM: bool, PDL: bool = False):
         tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, 1))   # lanes 4k .. 4k + 3: one sub-block
         tot = int32(tot + cuda.shfl_xor_sync(FULL, tot, 2))
         # the tiled xq (quant/q8k_layout.py): token r's 32 bytes of sub-block 8 mine + lane / 4
-        wi = uint32((r >> 3) * (d << 1) + (mine * 8 + (lane >> 2)) * 64 + (r & 7) * 8 + 2 * (lane & 3))
+        wi = xq_word(r, d) + uint32((mine * 8 + (lane >> 2)) * 64 + 2 * (lane & 3))
         xq[wi] = lo
         xq[wi + uint32(1)] = hi
-        ix = uint32((r >> 3) * (nblk << 3) + mine * 8 + (r & 7))     # the tiled xd, xb (q8k_layout)
+        ix = xd_base(r, nblk) + uint32(8 * mine)                    # the tiled xd, xb (q8k_layout)
         if (lane & 3) == 0:
             xb[uint32(8) * ix + uint32(lane >> 2)] = tot
         if lane == 0:
@@ -158,10 +158,7 @@ def rmsnorm_q8k(x, w, eps: float, xq, xd, xb, stream=0, pdl: bool = False) -> No
     n, d = x.shape
     if d % QK:
         raise ValueError(f"rmsnorm_q8k: d {d} must be a multiple of {QK}")
-    for name, a, dt, size in zip(("xq", "xd", "xb"), (xq, xd, xb), (np.int8, np.float32, np.int32), sizes(n, d)):
-        if a.dtype != dt or a.size != size:
-            raise ValueError(f"rmsnorm_q8k: {name} must be {np.dtype(dt).name} with {size} elements, "
-                             f"got {a.dtype} {tuple(a.shape)}")
+    check("rmsnorm_q8k", n, d, xq, xd, xb)
     if w is not None and (w.dtype != np.float32 or w.size != d):
         raise ValueError(f"rmsnorm_q8k: w must be float32 with {d} elements, got {w.dtype} {tuple(w.shape)}")
     if not x.is_c_contiguous():
