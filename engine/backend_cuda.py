@@ -142,8 +142,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         self.float_inputs = any(m != "dp4a" for m in modes)   # some GEMV reads float activations
         self._host_state = pinned_like(self.state)
         self._host_ids = pinned_like(A["ids"])
-        self._slot_views = {k: (self.state[k:k + 1], self._host_state[k:k + 1])
-                            for k in (S_POS, S_TOKEN, S_LAST, *range(S_SPLIT, S_SPLIT + MAX_PLANS))}
+        self._slot_views: dict[tuple, tuple] = {}   # (first slot, end) -> (device view, pinned view)
         self._max_splits_of: dict[int, tuple] = {}
         self._decode_scratch = self._scratch(1, self.state[S_TOKEN:S_TOKEN + 1])
         self._prefill_scratch = {}
@@ -301,16 +300,24 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
     # -- host <-> device per step -------------------------------------------------------
     def _set_state(self, pos: int | None = None, token: int | None = None, last: int | None = None,
                    splits: tuple = ()) -> None:
-        """Write some state slots (an async copy per slot from its pinned mirror; views made
-        once at load, engine/h2d.py); splits: the prefill plans' attention split counts. A
-        slot's mirror is rewritten only after the stream has synchronised since its last copy
+        """Write some state slots: one async copy from the pinned mirror for each run of adjacent
+        slots (a prefill chunk's position, last row and splits are one copy: engine/device_state.py;
+        views made once per run, engine/h2d.py); splits: the prefill plans' attention split counts.
+        A slot's mirror is rewritten only after the stream has synchronised since its last copy
         (every caller follows a sync)."""
-        for slot, value in ((S_POS, pos), (S_TOKEN, token), (S_LAST, last),
-                            *((S_SPLIT + i, k) for i, k in enumerate(splits))):
-            if value is not None:
-                dev, host = self._slot_views[slot]
-                host[0] = value
-                upload(dev, host, self.stream)
+        values = {S_POS: pos, S_TOKEN: token, S_LAST: last, **{S_SPLIT + i: k for i, k in enumerate(splits)}}
+        slots = sorted(k for k, v in values.items() if v is not None)
+        for k in slots:
+            self._host_state[k] = values[k]
+        first = 0
+        for i, k in enumerate(slots):
+            if i + 1 == len(slots) or slots[i + 1] != k + 1:
+                run = (slots[first], k + 1)
+                views = self._slot_views.get(run)
+                if views is None:
+                    views = self._slot_views[run] = (self.state[run[0]:run[1]], self._host_state[run[0]:run[1]])
+                upload(*views, self.stream)
+                first = i + 1
 
     def _begin_request(self, sampler, history, wait: bool = True) -> None:
         """The request's sampler parameters and history to the device (gpu_sampling.set_request:

@@ -52,10 +52,16 @@ from .models.ops import AttnLayer
 # loses a little, the gate/up launch most (docs/kernels/gemv.md 8g, 8i).
 PDL = False
 # Lab knob: the q/k/v and gate/up/SwiGLU launches by 16-byte weight loads, unpipelined (W16:
-# quant/gemv_mma_k_w16.py), as gemv_mma_k's Q4_K default has been since 2026-12-06 (6-15 % faster
-# alone on an H100, docs/kernels/gemv.md 8k). Off: not yet timed in these two kernels or the graph -
-# `tools/lab_knobs.py engine.cuda_short_prefill.FUSED_W16=True -- tools/profile_prefill.py --short ...`.
-FUSED_W16 = False
+# quant/gemv_mma_k_w16.py), as gemv_mma_k's Q4_K default. On since 2026-12-06: the same bits, and
+# on one H100 in one call (8 new tokens after 500 cached) the graph took 2.400 ms against 2.439 with
+# the pipelined 8-byte builds (q/k/v 8.9 against 9.5 us a layer, gate/up 14.4 against 15.4;
+# docs/kernels/gemv.md 8k). False: those builds, for comparison.
+FUSED_W16 = True
+# Lab knob: the gate/up/SwiGLU launch's k-split (None: gemv_mma_k.plan_ksplit's, 2 for the 4B's
+# 9,728 x 2,560; gemv_mma_k's W16 ffn_gate alone was fastest at 4 on an H100, 8.5 against 9.1 us,
+# docs/kernels/gemv.md 8k). Not yet timed in the GLU: `tools/lab_knobs.py
+# engine.cuda_short_prefill.GLU_KSPLIT=4 -- tools/profile_prefill.py --short ...`.
+GLU_KSPLIT = None
 # the launches that have PDL builds: rmsnorm_q8k with a norm weight (norm) and without (q8k), q/k/v
 # in one launch (qkv), gemv_mma_k (gemv: attn_output, ffn_down), gate/up/SwiGLU (glu), rope_write
 PDL_KINDS = ("norm", "q8k", "qkv", "gemv", "glu", "rope")
@@ -179,8 +185,8 @@ class ShortPrefillOps(_Ops):
         q = self._prepared(x)
         wg, wu = (self._gemv[m.name] for m in w)
         if wg.qtype == wu.qtype == QType.Q4_K and (wg.rows, wg.cols) == (wu.rows, wu.cols):
-            gemv_mma_glu(wg, wu, *q, out, self.n, act=act, stream=self.stream, pdl="glu" in self.pdl_kinds,
-                         pipe=not FUSED_W16, w16=FUSED_W16)
+            gemv_mma_glu(wg, wu, *q, out, self.n, act=act, ksplit=GLU_KSPLIT, stream=self.stream,
+                         pdl="glu" in self.pdl_kinds, pipe=not FUSED_W16, w16=FUSED_W16)
             self._wrote(out)
             return
         gate, up = self.A["split_gate"][:self.n], self.A["split_up"][:self.n]

@@ -8,22 +8,27 @@ name from here.
     slot        written by                              read by
     S_POS   0   host (_set_state) before a prefill       rope_write, decode/prefill attention:
                 chunk or a decode run; advance_state     the position of the chunk's first row
-                (+1 after each decode step)              (decode: of the token)
-    S_TOKEN 1   host before a decode run; the sampler    embed (the decode step's input token)
-                (the token it drew)
-    S_DRAWS 2   set_request (0); the sampler (+1 per     the sampler: the RNG step, and the
-                draw)                                    output slot out[S_DRAWS % len(out)]
-    S_HIST  3   set_request (the prompt's length); the   the sampler's repetition penalties
-                sampler (+1 per draw)                    (tokens in the recent-token ring)
-    S_LAST  4   host before a prefill chunk              gather_row: the last real row of a
+                (+1 after each decode step)              (decode: of the token); rope_write and
+                                                         the prefill attention read state[0]
+    S_LAST  1   host before a prefill chunk              gather_row: the last real row of a
                                                          padded chunk (its logits are wanted)
-    S_SPLIT 5,6 host before a prefill chunk: the         prefill attention and its merge
+    S_SPLIT 2,3 host before a prefill chunk: the         prefill attention and its merge
                 context splits of the chunk's launch     (splits_at): the split count of
                 for prefill plan 0 / 1 (global,          prefill plan i is state[S_SPLIT + i],
                 sliding window)                          so a bucket is one graph
+    S_TOKEN 4   host before a decode run; the sampler    embed (the decode step's input token)
+                (the token it drew)
+    S_DRAWS 5   set_request (0); the sampler (+1 per     the sampler: the RNG step, and the
+                draw)                                    output slot out[S_DRAWS % len(out)]
+    S_HIST  6   set_request (the prompt's length); the   the sampler's repetition penalties
+                sampler (+1 per draw)                    (tokens in the recent-token ring)
     7           free
+
+A prefill chunk's slots (S_POS .. S_SPLIT + plans - 1) are adjacent, so the host writes them
+with one copy (CUDABackend._set_state); S_DRAWS and S_HIST too (gpu_sampling.set_request).
 """
-S_POS, S_TOKEN, S_DRAWS, S_HIST, S_LAST = 0, 1, 2, 3, 4
-S_SPLIT = 5                      # S_SPLIT + i: prefill plan i's attention splits (i < MAX_PLANS)
+S_POS, S_LAST = 0, 1
+S_SPLIT = 2                      # S_SPLIT + i: prefill plan i's attention splits (i < MAX_PLANS)
+S_TOKEN, S_DRAWS, S_HIST = 4, 5, 6
 MAX_PLANS = 2
 N_SLOTS = 8

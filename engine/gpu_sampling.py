@@ -9,7 +9,7 @@ Same chain and semantics as the host sampler (engine/sampling.py, the reference)
 Everything a step needs lives in device memory, so one captured CUDA graph serves every
 token: the logits, the request's parameters (copied once per request by `set_request`),
 the recent-token ring for the penalties, the RNG step counter, and the sampled token,
-which is written to state[1] (the next step's input) and to an output slot the host
+which is written to state[S_TOKEN] (the next step's input) and to an output slot the host
 reads to stream text.
 
 No sort. Every filter keeps a prefix of the candidates ordered by (logit descending,
@@ -84,7 +84,7 @@ from genie_rt.quant import ptx
 from . import kernel_cache
 from .arena import Arena, ArenaLayout
 from .device_state import S_DRAWS as S_COUNTER
-from .device_state import S_HIST, S_POS
+from .device_state import N_SLOTS, S_HIST, S_POS
 from .gpu_sampling_device import (MAX_BLOCKS, NBINS, P_FREQUENCY, P_LASTN, P_MINP, P_NBIAS,
                                   P_PRESENCE, P_REPEAT, P_SEED_HI, P_SEED_LO, P_TEMP, P_TOPK,
                                   P_TOPP, SIMULATOR, WS_I_LEN, WS_L_LEN)
@@ -271,7 +271,7 @@ def _check(name, a, dtype, min_len=1, length=None):
 
 def _check_step(ws: SamplerWorkspace, logits, state, out) -> None:
     _check("logits", logits, np.float32, length=ws.vocab)
-    _check("state", state, np.int32, min_len=4)
+    _check("state", state, np.int32, min_len=N_SLOTS)
     _check("out", out, np.int32)
 
 
@@ -295,11 +295,12 @@ def check_request(ws: SamplerWorkspace, params, history) -> np.ndarray:
 
 def set_request(ws: SamplerWorkspace, params, history, state, stream=0) -> int:
     """Per request, before its first sample: copy the parameters, the logit_bias pairs, the
-    history (prompt tokens; the ring keeps the last ring_capacity) and state[2] = 0,
-    state[3] = len(history) to the device. Returns the 64-bit seed used (a random one when
+    history (prompt tokens; the ring keeps the last ring_capacity) and state[S_DRAWS] = 0,
+    state[S_HIST] = len(history) to the device. Returns the 64-bit seed used (a random one when
     params.seed is None or negative). Raises ValueError for what the kernels cannot do
     (check_request)."""
     hist = check_request(ws, params, history)
+    _check("state", state, np.int32, min_len=N_SLOTS)
     if params.seed is not None and params.seed >= 0:
         seed = int(params.seed) & ((1 << 64) - 1)
     else:
@@ -357,8 +358,9 @@ def _host_mirrors(ws: SamplerWorkspace) -> dict:
 
 def sample(ws: SamplerWorkspace, logits, state, out, stream=0) -> None:
     """The full chain on logits float32[V] (modified in place): writes the token to
-    state[1] and out[state[2] % len(out)], pushes it into the ring, state[2] += 1,
-    state[3] += 1. Four launches; no allocation, no synchronisation (graph-capturable)."""
+    state[S_TOKEN] and out[state[S_DRAWS] % len(out)], pushes it into the ring, state[S_DRAWS] += 1,
+    state[S_HIST] += 1 (the slots: engine/device_state.py). Four launches; no allocation, no
+    synchronisation (graph-capturable)."""
     _check_step(ws, logits, state, out)
     nb, bs = ws.n_blocks, ws.block
     _penalties_kernel[1, bs, stream](logits, ws.params_f, ws.params_i, ws.bias_ids, ws.bias_vals,
@@ -384,7 +386,7 @@ def sample_greedy(ws: SamplerWorkspace, logits, state, out, stream=0) -> None:
 
 def advance_state(state, stream=0) -> None:
     """state[0] += 1 on the device (one tiny launch)."""
-    _check("state", state, np.int32, min_len=4)
+    _check("state", state, np.int32, min_len=N_SLOTS)
     _advance_state_kernel[1, 32, stream](state)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from .device_state import S_TOKEN
+from .device_state import N_SLOTS, S_TOKEN
 from .gpu_sampling import advance_state, compile_kernels, make_workspace, sample, sample_greedy, set_request
 from .gpu_sampling_device import W_NCOMPACT
 from .gpu_sampling_greedy import _argmax_kernel, _penalties_kernel
@@ -55,7 +55,7 @@ def _bench(vocab: int = 151936, reps: int = 15) -> list[tuple[str, float, int]]:
     compile_kernels()
     rng = np.random.default_rng(0)
     stream = cuda.stream()
-    state = cuda.to_device(np.zeros(4, np.int32))
+    state = cuda.to_device(np.zeros(N_SLOTS, np.int32))
     out = cuda.to_device(np.zeros(1, np.int32))
     ws = make_workspace(vocab, **_bench_geometry(vocab))
     _validate(ws, state, out, rng, vocab)

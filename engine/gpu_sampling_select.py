@@ -302,7 +302,7 @@ def _select_kernel(logits, params_f, params_i, state, ring, out, ws_i, ws_f, ws_
          the kept prefix is the shorter one: (kappa, q) = top_p's if active;
       3. min_p: exp(z - max) >= min_p;
       4. weights exp((z - max) / T) of the kept tokens, W = their sum, u = 32 random bits
-         of (seed, state[2]), target = floor(W * u / 2**32), the token where the
+         of (seed, state[S_DRAWS]), target = floor(W * u / 2**32), the token where the
          cumulative weight in index order passes target. Emits it.
     kept int8: if len(kept) >= V, 1 is written at every kept token (tests)."""
     sh = cuda.shared.array(33, int64)

@@ -3,7 +3,8 @@
     out[t, :] = dequantize(table[ids[t], :])          ids int32[n] on the device
 
 The ids are read on the device, so one captured graph serves every decode step: for
-decode pass a view of the state array holding the current token (`state[1:2]`), for
+decode pass a view of the state array holding the current token (`state[S_TOKEN:S_TOKEN + 1]`,
+engine/device_state.py), for
 prefill the ids buffer. The result is bit-exact with `formats.dequantize` of the same
 rows: every weight is computed with the reference's float32 operations in the same
 order, and the two products of Q4_K / Q5_K ((d*sc)*q - dmin*m) use round-to-nearest
@@ -312,7 +313,7 @@ def embed(table: PackedWeight, ids, out, stream=0, planes=None, scale: float = 1
     (Gemma: sqrt(hidden); one float32 multiply per weight, exact for scale 1).
 
     table: PackedWeight with device planes (quant/layout.py); ids: int32[n] device array
-    (decode: state[1:2]); out: float32[n, table.cols] device array. `planes`: the result
+    (decode: state[S_TOKEN:S_TOKEN + 1]); out: float32[n, table.cols] device array. `planes`: the result
     of device_planes(table), to skip the checks on the hot path."""
     if planes is None:
         planes = device_planes(table)

@@ -19,7 +19,7 @@ from numba import cuda
 from genie_rt.engine import gpu_sampling as gs
 from genie_rt.engine import gpu_sampling_device as gsd
 from genie_rt.engine import gpu_sampling_select as gss
-from genie_rt.engine.device_state import S_DRAWS, S_HIST, S_POS, S_TOKEN
+from genie_rt.engine.device_state import N_SLOTS, S_DRAWS, S_HIST, S_POS, S_TOKEN
 from genie_rt.engine.sampling import Sampler, SamplingParams
 from ptx_helpers import assert_no_f64, compile_in_subprocess
 
@@ -206,7 +206,7 @@ class Rig:
         self.V = V
         self.ws = gs.make_workspace(V, block=block, chunk=chunk, ring_capacity=ring_capacity,
                                     max_bias=max_bias, debug_kept=True)
-        self.state = cuda.to_device(np.zeros(4, np.int32))
+        self.state = cuda.to_device(np.zeros(N_SLOTS, np.int32))
         self.out = cuda.to_device(np.zeros(3, np.int32))
 
     def request(self, params, history=()):

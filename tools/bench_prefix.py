@@ -80,6 +80,25 @@ def cuda_breakdown(engine, prompt: list[int]) -> dict:
             "device: head graph + sampling (events)": cuda.event_elapsed_time(e1, e2)}
 
 
+def profile_warm(run, prompts: list[list[int]], top: int) -> str:
+    """pstats of `run(prompt)` over prompts that each follow the one before (every one warm: they
+    share the system prompt), the `top` functions by their own time."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    run(prompts[0])
+    prof.enable()
+    for prompt in prompts[1:]:
+        run(prompt)
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(top)
+    lines = buf.getvalue().splitlines()
+    start = next((i for i, line in enumerate(lines) if "ncalls" in line), 0)
+    return "\n".join("    " + line for line in lines[start:] if line.strip())
+
+
 def greedy_agreement(engine, prompt: list[int], other: list[int], n: int = 8) -> tuple[list[int], list[int]]:
     """The greedy continuation of `prompt` prefilled cold, then warm (after `other`, which shares its
     system prompt, so only the user turn is prefilled): a check that the warm path - e.g. the short
@@ -126,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="CUDA: EngineConfig.prefill_pdl (the prefill's GEMMs by programmatic dependent launch)")
     p.add_argument("--short-prefill", action="store_true",
                    help="CUDA: EngineConfig.short_prefill (up to 8 new tokens by the int8 tensor-core GEMV)")
+    p.add_argument("--host-profile", type=int, default=0, metavar="N",
+                   help="also profile the host side of 100 warm requests (cProfile) and print the N "
+                        "functions with the most time of their own")
     p.add_argument("--no-pdl", action="store_true",
                    help="CUDA: EngineConfig.decode_pdl off (the decode step's and the short prefill's launches plain)")
     args = p.parse_args(argv)
@@ -174,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         info = engine.backend.device_info()
         agree = greedy_agreement(engine, system + user(997), system + user(998))
         cos = logits_agreement(engine, system + user(996), args.system_tokens)
+        if args.host_profile:        # last: the prompts above stay those of a run without it
+            host_profile = profile_warm(prefill_ms, [system + user(2 * args.repeat + 40 + i) for i in range(101)],
+                                        args.host_profile)
 
     med = {name: statistics.median(ms for ms, _ in runs) for name, runs in
            (("cold", cold), ("warm", warm), ("disk", disk))}
@@ -185,12 +210,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"short prefill: {info['short_prefill']}")
     for name, runs in (("cold", cold), ("warm", warm), ("disk", disk)):
         n_cached = runs[-1][1]
-        print(f"  {name:5s} prefill {med[name]:9.1f} ms   reused {n_cached:5d}, prefilled "
+        print(f"  {name:5s} prefill {med[name]:9.2f} ms   reused {n_cached:5d}, prefilled "
               f"{n_prompt - n_cached:5d} tokens   speed-up {med['cold'] / med[name]:6.1f}x")
     if engine.backend.name == "cuda":
         print("  warm request on the CUDA back-end, where the time goes (median ms):")
         for key in parts[0]:
             print(f"    {key:44s} {statistics.median(p[key] for p in parts):7.3f}")
+    if args.host_profile:
+        print(f"  the host's side of 100 warm requests (cProfile: its own overhead included), by own time:\n{host_profile}")
     same = sum(a == b for a, b in zip(*agree))
     print(f"greedy tokens after the prompt, cold vs warm: {same} of {len(agree[0])} the same"
           f"{'' if same == len(agree[0]) else ' (cold ' + str(agree[0]) + ', warm ' + str(agree[1]) + ')'}")

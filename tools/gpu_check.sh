@@ -105,6 +105,17 @@
 #   ncu24     Nsight Compute on the short prefill's mma GEMV (python -m genie_rt.quant.gemv_mma_k --ncu; NARGS: its
 #             shapes, default ffn_down Q4_K at 8 tokens, pipelined and not, k-split 8): what bounds a tile's time
 #             (docs/kernels/gemv.md 8i) - ncu-mmak.txt (NT s)
+#   final26   the session's closing check (2026-12-06 evening), one call (final26b: the rest, warm): llama.cpp
+#             built in the background, the GPU tests of what moved (the state slots: sampling, CPU parity,
+#             greedy text, the short prefill; TT s), genie-rt bench on the 4B (BT s), prefix reuse with
+#             --short-prefill and the host's profile (PXT s), then llama-bench on the same file if its
+#             build is done within the call's first TEND s (default 560)
+#   final26b  llama-bench (waits up to LCPP_WAIT s for the build), then genie-rt bench again if BT2 is set
+#   host26    the short prefill after FUSED_W16 went on and the state slots' one copy (2026-12-06 evening), one call:
+#             GPU tests of the back-end (CPU parity, greedy; the slots moved) and the short prefill (TT s, in
+#             parallel: they compile the kernels), the short graph with the lab knobs of KNOBS beside the default
+#             (profile-short: GLU k-split 4 and 5, the 8-byte q/k/v and GLU; PT s), prefix reuse with
+#             --short-prefill and the host's profile (prefix-short.txt, PXT s)
 #   w16s25    the short prefill with W16 (2026-12-06 afternoon; docs/kernels/gemv.md 8k), one call: its GPU tests and the
 #             mma GEMVs' (TT s), then the short graph (profile-short-w16off / -w16on) and prefix reuse with
 #             --short-prefill (prefix-w16off / -w16on) with the lab knob cuda_short_prefill.FUSED_W16 off and on (W16
@@ -804,6 +815,38 @@ for s in "$@"; do
           --backend cuda -m $MODEL4B --short-prefill 2>&1 | grep -v "^INFO numba" > "$OUT/prefix-$W.txt"
         grep -E "warm|cold|greedy|cosine" "$OUT/prefix-$W.txt" | head -5
       done ;;
+    final26)
+      stage final26
+      use_kernel_cache
+      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      [ "${TT:-150}" -gt 0 ] && { timeout ${TT:-150} $PY -m pytest -q -p no:cacheprovider -n ${NW:-6} -rfEs \
+        tests/test_gpu_sampling.py tests/test_backend_cuda.py tests/test_short_prefill.py -m gpu \
+        -k "${GK:-sampl or every_position or greedy or short}" > "$OUT/tests.txt" 2>&1
+        echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10; }
+      bench_4b ${BT:-220}
+      timeout ${PXT:-120} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --host-profile 25 2>&1 \
+        | grep -v "^INFO numba" > "$OUT/prefix-short.txt"; grep -E "warm|cold|greedy|cosine|host:|device:" "$OUT/prefix-short.txt"
+      W=$(( ${TEND:-560} - SECONDS )); [ $W -gt 20 ] && llama_bench_4b $W ;;
+    final26b)
+      stage final26b
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      llama_bench_4b ${LCPP_WAIT:-300}
+      [ -n "${BT2:-}" ] && { use_kernel_cache; bench_4b $BT2; } ;;
+    host26)
+      stage host26
+      use_kernel_cache
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      [ "${TT:-170}" -gt 0 ] && { timeout ${TT:-170} $PY -m pytest -q -p no:cacheprovider -n ${NW:-6} -rfEs \
+        tests/test_short_prefill.py tests/test_backend_cuda.py tests/test_gemv_mma_glu.py -m "gpu or not slow" \
+        -k "${GK:-short or every_position or greedy or glu}" > "$OUT/tests.txt" 2>&1
+        echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10; }
+      P=engine.cuda_short_prefill
+      timeout ${PT:-200} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 ${PPARGS:-} \
+        --knobs "${KNOBS:-$P.GLU_KSPLIT=4;$P.GLU_KSPLIT=5;$P.FUSED_W16=False}" --json "$OUT/profile-short.json" 2>&1 \
+        | grep -v "^INFO numba" > "$OUT/profile-short.txt"; grep -E "knobs|bits|prefill of|per layer" "$OUT/profile-short.txt"
+      timeout ${PXT:-150} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --host-profile 30 2>&1 \
+        | grep -v "^INFO numba" > "$OUT/prefix-short.txt"; grep -E "warm|cold|greedy|cosine|host:|device:" "$OUT/prefix-short.txt" ;;
     ncu24)
       stage ncu24
       NCU=$(ncu_path); [ -n "$NCU" ] || { echo "no ncu on this machine"; continue; }

@@ -147,6 +147,36 @@ def compare_pdl_kinds(be, n: int, splits: tuple, specs: list) -> dict:
     return dict(ms=res, same_bits=same)
 
 
+def compare_knobs(be, n: int, splits: tuple, specs: list) -> dict:
+    """The n-row graph with lab knobs set each way (specs: lists of tools/lab_knobs.py
+    assignments, module.NAME=value) beside the default, twice in turn: ms each time, and whether
+    the residual stream after the last layer has the default's bits. Every knob is put back."""
+    import numpy as np
+    from lab_knobs import apply
+    saved = {}
+    for spec in specs:
+        for a in spec:
+            module, _, name = a.partition("=")[0].rpartition(".")
+            mod = importlib.import_module(f"genie_rt.{module}")
+            saved.setdefault((mod, name), getattr(mod, name))
+
+    def setter(spec):
+        def setup():
+            for (mod, name), value in saved.items():
+                setattr(mod, name, value)
+            for a in spec:
+                apply(a)
+        return setup
+    try:
+        res, bits = time_ways(be, n, splits, [("default", setter([]))] +
+                              [(",".join(spec), setter(spec)) for spec in specs], "knobs ")
+    finally:
+        setter([])()
+    same = {k: bool(np.array_equal(v, bits["default"])) for k, v in bits.items()}
+    print(f"  the default's bits: {same}", flush=True)
+    return dict(ms=res, same_bits=same)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-m", "--model", required=True)
@@ -168,6 +198,11 @@ def main(argv=None) -> int:
     p.add_argument("--split-tiles", default=None, metavar="K,K,...",
                    help="also time the graph with kvcache/attention_prefill.MIN_SPLIT_TILES at each value "
                         "(the fewest key tiles a split of the attention keeps; default 4)")
+    p.add_argument("--knobs", default=None, metavar="M.K=V,M.K=V;...",
+                   help="also time the graph with lab knobs set each ';'-separated way (','-separated "
+                        "tools/lab_knobs.py assignments, e.g. engine.cuda_short_prefill.GLU_KSPLIT=4) beside the "
+                        "default, twice in turn, bits compared (a knob read when a kernel is built or a "
+                        "launch recorded)")
     p.add_argument("--short", action="store_true",
                    help="the short prefill's graph (EngineConfig.short_prefill; sizes up to 8, default 8)")
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
@@ -176,6 +211,17 @@ def main(argv=None) -> int:
     if args.start < 0:
         p.error(f"--start must be >= 0, got {args.start}")
     args.pdl = args.pdl or "off"
+    for a in (args.knobs or "").replace(";", ",").split(","):
+        if a:                                          # a typo fails now, not after the compile
+            from lab_knobs import apply
+            module, _, name = a.partition("=")[0].rpartition(".")
+            try:
+                mod = importlib.import_module(f"genie_rt.{module}")
+            except ImportError:
+                p.error(f"--knobs: no module genie_rt.{module} (in {a!r})")
+            keep = getattr(mod, name, None)
+            apply(a)
+            setattr(mod, name, keep)
     kind_specs = None
     if args.pdl_kinds is not None:
         from genie_rt.engine import cuda_short_prefill
@@ -219,6 +265,9 @@ def main(argv=None) -> int:
             be._set_state(pos=args.start, last=n - 1, splits=used)
         if kind_specs:
             ways["pdl_kinds"] = compare_pdl_kinds(be, n, splits, kind_specs)
+        if args.knobs:
+            ways["knobs"] = compare_knobs(be, n, splits, [[a for a in spec.split(",") if a]
+                                                          for spec in args.knobs.split(";")])
         if args.pdl == "both":
             ways = compare_pdl(be, n, splits, pdl_field)
             be.ecfg = dataclasses.replace(be.ecfg, **{pdl_field: False})       # the ablation: plain
