@@ -262,7 +262,7 @@ class EngineConfig:
                                         # on the int8 tensor-core GEMV (engine/cuda_short_prefill.py;
                                         # models whose layer matrices are all Q4_K / Q6_K). Off: q8_K
                                         # activations, more kernels to compile at a first start; a warm
-                                        # 8-token turn 3.0 against 4.6 ms (H100, 2026-12-06,
+                                        # 8-token turn 2.9 against 4.6 ms (H100, 2026-12-06,
                                         # docs/decode-step.md 7); --short-prefill
     decode_attention_q8: bool = True    # CUDA decode: the attention launch also writes the q8 blocks of
                                         # its output (kvcache/attention.py xq=, xs=; same bits as

@@ -98,7 +98,8 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
     weight's Q4_K planes), wa2, wb2 (the up weight's), nu, rows, xq, xd, xb (q8_K, gemv_mma_k's),
     cols, n_tok (<= 8), ldy, y (float32, token t's row at t * ldy). PDL: as gemv_mma_k's (both
     weights' first block loaded before the wait). MAXREG: cuda.jit's max_registers (a GPU build).
-    W16: both weights by 16-byte lane loads (quant/gemv_mma_k_w16.py; lab, not yet timed here)."""
+    W16: both weights by 16-byte lane loads (quant/gemv_mma_k_w16.py;
+    the short graph's build, unpipelined, since 2026-12-06)."""
     if ACT not in ACTS:
         raise ValueError(f"mma_glu_q4k_q8k_kernel: ACT {ACT!r} must be one of {ACTS}")
     NW = KSPLIT
@@ -147,8 +148,9 @@ def gemv_mma_glu(wg, wu, xq, xd, xb, y, n_tok: int, act: str = "silu", ksplit: i
                  pipe: bool = True, stream=0, pdl: bool = False, w16: bool = False) -> None:
     """y [n_tok, rows] = act(x Wg^T) * (x Wu^T) for two Q4_K GemvWeights of one shape (dp4a mode)
     and q8_K activations (gemv_mma_k's xq, xd, xb); 1 <= n_tok <= 8. ksplit None: plan_ksplit's
-    for the shape. pdl: as gemv_mma_k's. w16: the weights by 16-byte lane loads (lab; unpipelined
-    is the build to try: pipelined, gemv_mma_k's held 164 registers). No allocation, no
+    for the shape. pdl: as gemv_mma_k's. w16: the weights by 16-byte lane loads (unpipelined,
+    the short graph's since 2026-12-06: 14.4 against 15.4 us a layer on an H100, docs/kernels/gemv.md
+    8k; pipelined, gemv_mma_k's held 164 registers). No allocation, no
     synchronization."""
     from . import pdl as P
     for name, w in (("gate", wg), ("up", wu)):
