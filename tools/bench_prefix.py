@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host-profile", type=int, default=0, metavar="N",
                    help="also profile the host side of 100 warm requests (cProfile) and print the N "
                         "functions with the most time of their own")
+    p.add_argument("--breakdown-after-cold", action="store_true",
+                   help="CUDA: also break down warm requests that each follow a cold one (as the warm row's "
+                        "do), beside the back-to-back ones")
     p.add_argument("--no-pdl", action="store_true",
                    help="CUDA: EngineConfig.decode_pdl off (the decode step's and the short prefill's launches plain)")
     args = p.parse_args(argv)
@@ -193,6 +196,16 @@ def main(argv: list[str] | None = None) -> int:
 
         if engine.backend.name == "cuda":
             parts = [cuda_breakdown(engine, system + user(2 * args.repeat + 10 + i)) for i in range(args.repeat)]
+            after_cold = []
+            if args.breakdown_after_cold:        # prompts of their own: the ones below stay a plain run's
+                other = np.random.default_rng(args.seed + 1)
+
+                def turn(first: int) -> list[int]:
+                    return system + [first] + [int(t) for t in other.integers(0, vocab, args.user_tokens - 1)]
+                for i in range(args.repeat):
+                    engine.kv_tokens = []
+                    prefill_ms(turn(3000 + i))
+                    after_cold.append(cuda_breakdown(engine, turn(3500 + i)))
         info = engine.backend.device_info()
         agree = greedy_agreement(engine, system + user(997), system + user(998))
         cos = logits_agreement(engine, system + user(996), args.system_tokens)
@@ -213,9 +226,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:5s} prefill {med[name]:9.2f} ms   reused {n_cached:5d}, prefilled "
               f"{n_prompt - n_cached:5d} tokens   speed-up {med['cold'] / med[name]:6.1f}x")
     if engine.backend.name == "cuda":
-        print("  warm request on the CUDA back-end, where the time goes (median ms):")
+        print("  warm request on the CUDA back-end, where the time goes (median ms"
+              + ("; back to back, then each after a cold request):" if after_cold else "):"))
         for key in parts[0]:
-            print(f"    {key:44s} {statistics.median(p[key] for p in parts):7.3f}")
+            print(f"    {key:44s} {statistics.median(p[key] for p in parts):7.3f}"
+                  + (f" {statistics.median(p[key] for p in after_cold):7.3f}" if after_cold else ""))
     if args.host_profile:
         print(f"  the host's side of 100 warm requests (cProfile: its own overhead included), by own time:\n{host_profile}")
     same = sum(a == b for a, b in zip(*agree))
