@@ -121,24 +121,38 @@ def _math(v, c):
             (fa1 * s1[0] * float32(ia[3]) - ma1 * s1[1]) + (fb1 * s1[2] * float32(ib[3]) - mb1 * s1[3]))
 
 
-def make_finish(NW: int, NACC: int = 4):
-    """finish(acc, warp, lane, r0, t0, rows, ldy, n_tok, y, res, resid), how both mma GEMVs end:
-    the lane's NACC sums (the mma's D layout: row r0 + 8 * ((k >> 1) & 1), token t0 + (k & 1),
-    plus 8 tokens for k >= 4 - a second B fragment, gemv_mma_k's NT 16) added over the block's NW
-    warps in shared memory, then stored by warp 0 at y[token * ldy + row] (plus res there where
-    resid != 0; an unsigned index: no negative-index wrap-around code)."""
+def make_warp_sum(NW: int, NACC: int = 4):
+    """warp_sum(acc, warp, lane) -> bool: the lane's NACC sums added over the block's NW warps in
+    shared memory, in warp order, into warp 0's acc; True for warp 0's threads (which go on with
+    the sums), False for the others. Every thread of the block calls it (a barrier)."""
     @_dev
-    def finish(acc, warp, lane, r0, t0, rows, ldy, n_tok, y, res, resid):
+    def warp_sum(acc, warp, lane):
         if NW > 1:                                   # the warps' k-ranges meet in shared memory
             red = cuda.shared.array((NW, 32, NACC), float32)
             for k in range(NACC):
                 red[warp, lane, k] = acc[k]
             cuda.syncthreads()
             if warp != 0:
-                return
+                return False
             for other in range(1, NW):
                 for k in range(NACC):
                     acc[k] += red[other, lane, k]
+        return True
+    return warp_sum
+
+
+def make_finish(NW: int, NACC: int = 4):
+    """finish(acc, warp, lane, r0, t0, rows, ldy, n_tok, y, res, resid), how both mma GEMVs end:
+    the lane's NACC sums (the mma's D layout: row r0 + 8 * ((k >> 1) & 1), token t0 + (k & 1),
+    plus 8 tokens for k >= 4 - a second B fragment, gemv_mma_k's NT 16) added over the block's NW
+    warps in shared memory (`make_warp_sum`), then stored by warp 0 at y[token * ldy + row] (plus
+    res there where resid != 0; an unsigned index: no negative-index wrap-around code)."""
+    warp_sum = make_warp_sum(NW, NACC)
+
+    @_dev
+    def finish(acc, warp, lane, r0, t0, rows, ldy, n_tok, y, res, resid):
+        if not warp_sum(acc, warp, lane):
+            return
         for k in range(NACC):
             r = r0 + 8 * ((k >> 1) & 1)
             tk = t0 + (k & 1) + 8 * (k >> 2)

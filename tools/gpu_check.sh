@@ -105,6 +105,9 @@
 #   ncu24     Nsight Compute on the short prefill's mma GEMV (python -m genie_rt.quant.gemv_mma_k --ncu; NARGS: its
 #             shapes, default ffn_down Q4_K at 8 tokens, pipelined and not, k-split 8): what bounds a tile's time
 #             (docs/kernels/gemv.md 8i) - ncu-mmak.txt (NT s)
+#   split27   the mma GEMV with a tile's k-range over KB blocks (quant/gemv_mma_k_split.py, lab, 2026-12-06 night),
+#             one short call: `python -m genie_rt.quant.gemv_mma_k --split 2,3` at the 4B's 2,560-row Q4_K shapes,
+#             8 tokens, weights from DRAM, each build checked against numpy first (mmak-split.json / .txt)
 #   final26   the session's closing check (2026-12-06 evening), one call (final26b: the rest, warm): llama.cpp
 #             built in the background, the GPU tests of what moved (the state slots: sampling, CPU parity,
 #             greedy text, the short prefill; TT s), genie-rt bench on the 4B (BT s), prefix reuse with
@@ -815,6 +818,11 @@ for s in "$@"; do
           --backend cuda -m $MODEL4B --short-prefill 2>&1 | grep -v "^INFO numba" > "$OUT/prefix-$W.txt"
         grep -E "warm|cold|greedy|cosine" "$OUT/prefix-$W.txt" | head -5
       done ;;
+    split27)
+      stage split27
+      timeout ${MT:-240} $PY -m genie_rt.quant.gemv_mma_k --shapes q4k --only ${SPLIT_SHAPES:-attn_output,ffn_down} \
+        --tokens ${SPLIT_TOKENS:-8} --trips "" --split ${KBS:-2,3} --copies 8 --json "$OUT/mmak-split.json" 2>&1 \
+        | grep -v "^INFO numba" | tee "$OUT/mmak-split.txt" | tail -12 ;;
     final26)
       stage final26
       use_kernel_cache
