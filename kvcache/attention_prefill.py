@@ -21,7 +21,6 @@ TMA), soft-capping.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -136,17 +135,12 @@ def plan_prefill(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_max: in
 MIN_SPLIT_TILES = 4
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count() -> int:
-    """The current device's SM count, asked once (prefill_splits runs before every prefill chunk)."""
-    return 132 if SIMULATOR else cuda.get_current_device().MULTIPROCESSOR_COUNT
-
-
 def prefill_splits(plan: PrefillPlan, n: int, start: int, sm_count: int | None = None) -> int:
     """Context splits for a launch of n tokens at `start` (host-side choice): split only
     when the blocks would not fill the GPU and every split keeps >= MIN_SPLIT_TILES key tiles."""
-    if sm_count is None:
-        sm_count = _sm_count()
+    if sm_count is None:                 # asked once a process (prefill_splits runs before every chunk)
+        from genie_rt.quant.gemv import sm_count as device_sms
+        sm_count = 132 if SIMULATOR else device_sms()
     blocks = -(-n * plan.group // BM) * plan.n_kv * plan.o_splits
     before = min(start, plan.window - 1) if plan.window else start     # keys before the chunk
     tiles = -(-(before + n) // plan.block_n)

@@ -181,7 +181,8 @@ _kernels: dict = {}
 _sm_count_cache: list = []
 
 
-def _sm_count() -> int:
+def sm_count() -> int:
+    """The current device's SM count, asked once (1 in the simulator, which has none)."""
     if not _sm_count_cache:
         try:
             from numba import cuda
@@ -199,7 +200,7 @@ def choose_ksplit(total_rows: int, units: int) -> int:
     give every SM KSPLIT_WARPS_PER_SM warps and each part keeps >= 2 units per lane. On
     the H200 (132 SMs) the layers' GEMVs (>= 2560 rows) run unsplit: in the decode step's
     graph that was 4.4 % faster than splitting attn_output and ffn_down in two (gemv.md)."""
-    target = KSPLIT_WARPS_PER_SM * _sm_count()
+    target = KSPLIT_WARPS_PER_SM * sm_count()
     ks = 1
     while ks < 4 and total_rows * ks < target and units >= 64 * ks:
         ks *= 2

@@ -258,6 +258,19 @@ prefix_ways() {
       > "$OUT/prefix-$w.txt"; echo "prefix-reuse, $w:"; grep -E "warm|cold|greedy|short prefill" "$OUT/prefix-$w.txt" | head -6
   done
 }
+# prefix reuse with --short-prefill and the host's profile (its top $2 functions) within $1 s
+# (prefix-short.txt, its verdict and breakdown lines shown)
+prefix_short_4b() {
+  timeout $1 $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --host-profile $2 2>&1 \
+    | grep -v "^INFO numba" > "$OUT/prefix-short.txt"; grep -E "warm|cold|greedy|cosine|host:|device:" "$OUT/prefix-short.txt"
+}
+# pytest on NW (default 6) xdist workers within $1 s, markers $2, -k "$3", the files after (tests.txt):
+# the workers compile their kernels in parallel, a cache for what runs after
+par_tests() {
+  local t=$1 m=$2 k=$3; shift 3
+  timeout $t $PY -m pytest -q -p no:cacheprovider -n ${NW:-6} -rfEs "$@" -m "$m" -k "$k" > "$OUT/tests.txt" 2>&1
+  echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10
+}
 # the 4B's decode step by tools/profile_decode.py at each depth of $1 with --settings $2 (the
 # ablation only at depth 512 when $3 is "abl"): profile-$4$d.json / .txt, the last $5 lines shown
 profile_4b() {
@@ -828,13 +841,10 @@ for s in "$@"; do
       use_kernel_cache
       [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      [ "${TT:-150}" -gt 0 ] && { timeout ${TT:-150} $PY -m pytest -q -p no:cacheprovider -n ${NW:-6} -rfEs \
-        tests/test_gpu_sampling.py tests/test_backend_cuda.py tests/test_short_prefill.py -m gpu \
-        -k "${GK:-sampl or every_position or greedy or short}" > "$OUT/tests.txt" 2>&1
-        echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10; }
+      [ "${TT:-150}" -gt 0 ] && par_tests ${TT:-150} gpu "${GK:-sampl or every_position or greedy or short}" \
+        tests/test_gpu_sampling.py tests/test_backend_cuda.py tests/test_short_prefill.py
       bench_4b ${BT:-220}
-      timeout ${PXT:-120} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --host-profile 25 2>&1 \
-        | grep -v "^INFO numba" > "$OUT/prefix-short.txt"; grep -E "warm|cold|greedy|cosine|host:|device:" "$OUT/prefix-short.txt"
+      prefix_short_4b ${PXT:-120} 25
       W=$(( ${TEND:-560} - SECONDS )); [ $W -gt 20 ] && llama_bench_4b $W ;;
     final26b)
       stage final26b
@@ -845,16 +855,13 @@ for s in "$@"; do
       stage host26
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      [ "${TT:-170}" -gt 0 ] && { timeout ${TT:-170} $PY -m pytest -q -p no:cacheprovider -n ${NW:-6} -rfEs \
-        tests/test_short_prefill.py tests/test_backend_cuda.py tests/test_gemv_mma_glu.py -m "gpu or not slow" \
-        -k "${GK:-short or every_position or greedy or glu}" > "$OUT/tests.txt" 2>&1
-        echo "pytest exit $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.txt" | cut -c1-300 | tail -10; }
+      [ "${TT:-170}" -gt 0 ] && par_tests ${TT:-170} "gpu or not slow" "${GK:-short or every_position or greedy or glu}" \
+        tests/test_short_prefill.py tests/test_backend_cuda.py tests/test_gemv_mma_glu.py
       P=engine.cuda_short_prefill
       timeout ${PT:-200} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 ${PPARGS:-} \
         --knobs "${KNOBS:-$P.GLU_KSPLIT=4;$P.GLU_KSPLIT=5;$P.FUSED_W16=False}" --json "$OUT/profile-short.json" 2>&1 \
         | grep -v "^INFO numba" > "$OUT/profile-short.txt"; grep -E "knobs|bits|prefill of|per layer" "$OUT/profile-short.txt"
-      timeout ${PXT:-150} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --host-profile 30 2>&1 \
-        | grep -v "^INFO numba" > "$OUT/prefix-short.txt"; grep -E "warm|cold|greedy|cosine|host:|device:" "$OUT/prefix-short.txt" ;;
+      prefix_short_4b ${PXT:-150} 30 ;;
     ncu24)
       stage ncu24
       NCU=$(ncu_path); [ -n "$NCU" ] || { echo "no ncu on this machine"; continue; }

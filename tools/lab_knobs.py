@@ -19,20 +19,31 @@ import runpy
 import sys
 
 
-def apply(assignment: str) -> None:
-    target, sep, value = assignment.partition("=")
-    module, _, name = target.rpartition(".")
+def target(assignment: str) -> tuple:
+    """(the module, NAME) an assignment `module.NAME=value` sets; SystemExit for anything else
+    (no '=', no such module, no such attribute)."""
+    path, sep, _ = assignment.partition("=")
+    module, _, name = path.rpartition(".")
     if not sep or not module or not name:
         raise SystemExit(f"lab_knobs: {assignment!r} is not module.NAME=value")
-    mod = importlib.import_module(f"genie_rt.{module}")
+    try:
+        mod = importlib.import_module(f"genie_rt.{module}")
+    except ImportError:
+        raise SystemExit(f"lab_knobs: no module genie_rt.{module} (in {assignment!r})") from None
     if not hasattr(mod, name):
         raise SystemExit(f"lab_knobs: genie_rt.{module} has no attribute {name!r}")
+    return mod, name
+
+
+def apply(assignment: str) -> None:
+    mod, name = target(assignment)
+    target_name, _, value = assignment.partition("=")
     try:
         parsed = ast.literal_eval(value)
     except (ValueError, SyntaxError):
-        raise SystemExit(f"lab_knobs: {value!r} (for {target}) is not a Python literal") from None
+        raise SystemExit(f"lab_knobs: {value!r} (for {target_name}) is not a Python literal") from None
     setattr(mod, name, parsed)
-    print(f"lab_knobs: genie_rt.{module}.{name} = {parsed!r}", file=sys.stderr)
+    print(f"lab_knobs: genie_rt.{target_name} = {parsed!r}", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:

@@ -152,12 +152,11 @@ def compare_knobs(be, n: int, splits: tuple, specs: list) -> dict:
     assignments, module.NAME=value) beside the default, twice in turn: ms each time, and whether
     the residual stream after the last layer has the default's bits. Every knob is put back."""
     import numpy as np
-    from lab_knobs import apply
+    from lab_knobs import apply, target
     saved = {}
     for spec in specs:
         for a in spec:
-            module, _, name = a.partition("=")[0].rpartition(".")
-            mod = importlib.import_module(f"genie_rt.{module}")
+            mod, name = target(a)
             saved.setdefault((mod, name), getattr(mod, name))
 
     def setter(spec):
@@ -211,16 +210,13 @@ def main(argv=None) -> int:
     if args.start < 0:
         p.error(f"--start must be >= 0, got {args.start}")
     args.pdl = args.pdl or "off"
-    for a in (args.knobs or "").replace(";", ",").split(","):
-        if a:                                          # a typo fails now, not after the compile
-            from lab_knobs import apply
-            module, _, name = a.partition("=")[0].rpartition(".")
-            try:
-                mod = importlib.import_module(f"genie_rt.{module}")
-            except ImportError:
-                p.error(f"--knobs: no module genie_rt.{module} (in {a!r})")
-            keep = getattr(mod, name, None)
-            apply(a)
+    knob_specs = [[a for a in spec.split(",") if a] for spec in args.knobs.split(";")] if args.knobs else []
+    for spec in knob_specs:                            # a typo fails now, not after the compile
+        for a in spec:
+            from lab_knobs import apply, target
+            mod, name = target(a)
+            keep = getattr(mod, name)
+            apply(a)                                   # (its value a Python literal)
             setattr(mod, name, keep)
     kind_specs = None
     if args.pdl_kinds is not None:
@@ -265,9 +261,8 @@ def main(argv=None) -> int:
             be._set_state(pos=args.start, last=n - 1, splits=used)
         if kind_specs:
             ways["pdl_kinds"] = compare_pdl_kinds(be, n, splits, kind_specs)
-        if args.knobs:
-            ways["knobs"] = compare_knobs(be, n, splits, [[a for a in spec.split(",") if a]
-                                                          for spec in args.knobs.split(";")])
+        if knob_specs:
+            ways["knobs"] = compare_knobs(be, n, splits, knob_specs)
         if args.pdl == "both":
             ways = compare_pdl(be, n, splits, pdl_field)
             be.ecfg = dataclasses.replace(be.ecfg, **{pdl_field: False})       # the ablation: plain
