@@ -62,6 +62,13 @@ FUSED_W16 = True
 # docs/kernels/gemv.md 8k). Not yet timed in the GLU: `tools/lab_knobs.py
 # engine.cuda_short_prefill.GLU_KSPLIT=4 -- tools/profile_prefill.py --short ...`.
 GLU_KSPLIT = None
+# Lab knob: the residual products of Q4_K weights (attn_output, a Q4_K layer's ffn_down) with each
+# 16-row tile's k-range over SPLIT_KB thread blocks (quant/gemv_mma_k_split.py: for the 4B's 160 tiles
+# on 132 SMs, where a tile's time is its SM's; docs/kernels/gemv.md 8l). None: gemv_mma_k. Other bits
+# (the parts are added after each part's warps). Not yet timed in the graph: `tools/profile_prefill.py
+# --short --knobs engine.cuda_short_prefill.SPLIT_KB=2`. Its workspace (one for every launch: they run
+# one after another) is made at the first, uncaptured recording - a lab knob's shortcut.
+SPLIT_KB = None
 # the launches that have PDL builds: rmsnorm_q8k with a norm weight (norm) and without (q8k), q/k/v
 # in one launch (qkv), gemv_mma_k (gemv: attn_output, ffn_down), gate/up/SwiGLU (glu), rope_write
 PDL_KINDS = ("norm", "q8k", "qkv", "gemv", "glu", "rope")
@@ -158,11 +165,26 @@ class ShortPrefillOps(_Ops):
         from genie_rt.quant.gemv_mma_k import gemv_mma_k
         width, flat, c = out.shape[1], out.reshape(-1), 0
         for m in ws:
-            y = flat[c:]
-            gemv_mma_k(self._gemv[m.name], *q, y, self.n, residual=y if add else None, ldy=width,
-                       stream=self.stream, pdl="gemv" in self.pdl_kinds)
+            y, w = flat[c:], self._gemv[m.name]
+            if SPLIT_KB and w.qtype == QType.Q4_K and w.rows == width:
+                from genie_rt.quant.gemv_mma_k_split import gemv_mma_k_split
+                gemv_mma_k_split(w, *q, y, self.n, *self._split_workspace(w.rows), kb=SPLIT_KB,
+                                 residual=y if add else None, stream=self.stream)
+            else:
+                gemv_mma_k(w, *q, y, self.n, residual=y if add else None, ldy=width,
+                           stream=self.stream, pdl="gemv" in self.pdl_kinds)
             c += m.rows
         assert c == width, (c, width)
+
+    def _split_workspace(self, rows: int) -> tuple:
+        """(part, cnt) for SPLIT_KB's launches: one pair a back-end, sized for its widest output."""
+        from genie_rt.quant.gemv_mma_k_split import workspace
+        most = max(g.rows for g in self._gemv.values())
+        key = (SPLIT_KB, most)
+        ws = getattr(self.rt, "_split_ws", None)
+        if ws is None or ws[0] != key:
+            ws = self.rt._split_ws = (key, workspace(most, SPLIT_KB, 8))
+        return ws[1]
 
     def linear(self, x, w, out, add: bool = False) -> None:
         """[q | k | v] in one launch (quant/gemv_mma_qkv.py); any other product by gemv_mma_k

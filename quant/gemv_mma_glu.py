@@ -35,7 +35,7 @@ from .gemv_mma import ROWS, _dev, _flat, lanes, make_block_loop
 from .gemv_mma_k import _bases, _fits, _tokens, make_token_loads, make_weight_loads, plan_ksplit, q8k_inputs
 from .gemv_mma_k_w16 import _bases16, split16
 from .q8k_layout import xd_base
-from .pdl import hooks as pdl_hooks
+from .pdl import triggers as pdl_triggers
 
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint32[::1], int64, int64, uint32[::1], float32[::1], "
              "int32[::1], int64, int64, int64, float32[::1])")
@@ -108,7 +108,7 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
     token_loads = make_token_loads(PDL, W16)
     wloads = _both_weights(make_weight_loads(PDL, W16))         # PDL: loads that stay above the wait
     wloads_ro = _both_weights(make_weight_loads(False, W16))    # the later blocks' (read-only: make_block_loop's wrest)
-    launch_dependents = pdl_hooks(PDL)[1]
+    trigger_first, trigger_late = pdl_triggers(PDL)
 
     @_dev
     def tloads(wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb, blk):
@@ -124,7 +124,7 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
 
     @jit
     def kernel(wa, wb, wa2, wb2, nu, rows, xq, xd, xb, cols, n_tok, ldy, y):
-        launch_dependents()
+        trigger_first()
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
         g, t, rr0, rr1, nblk, b_lo, b_hi, tb, ta, tc, _, _, _ = lanes(cuda.blockIdx.x, warp, lane, rows, nu, n_tok, NW)
@@ -140,6 +140,7 @@ def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu"
             wi0, wi1, xi = _bases(nu, rr0, rr1, t, tb, cols)
             tok = (g < n_tok, xi, xd_base(ta, nb), xd_base(tc, nb))
         run(acc, (wa, wb, wa2, wb2, xq, xd, xb, nblk, rr0, rr1, wi0, wi1, tok, nsb, nb), b_lo, b_hi, nblk)
+        trigger_late()
         finish(acc, warp, lane, cuda.blockIdx.x * ROWS + g, 2 * t, rows, ldy, n_tok, y)
     return kernel_cache.attach(kernel)
 
@@ -170,9 +171,10 @@ def gemv_mma_glu(wg, wu, xq, xd, xb, y, n_tok: int, act: str = "silu", ksplit: i
     xq, xd, xb = q8k_inputs("gemv_mma_glu", (wg, wu), xq, xd, xb, n_tok, cols, read_xb=True, w16=bool(w16))
     yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_glu")
     maxreg = PDL_MAX_REGISTERS if pdl else None
-    kern = mma_glu_q4k_q8k_kernel(ksplit, bool(pipe), act, bool(pdl), maxreg, bool(w16))
+    build = P.build(bool(pdl))
+    kern = mma_glu_q4k_q8k_kernel(ksplit, bool(pipe), act, build, maxreg, bool(w16))
     if not ptx.SIMULATOR:
-        _fits(kern, SIGNATURE, (f"Q4_K {act}", ksplit, bool(pipe), 8, bool(pdl), maxreg, bool(w16)))
+        _fits(kern, SIGNATURE, (f"Q4_K {act}", ksplit, bool(pipe), 8, build, maxreg, bool(w16)))
     P.launch_or_plain(kern, (rows + ROWS - 1) // ROWS, 32 * ksplit, stream, SIGNATURE, bool(pdl), wg.wa, wg.wb,
                       wu.wa, wu.wb, wg.units, rows, xq, xd, xb, cols, n_tok, rows, yf)
 

@@ -81,7 +81,7 @@ from genie_rt.engine import kernel_cache
 from . import ptx
 from .formats import QType
 from .gemv_mma import LO4, ROWS, _dev, _flat, lanes, make_block_loop, make_finish
-from .pdl import hooks as pdl_hooks
+from .pdl import triggers as pdl_triggers
 from .pdl import weight_loads as pdl_weight_loads
 from .gemv_mma_q6k import SIGNATURE as SIGNATURE_Q6K
 from .gemv_mma_k_w16 import _bases16, split16
@@ -309,24 +309,26 @@ def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: boo
     8 tokens), cols, n_tok, ldy, y (float32, token t's row at t * ldy), res (the same layout),
     resid. PIPE: see the module. NT 16: a second B fragment (tokens 8 + g) against the same A
     fragments, eight accumulators a lane. PDL: a programmatic-dependent-launch build (sm_90;
-    quant/pdl.py): launch_dependents first, the first block's weights loaded before the wait."""
+    quant/pdl.py): launch_dependents first, the first block's weights loaded before the wait (PDL 2:
+    the trigger after the last trip, quant/pdl.TRIGGER_LATE)."""
     if NT not in (8, 16):
         raise ValueError(f"mma_q4k_q8k_kernel: NT {NT} must be 8 or 16")
     NW = KSPLIT
     NACC = NT // 2
     finish = make_finish(NW, NACC)
     trips = make_trips(NW, NT, PIPE, PDL, W16)
-    launch_dependents = pdl_hooks(PDL)[1]
+    trigger_first, trigger_late = pdl_triggers(PDL)
 
     @cuda.jit
     def kernel(wa, wb, nu, rows, xq, xd, xb, cols, n_tok, ldy, y, res, resid):
-        launch_dependents()
+        trigger_first()
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
         acc = cuda.local.array(NACC, float32)        # k: row g + 8 ((k >> 1) & 1), token 2t + (k & 1) + 8 (k >> 2)
         for k in range(NACC):
             acc[k] = float32(0)
         trips(acc, wa, wb, wa, wb, nu, rows, cuda.blockIdx.x, warp, lane, xq, xd, xb, cols, n_tok)
+        trigger_late()
         finish(acc, warp, lane, cuda.blockIdx.x * ROWS + (lane >> 2), 2 * (lane & 3), rows, ldy, n_tok, y, res,
                resid)
     return kernel_cache.attach(kernel)
@@ -470,7 +472,7 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
     nt = 8 if n_tok <= 8 else 16
     grid, block = (rows + ROWS - 1) // ROWS, 32 * ksplit
     resid = int(residual is not None)
-    pdl = bool(pdl)
+    pdl = P.build(bool(pdl))
     if q6:
         kern = mma_q6k_q8k_kernel(ksplit, bool(pipe), nt, pdl)
         if not ptx.SIMULATOR:

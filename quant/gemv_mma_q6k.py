@@ -44,7 +44,7 @@ from genie_rt.engine import kernel_cache
 
 from . import ptx
 from .gemv_mma import LO4, ROWS, _dev, lanes, make_block_loop, make_finish
-from .pdl import hooks as pdl_hooks
+from .pdl import triggers as pdl_triggers
 from .q8k_layout import xd_base, xq_word
 from .pdl import weight_loads as pdl_weight_loads
 
@@ -221,17 +221,18 @@ def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: boo
     NACC = NT // 2
     finish = make_finish(NW, NACC)
     trips = make_trips(NW, NT, PIPE, PDL)
-    launch_dependents = pdl_hooks(PDL)[1]
+    trigger_first, trigger_late = pdl_triggers(PDL)
 
     @cuda.jit
     def kernel(wa, wb, wc, wd, nu, rows, xq, xd, cols, n_tok, ldy, y, res, resid):
-        launch_dependents()
+        trigger_first()
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
         acc = cuda.local.array(NACC, float32)        # k: row g + 8 ((k >> 1) & 1), token 2t + (k & 1) + 8 (k >> 2)
         for k in range(NACC):
             acc[k] = float32(0)
         trips(acc, wa, wb, wc, wd, nu, rows, cuda.blockIdx.x, warp, lane, xq, xd, xd, cols, n_tok)
+        trigger_late()
         finish(acc, warp, lane, cuda.blockIdx.x * ROWS + (lane >> 2), 2 * (lane & 3), rows, ldy, n_tok, y, res,
                resid)
     return kernel_cache.attach(kernel)

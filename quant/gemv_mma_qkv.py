@@ -28,7 +28,7 @@ from . import gemv_mma_q6k as Q6
 from .formats import QType
 from .gemv_mma import ROWS, _flat, make_finish
 from .gemv_mma_k import _fits, make_trips, plan_ksplit, q8k_inputs
-from .pdl import hooks as pdl_hooks
+from .pdl import triggers as pdl_triggers
 
 _W = "uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64"
 SIGNATURE = (f"void({_W}, {_W}, {_W}, int64, uint32[::1], float32[::1], int32[::1], int64, int64, int64, "
@@ -52,12 +52,12 @@ def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True, PDL: bool = 
     # (PIPE is the Q4_K matrices'; the Q6_K trips are unpipelined: gemv_mma_k.default_pipe)
     T0, T1, T2 = ((make_trips(NW, 8, PIPE, PDL, W16) if f == "Q4_K" else Q6.make_trips(NW, 8, False, PDL))
                   for f in FMTS)
-    launch_dependents = pdl_hooks(PDL)[1]
+    trigger_first, trigger_late = pdl_triggers(PDL)
 
     @cuda.jit
     def kernel(wa0, wb0, wc0, wd0, rows0, wa1, wb1, wc1, wd1, rows1, wa2, wb2, wc2, wd2, rows2,
                nu, xq, xd, xb, cols, n_tok, ldy, y):
-        launch_dependents()
+        trigger_first()
         warp = cuda.threadIdx.x >> 5
         lane = cuda.threadIdx.x & 31
         n0 = (rows0 + ROWS - 1) // ROWS
@@ -77,6 +77,7 @@ def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True, PDL: bool = 
             tile -= n0 + n1
             T2(acc, wa2, wb2, wc2, wd2, nu, rows2, tile, warp, lane, xq, xd, xb, cols, n_tok)
             c, rows = rows0 + rows1, rows2
+        trigger_late()
         finish(acc, warp, lane, c + tile * ROWS + (lane >> 2), 2 * (lane & 3), c + rows, ldy, n_tok, y, y, 0)
     return kernel_cache.attach(kernel)
 
@@ -112,9 +113,10 @@ def gemv_mma_qkv(ws, xq, xd, xb, y, n_tok: int, ldy: int | None = None, ksplit: 
     xq, xd, xb = q8k_inputs("gemv_mma_qkv", ws, xq, xd, xb, n_tok, cols, read_xb=True, w16=bool(w16))  # (takes xb)
     yf = _flat(y, np.float32, n_tok * ldy, "y", "gemv_mma_qkv")
     fmts = tuple(w.qtype.name for w in ws)
-    kern = mma_qkv_kernel(fmts, ksplit, bool(pipe), bool(pdl), bool(w16))
+    build = P.build(bool(pdl))
+    kern = mma_qkv_kernel(fmts, ksplit, bool(pipe), build, bool(w16))
     if not ptx.SIMULATOR:
-        _fits(kern, SIGNATURE, ("qkv " + "/".join(fmts), ksplit, bool(pipe), 8, bool(pdl), bool(w16)))
+        _fits(kern, SIGNATURE, ("qkv " + "/".join(fmts), ksplit, bool(pipe), 8, build, bool(w16)))
     grid = sum((w.rows + ROWS - 1) // ROWS for w in ws)
     args = [a for w in ws for a in (w.wa, w.wb, w.wc, w.wd, w.rows)]
     P.launch_or_plain(kern, grid, 32 * ksplit, stream, SIGNATURE, bool(pdl), *args, ws[0].units, xq, xd, xb, cols,

@@ -79,6 +79,28 @@ def weight_loads(PDL: bool):
     return (ptx.ldw_v2, ptx.ldw_v4) if PDL else (ptx.ldg_v2, ptx.ldg_v4)
 
 
+# Lab knob (the short prefill's mma GEMVs: gemv_mma_k's Q4_K and Q6_K builds, gemv_mma_glu,
+# gemv_mma_qkv): their PDL builds trigger after their last trip instead of first thing (rule 1's
+# exception), so the next kernel launches near their end. Why: in the short graph PDL lost (docs/
+# kernels/gemv.md 8g, 8i), and one suspect is the next kernel's blocks placed early, at the wait,
+# on the SMs that had room then - where a tile's time is its SM's. `build(pdl)` gives the factories'
+# PDL argument.
+TRIGGER_LATE = False
+
+
+def build(pdl: bool) -> int:
+    """The PDL argument of a kernel factory that has the late trigger: 0 plain, 1 a PDL build that
+    triggers first, 2 one that triggers after its last trip (TRIGGER_LATE)."""
+    return (2 if TRIGGER_LATE else 1) if pdl else 0
+
+
+def triggers(PDL: int):
+    """(first, late): griddepcontrol.launch_dependents at the kernel's start or after its last
+    trip, as build() chose; the other one (both on a plain build) inlines to nothing."""
+    trigger = hooks(bool(PDL))[1]
+    return (_no_op, trigger) if PDL == 2 else (trigger, _no_op)
+
+
 @functools.lru_cache(maxsize=None)
 def available() -> bool:
     """A real device of compute capability >= 9.0 and a cuda.core that knows the attribute."""

@@ -180,7 +180,14 @@ mma_glu = mma_glu_q4k_q8k_kernel(2, True, "silu", True)
 mma_qkv = mma_qkv_kernel(("Q4_K", "Q4_K", "Q6_K"), 4, True, True)
 norm_q8k = rmsnorm_q8k_kernel(True, True)
 mma_q4k_plain = mma_q4k_q8k_kernel(4, True, 8, False)
+mma_q4k_late = mma_q4k_q8k_kernel(4, False, 8, 2, True)
+mma_q6k_late = mma_q6k_q8k_kernel(4, False, 8, 2)
+mma_glu_late = mma_glu_q4k_q8k_kernel(2, False, "silu", 2, None, True)
+mma_qkv_late = mma_qkv_kernel(("Q4_K", "Q4_K", "Q6_K"), 4, False, 2, True)
 """
+# their late-trigger builds (quant/pdl.TRIGGER_LATE, lab): the trigger after every mma of the last trip
+MMA_LATE = {"mma_q4k_late": "mma_q4k", "mma_q6k_late": "mma_q6k", "mma_glu_late": "mma_glu",
+            "mma_qkv_late": "mma_qkv"}
 # the short prefill's builds (engine/cuda_short_prefill.py): before the wait only the first 256-weight
 # block's weights - Q4_K 8 quant loads + 2 headers for the lane's two rows, Q6_K 2 x (8 ql, 4 qh, the
 # scales, d), both weights of the GLU; the q8_K norm its lane's 8 norm weights (two 16-byte loads)
@@ -193,7 +200,13 @@ def test_short_prefill_pdl_builds_read_only_weights_before_the_wait():
     sigs = {"mma_q4k": gemv_mma_k.SIGNATURE, "mma_q4k_16": gemv_mma_k.SIGNATURE, "mma_q6k": gemv_mma_q6k.SIGNATURE,
             "mma_glu": gemv_mma_glu.SIGNATURE, "mma_qkv": gemv_mma_qkv.SIGNATURE, "norm_q8k": quantize_q8k.SIGNATURE,
             "mma_q4k_plain": gemv_mma_k.SIGNATURE}
+    sigs.update({late: sigs[base] for late, base in MMA_LATE.items()})
     out = compile_in_subprocess(_MMA_SOURCE, sigs, ccs=((9, 0),))
+    for name in MMA_LATE:
+        text = out[name][(9, 0)]
+        assert text.count("griddepcontrol.launch_dependents;") == 1, name
+        trigger, wait = text.find("griddepcontrol.launch_dependents;"), text.find("griddepcontrol.wait;")
+        assert 0 <= wait < trigger and text.rfind("mma.sync") < trigger, f"{name}: the trigger after the last mma"
     assert "griddepcontrol" not in out["mma_q4k_plain"][(9, 0)]
     for name, pre in MMA_PRE_WAIT.items():
         text = out[name][(9, 0)]

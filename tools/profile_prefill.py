@@ -172,8 +172,12 @@ def compare_knobs(be, n: int, splits: tuple, specs: list) -> dict:
     finally:
         setter([])()
     same = {k: bool(np.array_equal(v, bits["default"])) for k, v in bits.items()}
+    ref = bits["default"].ravel().astype(np.float64)
+    cos = {k: float(v.ravel() @ ref / (np.linalg.norm(v) * np.linalg.norm(ref) or 1.0)) for k, v in bits.items()}
     print(f"  the default's bits: {same}", flush=True)
-    return dict(ms=res, same_bits=same)
+    print("  cosine with the default's residual stream: " + ", ".join(f"{k} {c:.7f}" for k, c in cos.items()),
+          flush=True)
+    return dict(ms=res, same_bits=same, cosine=cos)
 
 
 def main(argv=None) -> int:
