@@ -28,11 +28,12 @@ others keep the MMQ buckets (`unfit_reason`).
 
 The numbers differ from the MMQ prefill's: the activations are q8_K (a scale per 256 values)
 where the GEMMs read fp16 - tests/test_short_prefill.py holds the logits to the MMQ graph's by
-cosine and checks the greedy next token. EngineConfig.short_prefill stays off by default (a first
-start also compiles the mma builds, and the q8_K activations are coarser than the MMQ path's): on
-an H100 (2026-12-06, 14:10 UTC, tools/bench_prefix.py) a warm 8-token turn after 500 cached tokens
-took 2.81 ms with it (host clock; 8.5-8.6x cold), 4.57 without that morning (5.5x), the graph
-2.49-2.53 ms (docs/decode-step.md 7, docs/kernels/gemv.md 8i, 8j).
+cosine and checks the greedy next token. On sm_90+ the launches are chained by programmatic
+dependent launch, the GEMVs triggering the next launch after their last trip (PDL below).
+EngineConfig.short_prefill stays off by default (a first start also compiles the mma builds, and the
+q8_K activations are coarser than the MMQ path's): on an H200 (2026-12-06, 20:45 UTC,
+tools/bench_prefix.py) a warm 8-token turn after 500 cached tokens took 2.63 ms with it (9.3x cold's
+24.47), the graph 2.17 ms (docs/decode-step.md 7, docs/kernels/gemv.md 8m).
 """
 from __future__ import annotations
 
@@ -44,13 +45,14 @@ from .cuda_layout import SHORT_ROWS
 from .cuda_ops import _Ops, _pdl_available
 from .models.ops import AttnLayer
 
-# Lab knob: the graph's launches chained by programmatic dependent launch (where the decode step's
-# are: EngineConfig.decode_pdl on sm_90+). False: none; True: every kind of PDL_KINDS; or a
-# collection of some of them (which kinds pay and which cost: `tools/profile_prefill.py --short
-# --pdl-kinds`). Off: slower on an H100, 2026-12-06 - 8 new tokens after 500 cached, the 4B's
-# graph 2.83 ms with every kind against 2.67 without (10:45 UTC), the same bits; each kind alone
-# loses a little, the gate/up launch most (docs/kernels/gemv.md 8g, 8i).
-PDL = False
+# The graph's launches chained by programmatic dependent launch (where the decode step's are:
+# EngineConfig.decode_pdl on sm_90+), with the mma GEMVs' PDL builds triggering the next launch after
+# their last trip (quant/pdl.TRIGGER_LATE). On since 2026-12-06 (night): the same bits, and on an H200
+# the 4B's graph (8 new tokens after 500 cached) took 2.159 / 2.163 ms against 2.326 / 2.329 plain and
+# 2.346 / 2.359 with the GEMVs triggering first thing (docs/kernels/gemv.md 8m). A lab knob: False (none),
+# True (every kind of PDL_KINDS) or a collection of some of them (`tools/profile_prefill.py --short
+# --pdl-kinds`).
+PDL = True
 # Lab knob: the q/k/v and gate/up/SwiGLU launches by 16-byte weight loads, unpipelined (W16:
 # quant/gemv_mma_k_w16.py), as gemv_mma_k's Q4_K default. On since 2026-12-06: the same bits, and
 # on one H100 in one call (8 new tokens after 500 cached) the graph took 2.400 ms against 2.439 with
@@ -62,13 +64,6 @@ FUSED_W16 = True
 # docs/kernels/gemv.md 8k). Not yet timed in the GLU: `tools/lab_knobs.py
 # engine.cuda_short_prefill.GLU_KSPLIT=4 -- tools/profile_prefill.py --short ...`.
 GLU_KSPLIT = None
-# Lab knob: the residual products of Q4_K weights (attn_output, a Q4_K layer's ffn_down) with each
-# 16-row tile's k-range over SPLIT_KB thread blocks (quant/gemv_mma_k_split.py: for the 4B's 160 tiles
-# on 132 SMs, where a tile's time is its SM's; docs/kernels/gemv.md 8l). None: gemv_mma_k. Other bits
-# (the parts are added after each part's warps). Not yet timed in the graph: `tools/profile_prefill.py
-# --short --knobs engine.cuda_short_prefill.SPLIT_KB=2`. Its workspace (one for every launch: they run
-# one after another) is made at the first, uncaptured recording - a lab knob's shortcut.
-SPLIT_KB = None
 # the launches that have PDL builds: rmsnorm_q8k with a norm weight (norm) and without (q8k), q/k/v
 # in one launch (qkv), gemv_mma_k (gemv: attn_output, ffn_down), gate/up/SwiGLU (glu), rope_write
 PDL_KINDS = ("norm", "q8k", "qkv", "gemv", "glu", "rope")
@@ -124,7 +119,7 @@ class ShortPrefillOps(_Ops):
                         for i, (p, k) in enumerate(zip(rt._plans(), n_splits))}
         self._holds = None          # the buffer whose q8_K values are in xq8k now
         self._gemv = rt.short_gemv  # tensor name -> its dp4a-mode GemvWeight
-        # the lab knob PDL: programmatic dependent launch (quant/pdl.py) of the kinds it names where
+        # PDL: programmatic dependent launch (quant/pdl.py) of the kinds it names where
         # the decode step takes it (EngineConfig.decode_pdl on sm_90+); the attention and its merge
         # launch plainly
         kinds = pdl_kinds(PDL)
@@ -165,26 +160,11 @@ class ShortPrefillOps(_Ops):
         from genie_rt.quant.gemv_mma_k import gemv_mma_k
         width, flat, c = out.shape[1], out.reshape(-1), 0
         for m in ws:
-            y, w = flat[c:], self._gemv[m.name]
-            if SPLIT_KB and w.qtype == QType.Q4_K and w.rows == width:
-                from genie_rt.quant.gemv_mma_k_split import gemv_mma_k_split
-                gemv_mma_k_split(w, *q, y, self.n, *self._split_workspace(w.rows), kb=SPLIT_KB,
-                                 residual=y if add else None, stream=self.stream)
-            else:
-                gemv_mma_k(w, *q, y, self.n, residual=y if add else None, ldy=width,
-                           stream=self.stream, pdl="gemv" in self.pdl_kinds)
+            y = flat[c:]
+            gemv_mma_k(self._gemv[m.name], *q, y, self.n, residual=y if add else None, ldy=width,
+                       stream=self.stream, pdl="gemv" in self.pdl_kinds)
             c += m.rows
         assert c == width, (c, width)
-
-    def _split_workspace(self, rows: int) -> tuple:
-        """(part, cnt) for SPLIT_KB's launches: one pair a back-end, sized for its widest output."""
-        from genie_rt.quant.gemv_mma_k_split import workspace
-        most = max(g.rows for g in self._gemv.values())
-        key = (SPLIT_KB, most)
-        ws = getattr(self.rt, "_split_ws", None)
-        if ws is None or ws[0] != key:
-            ws = self.rt._split_ws = (key, workspace(most, SPLIT_KB, 8))
-        return ws[1]
 
     def linear(self, x, w, out, add: bool = False) -> None:
         """[q | k | v] in one launch (quant/gemv_mma_qkv.py); any other product by gemv_mma_k

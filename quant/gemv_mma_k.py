@@ -472,17 +472,18 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
     nt = 8 if n_tok <= 8 else 16
     grid, block = (rows + ROWS - 1) // ROWS, 32 * ksplit
     resid = int(residual is not None)
-    pdl = P.build(bool(pdl))
+    pdl = bool(pdl)
+    build = P.build(pdl)
     if q6:
-        kern = mma_q6k_q8k_kernel(ksplit, bool(pipe), nt, pdl)
+        kern = mma_q6k_q8k_kernel(ksplit, bool(pipe), nt, build)
         if not ptx.SIMULATOR:
-            _fits(kern, SIGNATURE_Q6K, ("Q6_K", ksplit, bool(pipe), nt, pdl))
+            _fits(kern, SIGNATURE_Q6K, ("Q6_K", ksplit, bool(pipe), nt, build))
         P.launch_or_plain(kern, grid, block, stream, SIGNATURE_Q6K, pdl, w.wa, w.wb, w.wc, w.wd, w.units, rows,
                           xq, xd, cols, n_tok, ldy, yf, rf, resid)
         return
-    kern = mma_q4k_q8k_kernel(ksplit, bool(pipe), nt, pdl, w16)
+    kern = mma_q4k_q8k_kernel(ksplit, bool(pipe), nt, build, w16)
     if not ptx.SIMULATOR:
-        _fits(kern, SIGNATURE, ("Q4_K", ksplit, bool(pipe), nt, pdl, w16))
+        _fits(kern, SIGNATURE, ("Q4_K", ksplit, bool(pipe), nt, build, w16))
     P.launch_or_plain(kern, grid, block, stream, SIGNATURE, pdl, w.wa, w.wb, w.units, rows, xq, xd, xb, cols,
                       n_tok, ldy, yf, rf, resid)
 

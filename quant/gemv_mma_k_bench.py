@@ -76,9 +76,6 @@ def bench(argv=None) -> int:
     ap.add_argument("--pdl-build", action="store_true", help="also time the programmatic-dependent-launch "
                     "build at the planned k-split, launched plainly (what the build's own code costs: its coherent "
                     "token loads, the first block's weights before the wait)")
-    ap.add_argument("--split", default="", help="comma-separated KB: also time quant/gemv_mma_k_split.py (each "
-                    "16-row tile's k-range over KB thread blocks, an ordered fix-up by the last) for the Q4_K shapes, "
-                    "at the planned k-split's warps shared by the KB blocks and at half and twice that")
     ap.add_argument("--ncu", action="store_true", help="no timing: each checked case launched once between "
                     "cuProfilerStart/Stop, for ncu --profile-from-start off")
     ap.add_argument("--copies", default="8,1", help="weight copies each timing cycles through: 8 "
@@ -116,13 +113,6 @@ def bench(argv=None) -> int:
                 cases += [(f"pdlbuild_ks{default_build(gw, n_tok)[0]}",
                            lambda: _plain_launches(lambda: gemv_mma_k(nxt(), *kx, y, n_tok, stream=stream, pdl=True)),
                            kref, kbound)]
-            for kb in (int(v) for v in args.split.split(",") if v and qtype == QType.Q4_K):
-                from .gemv_mma_k_split import gemv_mma_k_split, workspace
-                ws = workspace(rows, kb, 8 if n_tok <= 8 else 16)
-                per = max(1, default_build(gw, n_tok)[0] // kb)
-                cases += [(f"split{kb}_ks{ks}", lambda ks=ks, kb=kb, ws=ws: gemv_mma_k_split(
-                               nxt(), *kx, y, n_tok, *ws, kb=kb, ksplit=ks, stream=stream), kref, kbound)
-                          for ks in sorted({max(1, per // 2), per, 2 * per})]
             if args.mma and n_tok <= 8 and qtype == QType.Q4_K:
                 cases += [(f"mma_ks{ks}", lambda ks=ks: gemv_mma(nxt(), xq, xs, y, n_tok, ksplit=ks, stream=stream),
                            ref, bound) for ks in (4, 8)]

@@ -12,7 +12,8 @@ so they overlap the previous kernel's tail. Stream capture turns the attribute i
 programmatic edge of the graph.
 
 Rules for a PDL build (the factories' `PDL=True` / `pdl=True`):
-1. `griddepcontrol.launch_dependents` first: the next kernel may launch at once.
+1. `griddepcontrol.launch_dependents` first: the next kernel may launch at once. (The one exception:
+   the short prefill's mma GEMVs trigger after their last trip, TRIGGER_LATE below.)
 2. Before `griddepcontrol.wait` it reads only constants (weights, norm weights) and writes
    nothing: a PDL launch may start while the kernel before it still runs. "Constant" means
    what no kernel of the running step writes: the decode attention's "warp" loop also reads
@@ -79,13 +80,16 @@ def weight_loads(PDL: bool):
     return (ptx.ldw_v2, ptx.ldw_v4) if PDL else (ptx.ldg_v2, ptx.ldg_v4)
 
 
-# Lab knob (the short prefill's mma GEMVs: gemv_mma_k's Q4_K and Q6_K builds, gemv_mma_glu,
-# gemv_mma_qkv): their PDL builds trigger after their last trip instead of first thing (rule 1's
-# exception), so the next kernel launches near their end. Why: in the short graph PDL lost (docs/
-# kernels/gemv.md 8g, 8i), and one suspect is the next kernel's blocks placed early, at the wait,
-# on the SMs that had room then - where a tile's time is its SM's. `build(pdl)` gives the factories'
-# PDL argument.
-TRIGGER_LATE = False
+# The short prefill's mma GEMVs (gemv_mma_k's Q4_K and Q6_K builds, gemv_mma_glu, gemv_mma_qkv): their
+# PDL builds trigger after their last trip instead of first thing (rule 1's one exception), so the next
+# kernel launches near their end. On an H200 (2026-12-06) that took the 4B's short graph from 2.35 ms
+# (trigger first: slower than no PDL at all, 2.33) to 2.16, the same bits (docs/kernels/gemv.md 8m). These
+# grids hold several blocks an SM, and a tile's time is its SM's: a dependent launched at once parks its
+# blocks at their wait on whichever SMs have room while the grid before still runs - the likely cost,
+# not profiled. The decode step's GEMVs (quant/gemv_kernels.py) keep the trigger first: the same change
+# there made the step 2-3 % slower (H100, 2026-12-06). A lab knob (False: trigger first, to time against);
+# `build(pdl)` gives the factories' PDL argument.
+TRIGGER_LATE = True
 
 
 def build(pdl: bool) -> int:

@@ -114,7 +114,7 @@ def test_simulated_short_prefill_by_pdl_launches_every_gemv_and_norm_so_and_keep
     # the norms' rmsnorm_q8k by PDL, the q8_K-only launches of the same kernel not; the GLU by PDL
     some = {"rmsnorm_q8k_kernel": {True, False}, "mma_glu_q4k_q8k_kernel": {True}}
     for name, knob, on in (("off", True, False), ("all", True, True), ("some", ("norm", "glu"), True)):
-        monkeypatch.setattr(cuda_short_prefill, "PDL", knob)       # (the lab knob: off by default)
+        monkeypatch.setattr(cuda_short_prefill, "PDL", knob)       # (True by default)
         monkeypatch.setattr(cuda_short_prefill, "_pdl_available", lambda: on)
         gpu, _, _ = make_backends(path, "f16", n_ctx=64, chunk=16, warm=False, short_prefill=True)
         gpu.prefill(prompt, 0)
@@ -155,41 +155,6 @@ def test_simulated_short_prefill_fused_w16_knob_keeps_the_bits(tmp_path, monkeyp
         assert {c[0] for c in calls} == {"gemv_mma_glu", "gemv_mma_qkv"}, calls
         assert all(c[1] is knob and c[2] is (not knob) for c in calls), calls
     np.testing.assert_array_equal(got[True], got[False])
-
-
-@pytest.mark.slow
-def test_simulated_short_prefill_split_knob_splits_the_q4k_residual_products(tmp_path, monkeypatch):
-    # the lab knob SPLIT_KB: attn_output and a Q4_K ffn_down by gemv_mma_k_split (another order of
-    # additions: close to the plain graph's logits, not its bits), twice without a stale count
-    from genie_rt.engine import cuda_short_prefill
-    from genie_rt.quant import gemv_mma_k_split
-    from test_backend_cuda import make_backends
-    path = _tiny(tmp_path)
-    calls, got = [], {}
-    real = gemv_mma_k_split.gemv_mma_k_split
-
-    def spy(w, *a, **k):
-        calls.append((w.rows, w.cols, k["kb"]))
-        return real(w, *a, **k)
-    monkeypatch.setattr(gemv_mma_k_split, "gemv_mma_k_split", spy)
-    for knob in (None, 2):
-        monkeypatch.setattr(cuda_short_prefill, "SPLIT_KB", knob)
-        gpu, _, _ = make_backends(path, "f16", n_ctx=64, chunk=16, warm=False, short_prefill=True)
-        gpu.prefill(PROMPT, 0)
-        calls.clear()
-        got[knob] = gpu.prefill(TURN, len(PROMPT))
-        if knob:
-            # the tiny file: attn_output 256 x 256 Q4_K; its ffn_down is Q6_K (gemv_mma_k as before)
-            assert calls == [(256, 256, 2)], calls
-            _, (part, cnt) = gpu._split_ws
-            assert not cnt.copy_to_host().any()
-            again = gpu.prefill(TURN, len(PROMPT))
-            np.testing.assert_array_equal(again, got[knob])
-        else:
-            assert calls == []
-    a, b = got[None].ravel(), got[2].ravel()
-    assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) >= 0.9999
-    assert int(np.argmax(a)) == int(np.argmax(b))
 
 
 def test_short_prefill_pdl_knob_names_known_kinds():
@@ -251,7 +216,7 @@ def test_gpu_short_prefill_pdl_keeps_the_bits(tmp_path, monkeypatch):
     from genie_rt.engine import cuda_short_prefill
     if not pdl.available():
         pytest.skip("no programmatic dependent launch on this device (sm_90+)")
-    monkeypatch.setattr(cuda_short_prefill, "PDL", True)       # (the lab knob: off by default)
+    monkeypatch.setattr(cuda_short_prefill, "PDL", True)       # (the default)
     path = _two_layers(tmp_path)
     rng = np.random.default_rng(5)
     prompt = rng.integers(0, 256, 20).astype(np.int32)

@@ -80,6 +80,23 @@ def cuda_breakdown(engine, prompt: list[int]) -> dict:
             "device: head graph + sampling (events)": cuda.event_elapsed_time(e1, e2)}
 
 
+def direct_ms(engine, prompt: list[int]) -> float:
+    """Host ms of a warm request's prefix match and `prefill_sample`, called as Engine.generate calls
+    them but without the generator around them: beside the breakdown and GenerationResult.prompt_ms,
+    which of the two layers holds the time one has and the other has not."""
+    from genie_rt.engine.generate import GenerationRequest
+    from genie_rt.engine.sampling import SamplingParams
+    req = GenerationRequest(prompt=prompt, params=SamplingParams(temperature=0), max_tokens=1)
+    sampler = engine._sampler(req, 0)
+    engine.backend.synchronize()
+    t0 = time.perf_counter()
+    n_reuse = engine._restore(req)
+    engine.backend.prefill_sample(prompt[n_reuse:], n_reuse, sampler, prompt)
+    t1 = time.perf_counter()
+    engine.kv_tokens = list(prompt)
+    return (t1 - t0) * 1e3
+
+
 def profile_warm(run, prompts: list[list[int]], top: int) -> str:
     """pstats of `run(prompt)` over prompts that each follow the one before (every one warm: they
     share the system prompt), the `top` functions by their own time."""
@@ -202,10 +219,17 @@ def main(argv: list[str] | None = None) -> int:
 
                 def turn(first: int) -> list[int]:
                     return system + [first] + [int(t) for t in other.integers(0, vocab, args.user_tokens - 1)]
+                direct, generated = [], []
                 for i in range(args.repeat):
                     engine.kv_tokens = []
                     prefill_ms(turn(3000 + i))
                     after_cold.append(cuda_breakdown(engine, turn(3500 + i)))
+                    engine.kv_tokens = []
+                    prefill_ms(turn(4000 + i))
+                    direct.append(direct_ms(engine, turn(4500 + i)))
+                    engine.kv_tokens = []
+                    prefill_ms(turn(5000 + i))
+                    generated.append(prefill_ms(turn(5500 + i))[0])
         info = engine.backend.device_info()
         agree = greedy_agreement(engine, system + user(997), system + user(998))
         cos = logits_agreement(engine, system + user(996), args.system_tokens)
@@ -231,6 +255,10 @@ def main(argv: list[str] | None = None) -> int:
         for key in parts[0]:
             print(f"    {key:44s} {statistics.median(p[key] for p in parts):7.3f}"
                   + (f" {statistics.median(p[key] for p in after_cold):7.3f}" if after_cold else ""))
+    if engine.backend.name == "cuda" and after_cold:
+        print(f"  the same kind of warm request (after a cold one), host clock: _restore + prefill_sample called "
+              f"directly {statistics.median(direct):.3f} ms, Engine.generate's prompt_ms "
+              f"{statistics.median(generated):.3f} ms")
     if args.host_profile:
         print(f"  the host's side of 100 warm requests (cProfile: its own overhead included), by own time:\n{host_profile}")
     same = sum(a == b for a, b in zip(*agree))

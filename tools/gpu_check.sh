@@ -105,14 +105,12 @@
 #   ncu24     Nsight Compute on the short prefill's mma GEMV (python -m genie_rt.quant.gemv_mma_k --ncu; NARGS: its
 #             shapes, default ffn_down Q4_K at 8 tokens, pipelined and not, k-split 8): what bounds a tile's time
 #             (docs/kernels/gemv.md 8i) - ncu-mmak.txt (NT s)
-#   split27   the mma GEMV with a tile's k-range over KB blocks (quant/gemv_mma_k_split.py, lab, 2026-12-06 night),
-#             one short call: `python -m genie_rt.quant.gemv_mma_k --split 2,3` at the 4B's 2,560-row Q4_K shapes,
-#             8 tokens, weights from DRAM, each build checked against numpy first (mmak-split.json / .txt)
-#   s28       the first call of 2026-12-06 night: split27; the short graph (500 cached + 8) with the lab knobs of
-#             KNOBS beside the default (cuda_short_prefill.SPLIT_KB 2 / 3, PDL with the trigger first and
-#             with quant/pdl.TRIGGER_LATE; bits and cosine; profile-short, PT s); then on an H200 (the issue's
-#             device; llama.cpp built in the background) genie-rt bench and llama-bench on the 4B (BT s), on
-#             any other GPU the prefix-reuse bench with --breakdown-after-cold (prefix-short-after-cold, PXT s)
+#   s28       the calls of 2026-12-06 night: the short graph (500 cached + 8) with the lab knobs of KNOBS beside
+#             the default (PPARGS: more profile_prefill arguments, e.g. "--pdl off"; bits and cosine;
+#             profile-short, PT s); then on an H200 (the device; llama.cpp built in the background)
+#             genie-rt bench and llama-bench on the 4B (BT s; NO_BENCH=1: not), on any other GPU or with
+#             PREFIX=1 the prefix-reuse bench with --breakdown-after-cold (prefix-short-after-cold, PXT s),
+#             then with DSET the decode step's profile_decode --settings DSET at PDEPTHS (4096)
 #   final26   the session's closing check (2026-12-06 evening), one call (final26b: the rest, warm): llama.cpp
 #             built in the background, the GPU tests of what moved (the state slots: sampling, CPU parity,
 #             greedy text, the short prefill; TT s), genie-rt bench on the 4B (BT s), prefix reuse with
@@ -238,7 +236,7 @@ bench_4b() {
 }
 llama_bench_4b() {
   local LB; LB=$(lcpp_bench $1)
-  [ -z "$LB" ] || timeout ${LBT:-150} $LB -m $MODEL4B -p 18,33,512 -n 128 -d 0,4096 -r 3 -ngl 99 -o md 2>/dev/null \
+  [ -z "$LB" ] || timeout ${LBT:-150} $LB -m $MODEL4B ${LB_TESTS:--p 18,33,512 -n 128 -d 0,4096} -r 3 -ngl 99 -o md 2>/dev/null \
     | tee "$OUT/llama-bench.md"
 }
 
@@ -836,30 +834,27 @@ for s in "$@"; do
           --backend cuda -m $MODEL4B --short-prefill 2>&1 | grep -v "^INFO numba" > "$OUT/prefix-$W.txt"
         grep -E "warm|cold|greedy|cosine" "$OUT/prefix-$W.txt" | head -5
       done ;;
-    split27)
-      stage split27
-      timeout ${MT:-240} $PY -m genie_rt.quant.gemv_mma_k --shapes q4k --only ${SPLIT_SHAPES:-attn_output,ffn_down} \
-        --tokens ${SPLIT_TOKENS:-8} --trips "" --split ${KBS:-2,3} --copies 8 --json "$OUT/mmak-split.json" 2>&1 \
-        | grep -v "^INFO numba" | tee "$OUT/mmak-split.txt" | tail -12 ;;
     s28)
       stage s28
       use_kernel_cache
       H200=$(grep -c H200 "$OUT/gpu.txt")
       [ "$H200" -gt 0 ] && { [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null; }
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      OUT=$OUT "$0" split27 | tail -14
       P=engine.cuda_short_prefill
-      timeout ${PT:-300} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 --no-ablation \
-        --knobs "${KNOBS:-$P.SPLIT_KB=2;$P.SPLIT_KB=3;$P.PDL=True;$P.PDL=True,quant.pdl.TRIGGER_LATE=True}" \
+      timeout ${PT:-300} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 --no-ablation ${PPARGS:-} \
+        --knobs "${KNOBS:-$P.PDL=False;quant.pdl.TRIGGER_LATE=False}" \
         --json "$OUT/profile-short.json" 2>&1 | grep -v "^INFO numba" > "$OUT/profile-short.txt"
       grep -E "knobs|bits|cosine|prefill of" "$OUT/profile-short.txt"
-      if [ "$H200" -gt 0 ]; then
+      if [ "$H200" -gt 0 ] && [ -z "${NO_BENCH:-}" ]; then
         bench_4b ${BT:-220}
         W=$(( ${TEND:-570} - SECONDS )); [ $W -gt 20 ] && llama_bench_4b $W
-      else
+      fi
+      if [ "$H200" -eq 0 ] || [ -n "${PREFIX:-}" ]; then
         timeout ${PXT:-150} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --breakdown-after-cold \
           2>&1 | grep -v "^INFO numba" > "$OUT/prefix-short-after-cold.txt"; tail -25 "$OUT/prefix-short-after-cold.txt"
-      fi ;;
+      fi
+      W=$(( ${TEND:-570} - SECONDS )); if [ -n "${DSET:-}" ] && [ $W -gt 60 ]; then
+        PT=$W profile_4b "${PDEPTHS:-4096}" "$DSET" none s28- 25; fi ;;
     final26)
       stage final26
       use_kernel_cache

@@ -191,7 +191,8 @@ def main(argv=None) -> int:
                    "in the cache, as after prefix reuse; default 0)")
     p.add_argument("--pdl", choices=("off", "on", "both"), default=None,
                    help="EngineConfig.prefill_pdl (sm_90+: the GEMMs by programmatic dependent launch; default "
-                        "off), with --short the short graph's (the lab knob cuda_short_prefill.PDL; off); "
+                        "off), with --short the short graph's (EngineConfig.decode_pdl with cuda_short_prefill.PDL; "
+                        "on, the engine's default); "
                         "both: time the graph each way in turn and check that the residual stream has "
                         "the same bits (the ablation then runs with it off; --short: on)")
     p.add_argument("--pdl-kinds", default=None, metavar="K,K;K;...",
@@ -213,7 +214,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.start < 0:
         p.error(f"--start must be >= 0, got {args.start}")
-    args.pdl = args.pdl or "off"
+    args.pdl = args.pdl or ("on" if args.short else "off")
     knob_specs = [[a for a in spec.split(",") if a] for spec in args.knobs.split(";")] if args.knobs else []
     for spec in knob_specs:                            # a typo fails now, not after the compile
         for a in spec:

@@ -69,9 +69,6 @@ MMA["mma_qkv_q4k_q4k_q6k_w16"] = (MQ.mma_qkv_kernel(("Q4_K", "Q4_K", "Q6_K"), 4,
 MMA["mma_q6k_nt8_pipe"] = (M6.mma_q6k_q8k_kernel(4, True, 8, False), M6.SIGNATURE, None)
 MMA["mma_q4k_nt16"] = (MK.mma_q4k_q8k_kernel(4, False, 16, False), MK.SIGNATURE, None)
 MMA["mma_q6k_nt16"] = (M6.mma_q6k_q8k_kernel(4, False, 16, False), M6.SIGNATURE, None)
-# a tile's k-range over two blocks (quant/gemv_mma_k_split.py, lab): W16 unpipelined, 4 warps a block
-from genie_rt.quant import gemv_mma_k_split as MS
-MMA["mma_q4k_split2_w16"] = (MS.mma_q4k_split_kernel(4, 2, False, 8, True), MS.SIGNATURE, None)
 for _name, (_k, _sig, _cap) in MMA.items():
     globals()[_name] = _k
 '''
