@@ -110,7 +110,8 @@
 #             profile-short, PT s); then on an H200 (the device; llama.cpp built in the background)
 #             genie-rt bench and llama-bench on the 4B (BT s; NO_BENCH=1: not), on any other GPU or with
 #             PREFIX=1 the prefix-reuse bench with --breakdown-after-cold (prefix-short-after-cold, PXT s),
-#             then with DSET the decode step's profile_decode --settings DSET at PDEPTHS (4096)
+#             then with DSET the decode step's profile_decode --settings DSET at PDEPTHS (4096); TT > 0 first runs
+#             TT s of GPU tests (the short prefill's, among them its PDL way's bits; CPU parity, greedy text)
 #   final26   the session's closing check (2026-12-06 evening), one call (final26b: the rest, warm): llama.cpp
 #             built in the background, the GPU tests of what moved (the state slots: sampling, CPU parity,
 #             greedy text, the short prefill; TT s), genie-rt bench on the 4B (BT s), prefix reuse with
@@ -840,6 +841,8 @@ for s in "$@"; do
       H200=$(grep -c H200 "$OUT/gpu.txt")
       [ "$H200" -gt 0 ] && { [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null; }
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      [ "${TT:-0}" -gt 0 ] && par_tests $TT "gpu" "${GK:-short or every_position or greedy}" \
+        tests/test_short_prefill.py tests/test_backend_cuda.py
       P=engine.cuda_short_prefill
       timeout ${PT:-300} $PY tools/profile_prefill.py -m $MODEL4B --short --start 500 --ctx 1024 --no-ablation ${PPARGS:-} \
         --knobs "${KNOBS:-$P.PDL=False;quant.pdl.TRIGGER_LATE=False}" \
