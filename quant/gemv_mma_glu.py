@@ -92,7 +92,7 @@ def _both_weights(weight_loads):
 
 
 @functools.lru_cache(maxsize=None)
-def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu", PDL: bool = False,
+def mma_glu_q4k_q8k_kernel(KSPLIT: int = 2, PIPE: bool = True, ACT: str = "silu", PDL: int = 0,
                            MAXREG: int | None = None, W16: bool = False):
     """The kernel: grid ceil(rows / 16) blocks of 32 * KSPLIT threads. Arguments: wa, wb (the gate
     weight's Q4_K planes), wa2, wb2 (the up weight's), nu, rows, xq, xd, xb (q8_K, gemv_mma_k's),

@@ -301,16 +301,16 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False, W16: 
 
 
 @functools.lru_cache(maxsize=None)
-def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: bool = False, W16: bool = False):
+def mma_q4k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: int = 0, W16: bool = False):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), x as q8_K; grid
     ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16), warp w taking the row's 256-weight
     blocks [w * ceil(nblk / KSPLIT), ..). Arguments: wa, wb, nu, rows (the Q4_K GEMV planes), xq
     (uint32 words of int8), xd (float32), xb (int32) - q8_K, tiled (quant/q8k_layout.py: whole groups of
     8 tokens), cols, n_tok, ldy, y (float32, token t's row at t * ldy), res (the same layout),
     resid. PIPE: see the module. NT 16: a second B fragment (tokens 8 + g) against the same A
-    fragments, eight accumulators a lane. PDL: a programmatic-dependent-launch build (sm_90;
-    quant/pdl.py): launch_dependents first, the first block's weights loaded before the wait (PDL 2:
-    the trigger after the last trip, quant/pdl.TRIGGER_LATE)."""
+    fragments, eight accumulators a lane. PDL (quant/pdl.build): 0 plain; 1 a programmatic-dependent-launch
+    build (sm_90; quant/pdl.py): launch_dependents first, the first block's weights loaded before the
+    wait; 2 the same with the trigger after the last trip (quant/pdl.TRIGGER_LATE)."""
     if NT not in (8, 16):
         raise ValueError(f"mma_q4k_q8k_kernel: NT {NT} must be 8 or 16")
     NW = KSPLIT

@@ -209,7 +209,7 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
 
 
 @functools.lru_cache(maxsize=None)
-def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: bool = False):
+def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: int = 0):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), W Q6_K, x as
     q8_K; grid ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16). Arguments: wa, wb,
     wc, wd (the Q6_K GEMV planes ql, qh, sc, d), nu (ql units a row), rows, xq (uint32 words of

@@ -37,7 +37,7 @@ FORMATS = (QType.Q4_K, QType.Q6_K)
 
 
 @functools.lru_cache(maxsize=None)
-def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True, PDL: bool = False, W16: bool = False):
+def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True, PDL: int = 0, W16: bool = False):
     """The kernel for the formats FMTS (three "Q4_K" / "Q6_K"): grid = the three matrices' tiles,
     32 * KSPLIT threads. Arguments: for each matrix its GEMV planes wa, wb, wc, wd and rows; then
     nu (units a row, the same for all: one input), xq, xd, xb (q8_K), cols, n_tok (<= 8), ldy, y

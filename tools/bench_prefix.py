@@ -42,15 +42,22 @@ def synth_model(folder: Path, seed: int) -> Path:
     return sg.write_synthetic_qwen3(folder / "bench-prefix.gguf", DEFAULT_SHAPE, seed=seed)
 
 
+def greedy_request(prompt: list[int], max_tokens: int = 1, conversation_id: str | None = None):
+    """The request every measurement here makes: greedy, `max_tokens` tokens."""
+    from genie_rt.engine.generate import GenerationRequest
+    from genie_rt.engine.sampling import SamplingParams
+    return GenerationRequest(prompt=prompt, params=SamplingParams(temperature=0), max_tokens=max_tokens,
+                             conversation_id=conversation_id)
+
+
 def cuda_breakdown(engine, prompt: list[int]) -> dict:
     """One warm request's prefill, step by step as CUDABackend.prefill_sample runs it, with
     host clocks around each step and CUDA events around the two graphs."""
     from numba import cuda
 
-    from genie_rt.engine.generate import GenerationRequest
-    from genie_rt.engine.sampling import Sampler, SamplingParams
+    from genie_rt.engine.sampling import Sampler
     be = engine.backend
-    req = GenerationRequest(prompt=prompt, params=SamplingParams(temperature=0), max_tokens=1)
+    req = greedy_request(prompt)
     be.synchronize()
     t0 = time.perf_counter()
     n_reuse = engine._restore(req)
@@ -84,9 +91,7 @@ def direct_ms(engine, prompt: list[int]) -> float:
     """Host ms of a warm request's prefix match and `prefill_sample`, called as Engine.generate calls
     them but without the generator around them: beside the breakdown and GenerationResult.prompt_ms,
     which of the two layers holds the time one has and the other has not."""
-    from genie_rt.engine.generate import GenerationRequest
-    from genie_rt.engine.sampling import SamplingParams
-    req = GenerationRequest(prompt=prompt, params=SamplingParams(temperature=0), max_tokens=1)
+    req = greedy_request(prompt)
     sampler = engine._sampler(req, 0)
     engine.backend.synchronize()
     t0 = time.perf_counter()
@@ -120,12 +125,8 @@ def greedy_agreement(engine, prompt: list[int], other: list[int], n: int = 8) ->
     """The greedy continuation of `prompt` prefilled cold, then warm (after `other`, which shares its
     system prompt, so only the user turn is prefilled): a check that the warm path - e.g. the short
     prefill - computes what the cold one does, and that decoding after it does too."""
-    from genie_rt.engine.generate import GenerationRequest
-    from genie_rt.engine.sampling import SamplingParams
-
     def run(p: list[int], k: int) -> list[int]:
-        req = GenerationRequest(prompt=p, params=SamplingParams(temperature=0), max_tokens=k)
-        return list(engine.generate(req))[-1].result.tokens
+        return list(engine.generate(greedy_request(p, k)))[-1].result.tokens
 
     engine.kv_tokens = []
     engine.kv_store = None
@@ -174,8 +175,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from genie_rt.engine.config import EngineConfig
     from genie_rt.engine.engine import Engine
-    from genie_rt.engine.generate import GenerationRequest
-    from genie_rt.engine.sampling import SamplingParams
     from genie_rt.kvcache.persist import KVStore
 
     with tempfile.TemporaryDirectory(prefix="bench-prefix-") as tmp:
@@ -194,9 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             return [1000 + i % 1000] + [int(t) for t in rng.integers(0, vocab, args.user_tokens - 1)]
 
         def prefill_ms(prompt: list[int], cid: str | None = None):
-            req = GenerationRequest(prompt=prompt, params=SamplingParams(temperature=0), max_tokens=1,
-                                    conversation_id=cid)
-            r = list(engine.generate(req))[-1].result
+            r = list(engine.generate(greedy_request(prompt, conversation_id=cid)))[-1].result
             return r.prompt_ms, r.n_cached
 
         prefill_ms(system + user(0))                         # warm-up: BLAS threads, first-touch pages
