@@ -132,6 +132,13 @@ QK_DP4A = False
 # same bits (x * 1 is x). Built 2026-12-05 without a GPU (docs/decode-step.md 7, item 4); a lab
 # knob, off, until profile_decode --settings skip times it.
 SKIP_RESCALE = False
+# The "mma" loop's splits cut by a warp's trips (16-row chunks) as evenly as they go, not by whole
+# tiles of warps x 16 rows (decode_kernel's even_splits). With tiles, the 4B's 16 splits of 8 x 16 rows
+# at 4,097 keys (genie-rt bench's depth 4,096) are 11 of 3 tiles: 88 of 132 SMs busy, each with 24
+# chunks; evenly, 16 of 16-17 chunks: 128 SMs. 12 warps a block (also 2 trips at 4,097, 11 blocks of
+# 24 chunks) was no faster (H100, 2026-12-07: tg128 at depth 4,096 481.2 against 486.9 with 8):
+# a block's time follows its chunks, not its trips. A knob, read when a plan's kernel is built.
+MMA_EVEN_SPLITS = True
 
 
 @dataclass(frozen=True)
@@ -167,7 +174,8 @@ class DecodePlan:
         return decode_kernel(self.head_dim, self.heads_per_block, self.kv_dtype, self.warps,
                              self.rows_per_thread, self.window, self.scale, q8, pdl, self.loop,
                              rope, bool(qk_norm), bool(ring), MERGE_PREFETCH,
-                             QK_DP4A and self.kv_dtype == "int8", SKIP_RESCALE)
+                             QK_DP4A and self.kv_dtype == "int8", SKIP_RESCALE,
+                             MMA_EVEN_SPLITS and self.loop == "mma")
 
     @property
     def workspace_bytes(self) -> int:

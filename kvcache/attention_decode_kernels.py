@@ -106,7 +106,7 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
                   rows_per_thread: int = 4, window: int = 0, scale: float | None = None,
                   q8: bool = False, pdl: bool = False, loop: str = DEFAULT_LOOP, rope: str = "",
                   qk_norm: bool = True, ring: bool = False, merge_pf: bool = False,
-                  qk8: bool = False, skip_rescale: bool = False):
+                  qk8: bool = False, skip_rescale: bool = False, even_splits: bool = False):
     """The decode kernel specialised on its compile-time constants (one per model shape
     and layer kind). window 0: keys 0 .. pos, slot = position; window W > 0: keys
     max(0, pos - W + 1) .. pos, slot = position % R (R = the layer's slots; a ring when
@@ -136,7 +136,11 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     (attention_decode_tiles.make_load_q) - what llama.cpp's vector kernel does for quantized
     caches; other numbers than the float q (kvcache/attention.py QK_DP4A).
     skip_rescale (the "warp" loops): a head's accumulators are rescaled only when some lane's max
-    grew (a warp vote), the same bits (kvcache/attention.py SKIP_RESCALE)."""
+    grew (a warp vote), the same bits (kvcache/attention.py SKIP_RESCALE).
+    even_splits (the "mma" loop; ignored by the others): the context is cut into the splits by a
+    warp's trips (16-row chunks), as evenly as they go - split s takes chunks s * C / A ..
+    (s + 1) * C / A of the C chunks, A = min(n_splits, C) - instead of whole tiles, ceil(tiles /
+    n_splits) a split (kvcache/attention.py MMA_EVEN_SPLITS says why)."""
     # PDL: rope_write may still be writing the new K/V row when this launch starts (a ROPE build:
     # the block writes it itself), so the cache is read coherently (ld_v4), not by the read-only path
     wait, launch_dependents, ld4 = hooks(pdl)
@@ -153,8 +157,10 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
     if MMA:
         check_mma(kv_dtype, HD)
     VEC, EPW, LPR, RPW, STEP, TILE, WPR = geometry(HD, kv_dtype, NW, RPT)
+    CH = 1
     if MMA:                          # rows_per_thread: 16-row chunks a warp's trip
-        TILE = mma_geometry(HD, NW, RPT)[3]
+        CH, TILE = mma_geometry(HD, NW, RPT)[2:]
+    EVEN = bool(even_splits) and MMA
     NQ = GH * VEC                    # q values (and accumulators) per thread
     NRED = GH * HD
     NT = 32 * NW
@@ -227,13 +233,21 @@ def decode_kernel(head_dim: int, heads_per_block: int, kv_dtype: str, warps: int
             ctx = max(state[0], 0) + 1
             lo = max(ctx - WIN, 0)
             ring0 = lo - lo % n_ctx                          # position of slot 0's lap
-        n_tiles = (ctx - lo + TILE - 1) // TILE
-        tps = (n_tiles + n_splits - 1) // n_splits           # tiles per split
-        n_active = (n_tiles + tps - 1) // tps
-        if split >= n_active:
-            return                                           # whole block: no barrier skipped
-        r_begin = lo + split * tps * TILE
-        r_end = min(r_begin + tps * TILE, ctx)
+        if EVEN:                                             # a warp's trips, evenly
+            n_units = (ctx - lo + CH - 1) // CH
+            n_active = min(n_splits, n_units)
+            if split >= n_active:
+                return                                       # whole block: no barrier skipped
+            r_begin = lo + (split * n_units // n_active) * CH
+            r_end = min(lo + ((split + 1) * n_units // n_active) * CH, ctx)
+        else:
+            n_tiles = (ctx - lo + TILE - 1) // TILE
+            tps = (n_tiles + n_splits - 1) // n_splits       # tiles per split
+            n_active = (n_tiles + tps - 1) // tps
+            if split >= n_active:
+                return                                       # whole block: no barrier skipped
+            r_begin = lo + split * tps * TILE
+            r_end = min(r_begin + tps * TILE, ctx)
 
         s_p = cuda.shared.array((GH, TILE), float32)         # block loop: scores, then p
         s_m = cuda.shared.array(GH, float32)                 # running max (log2 domain)

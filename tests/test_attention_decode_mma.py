@@ -35,6 +35,31 @@ def test_mma_decode_matches_reference(hd, n_head, n_kv, pos, n_splits, chunks):
     assert plan.loop == "mma" and plan.n_sub == 1 and plan.tile == 32 * chunks
 
 
+@pytest.mark.parametrize("pos,n_splits", [(70, 2), (95, 3)])
+def test_mma_decode_with_a_warp_count_not_a_power_of_two(pos, n_splits):
+    """3 warps a block (48-row tiles), as the 4B's 12 do (kvcache/attention.py MMA_SHAPE): the warps'
+    chunks, the cross-warp sums and the merge do not assume a power of two. pos 95: the last tile is
+    whole, 70: it ends mid-chunk."""
+    pool, kd, vd = make_pool(2, 64, 128, "int8", 128, seed=pos)
+    plan = run_decode(pool, kd, vd, 8, pos, n_splits=n_splits, warps=3, rows_per_thread=1, loop="mma",
+                      tol=MMA_TOL)
+    assert plan.tile == 48 and plan.n_splits == n_splits
+
+
+@pytest.mark.parametrize("even", [True, False])
+def test_mma_decode_splits_by_chunks_or_by_tiles(monkeypatch, even):
+    """MMA_EVEN_SPLITS (the default): 4 splits of 2-warp blocks (32-row tiles) at 97 keys cut 7
+    chunks of 16 rows 1 / 2 / 2 / 2 - every split busy; by whole tiles (4 tiles, one a split) the
+    same 4. At 65 keys (5 chunks, 3 tiles) the chunks give 4 busy splits and the tiles 3. Either
+    way the result is the reference's."""
+    from genie_rt.kvcache import attention as A
+    monkeypatch.setattr(A, "MMA_EVEN_SPLITS", even)
+    pool, kd, vd = make_pool(2, 64, 128, "int8", 128, seed=3)
+    for pos, busy in ((96, (4, 4)), (64, (4, 3))):
+        run_decode(pool, kd, vd, 8, pos, n_splits=4, warps=2, rows_per_thread=1, loop="mma", tol=MMA_TOL)
+        assert run_decode.splits_written == list(range(busy[0] if even else busy[1])), (pos, even)
+
+
 @pytest.mark.parametrize("pos,n_splits,warps", [(45, 2, 2), (63, 1, 1)])
 def test_mma_decode_pdl_build_gives_the_plain_bits(pos, n_splits, warps):
     # EARLY: the first trip's earlier rows before the wait, the trip with the new row again after

@@ -21,6 +21,7 @@ dominates on the CPU back-end).
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import statistics
 import sys
@@ -100,6 +101,43 @@ def direct_ms(engine, prompt: list[int]) -> float:
     t1 = time.perf_counter()
     engine.kv_tokens = list(prompt)
     return (t1 - t0) * 1e3
+
+
+def generate_parts(engine, prompt: list[int]) -> dict:
+    """One warm request through Engine.generate (its prompt_ms, as the warm row times it), with host
+    clocks around the back-end calls it makes on the way: which of them holds the time prompt_ms has
+    and cuda_breakdown's total has not. The wrappers are instance attributes (and the back-end
+    module's `upload`), removed before returning; each adds well under a microsecond a call."""
+    from genie_rt.engine import backend_cuda, gpu_sampling
+    be = engine.backend
+    spent: dict[str, float] = {}
+
+    def timed(name, fn):
+        def call(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] = spent.get(name, 0.0) + (time.perf_counter() - t) * 1e3
+        return call
+    names = ("prefill_sample", "_prefill_layers", "_set_state", "_splits", "_run", "_begin_request", "_read_token")
+    for name in names:
+        setattr(be, name, timed(name, getattr(be, name)))
+    real_check, real_upload = gpu_sampling.check_request, backend_cuda.upload
+    # (check_request runs twice: in prefill_sample before the enqueue, and in set_request after it)
+    gpu_sampling.check_request = timed("check_request", real_check)
+    backend_cuda.upload = timed("upload (ids, state slots)", real_upload)
+    collections = gc.get_count()
+    try:
+        r = list(engine.generate(greedy_request(prompt)))[-1].result
+    finally:
+        for name in names:
+            delattr(be, name)
+        gpu_sampling.check_request, backend_cuda.upload = real_check, real_upload
+    out = {"Engine.generate's prompt_ms": r.prompt_ms}
+    out.update({f"  of which {k}": v for k, v in spent.items()})
+    out["gc generation-0 count before (of 700)"] = float(collections[0])
+    return out
 
 
 def profile_warm(run, prompts: list[list[int]], top: int) -> str:
@@ -215,8 +253,8 @@ def main(argv: list[str] | None = None) -> int:
                 other = np.random.default_rng(args.seed + 1)
 
                 def turn(first: int) -> list[int]:
-                    return system + [first] + [int(t) for t in other.integers(0, vocab, args.user_tokens - 1)]
-                direct, generated = [], []
+                    return system + [first % vocab] + [int(t) for t in other.integers(0, vocab, args.user_tokens - 1)]
+                direct, generated, nogc, inside = [], [], [], []
                 for i in range(args.repeat):
                     engine.kv_tokens = []
                     prefill_ms(turn(3000 + i))
@@ -227,6 +265,16 @@ def main(argv: list[str] | None = None) -> int:
                     engine.kv_tokens = []
                     prefill_ms(turn(5000 + i))
                     generated.append(prefill_ms(turn(5500 + i))[0])
+                    engine.kv_tokens = []
+                    prefill_ms(turn(6000 + i))
+                    gc.disable()
+                    try:
+                        nogc.append(prefill_ms(turn(6500 + i))[0])
+                    finally:
+                        gc.enable()
+                    engine.kv_tokens = []
+                    prefill_ms(turn(7000 + i))
+                    inside.append(generate_parts(engine, turn(7500 + i)))
         info = engine.backend.device_info()
         agree = greedy_agreement(engine, system + user(997), system + user(998))
         cos = logits_agreement(engine, system + user(996), args.system_tokens)
@@ -255,7 +303,12 @@ def main(argv: list[str] | None = None) -> int:
     if engine.backend.name == "cuda" and after_cold:
         print(f"  the same kind of warm request (after a cold one), host clock: _restore + prefill_sample called "
               f"directly {statistics.median(direct):.3f} ms, Engine.generate's prompt_ms "
-              f"{statistics.median(generated):.3f} ms")
+              f"{statistics.median(generated):.3f} ms, the same with the garbage collector off "
+              f"{statistics.median(nogc):.3f} ms")
+        print("  Engine.generate's warm request (after a cold one) with host clocks around the back-end's calls "
+              "(median ms; a call made twice is summed):")
+        for key in inside[0]:
+            print(f"    {key:44s} {statistics.median(p.get(key, 0.0) for p in inside):7.3f}")
     if args.host_profile:
         print(f"  the host's side of 100 warm requests (cProfile: its own overhead included), by own time:\n{host_profile}")
     same = sum(a == b for a, b in zip(*agree))

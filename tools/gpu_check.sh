@@ -112,6 +112,18 @@
 #             PREFIX=1 the prefix-reuse bench with --breakdown-after-cold (prefix-short-after-cold, PXT s),
 #             then with DSET the decode step's profile_decode --settings DSET at PDEPTHS (4096); TT > 0 first runs
 #             TT s of GPU tests (the short prefill's, among them its PDL way's bits; CPU parity, greedy text)
+#   s29       the first call of 2026-12-07: llama.cpp built in the background, TT s of GPU tests (the short prefill,
+#             CPU parity, greedy text, the mma attention's), the decode step at PDEPTHS (4096) with the mma
+#             attention's 8 warps a block against 10 and 12 (--settings mmawarps), prefix reuse with
+#             --breakdown-after-cold (the warm request's back-end calls timed inside Engine.generate; PXT s)
+#   s29b      one call when only one comes: genie-rt bench with MMA_SHAPE=(MMAW, 1) (default 12; bench-mmaw.json,
+#             tg128 at MMAW_DEPTHS, 4096) beside the default (bench.json; BENCH_ARGS, e.g. "-p 0" for tg128
+#             alone), prefix reuse with --breakdown-after-cold in what is left but 110 s, then llama-bench
+#             (LB_TESTS) on the same file
+#   s30       the mma attention's splits by chunks (kvcache/attention.py MMA_EVEN_SPLITS, 2026-12-07), one call:
+#             llama.cpp built in the background, TT s of GPU tests (GK: the mma loop's CPU parity), the decode
+#             step at PDEPTHS (4096) with the knob both ways (--settings even: cosine, then times), genie-rt
+#             bench (BT s) and llama-bench on the same file
 #   final26   the session's closing check (2026-12-06 evening), one call (final26b: the rest, warm): llama.cpp
 #             built in the background, the GPU tests of what moved (the state slots: sampling, CPU parity,
 #             greedy text, the short prefill; TT s), genie-rt bench on the 4B (BT s), prefix reuse with
@@ -858,6 +870,39 @@ for s in "$@"; do
       fi
       W=$(( ${TEND:-570} - SECONDS )); if [ -n "${DSET:-}" ] && [ $W -gt 60 ]; then
         PT=$W profile_4b "${PDEPTHS:-4096}" "$DSET" none s28- 25; fi ;;
+    s29)
+      stage s29
+      use_kernel_cache
+      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      [ "${TT:-0}" -gt 0 ] && par_tests $TT "gpu" "${GK:-short or every_position or greedy or mma}" \
+        tests/test_short_prefill.py tests/test_backend_cuda.py tests/test_attention_decode_mma.py
+      PT=${PT:-200} profile_4b "${PDEPTHS:-4096}" mmawarps none s29- 14
+      timeout ${PXT:-180} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --breakdown-after-cold \
+        2>&1 | grep -v "^INFO numba" > "$OUT/prefix-short-after-cold.txt"; tail -32 "$OUT/prefix-short-after-cold.txt" ;;
+    s29b)
+      stage s29b
+      use_kernel_cache
+      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      timeout ${BT2:-300} $(bench_pin) $PY tools/lab_knobs.py "kvcache.attention.MMA_SHAPE=(${MMAW:-12}, 1)" -- \
+        -m genie_rt.engine.cli bench -m $MODEL4B -p 0 -n 128 -d ${MMAW_DEPTHS:-4096} -r 3 --kv int8 --ctx 8192 --json \
+        > "$OUT/bench-mmaw.json" 2> /tmp/bench-mmaw.log; tail -3 /tmp/bench-mmaw.log
+      $PY -c "import json,sys; d=json.load(open(sys.argv[1])); [print('MMA_SHAPE=(${MMAW:-12}, 1)', r['test'] + '@d' + str(r['n_depth']), round(r['avg_ts'],1), '+-', round(r['stddev_ts'],1)) for r in d['results']]" "$OUT/bench-mmaw.json"
+      BENCH_ARGS="${BENCH_ARGS:-}" bench_4b ${BT:-150}
+      W=$(( ${TEND:-580} - 110 - SECONDS )); [ $W -gt 60 ] && { timeout $W $PY tools/bench_prefix.py --backend cuda \
+        -m $MODEL4B --short-prefill --breakdown-after-cold 2>&1 | grep -v "^INFO numba" > "$OUT/prefix-short-after-cold.txt"
+        tail -32 "$OUT/prefix-short-after-cold.txt"; }
+      W=$(( ${TEND:-580} - SECONDS )); [ $W -gt 20 ] && llama_bench_4b $W ;;
+    s30)
+      stage s30
+      use_kernel_cache
+      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      [ "${TT:-0}" -gt 0 ] && par_tests $TT "gpu" "${GK:-mma}" tests/test_attention_decode_mma.py ${TF:-}
+      PT=${PT:-260} profile_4b "${PDEPTHS:-4096}" even none s30- 12
+      bench_4b ${BT:-200}
+      W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 20 ] && llama_bench_4b $W ;;
     final26)
       stage final26
       use_kernel_cache
