@@ -137,7 +137,9 @@ SKIP_RESCALE = False
 # at 4,097 keys (genie-rt bench's depth 4,096) are 11 of 3 tiles: 88 of 132 SMs busy, each with 24
 # chunks; evenly, 16 of 16-17 chunks: 128 SMs. 12 warps a block (also 2 trips at 4,097, 11 blocks of
 # 24 chunks) was no faster (H100, 2026-12-07: tg128 at depth 4,096 481.2 against 486.9 with 8):
-# a block's time follows its chunks, not its trips. A knob, read when a plan's kernel is built.
+# a block's time follows its chunks, not its trips. Evenly (same H100 kind, the next call): 495.8
+# against 486.9, +1.8 % (docs/decode-step.md 7); logits cosine 0.9986 with the tiles' cut (another
+# grouping of the f16 P'). On; a knob, read when a plan's kernel is built.
 MMA_EVEN_SPLITS = True
 
 

@@ -112,10 +112,6 @@
 #             PREFIX=1 the prefix-reuse bench with --breakdown-after-cold (prefix-short-after-cold, PXT s),
 #             then with DSET the decode step's profile_decode --settings DSET at PDEPTHS (4096); TT > 0 first runs
 #             TT s of GPU tests (the short prefill's, among them its PDL way's bits; CPU parity, greedy text)
-#   s29       the first call of 2026-12-07: llama.cpp built in the background, TT s of GPU tests (the short prefill,
-#             CPU parity, greedy text, the mma attention's), the decode step at PDEPTHS (4096) with the mma
-#             attention's 8 warps a block against 10 and 12 (--settings mmawarps), prefix reuse with
-#             --breakdown-after-cold (the warm request's back-end calls timed inside Engine.generate; PXT s)
 #   s29b      one call when only one comes: genie-rt bench with MMA_SHAPE=(MMAW, 1) (default 12; bench-mmaw.json,
 #             tg128 at MMAW_DEPTHS, 4096) beside the default (bench.json; BENCH_ARGS, e.g. "-p 0" for tg128
 #             alone), prefix reuse with --breakdown-after-cold in what is left but 110 s, then llama-bench
@@ -870,16 +866,6 @@ for s in "$@"; do
       fi
       W=$(( ${TEND:-570} - SECONDS )); if [ -n "${DSET:-}" ] && [ $W -gt 60 ]; then
         PT=$W profile_4b "${PDEPTHS:-4096}" "$DSET" none s28- 25; fi ;;
-    s29)
-      stage s29
-      use_kernel_cache
-      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
-      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
-      [ "${TT:-0}" -gt 0 ] && par_tests $TT "gpu" "${GK:-short or every_position or greedy or mma}" \
-        tests/test_short_prefill.py tests/test_backend_cuda.py tests/test_attention_decode_mma.py
-      PT=${PT:-200} profile_4b "${PDEPTHS:-4096}" mmawarps none s29- 14
-      timeout ${PXT:-180} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --breakdown-after-cold \
-        2>&1 | grep -v "^INFO numba" > "$OUT/prefix-short-after-cold.txt"; tail -32 "$OUT/prefix-short-after-cold.txt" ;;
     s29b)
       stage s29b
       use_kernel_cache
