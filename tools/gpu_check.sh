@@ -229,6 +229,13 @@ use_kernel_cache() {
   if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
     && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi
 }
+# a 4B call's start: the kernel cache (use_kernel_cache), llama.cpp's build in the background (stage
+# lcpp, once a machine) and the synthetic Qwen3-4B file
+start_4b() {
+  use_kernel_cache
+  [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
+  [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+}
 # CPUs 0-3 for genie-rt's bench while llama.cpp builds beside it on the others (stage lcpp):
 # pp18's host time shared CPUs with nvcc in the call of 2026-12-05 03:44 UTC (3,946 against 4,195)
 bench_pin() {
@@ -652,9 +659,7 @@ for s in "$@"; do
       # tg128 at depths 0 / 4096 with --attention-loop ALT (default warp: since 2026-12-05 the loaded
       # plans take mma from position 1,024 on sm_90; bench-ALT.json), TT s of the mma loop's GPU tests,
       # llama-bench on the same file, the kernel cache as kc.tar.gz
-      use_kernel_cache
-      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
-      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      start_4b
       bench_4b ${BT:-300}; cp "$OUT/bench.json" "$OUT/bench-default.json"
       BENCH_ARGS="-p 0 --attention-loop ${ALT:-warp} ${MMA_ARGS:-}" bench_4b ${BT2:-120}
       mv "$OUT/bench.json" "$OUT/bench-${ALT:-warp}.json"
@@ -751,9 +756,7 @@ for s in "$@"; do
       # (the same bits first, then the times: profile-pin<d>.txt/json); genie-rt bench with the default
       # (bench.json) and the build before 2026-12-06 (unpinned, unpaired: bench-unpinned.json); the kernel cache as kc.tar.gz; TT s of
       # the PDL / CPU-parity GPU tests; llama-bench on the same file if built by then (LCPP_WAIT)
-      use_kernel_cache
-      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
-      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      start_4b
       PT=${PT1:-330} profile_4b "${PDEPTHS-64 4096}" pin none pin ${PTAIL:-9}
       # the SASS the device's own compiler made (nvdisasm carried as .gpu/nvdisasm, or on the PATH)
       device_sass ${ST:-90}
@@ -767,9 +770,7 @@ for s in "$@"; do
       llama_bench_4b ${LCPP_WAIT:-60} ;;
     trips21)
       stage trips21
-      use_kernel_cache
-      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
-      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      start_4b
       bench_4b ${BT:-240}
       PT=${PT1:-180} profile_4b "${PDEPTHS-64}" trips none trips ${PTAIL:-7}
       llama_bench_4b ${LCPP_WAIT:-240}
@@ -868,9 +869,7 @@ for s in "$@"; do
         PT=$W profile_4b "${PDEPTHS:-4096}" "$DSET" none s28- 25; fi ;;
     s29b)
       stage s29b
-      use_kernel_cache
-      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
-      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      start_4b
       timeout ${BT2:-300} $(bench_pin) $PY tools/lab_knobs.py "kvcache.attention.MMA_SHAPE=(${MMAW:-12}, 1)" -- \
         -m genie_rt.engine.cli bench -m $MODEL4B -p 0 -n 128 -d ${MMAW_DEPTHS:-4096} -r 3 --kv int8 --ctx 8192 --json \
         > "$OUT/bench-mmaw.json" 2> /tmp/bench-mmaw.log; tail -3 /tmp/bench-mmaw.log
@@ -882,18 +881,14 @@ for s in "$@"; do
       W=$(( ${TEND:-580} - SECONDS )); [ $W -gt 20 ] && llama_bench_4b $W ;;
     s30)
       stage s30
-      use_kernel_cache
-      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
-      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      start_4b
       [ "${TT:-0}" -gt 0 ] && par_tests $TT "gpu" "${GK:-mma}" tests/test_attention_decode_mma.py ${TF:-}
       PT=${PT:-260} profile_4b "${PDEPTHS:-4096}" even none s30- 12
       bench_4b ${BT:-200}
       W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 20 ] && llama_bench_4b $W ;;
     final26)
       stage final26
-      use_kernel_cache
-      [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
-      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
+      start_4b
       [ "${TT:-150}" -gt 0 ] && par_tests ${TT:-150} gpu "${GK:-sampl or every_position or greedy or short}" \
         tests/test_gpu_sampling.py tests/test_backend_cuda.py tests/test_short_prefill.py
       bench_4b ${BT:-220}
