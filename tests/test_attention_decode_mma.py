@@ -37,9 +37,9 @@ def test_mma_decode_matches_reference(hd, n_head, n_kv, pos, n_splits, chunks):
 
 @pytest.mark.parametrize("pos,n_splits", [(70, 2), (95, 3)])
 def test_mma_decode_with_a_warp_count_not_a_power_of_two(pos, n_splits):
-    """3 warps a block (48-row tiles), as the 4B's 12 do (kvcache/attention.py MMA_SHAPE): the warps'
-    chunks, the cross-warp sums and the merge do not assume a power of two. pos 95: the last tile is
-    whole, 70: it ends mid-chunk."""
+    """3 warps a block (48-row tiles; plan_decode takes any warp count, and 12 were timed for the 4B on
+    2026-12-07): the warps' chunks, the cross-warp sums and the merge do not assume a power of two.
+    pos 95: the last tile is whole, 70: it ends mid-chunk."""
     pool, kd, vd = make_pool(2, 64, 128, "int8", 128, seed=pos)
     plan = run_decode(pool, kd, vd, 8, pos, n_splits=n_splits, warps=3, rows_per_thread=1, loop="mma",
                       tol=MMA_TOL)

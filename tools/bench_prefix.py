@@ -254,27 +254,27 @@ def main(argv: list[str] | None = None) -> int:
 
                 def turn(first: int) -> list[int]:
                     return system + [first % vocab] + [int(t) for t in other.integers(0, vocab, args.user_tokens - 1)]
-                direct, generated, nogc, inside = [], [], [], []
-                for i in range(args.repeat):
+                def following_cold(first: int, measure):
+                    """measure(a warm turn) right after a cold request (the pool forgotten first), as the
+                    warm row's requests run: the cold turn starts with token `first`, the warm one with
+                    first + 500 (both mod the vocabulary)."""
                     engine.kv_tokens = []
-                    prefill_ms(turn(3000 + i))
-                    after_cold.append(cuda_breakdown(engine, turn(3500 + i)))
-                    engine.kv_tokens = []
-                    prefill_ms(turn(4000 + i))
-                    direct.append(direct_ms(engine, turn(4500 + i)))
-                    engine.kv_tokens = []
-                    prefill_ms(turn(5000 + i))
-                    generated.append(prefill_ms(turn(5500 + i))[0])
-                    engine.kv_tokens = []
-                    prefill_ms(turn(6000 + i))
+                    prefill_ms(turn(first))
+                    return measure(turn(first + 500))
+
+                def without_gc(prompt: list[int]) -> float:
                     gc.disable()
                     try:
-                        nogc.append(prefill_ms(turn(6500 + i))[0])
+                        return prefill_ms(prompt)[0]
                     finally:
                         gc.enable()
-                    engine.kv_tokens = []
-                    prefill_ms(turn(7000 + i))
-                    inside.append(generate_parts(engine, turn(7500 + i)))
+                direct, generated, nogc, inside = [], [], [], []
+                for i in range(args.repeat):
+                    after_cold.append(following_cold(3000 + i, lambda p: cuda_breakdown(engine, p)))
+                    direct.append(following_cold(4000 + i, lambda p: direct_ms(engine, p)))
+                    generated.append(following_cold(5000 + i, lambda p: prefill_ms(p)[0]))
+                    nogc.append(following_cold(6000 + i, without_gc))
+                    inside.append(following_cold(7000 + i, lambda p: generate_parts(engine, p)))
         info = engine.backend.device_info()
         agree = greedy_agreement(engine, system + user(997), system + user(998))
         cos = logits_agreement(engine, system + user(996), args.system_tokens)

@@ -34,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_settings import (attention_chain_settings, attention_knob_settings, config_settings,  # noqa: E402
                               fused_ffn_settings, gemv_knob_settings, heads_ways, loop_settings,
-                              mma_warps_ways, mma_ways, pdl_settings, pin_settings, plan_settings, record_step,
+                              mma_ways, pdl_settings, pin_settings, plan_settings, record_step,
                               short_shape_ways, splits_settings, time_step, trip_settings)
 
 # (module, function) the decode step launches through
@@ -100,8 +100,7 @@ def main(argv=None) -> int:
                         "attention's scores by dp4a, QK_DP4A: cosine >= 0.999, not bits), ksplit "
                         "(gemv.KSPLIT_WARPS_PER_SM 16 / 32: the residual GEMVs' rows over one or two "
                         "warps, so all of ffn_down's row is loaded before its PDL wait; cosine), mma (the "
-                        "attention on the tensor cores, loop 'mma', in five block shapes; cosine), mmawarps (its 8 warps a "
-                        "block against 10 and 12; cosine), even (its splits cut by 16-row chunks or by whole tiles, "
+                        "attention on the tensor cores, loop 'mma', in five block shapes; cosine), even (its splits cut by 16-row chunks or by whole tiles, "
                         "MMA_EVEN_SPLITS; cosine), skip (the warp loops' "
                         "rescale only when a max grew, SKIP_RESCALE: the same bits); '' for none")
     p.add_argument("--min-cos", type=float, default=None, metavar="C",
@@ -125,7 +124,7 @@ def main(argv=None) -> int:
         importlib.import_module(module)
     # the settings that change the plans change the other graph's (lay.decode_plans): profile without
     # the short-context graph then, unless asked otherwise
-    plan_kinds = {"loop", "splits", "plan", "heads", "short", "mma", "mmawarps"} & set(args.settings.split(","))
+    plan_kinds = {"loop", "splits", "plan", "heads", "short", "mma"} & set(args.settings.split(","))
     if args.short_ctx is None and plan_kinds:
         args.short_ctx = 0
         print(f"--settings {','.join(sorted(plan_kinds))}: profiling with --short-ctx 0 (one decode graph)")
@@ -174,7 +173,7 @@ def main(argv=None) -> int:
         return 0
     wanted = {x for x in args.settings.split(",") if x}
     known = {"pdl", "pair", "loop", "early", "pin", "rope", "q8", "splits", "plan", "heads", "short", "chain", "qk8", "ksplit",
-             "mma", "mmawarps", "even", "skip", "trips"}
+             "mma", "even", "skip", "trips"}
     if wanted - known:
         raise SystemExit(f"--settings: unknown {sorted(wanted - known)}")
     settings = pdl_settings(be) if "pdl" in wanted and pdl.available() else {}
@@ -198,8 +197,6 @@ def main(argv=None) -> int:
         settings.update(plan_settings(be))
     if "mma" in wanted:
         settings.update(plan_settings(be, mma_ways(be), "the tensor-core attention loop"))
-    if "mmawarps" in wanted:
-        settings.update(plan_settings(be, mma_warps_ways(be), "the tensor-core attention loop's warps a block"))
     if "chain" in wanted:
         settings.update(attention_chain_settings(be))
     def bar(default: float) -> float:       # --min-cos, where given, replaces a way's cosine bar

@@ -255,26 +255,6 @@ def mma_ways(be) -> dict:
     return ways
 
 
-def mma_warps_ways(be, warps=(10, 12)) -> dict:
-    """plan_settings' ways for the tensor-core loop's warps a block against the loaded plan (the
-    first way: MMA_SHAPE's 8 warps of one chunk, 16 splits on the 4B). Why more warps (2026-12-07):
-    a split owns whole tiles of NW x 16 rows, so at 4,097 keys (the bench's depth 4,096) 8 warps
-    make 33 tiles in 11 splits of 3 (every warp 3 trips, 88 of 132 SMs busy); 10 or 12 warps of
-    the same 161 registers still fit one block an SM (168 x 32 x 12 = 64,512 of 65,536) and
-    take 2 trips there (13 / 11 splits of 2 tiles), up to 5,120 / 6,144 keys. genie-rt bench with 12
-    (H100): 481.2 tokens/s at depth 4,096 against 486.9 - the cut by chunks (MMA_EVEN_SPLITS) is what
-    paid (docs/decode-step.md 7)."""
-    from genie_rt.kvcache.attention import plan_decode
-    p = next(x for x in be.lay.decode_plans if not x.window)
-    ways = {f"loop={p.loop}, {p.warps} x {p.rows_per_thread}, {p.n_splits} splits (the loaded plan)": {}}
-    for w in warps:
-        m = plan_decode(p.n_head, p.n_kv, p.head_dim, p.kv_dtype, be.lay.kv_shape.n_ctx, loop="mma",
-                        warps=w, rows_per_thread=1)
-        ways[f"loop=mma, {w} warps x 1 chunk, {m.n_splits} splits"] = dict(
-            loop="mma", n_sub=m.n_sub, warps=w, rows_per_thread=1, n_splits=m.n_splits)
-    return ways
-
-
 def plan_settings(be, ways=None, what="the attention's block shape") -> dict:
     """The step with the global attention plans changed by each way's DecodePlan fields (warps,
     rows_per_thread: the tile a block reads a trip, each a kernel of its own; n_splits; n_sub: the
