@@ -46,7 +46,7 @@ from .cuda_graph_steps import GraphSteps
 from .cuda_layout import BUCKETS, MAX_BIAS, SHORT_ROWS, is_integrated, plan_layout, rope_keys
 from .device_state import MAX_PLANS, N_SLOTS, S_LAST, S_POS, S_SPLIT, S_TOKEN
 from .gguf_file import GGUFFile
-from .h2d import event, pinned_like, upload
+from .h2d import Upload, event, pinned_like
 from .memory import MemoryPlan
 from .models import architecture
 from .models.ops import AttnLayer, attn_layers, scratch_widths
@@ -142,8 +142,10 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         self.float_inputs = any(m != "dp4a" for m in modes)   # some GEMV reads float activations
         self._host_state = pinned_like(self.state)
         self._host_ids = pinned_like(A["ids"])
-        self._slot_views: dict[tuple, tuple] = {}   # (first slot, end) -> (device view, pinned view)
+        self._upload_ids = Upload(A["ids"], self._host_ids, self.stream)
+        self._slot_uploads: dict[tuple, Upload] = {}   # (first slot, end) -> its copy from the pinned mirror
         self._max_splits_of: dict[int, tuple] = {}
+        self._splits_of: dict[tuple, tuple] = {}       # (rows, start) -> _splits' answer
         self._decode_scratch = self._scratch(1, self.state[S_TOKEN:S_TOKEN + 1])
         self._prefill_scratch = {}
         self._req = _Request()
@@ -302,7 +304,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
                    splits: tuple = ()) -> None:
         """Write some state slots: one async copy from the pinned mirror for each run of adjacent
         slots (a prefill chunk's position, last row and splits are one copy: engine/device_state.py;
-        views made once per run, engine/h2d.py); splits: the prefill plans' attention split counts.
+        its h2d.Upload bound once per run); splits: the prefill plans' attention split counts.
         A slot's mirror is rewritten only after the stream has synchronised since its last copy
         (every caller follows a sync)."""
         values = {S_POS: pos, S_TOKEN: token, S_LAST: last, **{S_SPLIT + i: k for i, k in enumerate(splits)}}
@@ -313,10 +315,11 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         for i, k in enumerate(slots):
             if i + 1 == len(slots) or slots[i + 1] != k + 1:
                 run = (slots[first], k + 1)
-                views = self._slot_views.get(run)
-                if views is None:
-                    views = self._slot_views[run] = (self.state[run[0]:run[1]], self._host_state[run[0]:run[1]])
-                upload(*views, self.stream)
+                copy = self._slot_uploads.get(run)
+                if copy is None:
+                    copy = self._slot_uploads[run] = Upload(self.state[run[0]:run[1]], self._host_state[run[0]:run[1]],
+                                                            self.stream)
+                copy()
                 first = i + 1
 
     def _begin_request(self, sampler, history, wait: bool = True) -> None:
@@ -383,9 +386,15 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         return plans
 
     def _splits(self, n: int, start: int) -> tuple:
-        """The context splits of each plan for a chunk of n rows at `start` (graph key)."""
-        from genie_rt.kvcache.attention_prefill import prefill_splits
-        return tuple(prefill_splits(p, n, start) for p in self._plans())
+        """The context splits of each plan for a chunk of n rows at `start` (graph key); each
+        (n, start) worked out once (a warm request's host time before its first kernel)."""
+        got = self._splits_of.get((n, start))
+        if got is None:
+            from genie_rt.kvcache.attention_prefill import prefill_splits
+            if len(self._splits_of) >= 1 << 14:
+                self._splits_of.clear()
+            got = self._splits_of[(n, start)] = tuple(prefill_splits(p, n, start) for p in self._plans())
+        return got
 
     def _prefill_layers(self, tokens: np.ndarray, start: int, cancel=None) -> bool:
         tokens = np.asarray(tokens, np.int32)
@@ -405,7 +414,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
             self.stream.synchronize()  # the pinned ids buffer is about to be rewritten
             self._host_ids[:n] = part
             self._host_ids[n:bucket] = 0
-            upload(self.arena["ids"], self._host_ids, self.stream, nbytes=4 * bucket)
+            self._upload_ids(4 * bucket)
             self._set_state(pos=pos, last=n - 1, splits=self._splits(bucket, pos))
             self._wrote(pos, bucket)              # padded rows write K/V too
             most = self._max_splits(bucket)

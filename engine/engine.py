@@ -50,11 +50,21 @@ _loaded_once = False    # a model was loaded in this process: a later load's tim
 
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """The length of a's and b's common prefix. List slices compare in C: a whole match (a chat's
+    next turn extends the last) is one comparison, a mismatch is found by halving to 64 items."""
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n                      # a[:lo] == b[:lo]; the first mismatch is below hi
+    while hi - lo > 64:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    while lo < hi and a[lo] == b[lo]:
+        lo += 1
+    return lo
 
 
 @dataclass
@@ -220,9 +230,9 @@ class Engine:
             raise ValueError("the prompt is empty")
         if len(prompt) >= self.n_ctx:
             raise ContextOverflowError(len(prompt), self.n_ctx)
-        bad = [t for t in prompt if not 0 <= t < self.cfg.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.cfg.vocab_size - 1})")
+        if min(prompt) < 0 or max(prompt) >= self.cfg.vocab_size:     # (C loops; the message names the first)
+            bad = next(t for t in prompt if not 0 <= t < self.cfg.vocab_size)
+            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.cfg.vocab_size - 1})")
         _check_count("'n' (choices)", req.n, 1)
         _check_count("'progress_batch'", req.progress_batch, 0, " (0: no progress events)")
         req.params.validate(self.cfg.vocab_size)

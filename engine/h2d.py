@@ -12,6 +12,13 @@ on the stream, so it is ordered with the kernels and costs a few microseconds.
     mirror[:n] = values                # host writes (after the stream is idle for it)
     upload(dev, mirror, stream, nbytes=4 * n)
 
+A request's own path to its first kernel (the prefill's token ids and state slots) binds each
+pair once: `Upload(dev, mirror, stream)` takes the pointers and the stream's handle at load, and
+each call is the driver's cuMemcpyHtoDAsync through cuda.bindings and nothing else. numba's
+`driver.host_to_device`, which `upload` uses, looks up both pointers and the stream's handle on
+every copy: ~20 us a copy on the H100 host of 2026-12-06 and ~45 us on the one of 2026-12-07
+(tools/bench_prefix.py --breakdown-after-cold), host time before a warm request's first kernel.
+
 The caller must not rewrite a mirror while a copy from it may still be pending (the
 back-end synchronises the stream before it rewrites any, or waits for an event recorded after
 the copies: `event()`, as gpu_sampling.set_request does). Under the simulator both are plain
@@ -56,3 +63,37 @@ def upload(dev, host: np.ndarray, stream, nbytes: int | None = None) -> None:
         return
     from numba.cuda.cudadrv import driver
     driver.host_to_device(dev, host, n, stream=stream)
+
+
+class Upload:
+    """upload(dev, host, stream, nbytes) bound once: the checks, both pointers and the stream's
+    handle are taken here, and a call is one cuMemcpyHtoDAsync (cuda.bindings). dev and host
+    must stay where they are (an arena's view, a mirror made at load). Under the simulator a call
+    is `upload`."""
+
+    def __init__(self, dev, host: np.ndarray, stream):
+        self.limit = min(host.nbytes, int(np.prod(dev.shape, dtype=np.int64)) * dev.dtype.itemsize)
+        if not (host.flags.c_contiguous and dev.is_c_contiguous()):
+            raise ValueError("Upload: the host and device arrays must be C-contiguous")
+        self._args = (dev, host, stream)
+        self._copy = None
+        if not ptx.SIMULATOR:
+            from cuda.bindings import driver as cu
+            from numba.cuda.cudadrv.driver import device_pointer, host_pointer
+            self._copy = cu.cuMemcpyHtoDAsync
+            self._dst = cu.CUdeviceptr(device_pointer(dev))
+            self._src = host_pointer(host, readonly=True)
+            self._stream = cu.CUstream(int(stream.handle))
+
+    def __call__(self, nbytes: int | None = None) -> None:
+        n = self.limit if nbytes is None else int(nbytes)
+        if not 0 <= n <= self.limit:
+            raise ValueError(f"upload: {n} bytes do not fit the {self.limit} bytes bound")
+        if n == 0:
+            return
+        if self._copy is None:
+            upload(*self._args, nbytes=n)
+            return
+        err = self._copy(self._dst, self._src, n, self._stream)[0]
+        if int(err) != 0:
+            raise RuntimeError(f"cuMemcpyHtoDAsync of {n} bytes failed: {err!r}")

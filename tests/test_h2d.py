@@ -28,3 +28,29 @@ def test_upload_refuses_more_than_fits():
         upload(dev, host, 0)                        # 32 host bytes into a 16-byte array
     with pytest.raises(ValueError, match="do not fit"):
         upload(dev, host, 0, nbytes=-4)
+
+
+def test_bound_upload_copies_what_upload_copies():
+    # h2d.Upload: the pointers and the stream's handle taken once (on a GPU a call is one
+    # cuMemcpyHtoDAsync through cuda.bindings; under the simulator it is upload)
+    from genie_rt.engine.h2d import Upload
+    dev = cuda.to_device(np.full(10, -1, np.int32))
+    host = pinned_like(dev)
+    host[:] = np.arange(10)
+    s = cuda.stream()
+    ids = Upload(dev, host, s)
+    ids(4 * 3)                                      # the first three values
+    s.synchronize()
+    np.testing.assert_array_equal(dev.copy_to_host(), [0, 1, 2] + [-1] * 7)
+    Upload(dev[5:7], host[8:10], s)()               # views at an offset, all they hold
+    s.synchronize()
+    np.testing.assert_array_equal(dev.copy_to_host(), [0, 1, 2, -1, -1, 8, 9, -1, -1, -1])
+    host[:3] = [70, 71, 72]                         # the same binding copies what the mirror holds now
+    ids(4 * 2)
+    ids(0)
+    s.synchronize()
+    np.testing.assert_array_equal(dev.copy_to_host()[:4], [70, 71, 2, -1])
+    with pytest.raises(ValueError, match="do not fit"):
+        ids(4 * 11)
+    with pytest.raises(ValueError, match="do not fit"):
+        Upload(dev[:4], host, s)(4 * 5)             # bound to the smaller of the two

@@ -107,8 +107,9 @@ def generate_parts(engine, prompt: list[int]) -> dict:
     """One warm request through Engine.generate (its prompt_ms, as the warm row times it), with host
     clocks around the back-end calls it makes on the way: which of them holds the time prompt_ms has
     and cuda_breakdown's total has not. The wrappers are instance attributes (and the back-end
-    module's `upload`), removed before returning; each adds well under a microsecond a call."""
-    from genie_rt.engine import backend_cuda, gpu_sampling
+    bound uploads of ids and state slots, h2d.Upload), removed before returning; each adds well under
+    a microsecond a call."""
+    from genie_rt.engine import gpu_sampling
     be = engine.backend
     spent: dict[str, float] = {}
 
@@ -123,17 +124,18 @@ def generate_parts(engine, prompt: list[int]) -> dict:
     names = ("prefill_sample", "_prefill_layers", "_set_state", "_splits", "_run", "_begin_request", "_read_token")
     for name in names:
         setattr(be, name, timed(name, getattr(be, name)))
-    real_check, real_upload = gpu_sampling.check_request, backend_cuda.upload
+    real_check, real_ids, real_slots = gpu_sampling.check_request, be._upload_ids, be._slot_uploads
     # (check_request runs twice: in prefill_sample before the enqueue, and in set_request after it)
     gpu_sampling.check_request = timed("check_request", real_check)
-    backend_cuda.upload = timed("upload (ids, state slots)", real_upload)
+    be._upload_ids = timed("upload (ids, state slots)", real_ids)
+    be._slot_uploads = {k: timed("upload (ids, state slots)", v) for k, v in real_slots.items()}
     collections = gc.get_count()
     try:
         r = list(engine.generate(greedy_request(prompt)))[-1].result
     finally:
         for name in names:
             delattr(be, name)
-        gpu_sampling.check_request, backend_cuda.upload = real_check, real_upload
+        gpu_sampling.check_request, be._upload_ids, be._slot_uploads = real_check, real_ids, real_slots
     out = {"Engine.generate's prompt_ms": r.prompt_ms}
     out.update({f"  of which {k}": v for k, v in spent.items()})
     out["gc generation-0 count before (of 700)"] = float(collections[0])

@@ -82,6 +82,7 @@ def compare_split_tiles(be, n: int, start: int, values: list) -> dict:
         for k in values:
             AP.MIN_SPLIT_TILES = k
             be._max_splits_of.clear()
+            be._splits_of.clear()
             used, most = be._splits(n, start), be._max_splits(n)
             be._set_state(pos=start, last=n - 1, splits=used)
             ms = time_prefill(be, n, splits=most)
@@ -90,6 +91,7 @@ def compare_split_tiles(be, n: int, start: int, values: list) -> dict:
     finally:
         AP.MIN_SPLIT_TILES = default
         be._max_splits_of.clear()
+        be._splits_of.clear()
     return res
 
 
