@@ -120,6 +120,10 @@
 #             llama.cpp built in the background, TT s of GPU tests (GK: the mma loop's CPU parity), the decode
 #             step at PDEPTHS (4096) with the knob both ways (--settings even: cosine, then times), genie-rt
 #             bench (BT s) and llama-bench on the same file
+#   s33       the warm request's host path (bound uploads, 2026-12-07), one call: tests/test_h2d.py first (the
+#             bound copy on the device), on an H200 genie-rt bench (BT s), prefix reuse with --breakdown-after-cold
+#             (PXT s), on an H200 llama-bench, then the GPU tests the day's changes owe (the mma loop's splits
+#             by chunks, the short prefill, CPU parity, greedy text, prefix reuse; GK) in what is left of TEND s
 #   final26   the session's closing check (2026-12-06 evening), one call (final26b: the rest, warm): llama.cpp
 #             built in the background, the GPU tests of what moved (the state slots: sampling, CPU parity,
 #             greedy text, the short prefill; TT s), genie-rt bench on the 4B (BT s), prefix reuse with
@@ -886,6 +890,21 @@ for s in "$@"; do
       PT=${PT:-260} profile_4b "${PDEPTHS:-4096}" even none s30- 12
       bench_4b ${BT:-200}
       W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 20 ] && llama_bench_4b $W ;;
+    s33)
+      # 2026-12-07: the warm request's host path (bound uploads, memoised splits); on an H200 issue 14's
+      # table first (genie-rt bench, then llama-bench after the prefix bench), on any GPU the prefix-reuse
+      # bench after a cold request and the GPU tests the last changes owe (the mma loop's splits by chunks,
+      # the short prefill's late trigger, the bound uploads, CPU parity) in what is left of TEND s
+      stage s33
+      timeout 90 $PY -m pytest -q -p no:cacheprovider -p no:xdist tests/test_h2d.py 2>&1 | tail -2
+      start_4b
+      H200=$(grep -c H200 "$OUT/gpu.txt")
+      [ "$H200" -gt 0 ] && bench_4b ${BT:-220}
+      timeout ${PXT:-110} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --breakdown-after-cold \
+        2>&1 | grep -v "^INFO numba" > "$OUT/prefix-short-after-cold.txt"; grep -E "warm|cold|greedy|cosine|of which|host|device" "$OUT/prefix-short-after-cold.txt" | head -40
+      [ "$H200" -gt 0 ] && { W=$(( ${TEND:-585} - 100 - SECONDS )); [ $W -gt 20 ] && LBT=90 LB_TESTS="-p 18,33,512 -n 128 -d 0,4096" llama_bench_4b $W; }
+      W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 40 ] && par_tests $W gpu "${GK:-mma_loop or short or greedy or every_position or prefix}" \
+        tests/test_attention_decode_mma.py tests/test_short_prefill.py tests/test_h2d.py tests/test_backend_cuda.py ;;
     final26)
       stage final26
       start_4b
