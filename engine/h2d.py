@@ -26,9 +26,13 @@ numpy arrays and copies.
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from genie_rt.quant import ptx
+
+log = logging.getLogger("genie_rt.cuda")
 
 
 def event():
@@ -94,6 +98,12 @@ class Upload:
         if self._copy is None:
             upload(*self._args, nbytes=n)
             return
-        err = self._copy(self._dst, self._src, n, self._stream)[0]
+        try:
+            err = self._copy(self._dst, self._src, n, self._stream)[0]
+        except (TypeError, ValueError, AttributeError) as e:   # a cuda.bindings that takes the call otherwise
+            log.warning("h2d.Upload: cuMemcpyHtoDAsync through cuda.bindings failed (%s); numba's copy from now on", e)
+            self._copy = None
+            upload(*self._args, nbytes=n)
+            return
         if int(err) != 0:
             raise RuntimeError(f"cuMemcpyHtoDAsync of {n} bytes failed: {err!r}")

@@ -54,3 +54,22 @@ def test_bound_upload_copies_what_upload_copies():
         ids(4 * 11)
     with pytest.raises(ValueError, match="do not fit"):
         Upload(dev[:4], host, s)(4 * 5)             # bound to the smaller of the two
+
+
+def test_bound_upload_falls_back_to_numbas_copy_when_the_binding_refuses_the_call(caplog):
+    # a cuda.bindings whose cuMemcpyHtoDAsync takes its arguments otherwise: a warning, then numba's copy
+    from genie_rt.engine.h2d import Upload
+    dev = cuda.to_device(np.zeros(4, np.int32))
+    host = pinned_like(dev)
+    host[:] = [1, 2, 3, 4]
+    s = cuda.stream()
+    up = Upload(dev, host, s)
+
+    def refuses(*a):
+        raise TypeError("Provided argument is of type <class 'int'> but expected CUdeviceptr")
+    up._copy, up._dst, up._src, up._stream = refuses, None, None, None
+    with caplog.at_level("WARNING", logger="genie_rt.cuda"):
+        up(8)
+    s.synchronize()
+    assert up._copy is None and "numba's copy from now on" in caplog.text
+    np.testing.assert_array_equal(dev.copy_to_host(), [1, 2, 0, 0])

@@ -62,7 +62,7 @@ def test_unfit_reason_names_the_matrix():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: tools/gpu_check.sh short18)")
+@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: tools/gpu_check.sh s33)")
 def test_simulated_short_prefill_matches_the_mmq_prefill_and_the_cpu(tmp_path):
     from test_backend_cuda import cosine_rows, make_backends
     path = _tiny(tmp_path)
