@@ -385,15 +385,19 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         assert len(plans) <= MAX_PLANS, f"{len(plans)} prefill attention plans; the state holds {MAX_PLANS}"
         return plans
 
+    def _splits_at(self, n: int, start: int) -> tuple:
+        """The context splits of each plan for a chunk of n rows at `start` (graph key)."""
+        from genie_rt.kvcache.attention_prefill import prefill_splits
+        return tuple(prefill_splits(p, n, start) for p in self._plans())
+
     def _splits(self, n: int, start: int) -> tuple:
-        """The context splits of each plan for a chunk of n rows at `start` (graph key); each
-        (n, start) worked out once (a warm request's host time before its first kernel)."""
+        """_splits_at for a chunk about to run: each (n, start) worked out once (a warm request's
+        host time before its first kernel; _max_splits' sweep at load does not fill this)."""
         got = self._splits_of.get((n, start))
         if got is None:
-            from genie_rt.kvcache.attention_prefill import prefill_splits
             if len(self._splits_of) >= 1 << 14:
                 self._splits_of.clear()
-            got = self._splits_of[(n, start)] = tuple(prefill_splits(p, n, start) for p in self._plans())
+            got = self._splits_of[(n, start)] = self._splits_at(n, start)
         return got
 
     def _prefill_layers(self, tokens: np.ndarray, start: int, cancel=None) -> bool:

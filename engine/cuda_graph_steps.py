@@ -4,7 +4,7 @@ without a run, and the warm-up that captures every graph a request can need at l
 A mixin of CUDABackend (engine/backend_cuda.py). It uses that class's `stream`, `state`,
 `arena`, `lay`, `n_ctx`, `ecfg`, `kv`, `use_graphs`, `_graphs` (key -> CUDAGraph), `capture_stats`,
 `pending_launch`, `_upload` (a cuda_weights.BackgroundUpload or None), `_max_splits_of`, and
-its methods `_record_prefill/_head/_decode`, `_set_state`, `_splits`, `_plans`, `_wrote`, and
+its methods `_record_prefill/_head/_decode`, `_set_state`, `_splits`, `_splits_at`, `_plans`, `_wrote`, and
 `dws_short` (not None: there is a short-context decode graph).
 Keys: ("prefill", n, splits), ("prefill_short", 8, splits) (EngineConfig.short_prefill), ("head", mode), ("decode", mode), ("decode", mode, "short") (a step
 below EngineConfig.decode_short_ctx) and the constrained steps' ("sample", ...)
@@ -214,7 +214,7 @@ class GraphSteps:
             step = min(p.block_n for p in self._plans())
             got = (1,) * len(self._plans())
             for start in list(range(0, self.n_ctx - n + 1, step)) + [max(self.n_ctx - n, 0)]:
-                got = tuple(max(a, b) for a, b in zip(got, self._splits(n, start)))
+                got = tuple(max(a, b) for a, b in zip(got, self._splits_at(n, start)))
             self._max_splits_of[n] = got
         return got
 

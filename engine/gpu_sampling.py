@@ -289,7 +289,7 @@ def check_request(ws: SamplerWorkspace, params, history) -> np.ndarray:
                          f"at most {ws.max_bias}")
     if isinstance(history, np.ndarray):
         hist = history.astype(np.int64, copy=False).reshape(-1)
-    elif hasattr(history, "__len__"):       # a prompt's list: ~3x np.asarray(list(...))'s speed
+    elif hasattr(history, "__len__"):       # a prompt's list, without the copy list() made
         hist = np.fromiter(history, np.int64, count=len(history))
     else:
         hist = np.fromiter(history, np.int64)

@@ -340,8 +340,8 @@ def test_one_prefill_graph_per_bucket_serves_every_start_position():
     for plans in ([plan_prefill(32, 8, 128, "int8", 512)],
                   [plan_prefill(4, 1, 256, "int8", 512, window=512), plan_prefill(4, 1, 256, "int8", 512)]):
         be = SimpleNamespace(lay=SimpleNamespace(prefill_plans=plans * 2, chunk=512), n_ctx=8192,
-                             _max_splits_of={}, _splits_of={})
-        for name in ("_plans", "_splits", "_max_splits", "prefill_keys"):
+                             _max_splits_of={})
+        for name in ("_plans", "_splits_at", "_max_splits", "prefill_keys"):
             setattr(be, name, MethodType(getattr(CUDABackend, name), be))
         keys = be.prefill_keys()
         assert [n for n, _, _, _ in keys] == [n for n in BUCKETS if n <= 512]
