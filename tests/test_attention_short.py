@@ -51,7 +51,7 @@ def _run(n_head, n_kv, hd, n, start, kv_dtype, splits, count, rope="neox", qk_no
     q_norm = (1 + 0.3 * rng.standard_normal(hd)).astype(np.float32) if qk_norm else None
     k_norm = (1 + 0.3 * rng.standard_normal(hd)).astype(np.float32) if qk_norm else None
     cos, sin = (cuda.to_device(a) for a in rope_table(n_ctx, hd, 1e6))
-    plan = plan_prefill(n_head, n_kv, hd, kv_dtype, n_max=8, max_splits=4, bn=bn)
+    plan = plan_prefill(n_head, n_kv, hd, kv_dtype, n_max=8, max_splits=max(4, splits), bn=bn)
     state = cuda.to_device(np.array([start, count], np.int32))
     cols = n_head * hd
     got = {}
