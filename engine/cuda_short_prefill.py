@@ -16,12 +16,11 @@ activations:
     gated       gate, up and the activation in one launch (quant/gemv_mma_glu.py) where both are
                 Q4_K; else gemv_mma_k of each, then swiglu / geglu (engine/norm.py)
     rope_write + attention
-                one launch (kvcache/attention_short.py, FUSED_ATTENTION): the prefill attention's
-                kernel (its split count is device state) that also ropes its q rows and writes the
-                chunk's K/V rows, and whose last split merges the splits and writes the q8_K of
-                its output - the O-projection after it quantizes nothing. Where a layer cannot
-                take it (`attention_short.fusable`): rope_write, the attention, then its merge and
-                q8_K in one launch (kvcache/attention_merge.merge_q8k); the same bits either way
+                rope_write, the prefill attention (its split count is device state), then its split
+                merge and the q8_K of its output in one launch (kvcache/attention_merge.merge_q8k):
+                the O-projection after it quantizes nothing. With the lab knob FUSED_ATTENTION, where
+                a layer can take it (`attention_short.fusable`), all of it is one launch
+                (kvcache/attention_short.py) - the same bits, slower so far
     embed, post_norm_add
                 the prefill's (n rows)
 
@@ -69,9 +68,11 @@ FUSED_W16 = True
 # engine.cuda_short_prefill.GLU_KSPLIT=4 -- tools/profile_prefill.py --short ...`.
 GLU_KSPLIT = None
 # Lab knob: rope_write, the attention and its merge + q8_K as one launch where a layer can take it
-# (kvcache/attention_short.py; the same bits). On since 2026-12-07 (simulator: bit for bit); False:
-# the three launches, to time against (`tools/lab_knobs.py engine.cuda_short_prefill.FUSED_ATTENTION=False`).
-FUSED_ATTENTION = True
+# (kvcache/attention_short.py; the same bits, on an H100 too). Off: on one H100 (2026-12-07, 08:05 UTC,
+# 8 new tokens after 500) the 4B's graph took 4.415 ms with it against 2.246 without - its merge, one block
+# a KV head, walks the splits' partials by dependent loads (docs/decode-step.md 7). True: the fused launch
+# (`tools/profile_prefill.py --short --knobs engine.cuda_short_prefill.FUSED_ATTENTION=True`).
+FUSED_ATTENTION = False
 # the launches that have PDL builds: rmsnorm_q8k with a norm weight (norm) and without (q8k), q/k/v
 # in one launch (qkv), gemv_mma_k (gemv: attn_output, ffn_down), gate/up/SwiGLU (glu), rope_write
 PDL_KINDS = ("norm", "q8k", "qkv", "gemv", "glu", "rope")
