@@ -70,7 +70,8 @@ GLU_KSPLIT = None
 # Lab knob: rope_write, the attention and its merge + q8_K as one launch where a layer can take it
 # (kvcache/attention_short.py; the same bits, on an H100 too). Off: on one H100 (2026-12-07, 08:05 UTC,
 # 8 new tokens after 500) the 4B's graph took 4.415 ms with it against 2.246 without - its merge, one block
-# a KV head, walks the splits' partials by dependent loads (docs/decode-step.md 7). True: the fused launch
+# a KV head, walked the splits' partials by dependent loads; its merge since loads them together, not yet
+# timed (docs/decode-step.md 7). True: the fused launch
 # (`tools/profile_prefill.py --short --knobs engine.cuda_short_prefill.FUSED_ATTENTION=True`).
 FUSED_ATTENTION = False
 # the launches that have PDL builds: rmsnorm_q8k with a norm weight (norm) and without (q8k), q/k/v
@@ -150,7 +151,7 @@ class ShortPrefillOps(_Ops):
             return False
         plan = self.rt.lay.prefill_plans[a.index]
         return fusable(plan.head_dim, plan.group, plan.kv_dtype, self.n, plan.window,
-                       bool(getattr(self.rt.kv_layers[a.index], "ring", False))) is None
+                       bool(getattr(self.rt.kv_layers[a.index], "ring", False)), plan.max_splits) is None
 
     embed = _flushing(_Ops.embed)
     post_norm_add = _flushing(_Ops.post_norm_add)

@@ -17,7 +17,9 @@ it (prefill_kernel(..., fuse=(neox, qk_norm, n_max)); one row tile: n x group <=
 - the arithmetic is rope_write's (kvcache/rope_write.py `make_head_row`) op for op: the same q and
   cache bits, so the attention's output is the three launches' bits;
 - the last split of a KV head to finish (an atomic ticket, as the decode attention's merge) merges
-  the splits (attention_prefill_kernels' merge_weights / merge_value: the same bits), writes the
+  the splits (attention_prefill_kernels' merge_weights / merge_value, op for op: the same bits) - every
+  (row, split)'s max and sum loaded at once into shared memory, a row's weights worked out once, every
+  split's values of a lane's columns loaded together before the sums - writes the
   float output and its q8_K values: a KV head's group x head_dim columns are whole 256-value
   blocks (Qwen3-4B: 4 x 128, two blocks a token), a warp a block, 8 values a lane (merge_q8k's
   arithmetic, the same bits). With one split the block itself holds every row.
@@ -25,13 +27,12 @@ it (prefill_kernel(..., fuse=(neox, qk_norm, n_max)); one row tile: n x group <=
 Reference: rope_write, then prefill_attention(merge=False), then merge_q8k - the same bits
 (tests/test_attention_short.py, in the simulator and on an H100). `fusable` says when a layer can take it.
 
-Status: a lab build (engine/cuda_short_prefill.FUSED_ATTENTION, off). On an H100 (2026-12-07) the 4B's
-short graph took 4.415 ms with it against 2.246 ms without: q8k_tail's last block merges 32 rows x 128
-values with 4 warps, and each lane's merge_value walks the splits by a loop whose loads wait on each other
-- about 40 dependent L2 reads an item, 4 items a warp, ~60 us a layer - where merge_q8k spreads the same
-reads over 128 blocks. The fix (docs/decode-step.md 7): the partials' (max, sum) into shared memory by
-every thread at once, the weights once a row, then every split's values of a lane's 8 columns loaded
-together before the sums.
+Status: a lab build (engine/cuda_short_prefill.FUSED_ATTENTION, off). On an H100 (2026-12-07, 08:05 UTC)
+its first version made the 4B's short graph 4.415 ms against 2.246 ms without: its last block called
+merge_value per value, whose loop over the splits waits on each load - about 40 dependent L2 reads an item,
+4 items a warp, ~60 us a layer - where merge_q8k spreads the same reads over 128 blocks. The merge above
+(the same bits, tests/test_attention_short.py) has about three dependent reads an item; not yet timed
+(docs/decode-step.md 7).
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ from genie_rt.quant.ptx import SIMULATOR
 from genie_rt.quant.q8k_layout import check as check_q8k
 from genie_rt.quant.q8k_layout import xd_base, xq_word
 
-from .attention_prefill_kernels import BM, THREADS, block_n, merge_value, merge_weights
+from .attention_decode_kernels import NEG_INF
+from .attention_prefill_kernels import BM, THREADS, block_n
 from .rope_write import _MAGIC, ROPE_MODES, _warp_max, _warp_sum, check_rope_args
 
 _dev = cuda.jit(device=True) if SIMULATOR else cuda.jit(device=True, forceinline=True)
@@ -61,6 +63,7 @@ else:
 FULL = 0xFFFFFFFF
 QK = 256                      # values of a q8_K block
 SHARED_MAX = 48 * 1024        # static shared memory of a block
+MAX_MERGE = 8                 # the most splits the fused build merges (its shared weights; the plans' default)
 FUSED_SIGNATURE = ("void(float32[:, ::1], float32[::1], float32[::1], float32, float32[:, ::1], float32[:, ::1], "
                    "{c}[:, :, ::1], {c}[:, :, ::1], uint32[::1], uint32[::1], float32[:, ::1], float32[:, ::1], "
                    "int32[::1], float32[:, ::1], float32[:, :, ::1], float32[:, :, ::1], int32, int32[::1], "
@@ -72,8 +75,17 @@ def shared_rows(group: int, n_max: int) -> int:
     return n_max * group + 2 * n_max
 
 
-def fusable(head_dim: int, group: int, kv_dtype: str, n: int, window: int = 0, ring: bool = False) -> str | None:
-    """Why a layer's short prefill of n tokens cannot take the fused launch (None: it can)."""
+def merge_shared_bytes(group: int, n_max: int) -> int:
+    """q8k_tail's shared memory: each row's splits' max, sum and weight, and its 1 / sum."""
+    return n_max * group * (3 * MAX_MERGE + 1) * 4
+
+
+def fusable(head_dim: int, group: int, kv_dtype: str, n: int, window: int = 0, ring: bool = False,
+            max_splits: int = 1) -> str | None:
+    """Why a layer's short prefill of n tokens (at most max_splits splits) cannot take the fused
+    launch (None: it can)."""
+    if max_splits > MAX_MERGE:
+        return f"{max_splits} splits (the fused launch merges at most {MAX_MERGE})"
     if window or ring:
         return "a sliding-window layer (the fused launch reads no ring)"
     if head_dim > 128 or head_dim % 32:
@@ -84,7 +96,7 @@ def fusable(head_dim: int, group: int, kv_dtype: str, n: int, window: int = 0, r
         return f"a KV head's {group} x {head_dim} columns are not whole q8_K blocks of {QK}"
     bn = block_n(head_dim, kv_dtype)
     tiles = 2 * bn * (head_dim // 2 + 4) * 4 + bn * 4        # the K and V tiles as f16 pairs, K's scales
-    if shared_rows(group, n) * head_dim * 4 + tiles + 16 > SHARED_MAX:
+    if shared_rows(group, n) * head_dim * 4 + tiles + merge_shared_bytes(group, n) + 16 > SHARED_MAX:
         return f"{n} tokens x {group} heads of head_dim {head_dim} do not fit a block's shared memory"
     return None
 
@@ -99,6 +111,8 @@ def fused_parts(HD: int, G: int, WARPS: int, neox: bool, qk_norm: bool, NMAX: in
     HALF = HD // 2
     NPH = -(-HALF // 32)                   # rotation pairs a lane holds
     QB = G * HD // QK                      # q8_K blocks of a token's KV-head columns
+    MS, NSW = MAX_MERGE, QR * MAX_MERGE        # q8k_tail's shared (row, split) slots
+    NPV = MAX_MERGE * 8                    # a lane's partials of one item (8 columns x every split)
     NXV, NCS = RPW * NVH, RPW * NPH        # local array sizes (constants where the kernel reads them)
 
     @_dev
@@ -252,6 +266,10 @@ def fused_parts(HD: int, G: int, WARPS: int, neox: bool, qk_norm: bool, NMAX: in
         values; one split: out as the block wrote it. Every thread of the block calls it."""
         tickets, xq, xd, xb = ea
         s_flag = cuda.shared.array(1, int32)
+        s_m = cuda.shared.array(NSW, float32)      # (row, split): the partials' max, sum, weight
+        s_l = cuda.shared.array(NSW, float32)
+        s_w = cuda.shared.array(NSW, float32)
+        s_inv = cuda.shared.array(QR, float32)     # a row's 1 / sum
         if n_splits > 1:                           # block-uniform
             cuda.threadfence()                     # partials visible before the ticket
             cuda.syncthreads()
@@ -265,18 +283,51 @@ def fused_parts(HD: int, G: int, WARPS: int, neox: bool, qk_norm: bool, NMAX: in
         else:
             cuda.syncthreads()                     # out's rows, written by the block's threads
         cols = out.shape[1]
+        if n_splits > 1:
+            # merge_weights' work once a row, from shared memory: every (row, split)'s max and sum loaded
+            # at once (a thread each), then a thread a row sums them in merge_weights' order (its bits)
+            idx = tid
+            while idx < n * G * n_splits:
+                r = idx // n_splits
+                sp = idx - r * n_splits
+                t = r // G
+                prow = t * n_head + kvh * G + r - t * G
+                s_m[r * MS + sp] = part_ml[sp, prow, 0]
+                s_l[r * MS + sp] = part_ml[sp, prow, 1]
+                idx += cuda.blockDim.x
+            cuda.syncthreads()
+            if tid < n * G:
+                mx = NEG_INF
+                for sp in range(n_splits):
+                    mx = max(mx, s_m[tid * MS + sp])
+                den = float32(0)
+                for sp in range(n_splits):
+                    w = math.exp2(s_m[tid * MS + sp] - mx)
+                    s_w[tid * MS + sp] = w
+                    den += w * s_l[tid * MS + sp]
+                s_inv[tid] = float32(1) / den
+            cuda.syncthreads()
         v = cuda.local.array(8, float32)
+        pv = cuda.local.array(NPV, float32)
         for it in range(warp, n * QB, WARPS):      # a warp a (token, q8_K block)
             t = it // QB
             blk = kvh * QB + it - t * QB
             c0 = blk * QK + lane * 8               # 8 values of one head (HD is a multiple of 32)
             head = c0 // HD
             d0 = c0 - head * HD
-            if n_splits > 1:
+            if n_splits > 1:                       # merge_value's sums, every split's loads first
                 row = t * n_head + head
-                mx, minv = merge_weights(part_ml, n_splits, row)
+                r = t * G + head - kvh * G
+                for sp in range(MS):
+                    if sp < n_splits:
+                        for e in range(8):
+                            pv[sp * 8 + e] = part_o[sp, row, d0 + e]
                 for e in range(8):
-                    x = merge_value(part_o, part_ml, n_splits, row, d0 + e, mx, minv)
+                    acc = float32(0)
+                    for sp in range(MS):
+                        if sp < n_splits:
+                            acc += s_w[r * MS + sp] * pv[sp * 8 + e]
+                    x = acc * s_inv[r]
                     out[t, c0 + e] = x
                     v[e] = x
             else:
@@ -321,7 +372,7 @@ def short_attention(qkv, q_norm, k_norm, eps, cos, sin, layer, state, out, ws, n
     kv_dtype = {np.dtype(np.int8): "int8", np.dtype(np.float16): "f16"}.get(np.dtype(layer.k.dtype))
     if kv_dtype != plan.kv_dtype:
         raise ValueError(f"short_attention: cache dtype {layer.k.dtype} but the plan is {plan.kv_dtype}")
-    why = fusable(hd, plan.group, kv_dtype, n, plan.window, bool(getattr(layer, "ring", False)))
+    why = fusable(hd, plan.group, kv_dtype, n, plan.window, bool(getattr(layer, "ring", False)), n_splits)
     if why:
         raise ValueError(f"short_attention: {why}; use rope_write + prefill_attention + merge_q8k")
     if tuple(layer.k.shape[1:]) != (n_kv, hd):
@@ -337,6 +388,8 @@ def short_attention(qkv, q_norm, k_norm, eps, cos, sin, layer, state, out, ws, n
         raise ValueError(f"short_attention: n_splits {n_splits} outside 1 .. {plan.max_splits}")
     if n_splits > 1 and n > ws.plan.n_max:
         raise ValueError(f"short_attention: {n} tokens > the workspace's n_max {ws.plan.n_max} with splits")
+    if n_splits > MAX_MERGE:
+        raise ValueError(f"short_attention: n_splits {n_splits}; the fused launch merges at most {MAX_MERGE}")
     if ws.tickets.size < n_kv:
         raise ValueError(f"short_attention: the workspace has {ws.tickets.size} tickets, the plan {n_kv} KV heads")
     if state.dtype != np.int32 or state.ndim != 1:

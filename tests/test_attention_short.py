@@ -112,6 +112,7 @@ def test_fusable_names_what_it_cannot_take():
     assert "row tile" in fusable(64, 16, "int8", 8)
     assert "q8_K blocks" in fusable(128, 1, "int8", 8)
     assert "shared memory" in fusable(128, 8, "f16", 8)
+    assert "at most 8" in fusable(128, 4, "int8", 8, max_splits=16)
 
 
 def test_bad_arguments_are_refused():

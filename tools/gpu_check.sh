@@ -54,7 +54,8 @@
 #             by chunks, the short prefill, CPU parity, greedy text, prefix reuse; GK) in what is left of TEND s
 #   s34       the short graph's attention chain as one launch (2026-12-07): test_attention_short -m gpu (AT s), the
 #             prefix-reuse bench after a cold request (PXT s), on an H200 genie-rt bench (BT s) and llama-bench, then
-#             profile_prefill's short graph fused and not (PT s) and the GPU tests owed (GK) in what is left of TEND s
+#             profile_prefill's short graph with the fused launch (KNOBS; a lab knob, off) beside the default (PT s), and the
+#             GPU tests owed (GK) in what is left of TEND s
 #   s33h      s33's test_h2d and prefix-reuse bench alone (a short call: no llama.cpp build, no bench)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
 #             Qwen3-0.6B and 4B at PCTX contexts, default 4096 and 40960; issue 17: within 5 %)
@@ -353,8 +354,9 @@ for s in "$@"; do
     s34)
       # 2026-12-07: the short graph's rope_write + attention + merge/q8_K as one launch (kvcache/attention_short.py,
       # cuda_short_prefill.FUSED_ATTENTION): its bits against the three launches at the 4B's shapes, the prefix-reuse
-      # bench (fused) after a cold request (PXT s), on an H200 issue 14's table (genie-rt bench BT s, llama-bench),
-      # then the short graph fused and not (bits, ms; PT s) and the GPU tests owed in what is left of TEND s
+      # bench (the default) after a cold request (PXT s), on an H200 issue 14's table (genie-rt bench BT s, llama-bench),
+      # then the short graph with the fused launch (a lab knob, off: KNOBS) against the default (bits, ms; PT s) and the
+      # GPU tests owed in what is left of TEND s
       stage s34
       H200=$(grep -c H200 "$OUT/gpu.txt")
       if [ "$H200" -gt 0 ]; then start_4b; else use_kernel_cache
@@ -365,7 +367,7 @@ for s in "$@"; do
       [ "$H200" -gt 0 ] && { bench_4b ${BT:-200}; W=$(( ${TEND:-585} - 60 - SECONDS )); [ $W -gt 20 ] && LBT=90 \
         LB_TESTS="-p 18,33,512 -n 128 -d 0,4096" llama_bench_4b $W; }
       W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 60 ] && { timeout $(( W > ${PT:-200} ? ${PT:-200} : W )) $PY tools/profile_prefill.py \
-        -m $MODEL4B --short --start 500 --ctx 1024 --no-ablation --knobs "engine.cuda_short_prefill.FUSED_ATTENTION=False" \
+        -m $MODEL4B --short --start 500 --ctx 1024 --no-ablation --knobs "${KNOBS:-engine.cuda_short_prefill.FUSED_ATTENTION=True}" \
         --json "$OUT/profile-short.json" 2>&1 | grep -v "^INFO numba" > "$OUT/profile-short.txt"; grep -E "knobs|bits|cosine|prefill of" "$OUT/profile-short.txt"; }
       W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 40 ] && par_tests $W gpu "${GK:-short or mma_loop or greedy or every_position or prefix}" \
         tests/test_short_prefill.py tests/test_h2d.py tests/test_attention_decode_mma.py tests/test_backend_cuda.py ;;
