@@ -45,7 +45,7 @@ from genie_rt.quant.gemv_mma_k import FORMATS, QK
 from genie_rt.quant.q8k_layout import sizes as q8k_sizes
 
 from .cuda_layout import SHORT_ROWS
-from .cuda_ops import ROPE_NAMES, _flushing, _Ops, _pdl_available, _PendingRope
+from .cuda_ops import ROPE_NAMES, _flushing, _Ops, _pdl_available
 from .models.ops import AttnLayer
 
 # The graph's launches chained by programmatic dependent launch (where the decode step's are:
@@ -135,15 +135,9 @@ class ShortPrefillOps(_Ops):
         kinds = pdl_kinds(PDL)
         on = bool(kinds) and bool(getattr(rt.ecfg, "decode_pdl", False)) and _pdl_available()
         self.pdl_kinds = kinds if on else frozenset()
-        self._rope: _PendingRope | None = None      # rope_write kept for the attention's launch
 
     def _flush(self) -> None:
-        """A rope_write no attention took: its own launch."""
-        r = self._rope
-        if r is not None:
-            self._rope = None
-            self.rt.pending_launch = None
-            _Ops.rope_write(self, r.qkv, r.a, r.q_out)
+        self._flush_rope()
 
     def _fusable(self, a: AttnLayer) -> bool:
         from genie_rt.kvcache.attention_short import fusable
@@ -163,10 +157,7 @@ class ShortPrefillOps(_Ops):
         if not self._fusable(a):
             _Ops.rope_write(self, qkv, a, q_out)
             return
-        self._reads_float(qkv)
-        self._rope = _PendingRope(qkv, a, q_out)
-        self.rt.pending_launch = f"rope_write of layer {a.index}"
-        self._wrote(q_out)
+        self._keep_rope(qkv, a, q_out)
 
     def _invalidate(self, name: str) -> None:
         if self._holds == name:
@@ -250,23 +241,16 @@ class ShortPrefillOps(_Ops):
         from genie_rt.kvcache.attention_merge import merge_q8k
         from genie_rt.kvcache.attention_prefill import prefill_attention
         from genie_rt.kvcache.attention_short import short_attention
-        r = self._rope
-        fuse = r is not None and r.q_out is q and r.a is a
-        if fuse:
-            self._rope = None
-            self.rt.pending_launch = None
-        self._flush()
+        r = self._take_rope(q, a)
         rt, ws = self.rt, self.rt.pws
         plan = rt.lay.prefill_plans[a.index]
         most, at = self._splits[id(plan)]
-        if fuse:
-            self._no_float.add(self._name(q))   # never written now: a later read fails at recording
+        if r is not None:
             cos, sin = rt.rope_table(a)
             short_attention(r.qkv, a.q_norm, a.k_norm, self.cfg.rms_eps, cos, sin, rt.kv_layers[a.index], rt.state,
                             out, ws, most, plan, at, *self._q8k(out.shape[1]), rope=ROPE_NAMES[self.cfg.rope_style],
                             stream=self.stream)
         else:
-            self._reads_float(q)
             q3 = q.reshape(self.n, self.cfg.n_head, self.cfg.head_dim)
             prefill_attention(q3, rt.kv_layers[a.index], rt.state, out, ws, n_splits=most, stream=self.stream,
                               plan=plan, splits_at=at, merge=False)

@@ -388,8 +388,6 @@ def short_attention(qkv, q_norm, k_norm, eps, cos, sin, layer, state, out, ws, n
         raise ValueError(f"short_attention: n_splits {n_splits} outside 1 .. {plan.max_splits}")
     if n_splits > 1 and n > ws.plan.n_max:
         raise ValueError(f"short_attention: {n} tokens > the workspace's n_max {ws.plan.n_max} with splits")
-    if n_splits > MAX_MERGE:
-        raise ValueError(f"short_attention: n_splits {n_splits}; the fused launch merges at most {MAX_MERGE}")
     if ws.tickets.size < n_kv:
         raise ValueError(f"short_attention: the workspace has {ws.tickets.size} tickets, the plan {n_kv} KV heads")
     if state.dtype != np.int32 or state.ndim != 1:
