@@ -93,7 +93,7 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window
                    scale: float | None = None, fuse: tuple | None = None):
     """The prefill kernel specialised on (head_dim, group, cache dtype, keys per tile
     (0 = block_n()), sliding window (0 = none), attention scale (None = 1/sqrt(hd))).
-    fuse = (neox, qk_norm, n_max): the short prefill's build that also does rope_write's work
+    fuse = (neox, qk_norm, n_max[, ablate]): the short prefill's build that also does rope_write's work
     and the split merge with the q8_K of its output (kvcache/attention_short.py; its own
     signature, FUSED_SIGNATURE there)."""
     HD, G = head_dim, group
@@ -101,7 +101,7 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window
     LD = ptx.ld_v4 if FUSE else ptx.ldg_v4     # coherent where the launch wrote new K/V rows itself
     if FUSE:
         from .attention_short import fused_parts
-        rope_rows, q8k_tail, SQ = fused_parts(HD, G, THREADS // 32, *fuse, kv_dtype == "int8")
+        rope_rows, q8k_tail, SQ = fused_parts(HD, G, THREADS // 32, *fuse[:3], kv_dtype == "int8", *fuse[3:])
     else:
         SQ = 1
     I8 = kv_dtype == "int8"

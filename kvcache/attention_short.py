@@ -64,6 +64,10 @@ FULL = 0xFFFFFFFF
 QK = 256                      # values of a q8_K block
 SHARED_MAX = 48 * 1024        # static shared memory of a block
 MAX_MERGE = 8                 # the most splits the fused build merges (its shared weights; the plans' default)
+# lab knob (tools/bench_short_attention.py): parts of the fused build left out, to time what each costs -
+# "rope" (no rope_rows: s_q unset, no cache rows), "writes" (the query rows only), "tail" (no merge or
+# q8_K). Wrong results by design; short_attention passes it to the build (prefill_kernel's fuse key)
+ABLATE: tuple = ()
 FUSED_SIGNATURE = ("void(float32[:, ::1], float32[::1], float32[::1], float32, float32[:, ::1], float32[:, ::1], "
                    "{c}[:, :, ::1], {c}[:, :, ::1], uint32[::1], uint32[::1], float32[:, ::1], float32[:, ::1], "
                    "int32[::1], float32[:, ::1], float32[:, :, ::1], float32[:, :, ::1], int32, int32[::1], "
@@ -102,8 +106,13 @@ def fusable(head_dim: int, group: int, kv_dtype: str, n: int, window: int = 0, r
 
 
 @functools.lru_cache(maxsize=None)
-def fused_parts(HD: int, G: int, WARPS: int, neox: bool, qk_norm: bool, NMAX: int, I8: bool):
-    """(rope_rows, q8k_tail, shared floats) of prefill_kernel's fuse build (module docstring)."""
+def fused_parts(HD: int, G: int, WARPS: int, neox: bool, qk_norm: bool, NMAX: int, I8: bool, ablate: tuple = ()):
+    """(rope_rows, q8k_tail, shared floats) of prefill_kernel's fuse build (module docstring);
+    ablate: the parts left out (ABLATE)."""
+    bad = set(ablate) - {"rope", "writes", "tail"}
+    if bad:
+        raise ValueError(f"attention_short.ABLATE: unknown parts {sorted(bad)} (rope, writes, tail)")
+    NO_ROPE, NO_WRITES, NO_TAIL = "rope" in ablate, "writes" in ablate, "tail" in ablate
     NEOX, QK_NORM = bool(neox), bool(qk_norm)
     QR = NMAX * G                          # query rows (packed: token t, head g at t G + g)
     RPW = -(-shared_rows(G, NMAX) // WARPS)    # rows a warp
@@ -145,6 +154,10 @@ def fused_parts(HD: int, G: int, WARPS: int, neox: bool, qk_norm: bool, NMAX: in
         """make_head_row's work on the block's rows (module docstring): query row r (token r // G,
         head kvh G + r % G) to s_q[r HD ..]; with `writes` the chunk's K and V rows of KV head kvh
         to the cache. Every row is warp-uniform; no block barrier inside."""
+        if NO_ROPE:
+            return
+        if NO_WRITES:
+            writes = False
         qkv, q_norm, k_norm, eps, cos, sin, k_cache, v_cache, k_scale, v_scale = ra
         n_kv = k_cache.shape[1]
         n_slots = k_cache.shape[0]
@@ -264,6 +277,8 @@ def fused_parts(HD: int, G: int, WARPS: int, neox: bool, qk_norm: bool, NMAX: in
     def q8k_tail(ea, out, part_o, part_ml, n_splits, kvh, n, n_head, tid, warp, lane):
         """The last split of KV head kvh (ticket) merges its rows into out and writes their q8_K
         values; one split: out as the block wrote it. Every thread of the block calls it."""
+        if NO_TAIL:
+            return
         tickets, xq, xd, xb = ea
         s_flag = cuda.shared.array(1, int32)
         s_m = cuda.shared.array(NSW, float32)      # (row, split): the partials' max, sum, weight
@@ -396,7 +411,8 @@ def short_attention(qkv, q_norm, k_norm, eps, cos, sin, layer, state, out, ws, n
         raise ValueError(f"short_attention: splits_at {splits_at} is not a slot of the state")
     check_q8k("short_attention", n, out.shape[1], xq, xd, xb)
     from .attention_prefill_kernels import prefill_kernel
-    kern = prefill_kernel(hd, plan.group, kv_dtype, plan.bn, 0, plan.scale, (rope == "neox", qk_norm, n))
+    fuse = (rope == "neox", qk_norm, n) + ((tuple(ABLATE),) if ABLATE else ())
+    kern = prefill_kernel(hd, plan.group, kv_dtype, plan.bn, 0, plan.scale, fuse)
     kern[(1, n_kv, n_splits), THREADS, stream](
         qkv, q_norm, k_norm, float32(eps), cos, sin, layer.k, layer.v, layer.k_words, layer.v_words,
         layer.k_scale, layer.v_scale, state, out, ws.part_o, ws.part_ml,
