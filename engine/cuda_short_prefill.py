@@ -15,13 +15,10 @@ activations:
                 the launch)
     gated       gate, up and the activation in one launch (quant/gemv_mma_glu.py) where both are
                 Q4_K; else gemv_mma_k of each, then swiglu / geglu (engine/norm.py)
-    rope_write + attention
-                rope_write, the prefill attention (its split count is device state), then its split
-                merge and the q8_K of its output in one launch (kvcache/attention_merge.merge_q8k):
-                the O-projection after it quantizes nothing. With the lab knob FUSED_ATTENTION, where
-                a layer can take it (`attention_short.fusable`), all of it is one launch
-                (kvcache/attention_short.py) - the same bits, slower so far
-    embed, post_norm_add
+    attention   the prefill's kernel (its split count is device state), then its split merge and
+                the q8_K of its output in one launch (kvcache/attention_merge.merge_q8k): the
+                O-projection after it quantizes nothing
+    rope_write, embed, post_norm_add
                 the prefill's (n rows)
 
 Which rows: a chunk of at most SHORT_ROWS new tokens runs as SHORT_ROWS rows (padded rows are
@@ -45,7 +42,7 @@ from genie_rt.quant.gemv_mma_k import FORMATS, QK
 from genie_rt.quant.q8k_layout import sizes as q8k_sizes
 
 from .cuda_layout import SHORT_ROWS
-from .cuda_ops import ROPE_NAMES, _flushing, _Ops, _pdl_available
+from .cuda_ops import _Ops, _pdl_available
 from .models.ops import AttnLayer
 
 # The graph's launches chained by programmatic dependent launch (where the decode step's are:
@@ -67,13 +64,6 @@ FUSED_W16 = True
 # docs/kernels/gemv.md 8k). Not yet timed in the GLU: `tools/lab_knobs.py
 # engine.cuda_short_prefill.GLU_KSPLIT=4 -- tools/profile_prefill.py --short ...`.
 GLU_KSPLIT = None
-# Lab knob: rope_write, the attention and its merge + q8_K as one launch where a layer can take it
-# (kvcache/attention_short.py; the same bits, on an H100 too). Off: on one H100 (2026-12-07, 08:05 UTC,
-# 8 new tokens after 500) the 4B's graph took 4.415 ms with it against 2.246 without - its merge, one block
-# a KV head, walked the splits' partials by dependent loads; its merge since loads them together, not yet
-# timed (docs/decode-step.md 7). True: the fused launch
-# (`tools/profile_prefill.py --short --knobs engine.cuda_short_prefill.FUSED_ATTENTION=True`).
-FUSED_ATTENTION = False
 # the launches that have PDL builds: rmsnorm_q8k with a norm weight (norm) and without (q8k), q/k/v
 # in one launch (qkv), gemv_mma_k (gemv: attn_output, ffn_down), gate/up/SwiGLU (glu), rope_write
 PDL_KINDS = ("norm", "q8k", "qkv", "gemv", "glu", "rope")
@@ -136,29 +126,6 @@ class ShortPrefillOps(_Ops):
         on = bool(kinds) and bool(getattr(rt.ecfg, "decode_pdl", False)) and _pdl_available()
         self.pdl_kinds = kinds if on else frozenset()
 
-    def _flush(self) -> None:
-        self._flush_rope()
-
-    def _fusable(self, a: AttnLayer) -> bool:
-        from genie_rt.kvcache.attention_short import fusable
-        if not FUSED_ATTENTION:
-            return False
-        plan = self.rt.lay.prefill_plans[a.index]
-        return fusable(plan.head_dim, plan.group, plan.kv_dtype, self.n, plan.window,
-                       bool(getattr(self.rt.kv_layers[a.index], "ring", False)), plan.max_splits) is None
-
-    embed = _flushing(_Ops.embed)
-    post_norm_add = _flushing(_Ops.post_norm_add)
-
-    @_flushing
-    def rope_write(self, qkv, a: AttnLayer, q_out) -> None:
-        """rope_write, kept pending where the attention that reads q_out can do its work
-        (FUSED_ATTENTION); else launched now."""
-        if not self._fusable(a):
-            _Ops.rope_write(self, qkv, a, q_out)
-            return
-        self._keep_rope(qkv, a, q_out)
-
     def _invalidate(self, name: str) -> None:
         if self._holds == name:
             self._holds = None
@@ -178,7 +145,6 @@ class ShortPrefillOps(_Ops):
             self._holds = self._name(x)
         return q
 
-    @_flushing
     def norm(self, x, w, out) -> None:
         """out's q8_K values only (its float values are not written)."""
         from genie_rt.quant.quantize_q8k import rmsnorm_q8k
@@ -200,7 +166,6 @@ class ShortPrefillOps(_Ops):
             c += m.rows
         assert c == width, (c, width)
 
-    @_flushing
     def linear(self, x, w, out, add: bool = False) -> None:
         """[q | k | v] in one launch (quant/gemv_mma_qkv.py); any other product by gemv_mma_k
         per matrix."""
@@ -214,7 +179,6 @@ class ShortPrefillOps(_Ops):
             self._products(q, ws, out, add)
         self._wrote(out)
 
-    @_flushing
     def gated(self, x, w, out, act: str) -> None:
         """One launch where gate and up are Q4_K of one shape (quant/gemv_mma_glu.py); else
         gemv_mma_k of each and the activation's launch."""
@@ -234,27 +198,18 @@ class ShortPrefillOps(_Ops):
         self._wrote(out)
 
     def attention(self, q, a: AttnLayer, out) -> None:
-        """The pending rope_write of q, the prefill attention, its split merge and the q8_K of its
-        output in one launch (kvcache/attention_short.py; q itself is then never written); else
-        the attention, then its merge and q8_K in one launch (kvcache/attention_merge.merge_q8k).
-        Either way the O-projection after it quantizes nothing."""
+        """The prefill attention, then its split merge and the q8_K of its output in one launch
+        (kvcache/attention_merge.merge_q8k): the O-projection after it quantizes nothing."""
         from genie_rt.kvcache.attention_merge import merge_q8k
         from genie_rt.kvcache.attention_prefill import prefill_attention
-        from genie_rt.kvcache.attention_short import short_attention
-        r = self._take_rope(q, a)
-        rt, ws = self.rt, self.rt.pws
-        plan = rt.lay.prefill_plans[a.index]
+        self._reads_float(q)
+        q3 = q.reshape(self.n, self.cfg.n_head, self.cfg.head_dim)
+        plan = self.rt.lay.prefill_plans[a.index]
         most, at = self._splits[id(plan)]
-        if r is not None:
-            cos, sin = rt.rope_table(a)
-            short_attention(r.qkv, a.q_norm, a.k_norm, self.cfg.rms_eps, cos, sin, rt.kv_layers[a.index], rt.state,
-                            out, ws, most, plan, at, *self._q8k(out.shape[1]), rope=ROPE_NAMES[self.cfg.rope_style],
-                            stream=self.stream)
-        else:
-            q3 = q.reshape(self.n, self.cfg.n_head, self.cfg.head_dim)
-            prefill_attention(q3, rt.kv_layers[a.index], rt.state, out, ws, n_splits=most, stream=self.stream,
-                              plan=plan, splits_at=at, merge=False)
-            merge_q8k(ws.part_o, ws.part_ml, most, rt.state, at, out, *self._q8k(out.shape[1]), stream=self.stream)
+        prefill_attention(q3, self.rt.kv_layers[a.index], self.rt.state, out, self.rt.pws,
+                          n_splits=most, stream=self.stream, plan=plan, splits_at=at, merge=False)
+        ws = self.rt.pws
+        merge_q8k(ws.part_o, ws.part_ml, most, self.rt.state, at, out, *self._q8k(out.shape[1]), stream=self.stream)
         self._wrote(out)
         self._holds = self._name(out)
 

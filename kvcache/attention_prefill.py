@@ -94,12 +94,11 @@ class PrefillPlan:
 
     @property
     def workspace_bytes(self) -> int:
-        """Bytes of the split workspace (0 when max_splits == 1): the partials and a ticket a KV
-        head (the short prefill's fused merge, kvcache/attention_short.py)."""
+        """Bytes of the split workspace (0 when max_splits == 1)."""
         if self.max_splits <= 1:
             return 0
         rows = self.max_splits * self.n_max * self.n_head
-        return _aligned(rows * self.head_dim * 4) + _aligned(rows * 2 * 4) + _aligned(self.n_kv * 4)
+        return _aligned(rows * self.head_dim * 4) + _aligned(rows * 2 * 4)
 
     def fits(self, ws_plan: "PrefillPlan") -> bool:
         """Whether this plan can run in a workspace carved for ws_plan."""
@@ -152,8 +151,7 @@ def prefill_splits(plan: PrefillPlan, n: int, start: int, sm_count: int | None =
 
 class PrefillWorkspace:
     """Views of the split workspace: part_o f32 [max_splits, n_max * n_head, hd],
-    part_ml f32 [max_splits, n_max * n_head, 2] (placeholders when max_splits == 1), tickets
-    i32 [n_kv] (zeroed here; every fused launch leaves them zero)."""
+    part_ml f32 [max_splits, n_max * n_head, 2] (placeholders when max_splits == 1)."""
 
     def __init__(self, plan: PrefillPlan, buf=None):
         self.plan = plan
@@ -161,7 +159,6 @@ class PrefillWorkspace:
         if nb == 0:
             self.part_o = cuda.device_array((1, 1, plan.head_dim), np.float32)
             self.part_ml = cuda.device_array((1, 1, 2), np.float32)
-            self.tickets = cuda.to_device(np.zeros(plan.n_kv, np.int32))
             return
         if buf is None:
             buf = cuda.device_array(nb, np.uint8)
@@ -171,9 +168,6 @@ class PrefillWorkspace:
         a = _aligned(S * R * D * 4)
         self.part_o = buf[:S * R * D * 4].view(np.float32).reshape(S, R, D)
         self.part_ml = buf[a:a + S * R * 2 * 4].view(np.float32).reshape(S, R, 2)
-        b = a + _aligned(S * R * 2 * 4)
-        self.tickets = buf[b:b + plan.n_kv * 4].view(np.int32)
-        self.tickets.copy_to_device(np.zeros(plan.n_kv, np.int32))
 
 
 def compile_prefill(plan: PrefillPlan) -> None:

@@ -61,7 +61,6 @@ from genie_rt.quant import ptx
 
 from .attention_decode_kernels import LOG2E, NEG_INF, _byte
 
-_dev = cuda.jit(device=True) if ptx.SIMULATOR else cuda.jit(device=True, forceinline=True)
 FULL = 0xFFFFFFFF
 BM = 64                  # packed query rows per block
 WARPS = 4
@@ -90,20 +89,10 @@ def o_splits(head_dim: int) -> int:
 
 @functools.lru_cache(maxsize=None)
 def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window: int = 0,
-                   scale: float | None = None, fuse: tuple | None = None):
+                   scale: float | None = None):
     """The prefill kernel specialised on (head_dim, group, cache dtype, keys per tile
-    (0 = block_n()), sliding window (0 = none), attention scale (None = 1/sqrt(hd))).
-    fuse = (neox, qk_norm, n_max[, ablate]): the short prefill's build that also does rope_write's work
-    and the split merge with the q8_K of its output (kvcache/attention_short.py; its own
-    signature, FUSED_SIGNATURE there)."""
+    (0 = block_n()), sliding window (0 = none), attention scale (None = 1/sqrt(hd)))."""
     HD, G = head_dim, group
-    FUSE = fuse is not None
-    LD = ptx.ld_v4 if FUSE else ptx.ldg_v4     # coherent where the launch wrote new K/V rows itself
-    if FUSE:
-        from .attention_short import fused_parts
-        rope_rows, q8k_tail, SQ = fused_parts(HD, G, THREADS // 32, *fuse[:3], kv_dtype == "int8", *fuse[3:])
-    else:
-        SQ = 1
     I8 = kv_dtype == "int8"
     ES = 1 if I8 else 2
     BN = bn or block_n(HD, kv_dtype)
@@ -128,10 +117,9 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window
     NQF, NO, NS, NP, NPV = NKS * 4, NNO * 4, NNS * 4, NCH * 4, NCHV * 4   # local array sizes
     QSCALE = float32(LOG2E / math.sqrt(HD) if scale is None else LOG2E * float(scale))
 
-    @_dev
-    def body(q, rargs, eargs, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, splits_at):
-        # q        f32 [n, n_head, HD]         queries (normed, roped); FUSE: unused (rargs' qkv)
-        # rargs, eargs                         FUSE: rope_rows' and q8k_tail's arguments
+    @cuda.jit
+    def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, splits_at):
+        # q        f32 [n, n_head, HD]         queries (normed, roped)
         # k_words  u32 [R * n_kv * WPR]        this layer's K cache (R slots) as 32-bit words
         # v_words  u32 [R * n_kv * WPR]
         # k_scale  f32 [R, n_kv]               int8 row scales (unused for f16)
@@ -162,8 +150,8 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window
         lane = tid & 31
         g = lane >> 2                     # mma groupID: rows g and g + 8
         t4 = lane & 3                     # thread in group: columns 2*t4, 2*t4 + 1
-        n = out.shape[0]
-        n_head = out.shape[1] // HD
+        n = q.shape[0]
+        n_head = q.shape[1]
         n_ctx = k_words.size // (n_kv * WPR)                 # slots R
         start = state[0]
         nrows = n * G
@@ -209,11 +197,6 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window
         Vs = cuda.shared.array((BN, DVW), uint32, alignment=16)
         sks = cuda.shared.array(BN, float32)                      # K row scales
 
-        if FUSE:        # rope_write's rows of this block: q rows to s_q, new K/V rows to the cache
-            s_q = cuda.shared.array(SQ, float32)
-            writes = tile_hi > tile_lo and klo + tile_hi * BN > start    # its keys reach the chunk's
-            rope_rows(rargs, s_q, n, n_head, kvh, start, writes, warp, lane)
-            cuda.syncthreads()            # s_q and the block's own cache rows, visible to the block
         qf = cuda.local.array(NQF, uint32)    # A fragments of Q, per k-step a0..a3
         for ks in range(NKS):
             for reg in range(4):
@@ -222,20 +205,12 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window
                 x1 = float32(0)
                 if reg & 1 == 0:
                     if va:
-                        if FUSE:
-                            x0 = s_q[(ra - row0) * HD + col] * QSCALE
-                            x1 = s_q[(ra - row0) * HD + col + 1] * QSCALE
-                        else:
-                            x0 = q[tok_a, head_a, col] * QSCALE
-                            x1 = q[tok_a, head_a, col + 1] * QSCALE
+                        x0 = q[tok_a, head_a, col] * QSCALE
+                        x1 = q[tok_a, head_a, col + 1] * QSCALE
                 else:
                     if vb:
-                        if FUSE:
-                            x0 = s_q[(rb - row0) * HD + col] * QSCALE
-                            x1 = s_q[(rb - row0) * HD + col + 1] * QSCALE
-                        else:
-                            x0 = q[tok_b, head_b, col] * QSCALE
-                            x1 = q[tok_b, head_b, col + 1] * QSCALE
+                        x0 = q[tok_b, head_b, col] * QSCALE
+                        x1 = q[tok_b, head_b, col + 1] * QSCALE
                 qf[ks * 4 + reg] = ptx.pack_half2(x0, x1)
 
         oacc = cuda.local.array(NO, float32)  # C fragments of O (this block's DV columns)
@@ -269,8 +244,8 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window
                                 if key >= n_ctx:
                                     key -= n_ctx
                             wi = (key * n_kv + kvh) * WPR + (cid % CH) * 4
-                            w4 = LD(k_words, wi)
-                            u4 = LD(v_words, wi)
+                            w4 = ptx.ldg_v4(k_words, wi)
+                            u4 = ptx.ldg_v4(v_words, wi)
                             for x in range(4):
                                 pk[j * 4 + x] = w4[x]
                                 pv[j * 4 + x] = u4[x]
@@ -290,7 +265,7 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window
                                 key -= ring0
                                 if key >= n_ctx:
                                     key -= n_ctx
-                            w4 = LD(k_words, (key * n_kv + kvh) * WPR + (cid % CH) * 4)
+                            w4 = ptx.ldg_v4(k_words, (key * n_kv + kvh) * WPR + (cid % CH) * 4)
                             for x in range(4):
                                 pk[j * 4 + x] = w4[x]
                         else:
@@ -304,7 +279,7 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window
                                 key -= ring0
                                 if key >= n_ctx:
                                     key -= n_ctx
-                            u4 = LD(v_words, (key * n_kv + kvh) * WPR
+                            u4 = ptx.ldg_v4(v_words, (key * n_kv + kvh) * WPR
                                             + (dh * CHV + cid % CHV) * 4)
                             for x in range(4):
                                 pv[j * 4 + x] = u4[x]
@@ -498,20 +473,6 @@ def prefill_kernel(head_dim: int, group: int, kv_dtype: str, bn: int = 0, window
                     if t4 == 0 and dh == 0:
                         part_ml[split, prow, 0] = m_row
                         part_ml[split, prow, 1] = l_row
-        if FUSE:          # the last split of this KV head merges and writes the q8_K values
-            q8k_tail(eargs, out, part_o, part_ml, n_splits, kvh, n, n_head, tid, warp, lane)
-
-    if FUSE:
-        @cuda.jit
-        def kernel(qkv, q_norm, k_norm, eps, cos, sin, k_cache, v_cache, k_words, v_words, k_scale, v_scale,
-                   state, out, part_o, part_ml, splits_at, tickets, xq, xd, xb):
-            body(qkv, (qkv, q_norm, k_norm, eps, cos, sin, k_cache, v_cache, k_scale, v_scale),
-                 (tickets, xq, xd, xb), k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml,
-                 splits_at)
-    else:
-        @cuda.jit
-        def kernel(q, k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, splits_at):
-            body(q, (q,), (q,), k_words, v_words, k_scale, v_scale, state, out, part_o, part_ml, splits_at)
 
     kernel.block_n = BN
     return kernel_cache.attach(kernel)

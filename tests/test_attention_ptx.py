@@ -32,13 +32,12 @@ decode_smol_int8 = decode_kernel(64, 3, "int8", loop="block")
 prefill_gemma_int8 = prefill_kernel(256, 4, "int8", 0, 512)
 prefill_gemma_f16 = prefill_kernel(256, 4, "f16", 0, 512)
 prefill_smol_int8 = prefill_kernel(64, 3, "int8")
-short_fused_int8 = prefill_kernel(128, 4, "int8", 0, 0, None, (True, True, 8))   # the short graph's chain (4B)
 """
 # the quick suite compiles Qwen3's kernels and one of each new kind (window + hd 256 +
 # one KV head, group 3); the f16 twins and SmolLM2's decode (~10 s more) are `slow`
 _QUICK = ("decode_int8", "decode_f16", "decode_q8_int8", "decode_warp_int8", "decode_q8_one_head_int8",
           "decode_q8_qk8_int8", "decode_q8_mma_int8", "decode_gemma_int8",
-          "prefill_int8", "prefill_f16", "prefill_gemma_int8", "prefill_smol_int8", "short_fused_int8")
+          "prefill_int8", "prefill_f16", "prefill_gemma_int8", "prefill_smol_int8")
 _MORE = ("decode_gemma_f16", "decode_smol_int8", "prefill_gemma_f16", "decode_warp_f16",
          "decode_warp_gemma_int8")
 
@@ -46,10 +45,8 @@ _MORE = ("decode_gemma_f16", "decode_smol_int8", "prefill_gemma_f16", "decode_wa
 def _compile_ptx(names, merge):
     from genie_rt.kvcache.attention_decode_kernels import DECODE_SIGNATURE, DECODE_SIGNATURE_Q8
     from genie_rt.kvcache.attention_prefill_kernels import MERGE_SIGNATURE, PREFILL_SIGNATURE
-    from genie_rt.kvcache.attention_short import FUSED_SIGNATURE
     kernels = {name: (DECODE_SIGNATURE_Q8 if "_q8" in name else DECODE_SIGNATURE)
-               if name.startswith("decode") else FUSED_SIGNATURE.format(c="int8") if name.startswith("short")
-               else PREFILL_SIGNATURE for name in names}
+               if name.startswith("decode") else PREFILL_SIGNATURE for name in names}
     if merge:
         from genie_rt.kvcache.attention_merge import MERGE_PREPARE_SIGNATURE
         kernels["prefill_merge"] = MERGE_SIGNATURE
@@ -83,11 +80,6 @@ def _check_ptx(ptx_text):
                                     "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
                                     "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16",
                                     "ld.global.nc.v4.u32", where=where)
-            elif name.startswith("short_"):        # the fused chain: coherent loads (it wrote rows it reads),
-                assert_ptx_contains(text, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",   # the ticket,
-                                    "ld.global.v4.u32", "atom.global.add", "st.global.u8",    # q8_K bytes
-                                    "bar.warp.sync", where=where)
-                assert "ld.global.nc.v4.u32" not in text, where
 
 
 def test_ptx_all_kernels_compile_without_f64_or_local_memory(ptx_text):

@@ -157,32 +157,6 @@ def test_simulated_short_prefill_fused_w16_knob_keeps_the_bits(tmp_path, monkeyp
     np.testing.assert_array_equal(got[True], got[False])
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: test_attention_short.py -m gpu)")
-def test_simulated_fused_attention_chain_keeps_the_three_launches_bits(tmp_path, monkeypatch):
-    # FUSED_ATTENTION: where a KV head's columns are whole q8_K blocks (4 heads of 64 here) the short
-    # graph's rope_write, attention and merge + q8_K are one launch (kvcache/attention_short.py) - the
-    # logits and the K/V rows it wrote (the decode step after it) keep the three launches' bits
-    from genie_rt.engine import cuda_short_prefill
-    from genie_rt.kvcache import attention_short
-    from test_backend_cuda import make_backends
-    path = tmp_path / "fusable.gguf"
-    write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=8, kv_heads=2, head_dim=64, ffn=256,
-                                     vocab=300, text_tokens=274), seed=2, exact=True)
-    calls, real = [], attention_short.short_attention
-    monkeypatch.setattr(attention_short, "short_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
-    got = {}
-    for knob in (False, True):
-        monkeypatch.setattr(cuda_short_prefill, "FUSED_ATTENTION", knob)
-        gpu, _, _ = make_backends(path, "int8", n_ctx=64, chunk=16, warm=False, short_prefill=True)
-        gpu.prefill(PROMPT, 0)
-        calls.clear()
-        got[knob] = (gpu.prefill(TURN, len(PROMPT)), gpu.decode(77, len(PROMPT) + len(TURN)))
-        assert len(calls) == int(knob), (knob, calls)
-    for a, b in zip(got[True], got[False]):
-        np.testing.assert_array_equal(a, b)
-
-
 def test_short_prefill_pdl_knob_names_known_kinds():
     from genie_rt.engine.cuda_short_prefill import PDL_KINDS, pdl_kinds
     assert pdl_kinds(False) == frozenset() and pdl_kinds(True) == frozenset(PDL_KINDS)

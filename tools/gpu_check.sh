@@ -52,14 +52,6 @@
 #             bound copy on the device), on an H200 genie-rt bench (BT s), prefix reuse with --breakdown-after-cold
 #             (PXT s), on an H200 llama-bench, then the GPU tests the day's changes owe (the mma loop's splits
 #             by chunks, the short prefill, CPU parity, greedy text, prefix reuse; GK) in what is left of TEND s
-#   s34       the short graph's attention chain as one launch (2026-12-07): test_attention_short -m gpu (AT s), the
-#             prefix-reuse bench after a cold request (PXT s), on an H200 genie-rt bench (BT s) and llama-bench, then
-#             profile_prefill's short graph with the fused launch (KNOBS; a lab knob, off) beside the default (PT s), and the
-#             GPU tests owed (GK) in what is left of TEND s
-#   s35       where the fused short attention's time goes (2026-12-07): tools/bench_short_attention.py (the three
-#             launches, the fused one, the fused one with parts left out; SA s), one Nsight Compute profile of each
-#             (NT s, if ncu is there and NO_NCU is unset), the prefix-reuse bench after a cold request (PXT s), on
-#             an H200 issue 14's table (genie-rt bench BT s, llama-bench) in what is left of TEND s
 #   s33h      s33's test_h2d and prefix-reuse bench alone (a short call: no llama.cpp build, no bench)
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
 #             Qwen3-0.6B and 4B at PCTX contexts, default 4096 and 40960; issue 17: within 5 %)
@@ -355,47 +347,6 @@ for s in "$@"; do
       [ "$H200" -gt 0 ] && { W=$(( ${TEND:-585} - 100 - SECONDS )); [ $W -gt 20 ] && LBT=90 LB_TESTS="-p 18,33,512 -n 128 -d 0,4096" llama_bench_4b $W; }
       W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 40 ] && par_tests $W gpu "${GK:-mma_loop or short or greedy or every_position or prefix}" \
         tests/test_attention_decode_mma.py tests/test_short_prefill.py tests/test_h2d.py tests/test_backend_cuda.py ;;
-    s34)
-      # 2026-12-07: the short graph's rope_write + attention + merge/q8_K as one launch (kvcache/attention_short.py,
-      # cuda_short_prefill.FUSED_ATTENTION): its bits against the three launches at the 4B's shapes, the prefix-reuse
-      # bench (the default) after a cold request (PXT s), on an H200 issue 14's table (genie-rt bench BT s, llama-bench),
-      # then the short graph with the fused launch (a lab knob, off: KNOBS) against the default (bits, ms; PT s) and the
-      # GPU tests owed in what is left of TEND s
-      stage s34
-      H200=$(grep -c H200 "$OUT/gpu.txt")
-      if [ "$H200" -gt 0 ]; then start_4b; else use_kernel_cache
-        [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 16 | tail -1; fi
-      timeout ${AT:-150} $PY -m pytest -q -p no:cacheprovider -p no:xdist -m gpu tests/test_attention_short.py 2>&1 | tail -3
-      timeout ${PXT:-200} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --breakdown-after-cold \
-        2>&1 | grep -v "^INFO numba" > "$OUT/prefix-short-after-cold.txt"; grep -E "warm|cold|greedy|cosine|of which|host|device" "$OUT/prefix-short-after-cold.txt" | head -40
-      [ "$H200" -gt 0 ] && { bench_4b ${BT:-200}; W=$(( ${TEND:-585} - 60 - SECONDS )); [ $W -gt 20 ] && LBT=90 \
-        LB_TESTS="-p 18,33,512 -n 128 -d 0,4096" llama_bench_4b $W; }
-      W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 60 ] && { timeout $(( W > ${PT:-200} ? ${PT:-200} : W )) $PY tools/profile_prefill.py \
-        -m $MODEL4B --short --start 500 --ctx 1024 --no-ablation --knobs "${KNOBS:-engine.cuda_short_prefill.FUSED_ATTENTION=True}" \
-        --json "$OUT/profile-short.json" 2>&1 | grep -v "^INFO numba" > "$OUT/profile-short.txt"; grep -E "knobs|bits|cosine|prefill of" "$OUT/profile-short.txt"; }
-      W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 40 ] && par_tests $W gpu "${GK:-short or mma_loop or greedy or every_position or prefix}" \
-        tests/test_short_prefill.py tests/test_h2d.py tests/test_attention_decode_mma.py tests/test_backend_cuda.py ;;
-    s35)
-      # 2026-12-07: the fused short attention was bit for bit the three launches but 41 us a layer slower (H100):
-      # each launch alone, the fused one with parts left out (attention_short.ABLATE), ncu's view of each
-      stage s35
-      H200=$(grep -c H200 "$OUT/gpu.txt")
-      if [ "$H200" -gt 0 ]; then start_4b; else use_kernel_cache
-        [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 16 | tail -1; fi
-      timeout ${SA:-150} $PY tools/bench_short_attention.py --json "$OUT/short-attn.json" 2>&1 | grep -v "^INFO numba" \
-        | tee "$OUT/short-attn.txt"
-      NCU=$(ncu_path)
-      if [ -n "$NCU" ] && [ -z "${NO_NCU:-}" ]; then
-        timeout ${NT:-120} "$NCU" --profile-from-start off --section SpeedOfLight --section LaunchStats \
-          --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
-          $PY tools/bench_short_attention.py --ncu > "$OUT/ncu-short-attn.txt" 2>&1
-        grep -E "^  [A-Za-z_].*\(|Duration|Registers Per|Achieved Occupancy|DRAM Throughput|Stall|Warp Cycles Per Issued|ncu order" \
-          "$OUT/ncu-short-attn.txt" | head -90
-      else echo "no ncu (${NCU:-none}) or NO_NCU set"; fi
-      timeout ${PXT:-220} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --breakdown-after-cold \
-        2>&1 | grep -v "^INFO numba" > "$OUT/prefix-short-after-cold.txt"; grep -E "warm|cold|greedy|cosine|of which|host|device" "$OUT/prefix-short-after-cold.txt" | head -40
-      [ "$H200" -gt 0 ] && { W=$(( ${TEND:-585} - 100 - SECONDS )); [ $W -gt 60 ] && bench_4b $W; W=$(( ${TEND:-585} - 10 - SECONDS )); [ $W -gt 20 ] && LBT=$W \
-        LB_TESTS="-p 18,33,512 -n 128 -d 0,4096" llama_bench_4b $W; } ;;
     s33h)
       # s33's host-path part alone, for a short call: tests/test_h2d.py on the device, then prefix reuse with
       # --breakdown-after-cold (no llama.cpp build beside it)
