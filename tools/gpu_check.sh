@@ -52,7 +52,8 @@
 #             bound copy on the device), on an H200 genie-rt bench (BT s), prefix reuse with --breakdown-after-cold
 #             (PXT s), on an H200 llama-bench, then the GPU tests the day's changes owe (the mma loop's splits
 #             by chunks, the short prefill, CPU parity, greedy text, prefix reuse; GK) in what is left of TEND s
-#   s33h      s33's test_h2d and prefix-reuse bench alone (a short call: no llama.cpp build, no bench)
+#   s33h      s33's test_h2d and prefix-reuse bench alone (a short call: no llama.cpp build, no bench); with TEND
+#             set, s33's GPU tests (GK) in what is left of TEND s
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
 #             Qwen3-0.6B and 4B at PCTX contexts, default 4096 and 40960; issue 17: within 5 %)
 #   lab       tools/gpu_lab.py: small-N MMQ and GEMV variants side by side, then (if ncu is
@@ -355,7 +356,9 @@ for s in "$@"; do
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 16 | tail -1
       timeout ${PXT:-200} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --breakdown-after-cold \
-        2>&1 | grep -v "^INFO numba" > "$OUT/prefix-short-after-cold.txt"; grep -E "warm|cold|greedy|cosine|of which|host|device" "$OUT/prefix-short-after-cold.txt" | head -40 ;;
+        2>&1 | grep -v "^INFO numba" > "$OUT/prefix-short-after-cold.txt"; grep -E "warm|cold|greedy|cosine|of which|host|device" "$OUT/prefix-short-after-cold.txt" | head -40
+      W=$(( ${TEND:-0} - SECONDS )); [ $W -gt 40 ] && par_tests $W gpu "${GK:-mma_loop or short or greedy or every_position or prefix}" \
+        tests/test_attention_decode_mma.py tests/test_short_prefill.py tests/test_h2d.py tests/test_backend_cuda.py ;;
     *) echo "unknown stage $s"; exit 2 ;;
   esac
 done
