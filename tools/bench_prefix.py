@@ -296,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         n_cached = runs[-1][1]
         print(f"  {name:5s} prefill {med[name]:9.2f} ms   reused {n_cached:5d}, prefilled "
               f"{n_prompt - n_cached:5d} tokens   speed-up {med['cold'] / med[name]:6.1f}x")
+    print("  each run, in order (ms): " + "; ".join(
+        f"{name} " + " ".join(f"{ms:.2f}" for ms, _ in runs) for name, runs in (("cold", cold), ("warm", warm), ("disk", disk))))
     if engine.backend.name == "cuda":
         print("  warm request on the CUDA back-end, where the time goes (median ms"
               + ("; back to back, then each after a cold request):" if after_cold else "):"))

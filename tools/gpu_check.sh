@@ -355,7 +355,7 @@ for s in "$@"; do
       timeout 90 $PY -m pytest -q -p no:cacheprovider -p no:xdist tests/test_h2d.py 2>&1 | tail -2
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 16 | tail -1
-      timeout ${PXT:-200} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --breakdown-after-cold \
+      timeout ${PXT:-200} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --breakdown-after-cold ${PXARGS:-} \
         2>&1 | grep -v "^INFO numba" > "$OUT/prefix-short-after-cold.txt"; grep -E "warm|cold|greedy|cosine|of which|host|device" "$OUT/prefix-short-after-cold.txt" | head -40
       W=$(( ${TEND:-0} - SECONDS )); [ $W -gt 40 ] && par_tests $W gpu "${GK:-mma_loop or short or greedy or every_position or prefix}" \
         tests/test_attention_decode_mma.py tests/test_short_prefill.py tests/test_h2d.py tests/test_backend_cuda.py ;;
