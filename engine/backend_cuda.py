@@ -144,8 +144,8 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         self._host_ids = pinned_like(A["ids"])
         self._upload_ids = Upload(A["ids"], self._host_ids, self.stream)
         self._slot_uploads: dict[tuple, Upload] = {}   # (first slot, end) -> its copy from the pinned mirror
-        self._max_splits_of: dict[int, tuple] = {}
-        self._splits_of: dict[tuple, tuple] = {}       # (rows, start) -> _splits' answer
+        self._max_splits_of: dict[tuple, tuple] = {}
+        self._splits_of: dict[tuple, tuple] = {}       # (rows, start, short) -> _splits' answer
         self._decode_scratch = self._scratch(1, self.state[S_TOKEN:S_TOKEN + 1])
         self._prefill_scratch = {}
         self._req = _Request()
@@ -385,19 +385,20 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         assert len(plans) <= MAX_PLANS, f"{len(plans)} prefill attention plans; the state holds {MAX_PLANS}"
         return plans
 
-    def _splits_at(self, n: int, start: int) -> tuple:
-        """The context splits of each plan for a chunk of n rows at `start` (graph key)."""
+    def _splits_at(self, n: int, start: int, short: bool = False) -> tuple:
+        """The context splits of each plan for a chunk of n rows at `start` (graph key); short:
+        in the short prefill's graph (its own fewest tiles a split, attention_prefill.SHORT_SPLIT_TILES)."""
         from genie_rt.kvcache.attention_prefill import prefill_splits
-        return tuple(prefill_splits(p, n, start) for p in self._plans())
+        return tuple(prefill_splits(p, n, start, short=short) for p in self._plans())
 
-    def _splits(self, n: int, start: int) -> tuple:
+    def _splits(self, n: int, start: int, short: bool = False) -> tuple:
         """_splits_at for a chunk about to run: each (n, start) worked out once (a warm request's
         host time before its first kernel; _max_splits' sweep at load does not fill this)."""
-        got = self._splits_of.get((n, start))
+        got = self._splits_of.get((n, start, short))
         if got is None:
             if len(self._splits_of) >= 1 << 14:
                 self._splits_of.clear()
-            got = self._splits_of[(n, start)] = self._splits_at(n, start)
+            got = self._splits_of[(n, start, short)] = self._splits_at(n, start, short)
         return got
 
     def _prefill_layers(self, tokens: np.ndarray, start: int, cancel=None) -> bool:
@@ -419,9 +420,9 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
             self._host_ids[:n] = part
             self._host_ids[n:bucket] = 0
             self._upload_ids(4 * bucket)
-            self._set_state(pos=pos, last=n - 1, splits=self._splits(bucket, pos))
+            self._set_state(pos=pos, last=n - 1, splits=self._splits(bucket, pos, short))
             self._wrote(pos, bucket)              # padded rows write K/V too
-            most = self._max_splits(bucket)
+            most = self._max_splits(bucket, short)
             key = ("prefill_short" if short else "prefill", bucket, most)
             self._run(key, lambda: self._record_prefill(bucket, most, short))
         return True

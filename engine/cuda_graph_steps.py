@@ -133,7 +133,7 @@ class GraphSteps:
             progress.start("compiling kernels" + (", capturing graphs" if self.use_graphs else ""),
                            len(keys) + 2 * len(modes), "graphs" if self.use_graphs else "sequences")
             for i, (n, splits, start, short) in enumerate(keys):
-                self._set_state(pos=start, last=0, splits=self._splits(n, start))
+                self._set_state(pos=start, last=0, splits=self._splits(n, start, short))
                 self._warm_one(("prefill_short" if short else "prefill", n, splits),
                                lambda n=n, splits=splits, short=short: self._record_prefill(n, splits, short),
                                first_try_capture=i > 0 and not short)
@@ -203,19 +203,20 @@ class GraphSteps:
         count in use is device state)."""
         keys = [(n, self._max_splits(n), 0, False) for n in BUCKETS if n <= self.lay.chunk and n <= self.n_ctx]
         if getattr(self, "short_prefill", False) and SHORT_ROWS <= min(self.n_ctx, self.lay.chunk):
-            keys.append((SHORT_ROWS, self._max_splits(SHORT_ROWS), 0, True))
+            keys.append((SHORT_ROWS, self._max_splits(SHORT_ROWS, True), 0, True))
         return keys
 
-    def _max_splits(self, n: int) -> tuple:
+    def _max_splits(self, n: int, short: bool = False) -> tuple:
         """The most context splits of each plan for a chunk of n rows at any start: the
-        grid of the bucket's one graph (its blocks above the count in use exit at once)."""
-        got = self._max_splits_of.get(n)
+        grid of the bucket's one graph (its blocks above the count in use exit at once); short:
+        the short prefill's graph (_splits_at)."""
+        got = self._max_splits_of.get((n, short))
         if got is None:
             step = min(p.block_n for p in self._plans())
             got = (1,) * len(self._plans())
             for start in list(range(0, self.n_ctx - n + 1, step)) + [max(self.n_ctx - n, 0)]:
-                got = tuple(max(a, b) for a, b in zip(got, self._splits_at(n, start)))
-            self._max_splits_of[n] = got
+                got = tuple(max(a, b) for a, b in zip(got, self._splits_at(n, start, short)))
+            self._max_splits_of[(n, short)] = got
         return got
 
 

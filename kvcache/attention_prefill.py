@@ -131,13 +131,19 @@ def plan_prefill(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_max: in
 
 
 # the fewest key tiles a split keeps (prefill_splits); a lab knob: tools/profile_prefill.py
-# --split-tiles times other values (short chunks after a cached prefix, 2026-12-05)
+# --split-tiles times other values (short chunks after a cached prefix, 2026-12-05: 4 against 2 or 1
+# at 8 and 16 rows, docs/forward-pass.md "Prefill")
 MIN_SPLIT_TILES = 4
+# the same for the short prefill's graph (engine/cuda_short_prefill.py: its attention, then merge_q8k):
+# on an H100 (2026-12-07, 8 tokens after 500 cached, the 4B) 2 tiles a split (8 splits) gave the graph
+# 2.244 ms against 2.266-2.275 with 4 (4 splits) - docs/decode-step.md 7; a lab knob as the one above
+SHORT_SPLIT_TILES = 2
 
 
-def prefill_splits(plan: PrefillPlan, n: int, start: int, sm_count: int | None = None) -> int:
+def prefill_splits(plan: PrefillPlan, n: int, start: int, sm_count: int | None = None, short: bool = False) -> int:
     """Context splits for a launch of n tokens at `start` (host-side choice): split only
-    when the blocks would not fill the GPU and every split keeps >= MIN_SPLIT_TILES key tiles."""
+    when the blocks would not fill the GPU and every split keeps >= MIN_SPLIT_TILES key tiles
+    (short: the short prefill's graph, SHORT_SPLIT_TILES)."""
     if sm_count is None:                 # asked once a process (prefill_splits runs before every chunk)
         from genie_rt.quant.gemv import sm_count as device_sms
         sm_count = 132 if SIMULATOR else device_sms()
@@ -146,7 +152,7 @@ def prefill_splits(plan: PrefillPlan, n: int, start: int, sm_count: int | None =
     tiles = -(-(before + n) // plan.block_n)
     if blocks >= sm_count:
         return 1
-    return max(1, min(plan.max_splits, -(-sm_count // blocks), tiles // MIN_SPLIT_TILES))
+    return max(1, min(plan.max_splits, -(-sm_count // blocks), tiles // (SHORT_SPLIT_TILES if short else MIN_SPLIT_TILES)))
 
 
 class PrefillWorkspace:

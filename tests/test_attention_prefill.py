@@ -58,6 +58,13 @@ def test_prefill_splits_heuristic():
     assert prefill_splits(plan, 33, 0, sm_count=132) == 1            # one key tile
     assert prefill_splits(plan, 33, 4000, sm_count=132) == 6         # 24 blocks -> 144
     assert plan.workspace_bytes >= 8 * 512 * 32 * 130 * 4
+    # the short prefill's graph (8 rows: 8 blocks) keeps 2 tiles a split where the others keep 4:
+    # 8 tokens after 500 cached (508 keys, 16 tiles of 32) take 8 splits there, 4 elsewhere
+    short = plan_prefill(32, 8, 128, "int8", n_max=8, max_splits=8)
+    assert short.block_n == 32
+    assert prefill_splits(short, 8, 500, sm_count=132) == 4
+    assert prefill_splits(short, 8, 500, sm_count=132, short=True) == 8
+    assert prefill_splits(short, 8, 40, sm_count=132, short=True) == 1        # 48 keys: one split of 2 tiles
 
 
 def test_prefill_rejects_bad_arguments():

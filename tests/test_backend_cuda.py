@@ -350,6 +350,7 @@ def test_one_prefill_graph_per_bucket_serves_every_start_position():
             assert most == want and start == 0 and not short
         assert max(max(m) for _, m, _, _ in keys) > 1        # some bucket does split
         be.short_prefill = True                              # EngineConfig.short_prefill: one more graph
-        assert be.prefill_keys()[-1] == (8, be._max_splits(8), 0, True)
+        short_most = tuple(max(prefill_splits(p, 8, s, short=True) for s in range(0, 8192 - 8 + 1)) for p in plans)
+        assert be.prefill_keys()[-1] == (8, short_most, 0, True)    # its own fewest tiles a split
         be.lay.chunk = 4                                     # ... only where a chunk holds its 8 rows
         assert not any(k[3] for k in be.prefill_keys())

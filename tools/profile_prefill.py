@@ -73,23 +73,25 @@ def time_prefill(be, n: int, reps: int = 20, splits: tuple = (1,)) -> float:
     return time_us(lambda: be._record_prefill(n, splits, be.short_prefill), be.stream, per=1, reps=reps) / 1000
 
 
-def compare_split_tiles(be, n: int, start: int, values: list) -> dict:
-    """The n-row prefill graph at `start` with attention_prefill.MIN_SPLIT_TILES at each value
-    (then back to the default): ms and the splits in use each time."""
+def compare_split_tiles(be, n: int, start: int, values: list, short: bool = False) -> dict:
+    """The n-row prefill graph at `start` with attention_prefill.MIN_SPLIT_TILES (short: the short
+    graph's SHORT_SPLIT_TILES) at each value (then back to the default): ms and the splits in use
+    each time."""
     from genie_rt.kvcache import attention_prefill as AP
-    default, res = AP.MIN_SPLIT_TILES, {}
+    name = "SHORT_SPLIT_TILES" if short else "MIN_SPLIT_TILES"
+    default, res = getattr(AP, name), {}
     try:
         for k in values:
-            AP.MIN_SPLIT_TILES = k
+            setattr(AP, name, k)
             be._max_splits_of.clear()
             be._splits_of.clear()
-            used, most = be._splits(n, start), be._max_splits(n)
+            used, most = be._splits(n, start, short), be._max_splits(n, short)
             be._set_state(pos=start, last=n - 1, splits=used)
             ms = time_prefill(be, n, splits=most)
             res[k] = dict(ms=ms, splits=list(used))
-            print(f"  MIN_SPLIT_TILES={k}: {ms:.3f} ms ({used} splits in use, at most {most})", flush=True)
+            print(f"  {name}={k}: {ms:.3f} ms ({used} splits in use, at most {most})", flush=True)
     finally:
-        AP.MIN_SPLIT_TILES = default
+        setattr(AP, name, default)
         be._max_splits_of.clear()
         be._splits_of.clear()
     return res
@@ -203,7 +205,8 @@ def main(argv=None) -> int:
                         "in turn, bits compared (which launches PDL pays for)")
     p.add_argument("--split-tiles", default=None, metavar="K,K,...",
                    help="also time the graph with kvcache/attention_prefill.MIN_SPLIT_TILES at each value "
-                        "(the fewest key tiles a split of the attention keeps; default 4)")
+                        "(the fewest key tiles a split of the attention keeps; default 4), with --short "
+                        "SHORT_SPLIT_TILES (the short graph's; default 2)")
     p.add_argument("--knobs", default=None, metavar="M.K=V,M.K=V;...",
                    help="also time the graph with lab knobs set each ';'-separated way (','-separated "
                         "tools/lab_knobs.py assignments, e.g. engine.cuda_short_prefill.GLU_KSPLIT=4) beside the "
@@ -258,13 +261,14 @@ def main(argv=None) -> int:
             print(f"prefill of {n} tokens at position {args.start}: skipped (chunk {be.lay.chunk}, "
                   f"context {be.n_ctx}; raise --ctx; --short: at most 8)", flush=True)
             continue
-        used = be._splits(n, args.start)                 # in use at this start (device state)
+        used = be._splits(n, args.start, args.short)     # in use at this start (device state)
         be._set_state(pos=args.start, last=n - 1, splits=used)
-        splits = be._max_splits(n)                       # the bucket graph's grid, as served
+        splits = be._max_splits(n, args.short)           # the bucket graph's grid, as served
         ways = {}
         if args.split_tiles:
-            ways["split_tiles"] = compare_split_tiles(be, n, args.start, [int(v) for v in args.split_tiles.split(",")])
-            used, splits = be._splits(n, args.start), be._max_splits(n)
+            ways["split_tiles"] = compare_split_tiles(be, n, args.start, [int(v) for v in args.split_tiles.split(",")],
+                                                      args.short)
+            used, splits = be._splits(n, args.start, args.short), be._max_splits(n, args.short)
             be._set_state(pos=args.start, last=n - 1, splits=used)
         if kind_specs:
             ways["pdl_kinds"] = compare_pdl_kinds(be, n, splits, kind_specs)
