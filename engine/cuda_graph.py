@@ -59,8 +59,11 @@ class CUDAGraph:
                 # the graph's work to the device now, not at its first launch: on an H100 (2026-12-07)
                 # a warm request's first use of the short prefill's graph after load took ~0.5 ms
                 # more than the next ones (docs/decode-step.md 7; not yet measured with this). A
-                # driver that refuses costs nothing: the first launch uploads, as before
-                d.cuGraphUpload(self._exec, self._hstream)
+                # driver (or a cuda.bindings without the call) that refuses costs nothing: the first
+                # launch uploads, as before
+                upload = getattr(d, "cuGraphUpload", None)
+                if upload is not None:
+                    upload(self._exec, self._hstream)
                 res = d.cuGraphGetNodes(graph, 0)   # (err, nodes, count) asking for the count only
                 if int(res[0]) == 0:
                     self.n_nodes = int(res[-1])
