@@ -30,8 +30,12 @@ class Backend(Protocol):
     def decode(self, token: int, pos: int) -> np.ndarray:
         """One token at `pos`; its logits."""
 
-    def prefill_sample(self, tokens, start: int, sampler, history: list[int], cancel=None) -> int | None:
-        """prefill, then the first generated token drawn by `sampler` (None when cancelled)."""
+    def prefill_sample(self, tokens, start: int, sampler, history: list[int], cancel=None,
+                       checked: bool = False) -> int | None:
+        """prefill, then the first generated token drawn by `sampler` (None when cancelled).
+        checked: the caller has already validated the sampler's parameters and every id of
+        `history` against the vocabulary (Engine.generate does, for every request), so a back-end
+        need not repeat that before it queues the prefill; it still refuses what it cannot take."""
 
     def sample_logits(self, logits: np.ndarray, sampler, history: list[int]) -> int:
         """The first token of a reply drawn by `sampler` from `logits` a prefill returned (left

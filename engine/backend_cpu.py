@@ -221,7 +221,8 @@ class CPUBackend:
                        ops=self._ops)
 
     # The generation loop calls these; the CUDA back-end samples on the device instead.
-    def prefill_sample(self, tokens, start: int, sampler: Sampler, history: list[int], cancel=None) -> int | None:
+    def prefill_sample(self, tokens, start: int, sampler: Sampler, history: list[int], cancel=None,
+                       checked: bool = False) -> int | None:
         logits = self.prefill(tokens, start, cancel)
         return None if logits is None else sampler.sample(logits, history)
 

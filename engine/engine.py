@@ -211,7 +211,8 @@ class Engine:
                 yield Progress(total, n_reuse, pos, (time.perf_counter() - t0) * 1000)
         logits = None
         if req.n == 1:
-            token = self.backend.prefill_sample(prompt[pos:], pos, sampler, prompt, req.cancel)
+            # checked: generate() validated the prompt's ids and the parameters before its clock
+            token = self.backend.prefill_sample(prompt[pos:], pos, sampler, prompt, req.cancel, checked=True)
         else:   # the logits stay for the other choices' first draws
             logits = self.backend.prefill(prompt[pos:], pos, req.cancel)
             token = None if logits is None else self.backend.sample_logits(logits, sampler, prompt)

@@ -275,10 +275,9 @@ def _check_step(ws: SamplerWorkspace, logits, state, out) -> None:
     _check("out", out, np.int32)
 
 
-def check_request(ws: SamplerWorkspace, params, history) -> np.ndarray:
-    """set_request's checks, on the host only (a caller may run them before it queues any device
-    work for the request): ValueError for what the kernels cannot do. Returns the history as int64."""
-    params.validate(ws.vocab)
+def check_workspace(ws: SamplerWorkspace, params) -> None:
+    """What this workspace limits beyond SamplingParams.validate: the penalty ring and the
+    logit_bias slots (ValueError)."""
     penalised = (params.repeat_penalty != 1.0 or params.presence_penalty != 0.0
                  or params.frequency_penalty != 0.0)
     if penalised and params.repeat_last_n > ws.ring_capacity:
@@ -287,6 +286,13 @@ def check_request(ws: SamplerWorkspace, params, history) -> np.ndarray:
     if len(params.logit_bias) > ws.max_bias:
         raise ValueError(f"{len(params.logit_bias)} logit_bias entries; this workspace holds "
                          f"at most {ws.max_bias}")
+
+
+def check_request(ws: SamplerWorkspace, params, history) -> np.ndarray:
+    """set_request's checks, on the host only (a caller may run them before it queues any device
+    work for the request): ValueError for what the kernels cannot do. Returns the history as int64."""
+    params.validate(ws.vocab)
+    check_workspace(ws, params)
     if isinstance(history, np.ndarray):
         hist = history.astype(np.int64, copy=False).reshape(-1)
     elif hasattr(history, "__len__"):       # a prompt's list, without the copy list() made

@@ -109,6 +109,7 @@ def test_simulated_prefill_sample_begins_the_request_after_enqueueing_the_prefil
     waits for the previous request's copies by their event, not for the stream): the greedy token
     is the prompt's argmax, a seeded draw repeats, requests one after another each get their own;
     a request the sampler cannot take is refused before its prefill is queued."""
+    from genie_rt.engine.cuda_layout import MAX_BIAS
     from genie_rt.engine.sampling import Sampler, SamplingParams
     path = tmp_path / "tiny.gguf"
     write_synthetic_qwen3(path, dict(layers=1, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
@@ -127,6 +128,18 @@ def test_simulated_prefill_sample_begins_the_request_after_enqueueing_the_prefil
     with pytest.raises(ValueError, match="history holds token ids"):
         gpu.prefill_sample(tokens, 0, Sampler(SamplingParams(temperature=0)), [5, 999])
     assert not ran, "bad parameters must be refused before the prefill is queued"
+    # checked=True (Engine.generate validated the ids): no history pass before the prefill, but a bad id
+    # is still refused, by set_request while the device runs it; what only the workspace limits is
+    # refused first either way
+    with pytest.raises(ValueError, match="history holds token ids"):
+        gpu.prefill_sample(tokens, 0, Sampler(SamplingParams(temperature=0)), [5, 999], checked=True)
+    assert ran, "checked: the history is checked after the prefill is queued"
+    ran.clear()
+    with pytest.raises(ValueError, match="logit_bias entries"):
+        gpu.prefill_sample(tokens, 0, Sampler(SamplingParams(temperature=0, logit_bias={i: 1.0 for i in range(MAX_BIAS + 1)})),
+                           list(tokens), checked=True)
+    assert not ran
+    assert gpu.prefill_sample(tokens, 0, Sampler(SamplingParams(temperature=0)), list(tokens), checked=True) == top
 
 
 @pytest.mark.slow

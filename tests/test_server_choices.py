@@ -78,9 +78,9 @@ class CountingBackend:
         self.prefills.append((start, len(tokens)))
         return self._backend.prefill(tokens, start, cancel, all_logits)
 
-    def prefill_sample(self, tokens, start, sampler, history, cancel=None):
+    def prefill_sample(self, tokens, start, sampler, history, cancel=None, checked=False):
         self.prefills.append((start, len(tokens)))
-        return self._backend.prefill_sample(tokens, start, sampler, history, cancel)
+        return self._backend.prefill_sample(tokens, start, sampler, history, cancel, checked)
 
 
 def run(engine, prompt, n, seed, max_tokens=12):
