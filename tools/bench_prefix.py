@@ -124,9 +124,12 @@ def generate_parts(engine, prompt: list[int]) -> dict:
     names = ("prefill_sample", "_prefill_layers", "_set_state", "_splits", "_run", "_begin_request", "_read_token")
     for name in names:
         setattr(be, name, timed(name, getattr(be, name)))
-    real_check, real_ids, real_slots = gpu_sampling.check_request, be._upload_ids, be._slot_uploads
-    # (check_request runs twice: in prefill_sample before the enqueue, and in set_request after it)
-    gpu_sampling.check_request = timed("check_request", real_check)
+    real_check, real_ws, real_ids, real_slots = (gpu_sampling.check_request, gpu_sampling.check_workspace,
+                                                 be._upload_ids, be._slot_uploads)
+    # (Engine.generate's prefill_sample(checked=True) runs check_workspace before the enqueue; check_request,
+    # which calls it too, runs in set_request after it - so the second count includes the first's kind)
+    gpu_sampling.check_request = timed("check_request (after the enqueue)", real_check)
+    gpu_sampling.check_workspace = timed("check_workspace", real_ws)
     be._upload_ids = timed("upload (ids, state slots)", real_ids)
     be._slot_uploads = {k: timed("upload (ids, state slots)", v) for k, v in real_slots.items()}
     collections = gc.get_count()
@@ -135,7 +138,8 @@ def generate_parts(engine, prompt: list[int]) -> dict:
     finally:
         for name in names:
             delattr(be, name)
-        gpu_sampling.check_request, be._upload_ids, be._slot_uploads = real_check, real_ids, real_slots
+        gpu_sampling.check_request, gpu_sampling.check_workspace = real_check, real_ws
+        be._upload_ids, be._slot_uploads = real_ids, real_slots
     out = {"Engine.generate's prompt_ms": r.prompt_ms}
     out.update({f"  of which {k}": v for k, v in spent.items()})
     out["gc generation-0 count before (of 700)"] = float(collections[0])
