@@ -190,7 +190,7 @@ def test_the_cuda_load_reports_weights_and_each_graph(fixture_gguf):
                            stream=SimpleNamespace(synchronize=lambda: None),
                            kv=SimpleNamespace(zero=lambda stream: None),
                            prefill_keys=lambda: [(16, (1,), 0, False), (64, (2,), 0, False), (128, (2,), 0, False)],
-                           _splits=lambda n, start: (1,),
+                           _splits=lambda n, start, short=False: (1,),
                            _set_state=lambda **kw: None, _wrote=lambda *a, **kw: None,
                            _run=lambda key, record: ran.append(key), capture_stats={},
                            _capture_only=lambda key, record: captured.append(key) or True,
