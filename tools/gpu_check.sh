@@ -343,8 +343,8 @@ for s in "$@"; do
       start_4b
       H200=$(grep -c H200 "$OUT/gpu.txt")
       [ "$H200" -gt 0 ] && bench_4b ${BT:-220}
-      timeout ${PXT:-110} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B --short-prefill --breakdown-after-cold \
-        2>&1 | grep -v "^INFO numba" > "$OUT/prefix-short-after-cold.txt"; grep -E "warm|cold|greedy|cosine|of which|host|device" "$OUT/prefix-short-after-cold.txt" | head -40
+      timeout ${PXT:-$([ "$H200" -gt 0 ] && echo 110 || echo 220)} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B \
+        --short-prefill --breakdown-after-cold ${PXARGS:-} 2>&1 | grep -v "^INFO numba" > "$OUT/prefix-short-after-cold.txt"; grep -E "warm|cold|greedy|cosine|of which|host|device" "$OUT/prefix-short-after-cold.txt" | head -40
       [ "$H200" -gt 0 ] && { W=$(( ${TEND:-585} - 100 - SECONDS )); [ $W -gt 20 ] && LBT=90 LB_TESTS="-p 18,33,512 -n 128 -d 0,4096" llama_bench_4b $W; }
       W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 40 ] && par_tests $W gpu "${GK:-mma_loop or short or greedy or every_position or prefix}" \
         tests/test_attention_decode_mma.py tests/test_short_prefill.py tests/test_h2d.py tests/test_backend_cuda.py ;;
