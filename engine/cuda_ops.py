@@ -61,14 +61,6 @@ def _chained(op):
     return run
 
 
-class _PendingRope(NamedTuple):
-    """rope_write(qkv, a, q_out) recorded but not launched yet, for the attention that reads q_out
-    to do its work (DecodeOps' second peephole; ShortPrefillOps' fused attention chain)."""
-    qkv: object
-    a: AttnLayer
-    q_out: object
-
-
 class _Ops:
     def __init__(self, rt, rows: int):
         self.rt, self.A, self.stream, self.cfg = rt, rt.arena, rt.stream, rt.cfg
@@ -78,7 +70,6 @@ class _Ops:
         self.pdl_kinds = frozenset()
         self._names = {}            # id(buffer view) -> scratch name (for the preparation tracking)
         self._no_float = set()      # buffers whose float values were not written (prefill norm)
-        self._rope: _PendingRope | None = None      # rope_write kept for the attention's launch
 
     def bind_scratch(self, s) -> None:
         """Name the buffers of `s` (the Scratch the forward will pass) for the tracking."""
@@ -106,38 +97,6 @@ class _Ops:
     def finish(self) -> None:
         """End of a recording: nothing may stay pending."""
         self._flush()
-
-    # -- a rope_write kept for the attention that reads its q (subclasses that fuse them) -------
-    def _keep_rope(self, qkv, a: AttnLayer, q_out) -> None:
-        """Record rope_write(qkv, a, q_out) without launching it (_take_rope or _flush_rope does)."""
-        self._reads_float(qkv)
-        self._rope = _PendingRope(qkv, a, q_out)
-        self.rt.pending_launch = f"rope_write of layer {a.index}"
-        self._wrote(q_out)
-
-    def _flush_rope(self) -> None:
-        """A kept rope_write no attention took: its own launch, q_out written after all."""
-        r = self._rope
-        if r is not None:
-            self._rope = None
-            self.rt.pending_launch = None
-            _Ops.rope_write(self, r.qkv, r.a, r.q_out)
-
-    def _take_rope(self, q, a: AttnLayer) -> _PendingRope | None:
-        """For the attention of layer a on q: the kept rope_write that writes q, for its launch to do
-        (q is then never written: a later float read fails at recording); else None, after
-        everything pending was launched (_flush)."""
-        r = self._rope
-        fuse = r is not None and r.q_out is q and r.a is a
-        if fuse:
-            self._rope = None
-            self.rt.pending_launch = None
-        self._flush()
-        if fuse:
-            self._no_float.add(self._name(q))
-            return r
-        self._reads_float(q)
-        return None
 
     # -- ops that are the same for one row and n rows ---------------------------------------
     def embed(self, table, ids, out, scale: float | None = None) -> None:
@@ -185,6 +144,13 @@ class _PendingGemv(NamedTuple):
     xs: object
 
 
+class _PendingRope(NamedTuple):
+    """rope_write(qkv, a, q_out) recorded but not launched yet (DecodeOps' second peephole)."""
+    qkv: object
+    a: AttnLayer
+    q_out: object
+
+
 class DecodeOps(_Ops):
     """One token: GEMVs, flash-decoding attention."""
 
@@ -207,6 +173,7 @@ class DecodeOps(_Ops):
         # rope_write kept pending: the attention that reads its q does its work in the same launch
         # (EngineConfig.decode_fused_rope, kvcache/attention_decode_rope.py); any other op launches it
         self.fused_rope = bool(getattr(rt.ecfg, "decode_fused_rope", False))
+        self._rope: _PendingRope | None = None
         # a layer's FFN half as one persistent launch (EngineConfig.decode_fused_ffn, lab): only
         # where every GEMV reads q8 (the launch writes no float h)
         self.ffn_chain = None
@@ -224,10 +191,17 @@ class DecodeOps(_Ops):
         if not self.fused_rope:
             _Ops.rope_write(self, qkv, a, q_out)
             return
-        self._keep_rope(qkv, a, q_out)
+        self._reads_float(qkv)
+        self._rope = _PendingRope(qkv, a, q_out)
+        self.rt.pending_launch = f"rope_write of layer {a.index}"
+        self._wrote(q_out)
 
     def _flush(self) -> None:
-        self._flush_rope()
+        r = self._rope
+        if r is not None:           # nothing fused it: its own launch, q_out written after all
+            self._rope = None
+            self.rt.pending_launch = None
+            _Ops.rope_write(self, r.qkv, r.a, r.q_out)
         if self.ffn_chain is not None and self.ffn_chain.calls:
             self.ffn_chain.flush()
         p = self._pending
@@ -339,14 +313,23 @@ class DecodeOps(_Ops):
         quantizes nothing. The pending rope_write of q (fused_rope) runs inside this launch:
         q itself is then never written (nothing else reads it)."""
         from genie_rt.kvcache.attention import decode_attention, decode_rope_attention
-        r = self._take_rope(q, a)
+        r = self._rope
+        fuse = r is not None and r.q_out is q and r.a is a
+        if fuse:
+            self._rope = None
+            self.rt.pending_launch = None
+        self._flush()
+        if fuse:
+            self._no_float.add(self._name(q))   # never written now: a later read fails at recording
+        else:
+            self._reads_float(q)
         xq = xs = None
         if self.attention_q8 and self._name(out) in Q8_SOURCES:
             xq, xs = self._q8_views(out)
         rt, ws = self.rt, self.attn_ws
         kw = dict(stream=self.stream, plan=self.attn_plans[a.index], xq=xq, xs=xs,
                   pdl="attention" in self.pdl_kinds)
-        if r is not None:
+        if fuse:
             cos, sin = rt.rope_table(a)
             decode_rope_attention(r.qkv, a.q_norm, a.k_norm, self.cfg.rms_eps, cos, sin, rt.kv_layers[a.index],
                                   rt.state, out, ws, rope=ROPE_NAMES[self.cfg.rope_style], **kw)
