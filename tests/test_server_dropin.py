@@ -81,11 +81,13 @@ def test_truncated_when_the_context_fills(client):
 
 def test_several_prompts_answer_a_list(client):
     ids = client.post("/tokenize", json={"content": PROMPT}).json()["tokens"]
-    r = client.post("/completion", json={"prompt": [ids, PROMPT, {"prompt_string": PROMPT}], "n_predict": 3})
+    r = client.post("/completion", json={"prompt": [ids, PROMPT, {"prompt_string": PROMPT}], "n_predict": 3,
+                                         "temperature": 0})
     assert r.status_code == 200
     out = r.json()
     assert [o["index"] for o in out] == [0, 1, 2] and len({o["content"] for o in out}) == 1
-    r = client.post("/v1/completions", json={"prompt": [PROMPT, PROMPT], "max_tokens": 3}).json()
+    r = client.post("/v1/completions", json={"prompt": [PROMPT, PROMPT], "max_tokens": 3,
+                                                "ignore_eos": True}).json()
     assert [c["index"] for c in r["choices"]] == [0, 1] and r["usage"]["completion_tokens"] == 6
 
 

@@ -74,7 +74,7 @@ def _n_prompt(client, prompt) -> int:
 
 def test_completion_stream_reports_progress_and_timings(client):
     body = {"prompt": PROMPT, "n_predict": 4, "stream": True, "return_progress": True, "timings_per_token": True,
-            "cache_prompt": False}
+            "cache_prompt": False, "ignore_eos": True}
     with client.stream("POST", "/completion", json=body) as r:
         chunks = sse_events(r)
     progress = [c for c in chunks if "prompt_progress" in c]
