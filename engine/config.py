@@ -20,7 +20,7 @@ from .gguf_file import GGUFError, GGUFFile, short_repr as _short
 # loaded before the wait), "warp-nopf" (the warp loop without that prefetch - and so without the
 # loads before the wait). The default, "warp": H200, 2026-12-04 12:43 UTC, the 4B's decode step
 # (tools/profile_decode.py --settings loop): warp / block / warp-nopf 1.976 / 2.034 / 2.034 ms at
-# depth 512, 2.277 / 2.419 / 2.320 ms at 4096 (docs/decode-step.md, section 6c)
+# depth 512, 2.277 / 2.419 / 2.320 ms at 4096 (docs/decode-journal.md, section 6c)
 # "mma" (2026-12-05, int8 caches): scores and P x V on the tensor cores, the whole GQA group a block
 # (kvcache/attention_decode_mma.py); since its H100 measurement (2026-12-05) the long-context graph's
 # loop by default on sm_90 (engine/cuda_layout.decode_loop), DEFAULT_DECODE_ATTENTION_LOOP elsewhere.
@@ -263,7 +263,7 @@ class EngineConfig:
                                         # models whose layer matrices are all Q4_K / Q6_K). Off: q8_K
                                         # activations, more kernels to compile at a first start; a warm
                                         # 8-token turn 2.9 against 4.6 ms (H100, 2026-12-06,
-                                        # docs/decode-step.md 7); --short-prefill
+                                        # docs/decode-step.md 8); --short-prefill
     decode_attention_q8: bool = True    # CUDA decode: the attention launch also writes the q8 blocks of
                                         # its output (kvcache/attention.py xq=, xs=; same bits as
                                         # quantize_q8), one launch fewer a layer. Off until the rope went

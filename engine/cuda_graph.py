@@ -58,7 +58,7 @@ class CUDAGraph:
                 self._exec = _check(d.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
                 # the graph's work to the device now, not at its first launch: on an H100 (2026-12-07)
                 # a warm request's first use of the short prefill's graph after load took ~0.5 ms
-                # more than the next ones (docs/decode-step.md 7; not yet measured with this). A
+                # more than the next ones (docs/decode-journal.md 7; not yet measured with this). A
                 # driver (or a cuda.bindings without the call) that refuses costs nothing: the first
                 # launch uploads, as before
                 upload = getattr(d, "cuGraphUpload", None)

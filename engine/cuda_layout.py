@@ -284,7 +284,7 @@ def decode_loop(cfg, ecfg, windows, measured: bool, sm_count: int | None = None)
     measured: on sm_90 (`measured`), an int8 cache, a head_dim it takes (32, 64, 128), groups of 4-8
     query heads, global layers only, and beside a short-context graph that keeps the warp loop's
     one-head blocks below decode_short_ctx (where mma is slower alone: 10.8 against 9.4 us at 512).
-    H100, 2026-12-05 (docs/decode-step.md 6h): tg128 463.7 / 391.9 at depths 4,096 / 16,384
+    H100, 2026-12-05 (docs/decode-journal.md 6h): tg128 463.7 / 391.9 at depths 4,096 / 16,384
     against 457.0 / 351.7. Anything else: None (the kernel module's DEFAULT_LOOP)."""
     from genie_rt.kvcache.attention_decode_mma import check_mma
     if ecfg.decode_attention_loop is not None or not measured:

@@ -3,7 +3,7 @@
 Why. Every chat turn and tool result after a cached prefix is a prefill of a few tokens. Through
 the MMQ GEMMs of the 16-row bucket (engine/cuda_ops.py PrefillOps) 8 new tokens after 500 cached
 ones cost 4.5 ms on the H200 against 24.4 cold - 5.5x, where issue 14 asks 10x. The products are
-~70 us of a layer's ~110 and the rest a chain of small launches (docs/decode-step.md 7). This
+~70 us of a layer's ~110 and the rest a chain of small launches (docs/decode-journal.md 7). This
 graph runs the same forward (an architecture's `body`) with the products of quant/gemv_mma_k.py,
 whose time for 8 tokens is 1.2-1.5x the decode GEMV's for one (kernels/gemv.md 8d-8e), on q8_K
 activations:
@@ -33,7 +33,7 @@ dependent launch, the GEMVs triggering the next launch after their last trip (PD
 EngineConfig.short_prefill stays off by default (a first start also compiles the mma builds, and the
 q8_K activations are coarser than the MMQ path's): on an H200 (2026-12-06, 20:45 UTC,
 tools/bench_prefix.py) a warm 8-token turn after 500 cached tokens took 2.63 ms with it (9.3x cold's
-24.47), the graph 2.17 ms (docs/decode-step.md 7, docs/kernels/gemv.md 8m).
+24.47), the graph 2.17 ms (docs/decode-step.md 8, docs/kernels/gemv.md 8m).
 """
 from __future__ import annotations
 

@@ -116,7 +116,7 @@ def _aligned(n):
 
 # The merge's partials loaded together with the splits' (max, sum) (decode_kernel's merge_pf; the
 # same bits). A lab knob, read when a plan's kernel is built. Timed in the 4B's step on the H200
-# (2026-12-05, tools/profile_decode.py --settings chain, docs/decode-step.md 6g): 15 us faster at
+# (2026-12-05, tools/profile_decode.py --settings chain, docs/decode-journal.md 6g): 15 us faster at
 # depth 4,096, the same at 2,048, 15-25 us slower at 512 (the short graph's one-head blocks):
 # off. Its companion of that day, the new K/V row kept in shared memory (the "stash"), was no
 # faster at any depth and was removed (it stays in commit 4bb5b43).
@@ -129,7 +129,7 @@ MERGE_PREFETCH = False
 QK_DP4A = False
 # The warp loops' rescale of a head's accumulators only when some lane of the warp saw its max grow
 # (decode_kernel's skip_rescale, a warp vote): 32 of a trip's ~350 instructions at two heads, the
-# same bits (x * 1 is x). Built 2026-12-05 without a GPU (docs/decode-step.md 7, item 4); a lab
+# same bits (x * 1 is x). Built 2026-12-05 without a GPU (docs/decode-journal.md 7, item 4); a lab
 # knob, off, until profile_decode --settings skip times it.
 SKIP_RESCALE = False
 # The "mma" loop's splits cut by a warp's trips (16-row chunks) as evenly as they go, not by whole
@@ -138,7 +138,7 @@ SKIP_RESCALE = False
 # chunks; evenly, 16 of 16-17 chunks: 128 SMs. 12 warps a block (also 2 trips at 4,097, 11 blocks of
 # 24 chunks) was no faster (H100, 2026-12-07: tg128 at depth 4,096 481.2 against 486.9 with 8):
 # a block's time follows its chunks, not its trips. Evenly (same H100 kind, the next call): 495.8
-# against 486.9, +1.8 % (docs/decode-step.md 7); logits cosine 0.9986 with the tiles' cut (another
+# against 486.9, +1.8 % (docs/decode-journal.md 7); logits cosine 0.9986 with the tiles' cut (another
 # grouping of the f16 P'). On; a knob, read when a plan's kernel is built.
 MMA_EVEN_SPLITS = True
 
@@ -213,7 +213,7 @@ _REGISTERS = {(2, 4): 168, (2, 2): 126, (2, 1): 125, (4, 4): 249}
 # the "mma" loop (the whole group a block, up to 8 heads), by 16-row chunks a warp's trip: ptxas 13,
 # sm_90, the engine's build (PDL, rope, q8; head_dim 128, 4 heads), 2026-12-05. 8 warps of one chunk
 # take 161. Its block shape by default (warps, chunks a trip): 8 x 1, one block an SM, 16 splits on
-# the 4B - alone on an H100 (2026-12-05, docs/decode-step.md 6h) 14.24 / 23.59 us at depths 4,096 /
+# the 4B - alone on an H100 (2026-12-05, docs/decode-journal.md 6h) 14.24 / 23.59 us at depths 4,096 /
 # 16,384 against 20.28 / 31.88 for 4 x 1 (three blocks an SM, 49 splits): more splits cost more
 # than the occupancy gains, as for the warp loop
 _MMA_REGISTERS = {1: 158, 2: 248}

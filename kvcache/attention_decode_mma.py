@@ -4,7 +4,7 @@ The third way a block can walk its rows (`decode_kernel(loop="mma")`, int8 cache
 are in attention_decode_tiles.py). Its contract with the kernel is theirs, with one difference:
 it leaves the block's result in shared memory itself - `s_red[warp, h * HD + d]` (each warp's
 sum of p * v for head h, scaled to the block's max) and `s_m[h]`, `s_l[h]` - so the kernel skips
-the row slots' shuffle tree. Why (docs/decode-step.md 6h and 7): the FMA loops issue ~2,200 PTX
+the row slots' shuffle tree. Why (docs/decode-journal.md 6h and 7): the FMA loops issue ~2,200 PTX
 instructions a lane for 16 rows of 4 heads (two blocks of 2 heads); here one block takes the
 whole GQA group (up to 8 query heads, every K/V byte read and converted once) and a 16-row chunk
 of 4 heads is ~660. A warp walks its own chunks of 16 rows (U of them a trip) with its own

@@ -136,7 +136,7 @@ def plan_prefill(n_head: int, n_kv: int, head_dim: int, kv_dtype: str, n_max: in
 MIN_SPLIT_TILES = 4
 # the same for the short prefill's graph (engine/cuda_short_prefill.py: its attention, then merge_q8k):
 # on an H100 (2026-12-07, 8 tokens after 500 cached, the 4B) 2 tiles a split (8 splits) gave the graph
-# 2.244 ms against 2.266-2.275 with 4 (4 splits) - docs/decode-step.md 7; a lab knob as the one above
+# 2.244 ms against 2.266-2.275 with 4 (4 splits) - docs/decode-journal.md 7; a lab knob as the one above
 SHORT_SPLIT_TILES = 2
 
 

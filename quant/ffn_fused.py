@@ -13,7 +13,7 @@ What one launch computes, for one token (x the residual stream, a the attention 
 Today's decode step runs these as six to seven launches (gemv, rmsnorm_q8, gemv_swiglu,
 quantize_q8, gemv, rmsnorm_q8); here one grid of blocks that are all resident at once runs
 them in order, with a grid barrier between phases instead of a kernel boundary: no launch,
-no ramp of a new grid, no tail of a finished one (docs/decode-step.md, section 7). Every
+no ramp of a new grid, no tail of a finished one (docs/decode-journal.md, section 7). Every
 phase is today's arithmetic in today's order - the same row loop and warp reduction as
 gemv_kernels.py (one warp a row, LPR 32, no k-split: what the launchers choose for the
 layers' GEMVs), rmsnorm_q8's order of additions (norm_q8_device.make_norm_scale) and the

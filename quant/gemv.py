@@ -268,7 +268,7 @@ PDL_EARLY_TRIPS = 2
 # waves, whose later blocks gain nothing) keeps one early trip - two would pin 5 Q6_K units' loads,
 # 120 registers against 64. The 4B's step at depth 64 (H100, 2026-12-06 03:50 UTC, two passes):
 # 1.863 / 1.866 ms unpinned, 1.810 / 1.821 pinned (Q6_K one early trip), 1.762 / 1.783 pinned with
-# SWIGLU_PAIR; tg128 545.1 -> 572.2 tokens/s (docs/decode-step.md 6i).
+# SWIGLU_PAIR; tg128 545.1 -> 572.2 tokens/s (docs/decode-journal.md 6i).
 PDL_PIN_WEIGHTS = True
 # Q6_K's early trips where they differ from PDL_EARLY_TRIPS (None: the same). Pinned, two trips of
 # Q6_K units (4 loads each) take ptxas sm_90 to 98 registers - 4 blocks an SM, so ffn_down's 640
@@ -278,7 +278,7 @@ PDL_PIN_WEIGHTS = True
 # (below) two Q6_K trips are 5 blocks an SM, one wave, and the best way (07:15-07:44 UTC): the step
 # 1.781 / 1.771 ms against 1.794 / 1.783 at depth 64, 2.042 / 1.997 against 2.049 / 2.012 at 4,096
 # (the same bits), genie-rt bench tg128 576.5 / 487.4 against 569.9 / 482.2 at depth 0 / 4,096 in
-# one call (docs/decode-step.md 6j).
+# one call (docs/decode-journal.md 6j).
 PDL_EARLY_TRIPS_Q6K = 2
 # ptxas's register cap for the PDL builds of the plain GEMV (None: its own choice). Binding only where
 # a build wants more: two pinned Q6_K trips (98 -> 96, 12 bytes of spill) or three Q4_K trips (100 ->
