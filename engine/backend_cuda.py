@@ -121,12 +121,6 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         self._ring_window = {lay.kv_shape.layer_slots(i): cfg.window(i) for i in lay.kv_shape.ring_layers}
         self.state = A["state"]
         self.state.copy_to_device(np.zeros(N_SLOTS, np.int32), stream=self.stream)
-        # the fused GEMV + norm launches count their finished blocks here; each leaves it 0
-        self.gemv_counter = A["gemv_counter"]
-        self.gemv_counter.copy_to_device(np.zeros(1, np.int32), stream=self.stream)
-        # the fused FFN launches' barrier counters (quant/ffn_fused.py: each launch leaves them 0)
-        self.ffn_counters = A["ffn_counters"]
-        self.ffn_counters.copy_to_device(np.zeros(8, np.int32), stream=self.stream)
         self.dws = DecodeWorkspace(lay.decode_plan, A["ws.decode"], stream=self.stream)
         self.dws_short = (DecodeWorkspace(lay.decode_plan_short, A["ws.decode_short"], stream=self.stream)
                           if lay.decode_plan_short is not None else None)

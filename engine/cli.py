@@ -55,9 +55,6 @@ def _add_model_args(p: argparse.ArgumentParser, model_required: bool = False) ->
     p.add_argument("--mapped-memory", action="store_true",
                    help="CUDA: weights, KV and scratch in mapped host memory, as on an integrated GPU "
                         "(to exercise the Jetson placement on a discrete GPU; slower there)")
-    p.add_argument("--fuse-norm", action="store_true",
-                   help="CUDA decode: fold each norm into the residual GEMV before it instead of its own "
-                        "launch (same results; slower on the H200 today: for benchmarks)")
     p.add_argument("--no-pdl", dest="pdl", action="store_false",
                    help="CUDA decode on sm_90+: launch each kernel only after the one before has finished "
                         "(no programmatic dependent launch; same results, slower: for comparisons)")
@@ -139,7 +136,7 @@ def _engine_config(args):
                         threads=args.threads,
                         min_headroom_bytes=None if args.min_headroom_mb is None else args.min_headroom_mb << 20,
                         thermal_limit_c=args.thermal_limit_c, mapped_memory=args.mapped_memory,
-                        fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl,
+                        decode_pdl=args.pdl,
                         prefill_pdl=bool(args.prefill_pdl and args.pdl), overlap_load=args.overlap_load,
                         short_prefill=args.short_prefill,
                         decode_attention_loop=args.attention_loop, decode_fused_rope=args.fused_rope,

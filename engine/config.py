@@ -243,10 +243,6 @@ class EngineConfig:
                                             # None: 256 MiB on an integrated GPU, off elsewhere; 0: off
     thermal_limit_c: float | None = None    # slow generation while the hottest zone is this hot; None: off
     mapped_memory: bool = False         # CUDA: the arena in mapped host memory (an integrated GPU's placement)
-    fuse_decode_norm: bool = False      # CUDA decode: the norm after a residual GEMV folded into
-                                        # that GEMV's launch (cuda_ops.DecodeOps; same bits either way).
-                                        # Off: slower on the H200 (2026-12-03 night: step 3.25 ms vs
-                                        # 2.15 ms, docs/forward-pass.md), the staged tail too
     decode_pdl: bool = True             # CUDA decode on sm_90+ (Hopper, Blackwell): every kernel of the
                                         # step launched by programmatic dependent launch (quant/pdl.py:
                                         # it starts while the one before runs and waits on the device;
@@ -271,11 +267,6 @@ class EngineConfig:
                                         # then on: 1.822 vs 1.855 ms at depth 512, 2.120 vs 2.163 at 4096
                                         # (H200, 2026-12-04 15:10 UTC, tools/profile_decode.py --settings q8;
                                         # two more processes at 15:44: the same within 5 us)
-    decode_fused_ffn: bool = False      # lab: a decode layer's attn_output GEMV, ffn norm, gate/up, q8 of
-                                        # the activation, down GEMV and the next norm in ONE persistent
-                                        # launch with grid barriers (quant/ffn_fused.py; the same bits).
-                                        # H200, 2026-12-04: the step 2.727 ms against 2.167 (a barrier
-                                        # costs what the kernel boundary did; docs/kernels/ffn-fused.md): off
     decode_fused_rope: bool = True      # CUDA decode: the attention launch does rope_write's work for the
                                         # new token itself (kvcache/attention_decode_rope.py; the same
                                         # bits), one launch fewer a layer; --no-fused-rope
@@ -319,8 +310,6 @@ class EngineConfig:
             raise ValueError(f"reserve_bytes must be an integer >= 0 (or None), got {self.reserve_bytes!r}")
         if not integer(self.prefill_chunk) or self.prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be an integer >= 1, got {self.prefill_chunk!r}")
-        if not isinstance(self.fuse_decode_norm, bool):
-            raise ValueError(f"fuse_decode_norm must be True or False, got {self.fuse_decode_norm!r}")
         if not isinstance(self.overlap_load, bool):
             raise ValueError(f"overlap_load must be True or False, got {self.overlap_load!r}")
         if not isinstance(self.decode_pdl, bool):
@@ -331,8 +320,6 @@ class EngineConfig:
             raise ValueError(f"short_prefill must be True or False, got {self.short_prefill!r}")
         if not isinstance(self.decode_attention_q8, bool):
             raise ValueError(f"decode_attention_q8 must be True or False, got {self.decode_attention_q8!r}")
-        if not isinstance(self.decode_fused_ffn, bool):
-            raise ValueError(f"decode_fused_ffn must be True or False, got {self.decode_fused_ffn!r}")
         if not isinstance(self.decode_fused_rope, bool):
             raise ValueError(f"decode_fused_rope must be True or False, got {self.decode_fused_rope!r}")
         top = MAX_DECODE_ATTENTION_SPLITS

@@ -205,8 +205,6 @@ def plan_layout(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig, n_ctx: int) -
     # -- scratch ---------------------------------------------------------------------
     widths = scratch_widths(cfg)
     L.add("state", (8,), np.int32)
-    L.add("gemv_counter", (1,), np.int32)   # blocks done of a fused GEMV + norm (quant/gemv.py GemvNorm)
-    L.add("ffn_counters", (8,), np.int32)  # grid barriers of the fused FFN launch (quant/ffn_fused.py)
     L.add("ids", (N,), np.int32)
     for name, width in widths.items():
         L.add(name, (N, width), np.float32)

@@ -15,15 +15,13 @@ recording, which buffer each prepared copy holds; a buffer whose float values we
 written (a prefill norm output: only its fp16 copy exists) is refused by any op that would
 read it as float - a recording-time assertion, not a run-time cost.
 
-Two peepholes (DecodeOps). EngineConfig.fuse_decode_norm: a residual GEMV into x (`linear(...,
-add=True)`, one dp4a weight) is not launched at once but kept pending; if the next op is
-the norm of that x (the next block's pre-norm, or the head's), both run as ONE launch
-(quant/gemv.py `GemvNorm`: the GEMV's last block computes rmsnorm_q8, bit-identical to the
-two launches). Any other op launches the pending GEMV first, and every recording ends with
+One peephole (DecodeOps). EngineConfig.decode_fused_rope (on): `rope_write` is not launched at
+once but kept pending, and the attention that reads its q launches kvcache/attention.py
+`decode_rope_attention` - the rope inside the attention's launch, the same bits; q itself is then
+never written. Any other op launches the pending rope_write first, and every recording ends with
 `finish()`, which does too (the runtime asserts nothing is left pending after a recording).
-EngineConfig.decode_fused_rope (on): `rope_write` is kept pending the same way, and the attention
-that reads its q launches kvcache/attention.py `decode_rope_attention` - the rope inside the
-attention's launch, the same bits; q itself is then never written.
+(Two other folds were built, measured slower and removed: the norm in the last block of the
+residual GEMV before it, and a layer's FFN half as one persistent launch - docs/decode-step.md 6.)
 """
 from __future__ import annotations
 
@@ -37,27 +35,12 @@ ROPE_NAMES = {"neox": "neox", "norm": "normal"}     # ModelConfig.rope_style -> 
 
 
 def _flushing(op):
-    """An op that launches a pending fused GEMV (DecodeOps) before its own work."""
+    """An op that launches a pending rope_write (DecodeOps) before its own work."""
     @functools.wraps(op)
     def run(self, *args, **kwargs):
         self._flush()
         return op(self, *args, **kwargs)
     run.flushes = True
-    return run
-
-
-def _chained(op):
-    """A DecodeOps op the FFN chain may keep (engine/cuda_ffn_chain.py) instead of running."""
-    @functools.wraps(op)
-    def run(self, x, w, out, *rest, **kw):
-        chain = self.ffn_chain
-        if chain is not None:
-            from .cuda_ffn_chain import Call
-            extra = None if op.__name__ == "norm" else (rest[0] if rest else kw.get(
-                "add" if op.__name__ == "linear" else "act", False))
-            if chain.take(Call(op.__name__, x, w, out, extra)):
-                return
-        return op(self, x, w, out, *rest, **kw)
     return run
 
 
@@ -135,17 +118,8 @@ PDL_ALL = frozenset({"gemv", "q8", "norm", "rope", "attention"})
 PDL_KINDS = PDL_ALL
 
 
-class _PendingGemv(NamedTuple):
-    """linear(x, w, out, add=True) recorded but not launched yet (DecodeOps' peephole)."""
-    w: object                       # GemvWeight (dp4a)
-    x: object                       # input [1, cols]
-    out: object                     # the residual stream [1, rows]: out += W x
-    xq: object                      # x's 8-bit blocks
-    xs: object
-
-
 class _PendingRope(NamedTuple):
-    """rope_write(qkv, a, q_out) recorded but not launched yet (DecodeOps' second peephole)."""
+    """rope_write(qkv, a, q_out) recorded but not launched yet (DecodeOps' peephole)."""
     qkv: object
     a: AttnLayer
     q_out: object
@@ -161,8 +135,6 @@ class DecodeOps(_Ops):
         self.attn_plans, self.attn_ws = ((rt.lay.decode_plans_short, rt.dws_short) if short
                                          else (rt.lay.decode_plans, rt.dws))
         self._q8_fresh = set()      # buffers whose xq.<name>, xs.<name> hold their current values
-        self._pending: _PendingGemv | None = None
-        self.fuse_norm = bool(rt.ecfg.fuse_decode_norm) and rt.q8_inputs
         # programmatic dependent launch (quant/pdl.py): asked for and the device has it
         on = bool(getattr(rt.ecfg, "decode_pdl", False)) and _pdl_available()
         assert PDL_KINDS <= PDL_ALL, PDL_KINDS
@@ -174,13 +146,6 @@ class DecodeOps(_Ops):
         # (EngineConfig.decode_fused_rope, kvcache/attention_decode_rope.py); any other op launches it
         self.fused_rope = bool(getattr(rt.ecfg, "decode_fused_rope", False))
         self._rope: _PendingRope | None = None
-        # a layer's FFN half as one persistent launch (EngineConfig.decode_fused_ffn, lab): only
-        # where every GEMV reads q8 (the launch writes no float h)
-        self.ffn_chain = None
-        if getattr(rt.ecfg, "decode_fused_ffn", False) and rt.q8_inputs and not rt.float_inputs:
-            from .cuda_ffn_chain import FFNChain
-            self.ffn_chain = FFNChain(self)
-            self.fuse_norm = False
 
     embed = _flushing(_Ops.embed)
     post_norm_add = _flushing(_Ops.post_norm_add)
@@ -202,15 +167,6 @@ class DecodeOps(_Ops):
             self._rope = None
             self.rt.pending_launch = None
             _Ops.rope_write(self, r.qkv, r.a, r.q_out)
-        if self.ffn_chain is not None and self.ffn_chain.calls:
-            self.ffn_chain.flush()
-        p = self._pending
-        if p is None:
-            return
-        from genie_rt.quant import gemv
-        self._pending = None
-        self.rt.pending_launch = None
-        gemv.gemv(p.w, p.x, p.out, xq=p.xq, xs=p.xs, residual=p.out, stream=self.stream, pdl=self.pdl)
 
     def _invalidate(self, name: str) -> None:
         self._q8_fresh.discard(name)
@@ -232,17 +188,11 @@ class DecodeOps(_Ops):
             self._q8_fresh.add(self._name(x))
         return xq, xs
 
-    @_chained
+    @_flushing
     def norm(self, x, w, out) -> None:
         """out = rmsnorm(x) * w, and its 8-bit blocks in one launch (rmsnorm_q8 is bit-identical
-        to rmsnorm + quantize_q8); the float out only if some matrix reads float input. The
-        norm of a pending GEMV's output runs inside that GEMV's launch (same bits)."""
+        to rmsnorm + quantize_q8); the float out only if some matrix reads float input."""
         from genie_rt.engine import norm
-        p = self._pending
-        if p is not None and p.out is x:
-            self._fused_norm(p, w, out)
-            return
-        self._flush()
         self._reads_float(x)
         self._wrote(out)
         if not self.rt.q8_inputs:
@@ -255,22 +205,6 @@ class DecodeOps(_Ops):
             self._no_float.add(self._name(out))
         self._q8_fresh.add(self._name(out))
 
-    def _fused_norm(self, p: _PendingGemv, w, out) -> None:
-        """The pending x += W a, then out = rmsnorm(x) * w as 8-bit blocks (and float if some
-        GEMV reads float input): one launch, the norm in the GEMV's last block."""
-        from genie_rt.quant import gemv
-        self._pending = None
-        self.rt.pending_launch = None
-        self._wrote(out)
-        xq, xs = self._q8_views(out)
-        h = out if self.rt.float_inputs else None
-        gemv.gemv(p.w, p.x, p.out, xq=p.xq, xs=p.xs, residual=p.out, stream=self.stream, pdl=self.pdl,
-                  norm=gemv.GemvNorm(w, self.cfg.rms_eps, xq, xs, self.rt.gemv_counter, h=h))
-        if h is None:
-            self._no_float.add(self._name(out))
-        self._q8_fresh.add(self._name(out))
-
-    @_chained
     @_flushing
     def linear(self, x, w, out, add: bool = False) -> None:
         from genie_rt.quant import gemv
@@ -282,10 +216,6 @@ class DecodeOps(_Ops):
         if len(ws) == 3:
             assert not add
             gemv.gemv_qkv(*gw, x, out, xq=xq, xs=xs, stream=self.stream, pdl=self.pdl)
-        elif len(ws) == 1 and add and self.fuse_norm and gw[0].mode == "dp4a" and self.rows == 1:
-            # kept for the next op: if that is the norm of out, one launch does both
-            self._pending = _PendingGemv(gw[0], x, out, xq, xs)
-            self.rt.pending_launch = f"{ws[0].name} (residual GEMV)"
         elif len(ws) == 1:
             gemv.gemv(gw[0], x, out, xq=xq, xs=xs, residual=out if add else None, stream=self.stream,
                       pdl=self.pdl)
@@ -297,7 +227,6 @@ class DecodeOps(_Ops):
                 c += m.rows
         self._wrote(out)
 
-    @_chained
     @_flushing
     def gated(self, x, w, out, act: str) -> None:
         from genie_rt.quant import gemv
@@ -342,7 +271,7 @@ class DecodeOps(_Ops):
 
     def head(self, x, norm_w, w, logits, softcap: float | None = None) -> None:
         h = self.s.h
-        self.norm(x, norm_w, h)             # the last layer's ffn_down GEMV + this norm: one launch
+        self.norm(x, norm_w, h)
         self.linear(h, w, logits)
         if softcap:
             from .copy_kernels import softcap as softcap_kernel

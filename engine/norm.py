@@ -35,10 +35,6 @@ q8 form to rmsnorm, an add, then rmsnorm_q8) at the same block size: the product
 y / s * w_post is rounded to float32 before the add (`mul.rn`, which NVVM never contracts
 into an FMA with it), as the two-launch sequence stores it.
 
-The decode step's norm after a residual GEMV usually does not launch this kernel: quant/gemv.py
-runs it in that GEMV's last block (GemvNorm), from the same device functions
-(quant/norm_q8_device.py) and in the same order, so with the same bits.
-
 Deliberately not here: stand-alone activation quantization (quant/gemv.py's
 quantize_q8), QK-norm fused with RoPE (kvcache/rope_write.py); rmsnorm over heads works
 by viewing q as [n*heads, head_dim]; the embedding scale of Gemma (quant/embed.py's

@@ -28,10 +28,6 @@ from the caller (device arrays, e.g. arena views) and a numba stream, and their
 kernels can be compiled at load with `compile_gemv` / `compile_qkv` / `compile_swiglu` /
 `compile_quantize_q8`, so capturing a decode step compiles nothing.
 
-One norm is folded in: `gemv(..., residual=y, norm=GemvNorm(...))` also computes
-rmsnorm_q8 of the new y in the launch's last block (bit-identical to engine/norm.py's
-rmsnorm_q8 after the plain GEMV): the decode step's norm after each residual GEMV.
-
 What it deliberately does not do: batches above 8 tokens (that is the MMQ GEMM),
 Q2_K/Q3_K/IQ weights, other norms (the engine fuses the q8 quantization of
 x into its norm kernel where it can; `quantize_q8` is the stand-alone version).
@@ -39,7 +35,6 @@ x into its norm kernel where it can; `quantize_q8` is the stand-alone version).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 
@@ -49,7 +44,6 @@ from .gemv_reference import (ATOL, EPS_F32, Q8_BLOCK, Q8_FLOATS, act_reference, 
                              dequantize_q8, dequantize_weight, error_bound, gemv_reference,
                              quantize_q8_reference, swiglu_reference)
 from .layout import PackedWeight
-from .norm_q8_device import norm_block
 
 MAX_TOKENS = 8                  # n_tok per launch: accumulators live in registers
 SUPPORTED = tuple(K.MODES)      # Q4_K, Q6_K, Q8_0, Q5_0, F16, Q4_0, Q4_1, Q5_1, Q5_K, BF16
@@ -299,19 +293,13 @@ def _early_trips(qtype, lpr: int, pin: bool) -> int:
     return PDL_EARLY_TRIPS
 
 
-def _gemv_kernel(spec, n_tok, ks, resid, lpr, norm=0, pdl=False, norm_shape=(0, 0)):
-    """norm_shape: (rows, the norm's block) of a fused launch - the tail is built for them
-    (quant/norm_q8_device.py make_norm_q8_tail's staged tail)."""
-    if not norm:
-        pin = PDL_PIN_WEIGHTS
-        early = _early_trips(spec[0], lpr, pin) if pdl else 1
-        cap = PDL_MAX_REGISTERS if pdl else None
-        return _get(("gemv", spec, n_tok, ks, resid, lpr, pdl, early, pin, cap),
-                    lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid, lpr, pdl, EARLY=early, PIN=pin,
-                                          MAXREG=cap))
-    return _get(("gemv_norm", spec, ks, lpr, norm, pdl, norm_shape),
-                lambda: K.gemv_kernel(spec[0], spec[1], 1, ks, True, lpr, pdl, NORM=norm,
-                                      NORM_D=norm_shape[0], NORM_VB=norm_shape[1]))
+def _gemv_kernel(spec, n_tok, ks, resid, lpr, pdl=False):
+    pin = PDL_PIN_WEIGHTS
+    early = _early_trips(spec[0], lpr, pin) if pdl else 1
+    cap = PDL_MAX_REGISTERS if pdl else None
+    return _get(("gemv", spec, n_tok, ks, resid, lpr, pdl, early, pin, cap),
+                lambda: K.gemv_kernel(spec[0], spec[1], n_tok, ks, resid, lpr, pdl, EARLY=early, PIN=pin,
+                                      MAXREG=cap))
 
 
 def _qkv_kernel(specs, n_tok, ks, lpr, pdl=False):
@@ -345,9 +333,6 @@ def _blocks(rows: int, ks: int, lpr: int = 32) -> int:
 _W = "uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64"       # wa wb wc wd nu
 _X = "float32[::1], uint32[::1], float32[::1], int64"                  # xf xq xs cols
 SIG_GEMV = f"void({_W}, int64, {_X}, float32[::1], float32[::1])"
-# + nw, eps, nxq, nxs, h, counter, nb (gemv_kernels.gemv_kernel's NORM arguments)
-SIG_GEMV_NORM = (f"void({_W}, int64, {_X}, float32[::1], float32[::1], float32[::1], float32, "
-                 "int8[:, ::1], float32[:, ::1], float32[:, ::1], int32[::1], int64)")
 SIG_QKV = f"void({_W}, int64, {_W}, int64, {_W}, int64, int64, int64, {_X}, float32[::1])"
 SIG_SWIGLU = f"void({_W}, {_W}, int64, {_X}, float32[::1])"
 SIG_QUANTIZE = "void(float32[::1], int8[::1], float32[::1], int64)"
@@ -444,65 +429,7 @@ def compile_quantize_q8(pdl=None):
     return _compile(K.quantize_q8_pdl_kernel if _pdl(pdl) else K.quantize_q8_kernel, SIG_QUANTIZE)
 
 
-class GemvNorm(NamedTuple):
-    """The RMSNorm folded into a residual GEMV (`gemv(..., residual=y, norm=GemvNorm(...))`):
-    after y += W x, h = rmsnorm(y) * weight and its q8 activations (xq, xs), bit-identical
-    to engine/norm.py's rmsnorm_q8(y, weight, xq, xs, eps, block=block, out=h) run after
-    the plain GEMV. Computed by the block that finishes last (gemv_kernels.gemv_kernel).
-
-    weight:  float32 [rows] device array         eps: the norm's epsilon (> 0)
-    xq:      int8 [1, rows]                       xs: float32 [1, rows // 8]
-    h:       float32 [1, rows] or None (then only the q8 form is written)
-    counter: int32 [1] device array, 0 before the launch; the launch leaves it 0 (one
-             counter serves every fused launch on a stream: they never overlap)
-    block:   the norm's block size to reproduce (None: engine/norm.py's default for rows)"""
-    weight: object
-    eps: float
-    xq: object
-    xs: object
-    counter: object
-    h: object = None
-    block: int | None = None
-
-
-def _norm_args(norm, y, x, n_tok, rows):
-    """Check a GemvNorm for y [n_tok, rows]; return the kernel's extra arguments and NORM."""
-    if not isinstance(norm, GemvNorm):
-        raise TypeError(f"gemv: norm must be a GemvNorm, got {type(norm).__name__}")
-    if n_tok != 1:
-        raise ValueError(f"gemv: norm= needs one token (x of 1 row), got n_tok = {n_tok}")
-    if rows % Q8_BLOCK:
-        raise ValueError(f"gemv: norm= needs rows a multiple of {Q8_BLOCK} (its q8 blocks), got {rows}")
-    w = norm.weight
-    if not _is_device(w):
-        raise TypeError(f"gemv: norm.weight must be a device array, got {type(w).__name__}")
-    if w.dtype != np.float32 or tuple(w.shape) != (rows,) or not w.flags["C_CONTIGUOUS"]:
-        raise ValueError(f"gemv: norm.weight must be a contiguous float32 [{rows}], got {w.dtype} {list(w.shape)}")
-    eps = float(norm.eps)
-    if not (eps > 0 and np.isfinite(eps)):
-        raise ValueError(f"gemv: norm.eps must be a finite number > 0, got {norm.eps!r}")
-    _check_array(norm.xq, "norm.xq", np.int8, (1, rows))
-    _check_array(norm.xs, "norm.xs", np.float32, (1, rows // Q8_BLOCK * Q8_FLOATS))
-    if norm.h is not None:
-        _check_out(norm.h, "norm.h", 1, rows, x)
-        ya, ha = _address(y), _address(norm.h)
-        if ha < ya + rows * 4 and ya < ha + rows * 4:
-            raise ValueError("gemv: norm.h overlaps y (the last block reads y while it writes h)")
-    c = norm.counter
-    if not _is_device(c):
-        raise TypeError(f"gemv: norm.counter must be a device array (int32 [1], zero), got {type(c).__name__}")
-    if c.dtype != np.int32 or tuple(c.shape) != (1,):
-        raise ValueError(f"gemv: norm.counter must be int32 [1], got {c.dtype} {list(c.shape)}")
-    block = norm_block(rows) if norm.block is None else int(norm.block)
-    if block % 32 or not 32 <= block <= 1024:
-        raise ValueError(f"gemv: norm.block = {norm.block} must be a multiple of 32 in 32..1024")
-    h = norm.h if norm.h is not None else norm.xs     # not written without h: any float32 [1, n]
-    args = (_flat(w), np.float32(eps), norm.xq, norm.xs, h, c, block)
-    return args, (2 if norm.h is not None else 1)
-
-
-def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None, lpr=None, norm=None,
-         pdl=None):
+def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None, lpr=None, pdl=None):
     """y[t] = W x[t] (+ residual[t]) for the n_tok rows t of x.
 
     w: GemvWeight [rows, cols] (prepare_weight; a PackedWeight works too, prepared per call)
@@ -512,43 +439,26 @@ def gemv(w, x, y, *, xq=None, xs=None, residual=None, stream=0, ksplit=None, lpr
     xq, xs: q8 activations of x (quantize_q8), needed when w.mode == "dp4a"
     ksplit: warps per row (1, 2, 4); lpr: lanes per row (32, or 16 = two rows per warp);
     None picks each by choose_ksplit / choose_lpr.
-    norm: a GemvNorm - then also the RMSNorm of the new y and its q8 activations, in the
-    same launch (needs residual and n_tok == 1).
     pdl: a programmatic-dependent-launch build and launch (quant/pdl.py, sm_90+; None: PDL)."""
     w = _prepared(w)
     xf, xqf, xsf, n_tok, cols = _activations((w,), x, xq, xs)
     _check_out(y, "y", n_tok, w.rows, x)
     if residual is not None and residual is not y:
         _check_out(residual, "residual", n_tok, w.rows, x)
-    extra, nmode = (), 0
-    if norm is not None:
-        if residual is None:
-            raise ValueError("gemv: norm= folds the norm into a residual GEMV; pass residual= (e.g. y)")
-        extra, nmode = _norm_args(norm, y, x, n_tok, w.rows)
     ks, lpr = _split_lanes(w.rows, w.units, ksplit, lpr)
     pdl = _pdl(pdl)
-    kern = _gemv_kernel(w.spec, n_tok, ks, residual is not None, lpr, nmode, pdl,
-                        (w.rows, int(extra[-1])) if nmode else (0, 0))
+    kern = _gemv_kernel(w.spec, n_tok, ks, residual is not None, lpr, pdl)
     yf = _flat(y)
     res = yf if residual is None or residual is y else _flat(residual)
-    _launch(kern, _blocks(w.rows, ks, lpr), stream, pdl, SIG_GEMV_NORM if nmode else SIG_GEMV,
-            *_w_args(w), w.rows, xf, xqf, xsf, cols, yf, res, *extra)
+    _launch(kern, _blocks(w.rows, ks, lpr), stream, pdl, SIG_GEMV,
+            *_w_args(w), w.rows, xf, xqf, xsf, cols, yf, res)
 
 
-def compile_gemv(w, n_tok=1, residual=False, ksplit=None, lpr=None, norm=False, norm_h=False, pdl=None,
-                 norm_block_size=None):
-    """Compile (at load) the kernel gemv(w, x[n_tok], ..., residual=...) will launch; with
-    norm=True the one gemv(..., norm=GemvNorm(..., block=norm_block_size)) launches (h given:
-    norm_h=True)."""
+def compile_gemv(w, n_tok=1, residual=False, ksplit=None, lpr=None, pdl=None):
+    """Compile (at load) the kernel gemv(w, x[n_tok], ..., residual=...) will launch."""
     w = _prepared(w)
     ks, lpr = _split_lanes(w.rows, w.units, ksplit, lpr)
-    if norm:
-        if not residual or n_tok != 1:
-            raise ValueError("compile_gemv: norm=True needs residual=True and n_tok == 1")
-        vb = norm_block(w.rows) if norm_block_size is None else int(norm_block_size)
-        return _compile(_gemv_kernel(w.spec, 1, ks, True, lpr, 2 if norm_h else 1, _pdl(pdl), (w.rows, vb)),
-                        SIG_GEMV_NORM)
-    return _compile(_gemv_kernel(w.spec, n_tok, ks, bool(residual), lpr, 0, _pdl(pdl)), SIG_GEMV)
+    return _compile(_gemv_kernel(w.spec, n_tok, ks, bool(residual), lpr, _pdl(pdl)), SIG_GEMV)
 
 
 def gemv_qkv(wq, wk, wv, x, y, *, xq=None, xs=None, stream=0, ksplit=None, lpr=None, pdl=None):

@@ -13,8 +13,7 @@ The story and the public launchers are in `gemv.py`, the numpy reference in
    units per trip so that three 16-byte loads are in flight before the first is used.
 3. `_make_reduce`: warp-shuffle sum, then (KSPLIT > 1) the warps that share a row add
    their partial sums through shared memory.
-4. the three kernel factories: `gemv_kernel` (y = W x (+ r); with NORM also rmsnorm_q8
-   of the new y in the last block), `qkv_kernel` (three
+4. the three kernel factories: `gemv_kernel` (y = W x (+ r)), `qkv_kernel` (three
    weights, rows partitioned between blocks, one concatenated output) and
    `swiglu_kernel` (h = silu(Wg x) * (Wu x)), plus `quantize_q8_kernel`.
 
@@ -44,13 +43,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import cuda, float32, int32
+from numba import cuda, float32
 
 from genie_rt.engine import kernel_cache
 
 from . import pdl, ptx
 from .gemv_formats import LOADERS, MODES, MULTIPLIERS, UNIT_SHIFT, UNIT_WEIGHTS, loaders  # noqa: F401
-from .norm_q8_device import make_norm_q8_tail, q8_of_warp, q8_write   # quantize_q8_kernel's
+from .norm_q8_device import q8_of_warp, q8_write   # quantize_q8_kernel's
 
 WARPS = 4                 # warps per block
 BLOCK = 32 * WARPS        # threads per block
@@ -171,8 +170,8 @@ def make_pair_dot(qa, qb, PDL=False, PIN=True):
     one token, dp4a - each trip issues both rows' three 16-byte loads before the first
     multiply, so a warp waits for memory once a trip, not twice (and a PDL build has both
     rows' first loads in flight before its wait). acc[0] gets Wa's units and acc[1] Wb's in
-    row_dot's order: the same bits as two row_dot calls. Used by the SwiGLU GEMV (PAIR) and
-    quant/ffn_fused.py. PIN: as _make_row_dot's."""
+    row_dot's order: the same bits as two row_dot calls. Used by the SwiGLU GEMV (PAIR). PIN: as
+    _make_row_dot's."""
     key = (qa, qb, PDL, PIN)
     if key in _pair_dots:
         return _pair_dots[key]
@@ -278,8 +277,7 @@ _LOG2 = {1: 0, 2: 1, 4: 2}
 # =====================================================================================
 # Kernels
 # =====================================================================================
-def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_D=0, NORM_VB=0, EARLY=1, PIN=True,
-                MAXREG=None):
+def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, EARLY=1, PIN=True, MAXREG=None):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < NT:
     grid = ceil(rows * KSPLIT / (4 * 32 / LPR)) blocks.
 
@@ -291,25 +289,12 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_
       y:    float32 [NT * rows] output              res: float32 [NT * rows] residual (may be y)
     PDL: built for programmatic dependent launch (sm_90+, quant/pdl.py): the next kernel may
     launch at once, and the weight loads start before this one waits for the one before
-    (EARLY: the first 1-3 trips' loads of a row, _make_row_dot). MAXREG: ptxas's register cap for
-    the build without NORM (None: ptxas chooses; ignored by the simulator).
+    (EARLY: the first 1-3 trips' loads of a row, _make_row_dot). MAXREG: ptxas's register cap
+    (None: ptxas chooses; ignored by the simulator).
 
-    NORM (1: q8 only, 2: q8 and h; needs RESID and NT == 1): the RMSNorm of the new y and
-    its q8 activations, by the block that finishes last (engine/norm.py's rmsnorm_q8 at
-    block nb, bit for bit: norm_q8_device.make_norm_q8_tail). Extra arguments:
-      nw:   float32 [rows] norm weight              eps: float32
-      nxq:  int8 [1, rows], nxs: float32 [1, rows / 8]   the q8 of h = rmsnorm(y) * nw
-      h:    float32 [1, rows] (written if NORM == 2; otherwise any float32 [1, n])
-      counter: int32 [1], 0 before the launch and after it (the last block resets it)
-      nb:   the norm's block size to reproduce (a multiple of 32, 32..1024)
-    Each block writes its rows of y, fences them (threadfence: visible GPU-wide before the
-    count), and thread 0 counts the block with an atomic add; the block that sees
-    gridDim - 1 is the last, and all of y is final then. Launches on one stream never
-    overlap, so one counter serves every fused launch of a step. (With PDL, thread 0 has
-    passed the wait for the kernel before - its lane always has a unit of a row - before
-    it counts, so the counter's reset by the previous fused launch is seen.)
+    (A build that also ran rmsnorm_q8 of the new y in the block that finished last was measured
+    slower and removed: docs/decode-step.md 6.)
     """
-    assert NORM in (0, 1, 2) and (not NORM or (RESID and NT == 1)), "NORM: a residual GEMV of one token"
     row_dot = _make_row_dot(qtype, mode, NT, PDL, EARLY, PIN)
     launch_dependents = pdl.hooks(PDL)[1]
     reduce = _make_reduce(NT, KSPLIT, LPR)
@@ -335,35 +320,13 @@ def gemv_kernel(qtype, mode, NT, KSPLIT, RESID, LPR=32, PDL=False, NORM=0, NORM_
                 else:
                     y[i] = acc[t]
 
-    if not NORM:
-        jit = cuda.jit(max_registers=MAXREG) if MAXREG and not ptx.SIMULATOR else cuda.jit
+    jit = cuda.jit(max_registers=MAXREG) if MAXREG and not ptx.SIMULATOR else cuda.jit
 
-        @jit
-        def gemv(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res):
-            launch_dependents()
-            body(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res)
-        return kernel_cache.attach(gemv)
-
-    tail = make_norm_q8_tail(BLOCK, NORM == 2, NORM_D, NORM_VB)   # staged when the shape is given
-
-    @cuda.jit
-    def gemv_norm(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res, nw, eps, nxq, nxs, h, counter, nb):
+    @jit
+    def gemv(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res):
         launch_dependents()
         body(wa, wb, wc, wd, nu, rows, xf, xq, xs, cols, y, res)
-        last = cuda.shared.array(1, int32)
-        cuda.threadfence()                  # this thread's rows of y, visible GPU-wide ...
-        cuda.syncthreads()                  # ... for every thread of the block, before the count
-        if cuda.threadIdx.x == 0:
-            done = cuda.atomic.add(counter, 0, 1)
-            is_last = done == cuda.gridDim.x - 1
-            if is_last:
-                counter[0] = 0              # for the next fused launch (and graph replay)
-            cuda.threadfence()              # acquire: the other blocks' y before this block reads it
-            last[0] = 1 if is_last else 0
-        cuda.syncthreads()
-        if last[0] != 0:                    # block-uniform
-            tail(y, nw, eps, rows, nb, nxq, nxs, h)
-    return kernel_cache.attach(gemv_norm)
+    return kernel_cache.attach(gemv)
 
 
 def qkv_kernel(specs, NT, KSPLIT, LPR=32, PDL=False, PIN=True):

@@ -48,7 +48,7 @@ SIMULATOR_MODULES = frozenset({
     "test_attention_merge.py",
     "test_attention_prefill.py", "test_attention_ptx.py", "test_attention_window.py",
     "test_backend_cuda.py", "test_decode_switches.py", "test_device_pool.py", "test_embed.py", "test_gemv.py",
-    "test_gemv_norm.py", "test_gemv_pdl.py",
+    "test_gemv_pdl.py",
     "test_gpu_sampling.py", "test_h2d.py", "test_integrated_gpu.py", "test_mmq.py", "test_mmq_types.py",
     "test_norm.py",
     "test_ptx.py", "test_ptx_mma.py", "test_rope_write.py",

@@ -1,10 +1,11 @@
-"""DecodeOps' peephole (engine/cuda_ops.py): a residual GEMV into x waits for the next op, and
-if that op is the norm of x both become one launch (gemv(..., norm=GemvNorm)).
+"""DecodeOps' peephole (engine/cuda_ops.py): rope_write waits for the next op, and if that op is
+the attention that reads its q both become one launch (decode_rope_attention); and the
+decode configuration's switches.
 
 No kernels run here: the launchers are replaced by loggers and the forwards of
 engine/models/ run on a fake runtime, so these tests check only what is launched, in what
-order - fast, on any machine. The bits of the fused launch are tests/test_gemv_norm.py's;
-a real recorded decode step (simulator) is in tests/test_decode_switches.py.
+order - fast, on any machine. The bits of the fused launch, in a real recorded decode step
+(simulator and GPU), are tests/test_decode_switches.py's.
 """
 import argparse
 from types import SimpleNamespace
@@ -30,12 +31,11 @@ def _matrix(name, mode="dp4a"):
     return SimpleNamespace(name=name, gemv=SimpleNamespace(name=name, mode=mode, rows=4))
 
 
-def _rt(fuse=True, float_inputs=False, fused_rope=False):
+def _rt(float_inputs=False, fused_rope=False):
     return SimpleNamespace(arena=_Arena(), stream=0, cfg=SimpleNamespace(rms_eps=1e-6, n_head=1, head_dim=4,
                                                                             rope_style="neox"),
-                           ecfg=SimpleNamespace(fuse_decode_norm=fuse, decode_fused_rope=fused_rope),
-                           q8_inputs=True,
-                           float_inputs=float_inputs, gemv_counter=SimpleNamespace(name="counter"),
+                           ecfg=SimpleNamespace(decode_fused_rope=fused_rope), q8_inputs=True,
+                           float_inputs=float_inputs,
                            embd_planes=None, pending_launch=None, kv_layers=[None] * N_LAYERS, state=None,
                            dws=None, lay=SimpleNamespace(decode_plans=[None] * N_LAYERS),
                            rope_table=lambda a: (None, None))
@@ -46,13 +46,7 @@ def log(monkeypatch):
     """The launches, in order: (kind, detail)."""
     out = []
 
-    def gemv_(w, x, y, *, xq=None, xs=None, residual=None, stream=0, norm=None, **kw):
-        out.append(("gemv+norm" if norm is not None else "gemv", w.name))
-        if norm is not None:
-            assert residual is y and norm.counter.name == "counter"
-            out.append(("norm-in-gemv", norm.weight, norm.h is not None))
-
-    monkeypatch.setattr(gemv, "gemv", gemv_)
+    monkeypatch.setattr(gemv, "gemv", lambda w, *a, **k: out.append(("gemv", w.name)))
     monkeypatch.setattr(gemv, "gemv_qkv", lambda *a, **k: out.append(("qkv", a[0].name)))
     monkeypatch.setattr(gemv, "gemv_swiglu", lambda *a, **k: out.append(("gated", a[0].name)))
     monkeypatch.setattr(gemv, "quantize_q8", lambda x, *a, **k: out.append(("quantize_q8", None)))
@@ -98,74 +92,39 @@ def _llama_layers(mode="dp4a"):
 
 
 def _norms(log):
-    """Each norm's weight, and how it ran: rmsnorm_q8 on its own or inside a GEMV."""
-    return [(d, k) for k, d, *_ in log if k in ("rmsnorm_q8", "norm-in-gemv")]
+    return [d for k, d in log if k == "rmsnorm_q8"]
 
 
-def test_llama_decode_step_has_one_norm_launch_left(log):
+def test_every_decode_norm_is_its_own_launch(log):
+    """Two norms a layer and the head's, each one rmsnorm_q8 launch in the step's order, right
+    before the launch that reads it."""
     _record(_rt(), llama, _llama_layers())
-    assert [k for _, k in _norms(log)].count("rmsnorm_q8") == 1
-    expect = [("attn_norm.0", "rmsnorm_q8")]
+    expect = []
     for i in range(N_LAYERS):
-        expect += [(f"ffn_norm.{i}", "norm-in-gemv"),
-                   (f"attn_norm.{i + 1}" if i + 1 < N_LAYERS else "output_norm", "norm-in-gemv")]
-    assert _norms(log) == expect
-    # the fused launch is the GEMV of the residual that the norm reads, in the step's order
-    i = log.index(("gemv+norm", "wo.0"))
-    assert log[i - 1] == ("quantize_q8", None) and log[i + 1][1] == "ffn_norm.0" and log[i + 2] == ("gated", "gate.0")
+        expect += [f"attn_norm.{i}", f"ffn_norm.{i}"]
+    assert _norms(log) == expect + ["output_norm"]
+    i = log.index(("rmsnorm_q8", "ffn_norm.0"))
+    assert log[i - 1] == ("gemv", "wo.0") and log[i + 1] == ("gated", "gate.0")
     assert log[-1] == ("gemv", "output")
-    assert not any(h for k, _, *h in log if k == "norm-in-gemv" and h[0])     # no float h: q8 only
 
 
-def test_without_fusion_every_norm_launches_on_its_own(log):
-    _record(_rt(fuse=False), llama, _llama_layers())
-    assert [k for _, k in _norms(log)] == ["rmsnorm_q8"] * (2 * N_LAYERS + 1)
-    assert not any(k == "gemv+norm" for k, _ in log)
-
-
-def test_fused_norm_writes_float_h_when_a_gemv_reads_float_input(log):
-    _record(_rt(float_inputs=True), llama, _llama_layers())
-    assert all(h[0] for k, _, *h in log if k == "norm-in-gemv")
-
-
-def test_f32_residual_gemv_is_not_held(log):
-    """Only a dp4a weight's GEMV takes the fused path; an f32 one launches at once."""
-    _record(_rt(), llama, _llama_layers(mode="f32"))
-    assert [k for _, k in _norms(log)] == ["rmsnorm_q8"] * (2 * N_LAYERS + 1)
-
-
-def test_gemma3_post_norms_are_not_fused(log):
+def test_gemma3_post_norms(log):
     layers = [gemma3.Layer(f"attn_norm.{i}", _matrix(f"wq.{i}"), _matrix(f"wk.{i}"), _matrix(f"wv.{i}"), None, None,
                            _matrix(f"wo.{i}"), f"post_attn.{i}", f"ffn_norm.{i}", _matrix(f"gate.{i}"),
                            _matrix(f"up.{i}"), _matrix(f"down.{i}"), f"post_ffn.{i}") for i in range(N_LAYERS)]
     _record(_rt(), gemma3, layers, gemma=True)
-    assert not any(k == "gemv+norm" for k, _ in log)
-    assert [k for _, k in _norms(log)] == ["rmsnorm_q8"] * (2 * N_LAYERS + 1)
+    assert len(_norms(log)) == 2 * N_LAYERS + 1
     assert [d for k, d in log if k == "post_norm_add"][:2] == ["post_attn.0", "post_ffn.0"]
 
 
-def test_every_other_op_launches_the_pending_gemv_first(log):
-    """Every op of the vocabulary except norm (which fuses or flushes itself) and head (which
-    starts with norm) is wrapped to launch a held GEMV before its own work."""
+def test_every_op_launches_a_held_rope_write_first():
+    """Every op of the vocabulary but head (which starts with norm) is wrapped to launch a held
+    rope_write before its own work; the attention takes it instead where it reads its q (below)."""
     ops_names = [n for n in vars(Ops) if not n.startswith("_")]
     assert set(ops_names) >= {"embed", "norm", "linear", "gated", "attention", "rope_write", "post_norm_add", "head"}
     for name in ops_names:
-        if name not in ("norm", "head"):
+        if name != "head":
             assert getattr(getattr(cuda_ops.DecodeOps, name), "flushes", False), f"DecodeOps.{name} does not flush"
-    rt = _rt()
-    ops = cuda_ops.DecodeOps(rt)
-    s = _scratch()
-    ops.bind_scratch(s)
-    ops.linear(s.attn, _matrix("wo"), out=s.x, add=True)
-    assert log == [("quantize_q8", None)] and rt.pending_launch is not None
-    ops.gated(s.x, (_matrix("gate"), _matrix("up")), out=s.ff, act="silu")     # reads x: launch first
-    assert [k for k, _ in log] == ["quantize_q8", "gemv", "quantize_q8", "gated"] and rt.pending_launch is None
-    ops.linear(s.attn, _matrix("wo"), out=s.x, add=True)
-    ops.norm(s.h, "other", out=s.q)                    # a norm of another buffer: no fusion
-    assert [k for k, _ in log[-2:]] == ["gemv", "rmsnorm_q8"]
-    ops.linear(s.attn, _matrix("wo"), out=s.x, add=True)
-    ops.finish()                                       # the end of a recording launches it
-    assert log[-1] == ("gemv", "wo") and rt.pending_launch is None
 
 
 def test_fused_rope_each_layer_ropes_inside_its_attention_launch(log):
@@ -308,15 +267,6 @@ def _cli_config(argv):
     p = argparse.ArgumentParser()
     _add_model_args(p)
     return _engine_config(p.parse_args(argv))
-
-
-def test_engine_config_and_cli_switch():
-    from genie_rt.engine.config import EngineConfig
-    assert EngineConfig().fuse_decode_norm is False          # slower on the H200 (forward-pass.md)
-    with pytest.raises(ValueError, match="fuse_decode_norm"):
-        EngineConfig(fuse_decode_norm="no")
-    assert _cli_config([]).fuse_decode_norm is False
-    assert _cli_config(["--fuse-norm"]).fuse_decode_norm is True
 
 
 def test_pdl_is_on_by_default_and_no_pdl_turns_it_off():

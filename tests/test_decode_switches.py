@@ -1,6 +1,6 @@
 """The CUDA decode step's switches, each against the step without it (engine/cuda_ops.py,
-EngineConfig): the norm folded into the residual GEMV, the attention writing its q8, the PDL
-builds, the fused rope, the fused FFN and the short-context graph (decode_short_ctx). In the
+EngineConfig): the attention writing its q8, the PDL builds, the fused rope and the
+short-context graph (decode_short_ctx). In the
 simulator (slow) on a 2-layer model, the launches and the logits' bits; on a GPU (marker gpu)
 through the captured graphs, replay after replay. The back-end against the CPU back-end is
 test_backend_cuda.py, whose helpers these tests share.
@@ -28,32 +28,6 @@ def _tiny_decode_backends(tmp_path, kv, warm=True):
     write_synthetic_qwen3(path, dict(layers=2, hidden=256, heads=4, kv_heads=2, head_dim=64, ffn=256,
                                      vocab=300, text_tokens=274), seed=1, exact=True)
     return make_backends(path, kv, n_ctx=64, chunk=16, warm=warm)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU the gpu tests cover this)")
-def test_simulated_decode_folds_each_norm_into_its_residual_gemv(tmp_path, monkeypatch):
-    """The decode step with EngineConfig.fuse_decode_norm (cuda_ops.DecodeOps' peephole):
-    the only rmsnorm_q8 launch left is layer 0's attn_norm after the embedding (the others
-    run in the last block of the residual GEMV before them, the head's norm included);
-    without it there are 2 per layer + the head's. The logits are the same bits both ways
-    (the fused norm reproduces rmsnorm_q8's block and order of operations)."""
-    import dataclasses
-
-    from genie_rt.engine import norm
-    gpu, _, cfg = _tiny_decode_backends(tmp_path, "f16", warm=False)
-    assert not gpu.use_graphs                                  # each decode records anew
-    calls = []
-    real = norm.rmsnorm_q8
-    monkeypatch.setattr(norm, "rmsnorm_q8", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    got = {}
-    for fuse in (True, False):
-        gpu.ecfg = dataclasses.replace(gpu.ecfg, fuse_decode_norm=fuse)
-        calls.clear()
-        got[fuse] = gpu.decode(77, 0)                  # the same token at the same position
-        assert len(calls) == (1 if fuse else 2 * cfg.n_layers + 1), f"fuse={fuse}: {len(calls)} norms"
-        assert int(gpu.gemv_counter.copy_to_host()[0]) == 0
-    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
 
 
 @pytest.mark.slow
@@ -221,53 +195,6 @@ def test_gpu_decode_attention_q8_same_bits(tmp_path):
         gpu._graphs.clear()                          # record the decode graph anew
         got[on] = gpu.decode(77, 5)
     np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: test_gpu_decode_fused_ffn_same_bits)")
-def test_simulated_decode_fused_ffn(tmp_path, monkeypatch):
-    """EngineConfig.decode_fused_ffn (engine/cuda_ffn_chain.py, quant/ffn_fused.py): each layer's
-    attn_output GEMV .. ffn_down GEMV and the next norm (the head's for the last layer) are one
-    launch, so the only rmsnorm_q8 left is layer 0's attn_norm; the logits are the same bits."""
-    import dataclasses
-
-    from genie_rt.engine import norm
-    from genie_rt.quant import ffn_fused
-    gpu, _, cfg = _tiny_decode_backends(tmp_path, "int8", warm=False)
-    norms, fused = [], []
-    real_n, real_f = norm.rmsnorm_q8, ffn_fused.ffn_fused
-    monkeypatch.setattr(norm, "rmsnorm_q8", lambda *a, **k: (norms.append(1), real_n(*a, **k))[1])
-    monkeypatch.setattr(ffn_fused, "ffn_fused", lambda *a, **k: (fused.append(k["next_norm"] is not None),
-                                                                 real_f(*a, **k))[1])
-    got = {}
-    for on in (True, False):
-        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_fused_ffn=on)
-        norms.clear()
-        fused.clear()
-        got[on] = gpu.decode(77, 5)                  # the same token at the same position
-        assert len(norms) == (1 if on else 2 * cfg.n_layers + 1), f"fused={on}: {len(norms)} norms"
-        assert fused == ([True] * cfg.n_layers if on else [])
-        assert not gpu.ffn_counters.copy_to_host().any()
-    np.testing.assert_array_equal(got[True].view(np.int32), got[False].view(np.int32))
-
-
-@pytest.mark.gpu
-def test_gpu_decode_fused_ffn_same_bits(tmp_path):
-    """The same on the GPU, on a full grid of resident blocks, through the captured decode graph
-    replayed REPLAYS times (a missed barrier would be a race: different bits on some replay)."""
-    import dataclasses
-
-    from genie_rt.quant import ffn_fused
-    gpu, _, _ = _tiny_decode_backends(tmp_path, "int8")
-    got = {}
-    for on in (False, True):
-        gpu.ecfg = dataclasses.replace(gpu.ecfg, decode_fused_ffn=on)
-        gpu._graphs.clear()                          # record the decode graph anew
-        got[on] = [gpu.decode(77, 5) for _ in range(REPLAYS if on else 1)]
-    for i, g in enumerate(got[True]):
-        np.testing.assert_array_equal(g.view(np.int32), got[False][0].view(np.int32), err_msg=f"replay {i}")
-    assert not ffn_fused.failed(gpu.ffn_counters)
-    assert not gpu.ffn_counters.copy_to_host().any()
 
 
 REPLAYS = 25

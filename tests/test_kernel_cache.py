@@ -202,7 +202,7 @@ ks += list(embed._KERNELS.values())                                  # made from
 from genie_rt.quant import gemv_mma, gemv_mma_k
 ks += [gemv_mma.mma_q4k_kernel(4), gemv_mma_k.mma_q4k_q8k_kernel(4)]  # the lab's factories too
 ks += [G.gemv_kernel(QType.Q4_K, "dp4a", 1, 1, False), G.gemv_kernel(QType.Q4_K, "dp4a", 1, 2, False),
-       G.gemv_kernel(QType.Q4_K, "dp4a", 1, 1, True, 32, 1),                   # the fused norm (NORM)
+       G.gemv_kernel(QType.Q4_K, "dp4a", 1, 1, True, 32, True),                # a PDL build
        G.qkv_kernel(((QType.Q4_K, "dp4a"),) * 3, 1, 1), G.swiglu_kernel((QType.Q4_K, "dp4a"), (QType.Q4_K, "dp4a"), 1, 1),
        mmq_reduce.build_reduce_kernel(M.EPI_STORE), attention_decode_kernels.decode_kernel(128, 2, "int8"),
        attention_prefill_kernels.prefill_kernel(128, 4, "int8"), norm._rmsnorm_q8_for(True, 5024, 1024),

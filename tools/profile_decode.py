@@ -1,6 +1,6 @@
 """Where a CUDA decode step spends its time, by kernel family (GPU only).
 
-    python tools/profile_decode.py -m MODEL.gguf [--ctx 2048] [--depth 512] [--json PATH] [--fuse-norm] [--no-pdl] [--lab]
+    python tools/profile_decode.py -m MODEL.gguf [--ctx 2048] [--depth 512] [--json PATH] [--no-pdl] [--lab]
         [--settings pdl,pair,loop,early] [--no-ablation]
     nsys profile --cuda-graph-trace=node --capture-range=cudaProfilerApi -o step \
         python tools/profile_decode.py -m MODEL.gguf --trace 10     # then tools/trace_report.py
@@ -14,14 +14,12 @@ step calls, a graph recorded with that launcher replaced by a no-op: the differe
 what that family costs inside the step (its kernels plus their graph nodes). The step's
 values are garbage in the ablated graphs; the timing of the remaining kernels does not
 depend on them. Each time is the median of several replays, measured with CUDA events.
-The step is also timed with every setting of EngineConfig.fuse_decode_norm (the norm
-after each residual GEMV folded into that GEMV's launch, or launched on its own) and, on an
-sm_90+ device, of EngineConfig.decode_pdl (programmatic dependent launch, quant/pdl.py), and
-with EngineConfig.decode_attention_q8 flipped (the attention launch writing its output's q8),
-and with each of the decode attention's loops, and with rope_write inside the attention's launch
-or on its own (EngineConfig.decode_fused_rope) (--settings);
-the families are then taken apart for the configured one. With the fusion on, removing
-`gemv` removes those norms too.
+The step is also timed (--lab) on an sm_90+ device with and without EngineConfig.decode_pdl
+(programmatic dependent launch, quant/pdl.py), and with EngineConfig.decode_attention_q8 flipped
+(the attention launch writing its output's q8), and (--settings) with each of the decode
+attention's loops, with rope_write inside the attention's launch or on its own
+(EngineConfig.decode_fused_rope), and the other comparisons --help lists; the families are then
+taken apart for the configured one.
 """
 import argparse
 import json
@@ -33,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from profile_settings import (attention_chain_settings, attention_knob_settings, config_settings,  # noqa: E402
-                              fused_ffn_settings, gemv_knob_settings, heads_ways, loop_settings,
+                              gemv_knob_settings, heads_ways, loop_settings,
                               mma_ways, pdl_settings, pin_settings, plan_settings, record_step,
                               short_shape_ways, splits_settings, time_step, trip_settings)
 
@@ -84,7 +82,6 @@ def main(argv=None) -> int:
     p.add_argument("--attention-loop", default=None, metavar="LOOP",
                    help="EngineConfig.decode_attention_loop (the profile's loaded plans; e.g. mma)")
     p.add_argument("--json", default=None)
-    p.add_argument("--fuse-norm", action="store_true", help="profile with the decode norms folded into the GEMVs")
     p.add_argument("--no-pdl", dest="pdl", action="store_false",
                    help="profile without programmatic dependent launch (on by default on sm_90+)")
     p.add_argument("--settings", default="pdl,pair,loop,early,rope",
@@ -110,8 +107,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-ablation", dest="ablation", action="store_false",
                    help="skip timing the step without each family of kernels")
     p.add_argument("--lab", action="store_true",
-                   help="also time the lab switches (the norm folded into the GEMVs, the attention's q8 "
-                        "output, the fused FFN at 2/4/8 blocks an SM): each compiles its own kernels")
+                   help="also time the step with and without PDL and with the attention's q8 output "
+                        "flipped (EngineConfig.decode_attention_q8): each compiles its own kernels")
     p.add_argument("--trace", type=int, default=0, metavar="N",
                    help="replay the decode graph N times inside cuProfilerStart/Stop and exit (for nsys / ncu)")
     args = p.parse_args(argv)
@@ -144,7 +141,7 @@ def main(argv=None) -> int:
             short["decode_attention_loop"] = loop
             print(f"  the loaded plans: the long-context graph's default loop, {loop}")
     eng = Engine.load(args.model, EngineConfig(backend="cuda", n_ctx=args.ctx, kv_dtype=args.kv, **short,
-                                                 fuse_decode_norm=args.fuse_norm, decode_pdl=args.pdl))
+                                                 decode_pdl=args.pdl))
     be = eng.backend
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, eng.cfg.vocab_size, args.depth).astype(np.int32)
@@ -216,17 +213,15 @@ def main(argv=None) -> int:
     if "q8" in wanted:
         settings.update(config_settings(be, "decode_attention_q8", (False, True)))
     full = time_step(be)
-    fused, use_pdl = be.ecfg.fuse_decode_norm, be.ecfg.decode_pdl
+    use_pdl = be.ecfg.decode_pdl
     if args.lab:
-        for f in (False, True):
-            for d in ((False, True) if pdl.available() else (False,)):
-                be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=f, decode_pdl=d)   # read by each recording
-                settings[f"fuse_decode_norm={f}, decode_pdl={d}"] = time_step(be)
+        for d in ((False, True) if pdl.available() else (False,)):
+            be.ecfg = dataclasses.replace(be.ecfg, decode_pdl=d)   # read by each recording
+            settings[f"decode_pdl={d}"] = time_step(be)
         q8 = not be.ecfg.decode_attention_q8                  # the switch flipped, the rest as configured
-        be.ecfg = dataclasses.replace(be.ecfg, fuse_decode_norm=fused, decode_pdl=use_pdl, decode_attention_q8=q8)
+        be.ecfg = dataclasses.replace(be.ecfg, decode_pdl=use_pdl, decode_attention_q8=q8)
         settings[f"decode_attention_q8={q8}"] = time_step(be)
         be.ecfg = dataclasses.replace(be.ecfg, decode_attention_q8=not q8)
-        settings.update(fused_ffn_settings(be, pdl.available()))
     rows = [("whole step", full, 100.0)]
     rows += [(f"whole step, {label}", ms, 100 * ms / full) for label, ms in settings.items()]
     n_settings = len(settings)
@@ -235,7 +230,7 @@ def main(argv=None) -> int:
             rest = time_step(be)
         rows.append((f"{module.rsplit('.', 1)[1]}.{name}", full - rest, 100 * (full - rest) / full))
     print(f"decode step at depth {args.depth}, {be.device_info()['device']}: {full:.3f} ms "
-          f"({1000 / full:.0f} tokens/s if nothing else ran), fuse_decode_norm={fused}")
+          f"({1000 / full:.0f} tokens/s if nothing else ran)")
     for label, ms, pct in rows[1:1 + n_settings]:
         print(f"  {label}: {ms:.3f} ms ({1000 / ms:.0f} tokens/s)")
     for label, ms, pct in rows[1 + n_settings:]:

@@ -46,8 +46,6 @@ gemv_q4k_lpr32 = GK.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32)
 swiglu_q4k_lpr16 = GK.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), 1, 1, 16)
 gemv_q4k_nt8_lpr32 = GK.gemv_kernel(Q.Q4_K, "dp4a", 8, 1, True, 32)      # 8 tokens a launch
 swiglu_q4k_nt8_lpr16 = GK.swiglu_kernel((Q.Q4_K, "dp4a"), (Q.Q4_K, "dp4a"), 8, 1, 16)
-gemv_q4k_norm_loop = GK.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, NORM=1)
-gemv_q4k_norm_staged_2560 = GK.gemv_kernel(Q.Q4_K, "dp4a", 1, 1, True, 32, NORM=1, NORM_D=2560, NORM_VB=640)
 # the short prefill's q8_K kernels (engine/cuda_short_prefill.py): name -> (kernel, signature, register cap)
 from genie_rt.quant import gemv_mma_k as MK, gemv_mma_q6k as M6, gemv_mma_glu as MG, gemv_mma_qkv as MQ
 
@@ -100,8 +98,7 @@ def main(argv=None) -> int:
             caps[name] = D.register_capped(cfg.mt, cfg.nt, cfg.threads, epi)
     for name, sig in (("gemv_q6k_lpr32", G.SIG_GEMV), ("gemv_q6k_lpr16", G.SIG_GEMV),
                       ("gemv_q4k_lpr32", G.SIG_GEMV), ("swiglu_q4k_lpr16", G.SIG_SWIGLU),
-                      ("gemv_q4k_nt8_lpr32", G.SIG_GEMV), ("swiglu_q4k_nt8_lpr16", G.SIG_SWIGLU),
-                      ("gemv_q4k_norm_loop", G.SIG_GEMV_NORM), ("gemv_q4k_norm_staged_2560", G.SIG_GEMV_NORM)):
+                      ("gemv_q4k_nt8_lpr32", G.SIG_GEMV), ("swiglu_q4k_nt8_lpr16", G.SIG_SWIGLU)):
         if pat.search(name):
             sigs[name], caps[name] = sig, False
     for name, (_, sig, cap) in ns["MMA"].items():

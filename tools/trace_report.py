@@ -34,7 +34,7 @@ def family(name: str) -> str:
     """A readable family from a numba kernel's (mangled or demangled) name."""
     n = name
     m = re.findall(r"(?:genie_rt[:._]+)?([a-z_]+)(?:[:._]+|::)(?:<locals>[:._]+)?([A-Za-z_][A-Za-z0-9_]*)", n)
-    for pat in ("rmsnorm_q8", "rope_write", "decode_kernel", "quantize_q8", "qkv", "swiglu", "gemv_norm",
+    for pat in ("rmsnorm_q8", "rope_write", "decode_kernel", "quantize_q8", "qkv", "swiglu",
                 "gemv", "embed", "sample_greedy", "advance_state", "greedy", "argmax"):
         if pat in n:
             return pat
