@@ -54,7 +54,8 @@ CHATML_TEMPLATE = """\
 # Built-in fallback for a base model (no template, and no ChatML tokens in its vocabulary: Gemma 3
 # 270M, the default model): a plain transcript it can continue. Roles are written as
 # "User:" / "Assistant:" lines, a system message as a first paragraph, tool results as
-# "Tool:" lines; the turn ends where the model starts the next "User:" line (PLAIN_STOP).
+# "Tool:" lines; the turn ends where the model starts the next "User:" line, or another
+# "Assistant:" line of its own (PLAIN_STOP).
 # Tools are not offered: a base model does not follow a tool-call format.
 PLAIN_TEMPLATE = """\
 {%- for message in messages %}
@@ -72,4 +73,4 @@ PLAIN_TEMPLATE = """\
     {{- 'Assistant:' }}
 {%- endif %}
 """
-PLAIN_STOP = ("\nUser:",)
+PLAIN_STOP = ("\nUser:", "\nAssistant:")

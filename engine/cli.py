@@ -166,14 +166,24 @@ def _load(args):
     return Engine.load(args.model, ecfg, progress=load_progress(args))
 
 
+_SAMPLING_FLAGS = {"temperature": "--temp", "top_p": "--top-p", "min_p": "--min-p",
+                   "repeat_penalty": "--repeat-penalty", "seed": "--seed"}
+
+
 def load_for_command(args):
     """run/chat: check the flags, load (progress on stderr), print the one-screen summary (stderr)."""
     from .load_report import ready_summary
     if args.max_tokens < -1:
         raise ValueError(f"-n/--max-tokens must be >= 0, or -1 for no limit; got {args.max_tokens}")
     from .sampling import SamplingParams    # the sampling flags too, before minutes of loading
-    SamplingParams(temperature=args.temp, top_k=0, top_p=args.top_p, min_p=args.min_p,
-                   repeat_penalty=args.repeat_penalty, seed=args.seed).validate(vocab_size=1)
+    try:
+        SamplingParams(temperature=args.temp, top_k=0, top_p=args.top_p, min_p=args.min_p,
+                       repeat_penalty=args.repeat_penalty, seed=args.seed).validate(vocab_size=1)
+    except ValueError as exc:               # the message names the flag, not the API field
+        msg = str(exc)
+        for field, flag in _SAMPLING_FLAGS.items():
+            msg = msg.replace(f"'{field}'", flag)
+        raise ValueError(msg) from None
     if args.conversation is not None:
         from genie_rt.kvcache.persist import validate_conversation_id
         validate_conversation_id(args.conversation)

@@ -117,10 +117,37 @@ def _lark_string(s: str) -> str:
     return json.dumps(s)          # a Lark string literal is a JSON string
 
 
+def closed(schema):
+    """The schema with every object that lists `properties` but says nothing of other keys
+    (`additionalProperties`, `patternProperties`) closed to them, as llama.cpp's schema-to-grammar
+    converter reads such objects: a tool's arguments are the keys it names. Without this a small
+    model can invent keys forever (`"city": "Paris", "country": ..., "time": ...`) and never close
+    the call. Branches of `allOf` stay as they are (each names only part of the keys)."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {k: closed(v) for k, v in out["properties"].items()}
+        if "additionalProperties" not in out and "patternProperties" not in out and "allOf" not in out:
+            out["additionalProperties"] = False
+    for key in ("items", "prefixItems", "anyOf", "oneOf", "not", "additionalProperties"):
+        if key in out and isinstance(out[key], (dict, list)):
+            out[key] = closed(out[key])
+    for key in ("$defs", "definitions"):
+        if isinstance(out.get(key), dict):
+            out[key] = {k: closed(v) for k, v in out[key].items()}
+    return out
+
+
+def _params(fn: dict) -> dict:
+    return closed(fn.get("parameters") or {"type": "object", "properties": {}})
+
+
 def _call_schema(tool: dict, strict: bool) -> dict:
     fn = tool["function"]
-    params = fn.get("parameters") or {"type": "object", "properties": {}}
-    return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": params},
+    return {"type": "object", "properties": {"name": {"const": fn["name"]}, "arguments": _params(fn)},
             "required": ["name", "arguments"], "additionalProperties": False}
 
 
@@ -131,14 +158,15 @@ def _tag(text: str, token_id: int | None) -> str:
 
 
 def tool_call_constraint(tools: list[dict], mode, token_id=None, response: ConstraintSpec | None = None,
-                         response_schema: dict | None = None) -> ConstraintSpec:
+                         response_schema: dict | None = None, parallel: bool = True) -> ConstraintSpec:
     """Tool calls in the `<tool_call>` format with arguments that follow each tool's schema.
 
     mode: "auto" (lazy: text until `<tool_call>`, then calls; with `response_schema` the reply is
     either that JSON or calls), True ("required": the prompt already ends with `<tool_call>\\n`)
     or a function name (named: the prompt ends with `{"name": "f", "arguments": `), or "open"
     (a call is required but the prompt did not start it: the reply opens the first block).
-    `token_id(text)` gives the id of a single token spelling `text`, or None."""
+    `token_id(text)` gives the id of a single token spelling `text`, or None. parallel: more
+    calls may follow the first (OpenAI's parallel_tool_calls); False: the reply ends after one."""
     token_id = token_id or (lambda text: None)
     strict_all = all(bool(t.get("function", {}).get("strict")) for t in tools)
     opts = _json_options(strict_all)
@@ -148,12 +176,15 @@ def tool_call_constraint(tools: list[dict], mode, token_id=None, response: Const
     open_tag = _tag(TOOL_CALL_START, token_id(TOOL_CALL_START))
     close_tag = _tag(TOOL_CALL_END, token_id(TOOL_CALL_END))
     head = "%llguidance {}\n\n"
-    common = f'WS: /[ \\t\\n]{{0,4}}/\nmore: (WS {open_tag} call)*\n'
+    common = 'WS: /[ \\t\\n]{0,4}/\n'
+    more = " more" if parallel else ""
+    if parallel:
+        common += f"more: (WS {open_tag} call)*\n"
     if isinstance(mode, str) and mode not in ("auto", "open"):
         tool = next((t for t in tools if t["function"]["name"] == mode), None)
         if tool is None:
             raise ConstraintError(f"'tool_choice' names {mode!r}, which is not one of the tools")
-        params = tool["function"].get("parameters") or {"type": "object", "properties": {}}
+        params = _params(tool["function"])
         lark = head + (f"start: %json {js(params)} WS \"}}\" WS {close_tag}\n"
                        f'WS: /[ \\t\\n]{{0,4}}/\n')
         trigger = None
@@ -161,16 +192,16 @@ def tool_call_constraint(tools: list[dict], mode, token_id=None, response: Const
         calls = {"anyOf": [_call_schema(t, strict_all) for t in tools]}
         body = f"call: WS %json {js(calls)} WS {close_tag}\n" + common
         if mode == "auto" and response_schema is not None:
-            lark = head + f"start: %json {js(response_schema)} | {open_tag} call more\n" + body
+            lark = head + f"start: %json {js(response_schema)} | {open_tag} call{more}\n" + body
             trigger = None
         elif mode == "auto":
-            lark = head + "start: call more\n" + body
+            lark = head + f"start: call{more}\n" + body
             trigger = TOOL_CALL_START
         elif mode == "open":              # a call is required and nothing opened it yet
-            lark = head + f"start: WS {open_tag} call more\n" + body
+            lark = head + f"start: WS {open_tag} call{more}\n" + body
             trigger = None
         else:                             # required: the prompt opened the first block
-            lark = head + "start: call more\n" + body
+            lark = head + f"start: call{more}\n" + body
             trigger = None
     llg = _llg()
     grammar = llg.LLMatcher.grammar_from_lark(lark)

@@ -42,6 +42,8 @@ class ChatRequest:
     template_kwargs: dict = field(default_factory=dict)
     add_generation_prompt: bool = True     # false: the last turn is not followed by the assistant's
     verbose: bool = False                  # llama-server's "verbose": the prompt in "__verbose"
+    # parallel_tool_calls: more than one call a reply (None: absent, the template decides; jobs.py)
+    parallel_tool_calls: bool | None = None
 
 
 
@@ -196,6 +198,7 @@ def parse_chat(body: dict, vocab_size: int, tokenize: Callable[[str], list[int]]
                        gen=parse_generation(body, vocab_size, tokenize, defaults, chat=True), messages=messages,
                        tools=tools, enable_thinking=enable_thinking,
                        forced_tool=parse_tool_choice(body, tools),
+                       parallel_tool_calls=get_bool(body, "parallel_tool_calls", None),
                        parse_reasoning=fmt != "none", template_kwargs=kwargs)
 
 

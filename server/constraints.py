@@ -117,11 +117,13 @@ def parse_output(body: dict) -> tuple[ConstraintSpec | None, dict | None]:
         raise bad_request(str(exc)) from None
 
 
-def tool_constraint(tools: list, mode, tokenizer, response_schema: dict | None) -> ConstraintSpec:
-    """Tool-call arguments that follow each tool's `parameters` (see engine/constrain.py)."""
+def tool_constraint(tools: list, mode, tokenizer, response_schema: dict | None,
+                    parallel: bool = True) -> ConstraintSpec:
+    """Tool-call arguments that follow each tool's `parameters` (see engine/constrain.py); one
+    call a reply unless `parallel`."""
     def token_id(text):
         return tokenizer.token_id(text) if tokenizer is not None else None
     try:
-        return tool_call_constraint(tools, mode, token_id, response_schema=response_schema)
+        return tool_call_constraint(tools, mode, token_id, response_schema=response_schema, parallel=parallel)
     except ConstraintError as exc:
         raise bad_request(str(exc)) from None

@@ -234,12 +234,20 @@ def tool_grammar(st: ServerState, req: chat_request.ChatRequest, forced: str, pr
     or when the reply continues a prefilled assistant message)."""
     if not req.tools or prefilled or (req.gen.constraint is not None and req.gen.response_schema is None):
         return None
+    tools = req.tools
     if req.forced_tool:
         mode = req.forced_tool if forced else "open"
+        if isinstance(req.forced_tool, str):      # a named function: only it may be called
+            tools = [t for t in tools if t["function"]["name"] == req.forced_tool]
     else:
         mode = "auto"
     schema = req.gen.response_schema if mode == "auto" else None
-    return tool_constraint(req.tools, mode, getattr(st.engine, "tokenizer", None), schema)
+    # parallel_tool_calls as llama-server reads it: absent, a template that writes calls itself
+    # (Qwen/Hermes `<tool_call>` blocks) may write several, and a model without one makes one
+    parallel = req.parallel_tool_calls
+    if parallel is None:
+        parallel = TOOL_CALL_START in (getattr(st.engine.template, "source", None) or "")
+    return tool_constraint(tools, mode, getattr(st.engine, "tokenizer", None), schema, parallel)
 
 
 def _render(st: ServerState, req: chat_request.ChatRequest) -> tuple[str, str, list[int], object]:

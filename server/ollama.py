@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import time
+from contextlib import contextmanager
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -96,6 +97,21 @@ def _options(body: dict, out: dict) -> None:
             out[OPTION_FIELDS[key]] = value
         elif key not in IGNORED_OPTIONS:
             raise bad_request(f"'options.{key}' is not a known option")
+
+
+@contextmanager
+def _ollama_names(body: dict):
+    """A 400 about a field an option was translated to names the option (`options.num_predict`,
+    not `max_tokens`): the client sent Ollama's names."""
+    try:
+        yield
+    except ApiError as exc:
+        options = body.get("options")
+        if exc.status == 400 and isinstance(options, dict):
+            for key in options:
+                if key in OPTION_FIELDS:
+                    exc.message = exc.message.replace(f"'{OPTION_FIELDS[key]}'", f"'options.{key}'")
+        raise
 
 
 def _format(body: dict, out: dict) -> None:
@@ -166,7 +182,11 @@ def chat_body(body: dict) -> dict:
     return out
 
 
-def generate_body(body: dict) -> dict:
+def generate_body(body: dict, base_model: bool = False) -> dict:
+    """An /api/generate body as a chat body (the model's template applied), or with `raw` as a
+    completion body. A base model (the plain transcript fallback: no chat template) continues the
+    prompt as is, as Ollama's `{{ .Prompt }}` template for base models does and `genie-rt run`
+    does; its `system`, if any, is the first paragraph, as the transcript would write it."""
     for key in ("images", "suffix", "template"):
         if body.get(key):
             raise bad_request(f"'{key}' is not supported by this server")
@@ -175,6 +195,9 @@ def generate_body(body: dict) -> dict:
     out: dict = {"stream": schemas.get_bool(body, "stream", True)}
     if raw:
         out["prompt"] = prompt
+    elif base_model:
+        system = schemas.get_str(body, "system", None)
+        out["prompt"] = (system + "\n\n" if system else "") + prompt
     else:
         system = schemas.get_str(body, "system", None)
         out["messages"] = ([{"role": "system", "content": system}] if system else []) + \
@@ -260,7 +283,8 @@ async def chat(request: Request, st: ServerState) -> Response:
     body = await read_json(request, st.settings.max_body_bytes)
     if not body.get("messages"):
         return _load_only(st, False)         # Ollama: no messages = load the model
-    job = await jobs.start_chat(request, st, chat_body(body))
+    with _ollama_names(body):
+        job = await jobs.start_chat(request, st, chat_body(body))
     if job.req.gen.stream:
         return NDJSONResponse(_chat_lines(st, job, t0, generate=False))
     msg, has_calls, result = await jobs.chat_message(job)
@@ -279,10 +303,12 @@ async def generate(request: Request, st: ServerState) -> Response:
     body = await read_json(request, st.settings.max_body_bytes)
     if not body.get("prompt"):
         return _load_only(st, True)
-    converted = generate_body(body)
-    if "prompt" in converted:        # raw: the prompt is the model's input, as /completion
-        return await _generate_raw(request, st, converted, t0)
-    job = await jobs.start_chat(request, st, converted)
+    converted = generate_body(body, getattr(st.engine.template, "is_plain", False))
+    if "prompt" in converted:        # raw (or a base model): the prompt is the model's input, as /completion
+        with _ollama_names(body):
+            return await _generate_raw(request, st, converted, t0, context=not body.get("raw"))
+    with _ollama_names(body):
+        job = await jobs.start_chat(request, st, converted)
     if job.req.gen.stream:
         return NDJSONResponse(_chat_lines(st, job, t0, generate=True))
     msg, _, result = await jobs.chat_message(job)
@@ -292,7 +318,10 @@ async def generate(request: Request, st: ServerState) -> Response:
     return JSONResp(_final(st, result, t0, extra))
 
 
-async def _generate_raw(request: Request, st: ServerState, converted: dict, t0: float) -> Response:
+async def _generate_raw(request: Request, st: ServerState, converted: dict, t0: float,
+                        context: bool = False) -> Response:
+    """The prompt as the model's input. context: the reply ends with Ollama's `context` (the
+    prompt's and the reply's tokens), as a templated reply does; raw replies have none."""
     req = await run_in_threadpool(completion_request.parse_completion, converted, st.vocab_size, st.tokenize_text,
                                   st.settings.defaults, False)
     prompt = await run_in_threadpool(jobs.tokenize_content, st, req.prompt, True, True, st.engine.n_ctx - 1)
@@ -302,13 +331,15 @@ async def _generate_raw(request: Request, st: ServerState, converted: dict, t0: 
     model = _model_name(st)
     if not req.gen.stream:
         text, tokens, result = await jobs.collect(stream, event)
-        return JSONResp(_final(st, result, t0, {"response": text}))
+        extra = {"response": text, **({"context": prompt + list(result.tokens)} if context else {})}
+        return JSONResp(_final(st, result, t0, extra))
 
     async def lines():
         try:
             async for ev in jobs.events(stream, event):
                 if hasattr(ev, "result"):
-                    yield _ndjson(_final(st, ev.result, t0, {"response": ""}))
+                    extra = {"response": "", **({"context": prompt + list(ev.result.tokens)} if context else {})}
+                    yield _ndjson(_final(st, ev.result, t0, extra))
                 elif ev.text:
                     yield _ndjson({"model": model, "created_at": _now(), "response": ev.text, "done": False})
         except ApiError as exc:

@@ -194,12 +194,15 @@ class ResponseBuilder:
         return obj
 
     @staticmethod
-    def output_items(msg: dict) -> list[dict]:
+    def output_items(msg: dict, cut: bool = False) -> list[dict]:
+        """The reply's items; cut (the token limit ended it): its message is "incomplete", as the
+        response is."""
         items: list[dict] = []
         if msg.get("reasoning_content"):
             items.append(reasoning_item("rs_" + random_id(24), msg["reasoning_content"]))
         if msg.get("content") or not msg.get("tool_calls"):
-            items.append(message_item("msg_" + random_id(24), msg.get("content") or "", "completed"))
+            items.append(message_item("msg_" + random_id(24), msg.get("content") or "",
+                                      "incomplete" if cut else "completed"))
         for call in msg.get("tool_calls") or []:
             items.append(call_item("fc_" + random_id(24), call, "completed"))
         return items
@@ -230,7 +233,7 @@ async def _stream(chat: jobs.ChatJob, rb: ResponseBuilder):
     current: dict | None = None          # the item being written: message or reasoning
     text = ""
 
-    def close_current():
+    def close_current(status: str = "completed"):
         nonlocal current, text
         if current is None:
             return []
@@ -242,7 +245,7 @@ async def _stream(chat: jobs.ChatJob, rb: ResponseBuilder):
                                 content_index=0, text=text, logprobs=[]))
             out.append(rb.event("response.content_part.done", item_id=current["id"], output_index=idx,
                                 content_index=0, part=part))
-            output[idx] = message_item(current["id"], text, "completed")
+            output[idx] = message_item(current["id"], text, status)
         else:
             out.append(rb.event("response.reasoning_text.done", item_id=current["id"], output_index=idx,
                                 content_index=0, text=text))
@@ -314,7 +317,7 @@ async def _stream(chat: jobs.ChatJob, rb: ResponseBuilder):
                 if not output:
                     for e in open_item("message"):
                         yield e
-                for e in close_current():
+                for e in close_current("incomplete" if result.finish_reason == "length" else "completed"):
                     yield e
                 final = rb.envelope("completed", output, result)
                 # response.completed even when the token limit cut the reply (status "incomplete"):
@@ -343,4 +346,4 @@ async def create(request: Request, st: ServerState) -> Response:
     if chat.req.gen.stream:
         return SSEResponse(_stream(chat, rb))
     msg, _, result = await jobs.chat_message(chat)
-    return JSONResp(rb.envelope("completed", rb.output_items(msg), result))
+    return JSONResp(rb.envelope("completed", rb.output_items(msg, result.finish_reason == "length"), result))

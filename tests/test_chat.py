@@ -316,7 +316,7 @@ def test_plain_transcript_for_a_base_model_without_chatml_tokens():
     meta = {"tokenizer.ggml.tokens": ["<pad>", "<eos>", "<bos>", "a"], "tokenizer.ggml.bos_token_id": 2,
             "tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.add_bos_token": True}
     t = ChatTemplate.from_gguf_metadata(meta)
-    assert t.is_builtin and t.is_plain and t.stop_strings == ("\nUser:",)
+    assert t.is_builtin and t.is_plain and t.stop_strings == ("\nUser:", "\nAssistant:")
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Capital of France?"}]
     assert t.render(msgs) == "Be brief.\n\nUser: Hi\nAssistant: Hello.\nUser: Capital of France?\nAssistant:"

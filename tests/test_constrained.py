@@ -197,3 +197,58 @@ def test_required_call_without_a_template_tag(cpu_engine):
     assert json.loads(body)["name"] == "f" and isinstance(json.loads(body)["arguments"]["x"], int)
     with pytest.raises(constrain.ConstraintError, match="not one of the tools"):
         constrain.tool_call_constraint(tools, "g")
+
+
+def test_tool_arguments_name_only_their_keys(cpu_engine):
+    """An object that lists its properties and says nothing of others is closed to others, as
+    llama.cpp's schema converter reads it (constrain.closed): after the last named key the call's
+    arguments can only close, where an open object let a small model add keys forever."""
+    assert constrain.closed({"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {}}},
+                                                              "c": {"type": "array", "items": {
+                                                                  "type": "object", "properties": {"d": {}}}}}}) == {
+        "type": "object", "additionalProperties": False, "properties": {
+            "a": {"type": "object", "properties": {"b": {}}, "additionalProperties": False},
+            "c": {"type": "array", "items": {"type": "object", "properties": {"d": {}}, "additionalProperties": False}}}}
+    for kept in ({"type": "object"}, {"type": "object", "properties": {"a": {}}, "additionalProperties": True},
+                 {"type": "object", "properties": {"a": {}}, "patternProperties": {"^x": {}}}):
+        assert constrain.closed(kept) == kept
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]
+    tok = cpu_engine.tokenizer
+    for open_tools in (tools, [{**tools[0], "function": {**tools[0]["function"], "parameters": {
+            **tools[0]["function"]["parameters"], "additionalProperties": True}}}]):
+        c = constrain.Constraint.start(tok, constrain.tool_call_constraint(open_tools, "open", tok.token_id))
+        for t in tok.encode('<tool_call>\n{"name": "f", "arguments": {"x": 12'):
+            c.accept(t)
+        allowed = c.allowed()
+        comma = [i for i in range(len(allowed)) if tok.decode([i]).startswith(",")]
+        assert allowed[tok.encode("}")[0]]
+        assert allowed[comma].any() == (open_tools is not tools), "another key only where the schema allows it"
+
+
+@pytest.mark.parametrize("mode", ["open", "auto"])
+def test_one_call_without_parallel_tool_calls(cpu_engine, mode):
+    """parallel=False (parallel_tool_calls false, or a template that cannot write several): after
+    the first block closes the grammar can only end, so the reply is exactly one call and ends
+    there (EOS), however often the model would go on calling (random weights at temperature 1)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"],
+        "additionalProperties": False}}}]
+    for seed in range(3):
+        spec = constrain.tool_call_constraint(tools, mode, cpu_engine.tokenizer.token_id, parallel=False)
+        c = constrain.Constraint.start(cpu_engine.tokenizer, spec)
+        for t in cpu_engine.tokenizer.encode('<tool_call>\n{"name": "f", "arguments": {"x": ' + str(seed) + '}}\n'):
+            c.accept(t)
+        for t in cpu_engine.tokenizer.encode("</tool_call>"):
+            c.accept(t)
+        allowed = c.allowed()
+        eog = sorted(cpu_engine.tokenizer.eot_ids)
+        assert allowed[eog].all() and allowed.sum() == len(eog), "only the end may follow the one call"
+        if mode == "open":
+            r = run(cpu_engine, spec, 1.0, seed, max_tokens=80)
+            assert r.text.count("<tool_call>") == 1 and r.finish_reason == "stop", r.text
+    many = constrain.tool_call_constraint(tools, "open", cpu_engine.tokenizer.token_id)    # parallel
+    c = constrain.Constraint.start(cpu_engine.tokenizer, many)
+    for t in cpu_engine.tokenizer.encode('<tool_call>\n{"name": "f", "arguments": {"x": 1}}\n</tool_call>'):
+        c.accept(t)
+    assert c.allowed().sum() > len(cpu_engine.tokenizer.eot_ids)          # another call may follow

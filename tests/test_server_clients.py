@@ -90,11 +90,13 @@ def test_openai_responses_create_and_stream(real):
                                 max_output_tokens=8, temperature=0)
     assert r.id.startswith("resp_") and r.output[0].type == "message" and r.output[0].id.startswith("msg_")
     assert r.status == "incomplete" and r.usage.output_tokens == 8
+    assert r.output[0].status == "incomplete"             # the cut message too, as OpenAI marks it
     with client.responses.stream(model="x", instructions="You are a home assistant.", input="Hi",
                                  max_output_tokens=8, temperature=0) as stream:
         deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
         final = stream.get_final_response()
     assert "".join(deltas) == final.output_text == r.output_text
+    assert final.status == "incomplete" and final.output[0].status == "incomplete"
 
 
 def test_openai_tool_call_chat_and_responses(scripted):
@@ -232,3 +234,11 @@ def test_ollama_errors_in_ollamas_shape(real):
     with pytest.raises(ollama.ResponseError) as e:
         client.pull("llama3")
     assert e.value.status_code == 501
+    for call in (lambda o: client.generate(model="x", prompt="hi", options=o),
+                 lambda o: client.chat(model="x", messages=[{"role": "user", "content": "hi"}], options=o)):
+        with pytest.raises(ollama.ResponseError) as e:       # the option's name, not what it maps to
+            call({"num_predict": "lots"})
+        assert e.value.status_code == 400 and "'options.num_predict'" in e.value.error, e.value.error
+        with pytest.raises(ollama.ResponseError) as e:
+            call({"temperature": -1})
+        assert "'options.temperature'" in e.value.error, e.value.error

@@ -138,6 +138,23 @@ def test_forced_tool_call_arguments_validate(real, choice):
             check_light(json.loads(c.function.arguments))
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "light_set"}}])
+def test_parallel_tool_calls_false_makes_one_call(real, choice):
+    """parallel_tool_calls false: one call, then the reply ends (finish_reason tool_calls, no text),
+    where the same random weights keep calling until max_tokens when it is left to the template."""
+    for seed in range(3):
+        r = oai(real).chat.completions.create(model="x", messages=[{"role": "user", "content": "Dim the kitchen"}],
+                                              tools=TOOLS, tool_choice=choice, max_tokens=120, temperature=1.0,
+                                              seed=seed, parallel_tool_calls=False)
+        m = r.choices[0].message
+        assert len(m.tool_calls) == 1 and r.choices[0].finish_reason == "tool_calls", m
+        assert not m.content
+        check_light(json.loads(m.tool_calls[0].function.arguments))
+    bad = httpx.post(real + "/v1/chat/completions", json={"messages": ASK, "tools": TOOLS, "parallel_tool_calls": "no"},
+                     timeout=60)
+    assert bad.status_code == 400 and "parallel_tool_calls" in bad.json()["error"]["message"]
+
+
 def test_auto_tool_choice_with_schema_answer(real):
     """auto + response_format: the reply is the JSON answer or calls whose arguments validate."""
     for seed in range(4):

@@ -545,7 +545,7 @@ def test_plain_fallback_template_ends_chat_replies_at_the_next_user_line(engine,
     try:
         r = client.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, "stop": ["x"]})
         assert r.status_code == 200, r.text
-        assert engine.requests[-1].stop == ["x", "\nUser:"]
+        assert engine.requests[-1].stop == ["x", "\nUser:", "\nAssistant:"]
         assert client.post("/completion", json={"prompt": "Hi", "n_predict": 2}).status_code == 200
         assert "\nUser:" not in engine.requests[-1].stop
     finally:

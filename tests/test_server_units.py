@@ -510,3 +510,16 @@ def test_native_completion_stop_type_and_stopping_word():
     full = GenerationResult(text="x", tokens=[1] * 59, finish_reason="length", stop_word=None, n_prompt=5,
                             n_cached=0, prompt_ms=1.0, n_generated=59, gen_ms=1.0)
     assert NativeCompletionFormatter(st, req, [1] * 5).response("x", [], full)["truncated"] is True
+
+
+def test_ollama_generate_gives_a_base_model_its_prompt_as_is():
+    """/api/generate applies the chat template, except with `raw` or for a base model (the plain
+    transcript fallback), whose prompt is continued as is - as Ollama's `{{ .Prompt }}` template
+    and `genie-rt run` do; a `system` is then its first paragraph."""
+    from genie_rt.server.ollama import generate_body
+    body = {"prompt": "The capital of France is", "system": "Be brief.", "stream": False}
+    chat = generate_body(body)
+    assert "prompt" not in chat and chat["messages"][-1] == {"role": "user", "content": body["prompt"]}
+    assert generate_body(body, base_model=True)["prompt"] == "Be brief.\n\nThe capital of France is"
+    assert generate_body({**body, "system": None}, base_model=True)["prompt"] == body["prompt"]
+    assert generate_body({**body, "raw": True})["prompt"] == body["prompt"]     # raw: no system either
