@@ -210,6 +210,8 @@ def to_chat_body(body: dict, need_max_tokens: bool = True) -> dict:
         choice = _tool_choice(body.get("tool_choice"))
         if choice is not None:
             out["tool_choice"] = choice
+        if isinstance(body.get("tool_choice"), dict) and body["tool_choice"].get("disable_parallel_tool_use") is True:
+            out["parallel_tool_calls"] = False      # Anthropic's spelling: at most one call
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled", "adaptive"):
         out["chat_template_kwargs"] = {"enable_thinking": thinking["type"] != "disabled"}

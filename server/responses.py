@@ -135,7 +135,7 @@ def to_chat_body(body: dict) -> dict:
                           f"{schemas._show(fmt.get('type'))}")
     if body.get("max_output_tokens") is not None:
         out["max_tokens"] = body["max_output_tokens"]
-    for key in ("temperature", "top_p", "stream", "seed", "top_k", "min_p", "stop",
+    for key in ("temperature", "top_p", "stream", "seed", "top_k", "min_p", "stop", "parallel_tool_calls",
                 "timings_per_token", "return_progress"):     # the last two: llama-server's telemetry
         if body.get(key) is not None:
             out[key] = body[key]
@@ -178,7 +178,8 @@ class ResponseBuilder:
         obj = {"id": self.id, "object": "response", "created_at": self.created, "status": status,
                "model": self.model, "output": output, "error": None,
                "incomplete_details": None, "instructions": b.get("instructions"),
-               "max_output_tokens": b.get("max_output_tokens"), "parallel_tool_calls": True,
+               "max_output_tokens": b.get("max_output_tokens"),
+               "parallel_tool_calls": b.get("parallel_tool_calls") is not False,
                "temperature": b.get("temperature"), "top_p": b.get("top_p"),
                "tool_choice": b.get("tool_choice") or "auto", "tools": b.get("tools") or [],
                "text": {"format": {"type": "text"}}, "truncation": "disabled", "metadata": b.get("metadata") or {},

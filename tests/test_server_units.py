@@ -523,3 +523,18 @@ def test_ollama_generate_gives_a_base_model_its_prompt_as_is():
     assert generate_body(body, base_model=True)["prompt"] == "Be brief.\n\nThe capital of France is"
     assert generate_body({**body, "system": None}, base_model=True)["prompt"] == body["prompt"]
     assert generate_body({**body, "raw": True})["prompt"] == body["prompt"]     # raw: no system either
+
+
+def test_parallel_tool_calls_reaches_the_chat_body_from_every_api():
+    """Responses' parallel_tool_calls and Anthropic's tool_choice.disable_parallel_tool_use become the
+    chat body's parallel_tool_calls (one call a reply; server/jobs.py tool_grammar)."""
+    from genie_rt.server import anthropic, responses
+    tools = [{"type": "function", "name": "f", "parameters": {"type": "object", "properties": {}}}]
+    r = responses.to_chat_body({"input": "hi", "tools": tools, "parallel_tool_calls": False})
+    assert r["parallel_tool_calls"] is False
+    assert "parallel_tool_calls" not in responses.to_chat_body({"input": "hi", "tools": tools})
+    a_tools = [{"name": "f", "input_schema": {"type": "object", "properties": {}}}]
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "tools": a_tools}
+    one = anthropic.to_chat_body({**body, "tool_choice": {"type": "any", "disable_parallel_tool_use": True}})
+    assert one["parallel_tool_calls"] is False and one["tool_choice"] == "required"
+    assert "parallel_tool_calls" not in anthropic.to_chat_body({**body, "tool_choice": {"type": "auto"}})
