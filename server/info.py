@@ -11,6 +11,8 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.responses import StreamingResponse
 
 from . import chat_request, completion_request, jobs, platform_metrics, schemas
+from genie_rt.engine.chat_caps import template_caps
+
 from .errors import ApiError, JSONResp, endpoint, json_bytes
 from .openai_format import SAMPLERS, sampling_settings
 from .prompt_limits import iter_encode, release_memory
@@ -108,6 +110,7 @@ async def props(request: Request, st: ServerState) -> Response:
         "n_ctx": engine.n_ctx,
         "chat_template": template.source,
         "chat_template_is_builtin": bool(getattr(template, "is_builtin", False)),
+        "chat_template_caps": template_caps(template),
         "bos_token": token_text(tok.bos_id),
         "eos_token": token_text(tok.eos_id),
         "build_info": FINGERPRINT,

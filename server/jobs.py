@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass, replace
 from typing import Any, AsyncIterator
 
@@ -31,6 +32,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from genie_rt.engine.chat import TOOL_CALL_START
+from genie_rt.engine.chat_caps import template_caps
 from genie_rt.engine.generate import Delta, Done, GenerationRequest, Progress
 
 from . import chat_request, completion_request, schemas
@@ -41,6 +43,8 @@ from .prompt_limits import TextBudget, TooManyTokens, encode_bounded
 from .state import ServerState
 from .streaming import JobStream, read_json
 from .worker import DISCONNECTED, Job, QueueFull, ShuttingDown
+
+log = logging.getLogger("genie_rt.server")
 
 
 # --- prompts --------------------------------------------------------------------------------------
@@ -250,8 +254,24 @@ def tool_grammar(st: ServerState, req: chat_request.ChatRequest, forced: str, pr
     return tool_constraint(tools, mode, getattr(st.engine, "tokenizer", None), schema, parallel)
 
 
+_warned_tools: set[int] = set()
+
+
+def _warn_unrendered_tools(template) -> None:
+    """Once per template: a request's tools that its template does not show the model (a base
+    model's transcript, SmolLM2's template). The request still runs: its calls are parsed, and a
+    forced tool_choice still makes one; /props' chat_template_caps says the same."""
+    if id(template) in _warned_tools or template_caps(template)["supports_tools"]:
+        return
+    _warned_tools.add(id(template))
+    log.warning("the chat template does not render tools: requests with tools run, but the model "
+                "is not shown them (tool_choice \"required\" or a named function still forces a call)")
+
+
 def _render(st: ServerState, req: chat_request.ChatRequest) -> tuple[str, str, list[int], object]:
     engine = st.engine
+    if req.tools:
+        _warn_unrendered_tools(engine.template)
     text, prefilled = render_chat(engine.template, req.messages, req.tools, req.template_kwargs,
                                   req.add_generation_prompt)
     if not prefilled and req.add_generation_prompt:

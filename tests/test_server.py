@@ -278,6 +278,9 @@ def test_props_and_models(server):
     props = server.get("/props").json()
     assert props["default_generation_settings"]["n_ctx"] == N_CTX
     assert props["total_slots"] == 1 and "chat_template" in props and props["model_path"].endswith(".gguf")
+    # llama-server's capability probes: the fixture's Qwen3 template shows tools and writes calls
+    assert props["chat_template_caps"] == {"supports_tools": True, "supports_tool_calls": True,
+                                           "supports_parallel_tool_calls": True, "supports_system_role": True}
     models = server.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["object"] == "model"
     assert models["data"][0]["meta"]["n_vocab"] == 4122

@@ -536,6 +536,23 @@ def test_sigterm_finishes_the_running_request_saves_and_exits_0(fixture_gguf, tm
             proc.wait()
 
 
+def test_tools_a_template_cannot_show_are_warned_about_once(engine, client, caplog):
+    """A request's tools that the template does not render (the base-model transcript): the
+    request runs, and the log says once that the model is not shown them (/props' caps agree)."""
+    from genie_rt.engine.chat import ChatTemplate
+    kept = engine.template
+    engine.template = ChatTemplate.plain()
+    try:
+        for _ in range(2):
+            r = client.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, "tools": TOOLS})
+            assert r.status_code == 200, r.text
+        warned = [m for m in caplog.messages if "does not render tools" in m]
+        assert len(warned) == 1
+        assert client.get("/props").json()["chat_template_caps"]["supports_tools"] is False
+    finally:
+        engine.template = kept
+
+
 def test_plain_fallback_template_ends_chat_replies_at_the_next_user_line(engine, client):
     # a base model (the default Gemma 3 270M) gets the plain transcript: its chat replies stop where
     # it starts writing the user's next line; completions are raw text and get no such stop
