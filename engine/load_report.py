@@ -89,7 +89,7 @@ def ready_summary(engine) -> str:
         f"  KV cache  {engine.ecfg.kv_dtype}, {fmt_bytes(plan.kv)} for {plan.n_ctx} tokens"
         + (" (sliding-window layers keep only their window)" if windowed else ""),
         f"  memory    needs {fmt_bytes(plan.total - plan.reserve)} ({fmt_bytes(plan.total)} with the reserve, "
-        f"`genie-rt info`'s total) of {fmt_bytes(plan.available)} available ({plan.where}); {fmt_bytes(left)} left",
+        f"genie-rt info's total) of {fmt_bytes(plan.available)} available ({plan.where}); {fmt_bytes(left)} left",
         f"            weights {fmt_bytes(plan.weights)}, KV {fmt_bytes(plan.kv)}, scratch {fmt_bytes(plan.scratch)}, "
         f"runtime {fmt_bytes(plan.overhead)}, reserve {fmt_bytes(plan.reserve)}",
     ]

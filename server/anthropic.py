@@ -210,8 +210,11 @@ def to_chat_body(body: dict, need_max_tokens: bool = True) -> dict:
         choice = _tool_choice(body.get("tool_choice"))
         if choice is not None:
             out["tool_choice"] = choice
-        if isinstance(body.get("tool_choice"), dict) and body["tool_choice"].get("disable_parallel_tool_use") is True:
-            out["parallel_tool_calls"] = False      # Anthropic's spelling: at most one call
+        flag = body["tool_choice"].get("disable_parallel_tool_use") if isinstance(body.get("tool_choice"), dict) else None
+        if flag is not None and not isinstance(flag, bool):
+            raise bad_request("'tool_choice.disable_parallel_tool_use' must be a boolean")
+        if flag:                                    # Anthropic's spelling: at most one call
+            out["parallel_tool_calls"] = False
     thinking = body.get("thinking")
     if isinstance(thinking, dict) and thinking.get("type") in ("enabled", "disabled", "adaptive"):
         out["chat_template_kwargs"] = {"enable_thinking": thinking["type"] != "disabled"}

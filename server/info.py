@@ -10,9 +10,9 @@ from starlette.responses import PlainTextResponse, Response
 
 from starlette.responses import StreamingResponse
 
-from . import chat_request, completion_request, jobs, platform_metrics, schemas
 from genie_rt.engine.chat_caps import template_caps
 
+from . import chat_request, completion_request, jobs, platform_metrics, schemas
 from .errors import ApiError, JSONResp, endpoint, json_bytes
 from .openai_format import SAMPLERS, sampling_settings
 from .prompt_limits import iter_encode, release_memory

@@ -193,13 +193,12 @@ def generate_body(body: dict, base_model: bool = False) -> dict:
     prompt = schemas.get_str(body, "prompt", "")
     raw = schemas.get_bool(body, "raw", False)
     out: dict = {"stream": schemas.get_bool(body, "stream", True)}
+    system = schemas.get_str(body, "system", None)
     if raw:
         out["prompt"] = prompt
     elif base_model:
-        system = schemas.get_str(body, "system", None)
         out["prompt"] = (system + "\n\n" if system else "") + prompt
     else:
-        system = schemas.get_str(body, "system", None)
         out["messages"] = ([{"role": "system", "content": system}] if system else []) + \
             [{"role": "user", "content": prompt}]
     _options(body, out)

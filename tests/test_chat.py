@@ -586,19 +586,3 @@ def test_validate_tool_call_is_strict_about_arguments():
         validate_tool_call([1], where)
     assert decode_tool_arguments('{"on": true}', "x") == {"on": True}
 
-
-def test_template_caps_by_probes(fixture_template):
-    """engine/chat_caps.py: what a template shows the model, found by rendering needles - the
-    base-model transcript shows no tools and writes no calls; ChatML and Qwen3 do both; a template
-    that raises on a probe lacks that capability; the result is computed once."""
-    from genie_rt.engine.chat_caps import template_caps
-    plain = template_caps(ChatTemplate.plain())
-    assert plain == {"supports_tools": False, "supports_tool_calls": False, "supports_parallel_tool_calls": False,
-                     "supports_system_role": True}
-    for t in (ChatTemplate.chatml(), fixture_template):
-        assert all(template_caps(t).values()), template_caps(t)
-    no_system = ChatTemplate("{% for m in messages %}{% if m.role == 'system' %}"
-                             "{{ raise_exception('no system role') }}{% endif %}{{ m.content }}{% endfor %}")
-    assert template_caps(no_system) == {"supports_tools": False, "supports_tool_calls": False,
-                                        "supports_parallel_tool_calls": False, "supports_system_role": False}
-    assert template_caps(no_system) is template_caps(no_system)

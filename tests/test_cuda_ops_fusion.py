@@ -257,8 +257,8 @@ def test_the_runtime_refuses_a_recording_that_leaves_a_launch_pending():
     from genie_rt.engine.backend_cuda import CUDABackend
     rt = SimpleNamespace(pending_launch="stale")
     CUDABackend._recorded(rt, lambda: None)            # a stale mark from a failed recording is cleared
-    with pytest.raises(AssertionError, match="wo.0 .* still pending"):
-        CUDABackend._recorded(rt, lambda: setattr(rt, "pending_launch", "wo.0 (residual GEMV)"))
+    with pytest.raises(AssertionError, match="rope_write of layer 0 still pending"):
+        CUDABackend._recorded(rt, lambda: setattr(rt, "pending_launch", "rope_write of layer 0"))
 
 
 def _cli_config(argv):

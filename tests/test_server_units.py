@@ -538,3 +538,5 @@ def test_parallel_tool_calls_reaches_the_chat_body_from_every_api():
     one = anthropic.to_chat_body({**body, "tool_choice": {"type": "any", "disable_parallel_tool_use": True}})
     assert one["parallel_tool_calls"] is False and one["tool_choice"] == "required"
     assert "parallel_tool_calls" not in anthropic.to_chat_body({**body, "tool_choice": {"type": "auto"}})
+    with pytest.raises(ApiError, match="disable_parallel_tool_use' must be a boolean"):
+        anthropic.to_chat_body({**body, "tool_choice": {"type": "any", "disable_parallel_tool_use": "yes"}})
