@@ -122,7 +122,8 @@ def closed(schema):
     (`additionalProperties`, `patternProperties`) closed to them, as llama.cpp's schema-to-grammar
     converter reads such objects: a tool's arguments are the keys it names. Without this a small
     model can invent keys forever (`"city": "Paris", "country": ..., "time": ...`) and never close
-    the call. Branches of `allOf` stay as they are (each names only part of the keys)."""
+    the call. Branches of `allOf` stay as they are (each names only part of the keys), and so does
+    a `not` (closing what it excludes would let more through)."""
     if isinstance(schema, list):
         return [closed(s) for s in schema]
     if not isinstance(schema, dict):
@@ -132,7 +133,7 @@ def closed(schema):
         out["properties"] = {k: closed(v) for k, v in out["properties"].items()}
         if "additionalProperties" not in out and "patternProperties" not in out and "allOf" not in out:
             out["additionalProperties"] = False
-    for key in ("items", "prefixItems", "anyOf", "oneOf", "not", "additionalProperties"):
+    for key in ("items", "prefixItems", "anyOf", "oneOf", "additionalProperties"):
         if key in out and isinstance(out[key], (dict, list)):
             out[key] = closed(out[key])
     for key in ("$defs", "definitions"):

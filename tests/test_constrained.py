@@ -210,7 +210,8 @@ def test_tool_arguments_name_only_their_keys(cpu_engine):
             "a": {"type": "object", "properties": {"b": {}}, "additionalProperties": False},
             "c": {"type": "array", "items": {"type": "object", "properties": {"d": {}}, "additionalProperties": False}}}}
     for kept in ({"type": "object"}, {"type": "object", "properties": {"a": {}}, "additionalProperties": True},
-                 {"type": "object", "properties": {"a": {}}, "patternProperties": {"^x": {}}}):
+                 {"type": "object", "properties": {"a": {}}, "patternProperties": {"^x": {}}},
+                 {"not": {"type": "object", "properties": {"a": {}}}}):
         assert constrain.closed(kept) == kept
     tools = [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}]
