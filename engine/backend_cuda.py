@@ -242,13 +242,21 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
 
     def _record_prefill(self, n: int, n_splits: tuple, short: bool = False) -> None:
         """Layer-major prefill of n rows (ids[:n]) at start = state[S_POS]; x_last <- x[state[S_LAST]].
-        short: by ShortPrefillOps (engine/cuda_short_prefill.py) instead of PrefillOps."""
+        The ids and the slots S_POS .. S_SPLIT + plans - 1 are first copied from their pinned mirrors,
+        which the caller wrote (_set_state, copy=False is enough). short: by ShortPrefillOps
+        (engine/cuda_short_prefill.py) instead of PrefillOps."""
         from .copy_kernels import gather_row
         from .cuda_ops import PrefillOps
         from .cuda_short_prefill import ShortPrefillOps
         s = self._prefill_scratch.get(n)
         if s is None:
             s = self._prefill_scratch[n] = self._scratch(n, self.arena["ids"][:n])
+        # the chunk's ids and state slots (position, last row, splits), copied from the pinned mirrors
+        # the caller wrote: in a graph these are its first two nodes, so a warm request's host work
+        # before its first kernel is the mirrors' writes and one cuGraphLaunch, not two more driver
+        # calls (~0.04 ms on the H100 host of 2026-12-07 16:21 UTC, tools/bench_prefix.py)
+        self._upload_ids(4 * n)
+        self._slot_upload(S_POS, S_SPLIT + len(n_splits))()
         ops = (ShortPrefillOps if short else PrefillOps)(self, n, n_splits, splits_at=S_SPLIT)
         ops.bind_scratch(s)
         self.spec.body(ops, self.weights, self.attn, s, self.cfg)
@@ -295,26 +303,32 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
 
     # -- host <-> device per step -------------------------------------------------------
     def _set_state(self, pos: int | None = None, token: int | None = None, last: int | None = None,
-                   splits: tuple = ()) -> None:
+                   splits: tuple = (), copy: bool = True) -> None:
         """Write some state slots: one async copy from the pinned mirror for each run of adjacent
         slots (a prefill chunk's position, last row and splits are one copy: engine/device_state.py;
         its h2d.Upload bound once per run); splits: the prefill plans' attention split counts.
+        copy False: the mirror only - a prefill's graph copies its slots itself (_record_prefill).
         A slot's mirror is rewritten only after the stream has synchronised since its last copy
         (every caller follows a sync)."""
         values = {S_POS: pos, S_TOKEN: token, S_LAST: last, **{S_SPLIT + i: k for i, k in enumerate(splits)}}
         slots = sorted(k for k, v in values.items() if v is not None)
         for k in slots:
             self._host_state[k] = values[k]
+        if not copy:
+            return
         first = 0
         for i, k in enumerate(slots):
             if i + 1 == len(slots) or slots[i + 1] != k + 1:
-                run = (slots[first], k + 1)
-                copy = self._slot_uploads.get(run)
-                if copy is None:
-                    copy = self._slot_uploads[run] = Upload(self.state[run[0]:run[1]], self._host_state[run[0]:run[1]],
-                                                            self.stream)
-                copy()
+                self._slot_upload(slots[first], k + 1)()
                 first = i + 1
+
+    def _slot_upload(self, first: int, end: int) -> Upload:
+        """The bound copy of state slots first .. end-1 from the pinned mirror (made once a run)."""
+        copy = self._slot_uploads.get((first, end))
+        if copy is None:
+            copy = self._slot_uploads[(first, end)] = Upload(self.state[first:end], self._host_state[first:end],
+                                                             self.stream)
+        return copy
 
     def _begin_request(self, sampler, history, wait: bool = True) -> None:
         """The request's sampler parameters and history to the device (gpu_sampling.set_request:
@@ -410,11 +424,11 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
             bucket = SHORT_ROWS if short else next((b for b in BUCKETS if b >= n and b <= chunk), n)
             if pos + bucket > self.n_ctx:
                 bucket = n            # never pad past the pool
-            self.stream.synchronize()  # the pinned ids buffer is about to be rewritten
+            self.stream.synchronize()  # the pinned mirrors are about to be rewritten
             self._host_ids[:n] = part
             self._host_ids[n:bucket] = 0
-            self._upload_ids(4 * bucket)
-            self._set_state(pos=pos, last=n - 1, splits=self._splits(bucket, pos, short))
+            # (the mirrors only: the graph's first nodes copy them, _record_prefill)
+            self._set_state(pos=pos, last=n - 1, splits=self._splits(bucket, pos, short), copy=False)
             self._wrote(pos, bucket)              # padded rows write K/V too
             most = self._max_splits(bucket, short)
             key = ("prefill_short" if short else "prefill", bucket, most)

@@ -9,8 +9,10 @@ time per replay). Pointers and scalar arguments are frozen into the graph, so ev
 buffer must stay where it was (an arena) and values that change per token (position,
 token id, context length) must be read by the kernels from device memory.
 
-Nothing may allocate, copy from the host or synchronise during capture: launchers
-used inside a captured region must be pure launches.
+Nothing may allocate, synchronise or copy from pageable host memory during capture:
+launchers used inside a captured region must be pure launches. A copy from a pinned mirror
+by a bound h2d.Upload (one cuMemcpyHtoDAsync) is allowed: it becomes a memcpy node that reads
+the mirror when the graph runs (a prefill's ids and state slots, CUDABackend._record_prefill).
 """
 from __future__ import annotations
 
