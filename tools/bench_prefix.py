@@ -121,9 +121,12 @@ def generate_parts(engine, prompt: list[int]) -> dict:
             finally:
                 spent[name] = spent.get(name, 0.0) + (time.perf_counter() - t) * 1e3
         return call
-    names = ("prefill_sample", "_prefill_layers", "_set_state", "_splits", "_run", "_begin_request", "_read_token")
+    names = ("prefill_sample", "_enter", "_prefill_layers", "_set_state", "_splits", "_run", "_begin_request",
+             "_read_token")
     for name in names:
         setattr(be, name, timed(name, getattr(be, name)))
+    # (numba's Stream.synchronize: the prefill's sync before it rewrites the pinned mirrors, and the wait at the end)
+    be.stream.synchronize = timed("stream.synchronize (numba)", be.stream.synchronize)
     real_check, real_ws, real_ids, real_slots = (gpu_sampling.check_request, gpu_sampling.check_workspace,
                                                  be._upload_ids, be._slot_uploads)
     # (Engine.generate's prefill_sample(checked=True) runs check_workspace before the enqueue; check_request,
@@ -138,6 +141,7 @@ def generate_parts(engine, prompt: list[int]) -> dict:
     finally:
         for name in names:
             delattr(be, name)
+        del be.stream.synchronize
         gpu_sampling.check_request, gpu_sampling.check_workspace = real_check, real_ws
         be._upload_ids, be._slot_uploads = real_ids, real_slots
     out = {"Engine.generate's prompt_ms": r.prompt_ms}
