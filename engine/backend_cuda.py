@@ -46,7 +46,7 @@ from .cuda_graph_steps import GraphSteps
 from .cuda_layout import BUCKETS, MAX_BIAS, SHORT_ROWS, is_integrated, plan_layout, rope_keys
 from .device_state import MAX_PLANS, N_SLOTS, S_LAST, S_POS, S_SPLIT, S_TOKEN
 from .gguf_file import GGUFFile
-from .h2d import Upload, event, pinned_like
+from .h2d import ContextGuard, Upload, event, pinned_like
 from .memory import MemoryPlan
 from .models import architecture
 from .models.ops import AttnLayer, attn_layers, scratch_widths
@@ -88,6 +88,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         self.use_graphs = (not self.simulator) if use_graphs is None else use_graphs
         self.lay = lay = plan_layout(g, cfg, ecfg, plan.n_ctx)
         self.stream = cuda.stream()
+        self._context = ContextGuard()
         self.mapped = bool(getattr(ecfg, "mapped_memory", False))
         self.arena = A = Arena(lay.layout, mapped=self.mapped)
         self.integrated = is_integrated(cuda_layout.device())
@@ -351,10 +352,8 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
     # -- the back-end interface (engine/backend.py) --------------------------------------
     def _enter(self) -> None:
         """Make the CUDA context current on the calling thread before any driver call: the
-        server loads the model on one thread and generates on another."""
-        if not self.simulator:
-            from numba import cuda
-            cuda.current_context()
+        server loads the model on one thread and generates on another (h2d.ContextGuard)."""
+        self._context()
 
     def device_info(self) -> dict:
         if self.simulator:

@@ -107,3 +107,29 @@ class Upload:
             return
         if int(err) != 0:
             raise RuntimeError(f"cuMemcpyHtoDAsync of {n} bytes failed: {err!r}")
+
+
+class ContextGuard:
+    """Make the CUDA context current on the calling thread, cheaply when it already is (the server
+    loads the model on one thread and generates on another). numba's `cuda.current_context()` looks
+    the context up through the driver on every call: ~0.03 ms on the H100 host of 2026-12-07 16:38
+    UTC, host time before a warm request's first kernel (tools/bench_prefix.py). A call here is one
+    cuCtxGetCurrent through cuda.bindings; only a thread where another context (or none) is
+    current goes through numba. Under the simulator a call does nothing."""
+
+    def __init__(self):
+        self._get = None
+        if ptx.SIMULATOR:
+            return
+        from cuda.bindings import driver as cu
+        from numba import cuda
+        self._handle = int(cuda.current_context().handle)
+        self._get = cu.cuCtxGetCurrent
+
+    def __call__(self) -> None:
+        if self._get is None:
+            return
+        err, ctx = self._get()
+        if int(err) != 0 or int(ctx) != self._handle:
+            from numba import cuda
+            cuda.current_context()

@@ -73,3 +73,43 @@ def test_bound_upload_falls_back_to_numbas_copy_when_the_binding_refuses_the_cal
     s.synchronize()
     assert up._copy is None and "numba's copy from now on" in caplog.text
     np.testing.assert_array_equal(dev.copy_to_host(), [1, 2, 0, 0])
+
+
+def test_context_guard_makes_the_context_current_on_a_new_thread():
+    # h2d.ContextGuard (CUDABackend._enter): on the thread that made it, a call finds the context
+    # current and leaves it; on a new thread (none current) it makes it current, after which a copy
+    # there works. Under the simulator a call does nothing and the copy works as before.
+    import threading
+
+    from genie_rt.engine.h2d import ContextGuard, Upload
+    guard = ContextGuard()
+    guard()
+    dev = cuda.to_device(np.zeros(4, np.int32))
+    host = pinned_like(dev)
+    host[:] = [4, 3, 2, 1]
+    s = cuda.stream()
+    copy = Upload(dev, host, s)
+    seen = []
+
+    def worker():
+        try:
+            if not guard.__dict__.get("_get"):
+                seen.append("simulator")
+            else:
+                from cuda.bindings import driver as cu
+                seen.append(int(cu.cuCtxGetCurrent()[1]) == guard._handle)   # not current yet
+                guard()
+                seen.append(int(cu.cuCtxGetCurrent()[1]) == guard._handle)
+            copy()
+            s.synchronize()
+            seen.append(dev.copy_to_host().tolist())
+        except Exception as exc:      # noqa: BLE001 - reported below
+            seen.append(exc)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    if seen[0] == "simulator":
+        assert seen[1:] == [[4, 3, 2, 1]]
+    else:
+        assert seen == [False, True, [4, 3, 2, 1]]
