@@ -24,8 +24,9 @@ name from here.
                 sampler (+1 per draw)                    (tokens in the recent-token ring)
     7           free
 
-A prefill chunk's slots (S_POS .. S_SPLIT + plans - 1) are adjacent, so the host writes them
-with one copy (CUDABackend._set_state); S_DRAWS and S_HIST too (gpu_sampling.set_request).
+A prefill chunk's slots (S_POS .. S_SPLIT + plans - 1) are adjacent, so they are one copy: the host
+writes their pinned mirror (CUDABackend._set_state(copy=False)) and the prefill's graph copies it as its
+first node (_record_prefill); S_DRAWS and S_HIST are one copy too (gpu_sampling.set_request).
 """
 S_POS, S_LAST = 0, 1
 S_SPLIT = 2                      # S_SPLIT + i: prefill plan i's attention splits (i < MAX_PLANS)
