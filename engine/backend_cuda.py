@@ -6,7 +6,10 @@ What lives where:
     engine/cuda_ops.py       the op vocabulary as kernel launches (decode and prefill)
     engine/models/<arch>.py  the forward (`body`, `head`), the same code on every back-end
     engine/device_state.py   the slots of `state` that graphs read per step
-    this file                load, warm-up and capture, and the back-end interface
+    engine/cuda_graph_steps.py  capture and replay, the warm-up, each chunk's split counts
+    engine/cuda_rings.py     which positions the sliding-window rings hold (prefix reuse)
+    engine/h2d.py            the host's copies and context check before a request's first kernel
+    this file                load, the recorded sequences, and the back-end interface
 
 Load (all before the first token): the layout is planned and budgeted; one Arena is
 allocated; the weights are uploaded; every kernel is compiled and each sequence below is
@@ -16,7 +19,8 @@ captured into a CUDA graph (a first, uncaptured run compiles; the capture record
                              none), S_POS += 1 - one graph per token
     ("decode", mode, "short")  the same for a position below EngineConfig.decode_short_ctx: its
                              attention takes one query head a block (lay.decode_plans_short)
-    ("prefill", n, splits)   body(PrefillOps) on a chunk of n rows (a bucket: padded rows
+    ("prefill", n, splits)   the chunk's ids and state slots copied from their pinned mirrors,
+                             body(PrefillOps) on a chunk of n rows (a bucket: padded rows
                              are computed and ignored), then x_last <- x[S_LAST]; splits:
                              the most attention splits per plan at any start, the count in
                              use is read from state[S_SPLIT + i] - one graph per bucket
@@ -44,7 +48,8 @@ from .config import EngineConfig, ModelConfig
 from .cuda_constrained import ConstrainedSteps
 from .cuda_graph_steps import GraphSteps
 from .cuda_layout import BUCKETS, MAX_BIAS, SHORT_ROWS, is_integrated, plan_layout, rope_keys
-from .device_state import MAX_PLANS, N_SLOTS, S_LAST, S_POS, S_SPLIT, S_TOKEN
+from .cuda_rings import RingPositions
+from .device_state import N_SLOTS, S_LAST, S_POS, S_SPLIT, S_TOKEN
 from .gguf_file import GGUFFile
 from .h2d import ContextGuard, Upload, event, pinned_like
 from .memory import MemoryPlan
@@ -64,7 +69,7 @@ class _Request:
     draws: int = 0                 # tokens sampled on the device this request
 
 
-class CUDABackend(ConstrainedSteps, GraphSteps):
+class CUDABackend(ConstrainedSteps, GraphSteps, RingPositions):
     """engine/backend.py's Backend on a CUDA GPU."""
 
     name = "cuda"
@@ -115,11 +120,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         self._upload_rope_tables()
         self.kv = DeviceKVPool(lay.kv_shape, A["kv_pool"], stream=self.stream)
         self.kv_layers = [self.kv.layer(i) for i in range(cfg.n_layers)]
-        # For each ring size (sliding-window layers): the position each slot holds now, so
-        # that prefix reuse knows which positions survived later writes (reusable_prefix)
-        self._ring_pos = {r: np.full(r, -1, np.int64) for r in
-                          {lay.kv_shape.layer_slots(i) for i in lay.kv_shape.ring_layers}}
-        self._ring_window = {lay.kv_shape.layer_slots(i): cfg.window(i) for i in lay.kv_shape.ring_layers}
+        self._init_rings(lay.kv_shape, cfg)
         self.state = A["state"]
         self.state.copy_to_device(np.zeros(N_SLOTS, np.int32), stream=self.stream)
         self.dws = DecodeWorkspace(lay.decode_plan, A["ws.decode"], stream=self.stream)
@@ -264,44 +265,6 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
         ops.finish()
         gather_row(s.x, self.state, S_LAST, self.arena["x_last"], stream=self.stream)
 
-    # -- which positions the rings hold ---------------------------------------------------
-    def _wrote(self, start: int, n: int, reset: bool = False) -> None:
-        """Positions start .. start+n-1 were (or are about to be) written to every layer."""
-        for r, held in self._ring_pos.items():
-            if reset:
-                held[:] = -1
-            if n:
-                pos = np.arange(start, start + n)
-                held[pos[-r:] % r] = pos[-r:]
-
-    def ring_first(self, end: int) -> int:
-        """The first position p such that every ring still holds p .. end-1 (what a KV file
-        can store of the ring layers); 0 without rings."""
-        first = 0
-        for r, held in self._ring_pos.items():
-            p = end
-            while p > max(0, end - r) and held[(p - 1) % r] == p - 1:
-                p -= 1
-            first = max(first, p)
-        return first
-
-    def kv_imported(self, first: int, end: int) -> None:
-        """Positions first .. end-1 were just imported into every ring (a restored file)."""
-        self._wrote(0, 0, reset=True)
-        self._wrote(first, end - first)
-
-    def reusable_prefix(self, n: int) -> int:
-        """The longest prefix of at most n positions a request may keep: n when every ring
-        still holds the window the first new token attends to (n - W + 1 .. n - 1), else 0
-        (a ring is overwritten in place: after a long reply, a rollback of more than one
-        prefill chunk finds its window gone). Without rings: n."""
-        for r, held in self._ring_pos.items():
-            w = self._ring_window[r]
-            need = np.arange(max(0, n - w + 1), n)
-            if len(need) and not (held[need % r] == need).all():
-                return 0
-        return n
-
     # -- host <-> device per step -------------------------------------------------------
     def _set_state(self, pos: int | None = None, token: int | None = None, last: int | None = None,
                    splits: tuple = (), copy: bool = True) -> None:
@@ -384,29 +347,6 @@ class CUDABackend(ConstrainedSteps, GraphSteps):
     def synchronize(self) -> None:
         self._enter()
         self.stream.synchronize()
-
-    def _plans(self) -> list:
-        """The distinct prefill attention plans (one per kind of layer), in layer order;
-        plan i's split count lives in state[S_SPLIT + i]."""
-        plans = list({id(p): p for p in self.lay.prefill_plans}.values())
-        assert len(plans) <= MAX_PLANS, f"{len(plans)} prefill attention plans; the state holds {MAX_PLANS}"
-        return plans
-
-    def _splits_at(self, n: int, start: int, short: bool = False) -> tuple:
-        """The context splits of each plan for a chunk of n rows at `start` (graph key); short:
-        in the short prefill's graph (its own fewest tiles a split, attention_prefill.SHORT_SPLIT_TILES)."""
-        from genie_rt.kvcache.attention_prefill import prefill_splits
-        return tuple(prefill_splits(p, n, start, short=short) for p in self._plans())
-
-    def _splits(self, n: int, start: int, short: bool = False) -> tuple:
-        """_splits_at for a chunk about to run: each (n, start) worked out once (a warm request's
-        host time before its first kernel; _max_splits' sweep at load does not fill this)."""
-        got = self._splits_of.get((n, start, short))
-        if got is None:
-            if len(self._splits_of) >= 1 << 14:
-                self._splits_of.clear()
-            got = self._splits_of[(n, start, short)] = self._splits_at(n, start, short)
-        return got
 
     def _prefill_layers(self, tokens: np.ndarray, start: int, cancel=None) -> bool:
         tokens = np.asarray(tokens, np.int32)

@@ -4,8 +4,10 @@ without a run, and the warm-up that captures every graph a request can need at l
 A mixin of CUDABackend (engine/backend_cuda.py). It uses that class's `stream`, `state`,
 `arena`, `lay`, `n_ctx`, `ecfg`, `kv`, `use_graphs`, `_graphs` (key -> CUDAGraph), `capture_stats`,
 `pending_launch`, `_upload` (a cuda_weights.BackgroundUpload or None), `_max_splits_of`, and
-its methods `_record_prefill/_head/_decode`, `_set_state`, `_splits`, `_splits_at`, `_plans`, `_wrote`, and
-`dws_short` (not None: there is a short-context decode graph).
+its methods `_record_prefill/_head/_decode`, `_set_state`, `_wrote`, and `dws_short` (not None: there
+is a short-context decode graph). Which split counts a prefill chunk's graph holds and uses are
+worked out here (`_plans`, `_splits_at`, `_splits`, `_max_splits`; memoised in `_splits_of`,
+`_max_splits_of`).
 Keys: ("prefill", n, splits), ("prefill_short", 8, splits) (EngineConfig.short_prefill), ("head", mode), ("decode", mode), ("decode", mode, "short") (a step
 below EngineConfig.decode_short_ctx) and the constrained steps' ("sample", ...)
 (engine/cuda_constrained.py).
@@ -16,6 +18,7 @@ import logging
 import time
 
 from .cuda_layout import BUCKETS, SHORT_ROWS
+from .device_state import MAX_PLANS
 from .progress import NO_PROGRESS, Progress
 
 log = logging.getLogger("genie_rt.cuda")
@@ -205,6 +208,29 @@ class GraphSteps:
         if getattr(self, "short_prefill", False) and SHORT_ROWS <= min(self.n_ctx, self.lay.chunk):
             keys.append((SHORT_ROWS, self._max_splits(SHORT_ROWS, True), 0, True))
         return keys
+
+    def _plans(self) -> list:
+        """The distinct prefill attention plans (one per kind of layer), in layer order;
+        plan i's split count lives in state[S_SPLIT + i]."""
+        plans = list({id(p): p for p in self.lay.prefill_plans}.values())
+        assert len(plans) <= MAX_PLANS, f"{len(plans)} prefill attention plans; the state holds {MAX_PLANS}"
+        return plans
+
+    def _splits_at(self, n: int, start: int, short: bool = False) -> tuple:
+        """The context splits of each plan for a chunk of n rows at `start` (graph key); short:
+        in the short prefill's graph (its own fewest tiles a split, attention_prefill.SHORT_SPLIT_TILES)."""
+        from genie_rt.kvcache.attention_prefill import prefill_splits
+        return tuple(prefill_splits(p, n, start, short=short) for p in self._plans())
+
+    def _splits(self, n: int, start: int, short: bool = False) -> tuple:
+        """_splits_at for a chunk about to run: each (n, start) worked out once (a warm request's
+        host time before its first kernel; _max_splits' sweep at load does not fill this)."""
+        got = self._splits_of.get((n, start, short))
+        if got is None:
+            if len(self._splits_of) >= 1 << 14:
+                self._splits_of.clear()
+            got = self._splits_of[(n, start, short)] = self._splits_at(n, start, short)
+        return got
 
     def _max_splits(self, n: int, short: bool = False) -> tuple:
         """The most context splits of each plan for a chunk of n rows at any start: the
