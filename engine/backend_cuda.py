@@ -25,7 +25,7 @@ captured into a CUDA graph (a first, uncaptured run compiles; the capture record
                              the most attention splits per plan at any start, the count in
                              use is read from state[S_SPLIT + i] - one graph per bucket
     ("prefill_short", 8, splits)  with EngineConfig.short_prefill, a chunk of at most 8 rows:
-                             body(ShortPrefillOps), the int8 tensor-core GEMV on q8_K
+                             the same two copies, body(ShortPrefillOps), the int8 tensor-core GEMV on q8_K
                              activations (engine/cuda_short_prefill.py) - one graph
     ("head", mode)           the head on x_last and the sampling of the first token
 

@@ -6,13 +6,13 @@ This table is its one definition; every kernel that reads or writes a slot impor
 name from here.
 
     slot        written by                              read by
-    S_POS   0   host (_set_state) before a prefill       rope_write, decode/prefill attention:
-                chunk or a decode run; advance_state     the position of the chunk's first row
-                (+1 after each decode step)              (decode: of the token); rope_write and
-                                                         the prefill attention read state[0]
-    S_LAST  1   host before a prefill chunk              gather_row: the last real row of a
+    S_POS   0   a prefill graph's first copy (from the   rope_write, decode/prefill attention:
+                mirror the host wrote); host before a    the position of the chunk's first row
+                decode run; advance_state (+1 after      (decode: of the token); rope_write and
+                each decode step)                        the prefill attention read state[0]
+    S_LAST  1   a prefill graph's first copy             gather_row: the last real row of a
                                                          padded chunk (its logits are wanted)
-    S_SPLIT 2,3 host before a prefill chunk: the         prefill attention and its merge
+    S_SPLIT 2,3 a prefill graph's first copy: the        prefill attention and its merge
                 context splits of the chunk's launch     (splits_at): the split count of
                 for prefill plan 0 / 1 (global,          prefill plan i is state[S_SPLIT + i],
                 sliding window)                          so a bucket is one graph

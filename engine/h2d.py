@@ -18,6 +18,9 @@ each call is the driver's cuMemcpyHtoDAsync through cuda.bindings and nothing el
 `driver.host_to_device`, which `upload` uses, looks up both pointers and the stream's handle on
 every copy: ~20 us a copy on the H100 host of 2026-12-06 and ~45 us on the one of 2026-12-07
 (tools/bench_prefix.py --breakdown-after-cold), host time before a warm request's first kernel.
+Since 2026-12-07 16:30 UTC the prefill's two copies are its graph's first nodes instead (stream
+capture records a bound call as a memcpy node that reads the mirror when the graph runs), so a
+warm request's host work before its first kernel is the mirrors' writes and one launch.
 
 The caller must not rewrite a mirror while a copy from it may still be pending (the
 back-end synchronises the stream before it rewrites any, or waits for an event recorded after
@@ -110,12 +113,13 @@ class Upload:
 
 
 class ContextGuard:
-    """Make the CUDA context current on the calling thread, cheaply when it already is (the server
+    """Make numba's CUDA context current on the calling thread, cheaply when it already is (the server
     loads the model on one thread and generates on another). numba's `cuda.current_context()` looks
     the context up through the driver on every call: ~0.03 ms on the H100 host of 2026-12-07 16:38
     UTC, host time before a warm request's first kernel (tools/bench_prefix.py). A call here is one
-    cuCtxGetCurrent through cuda.bindings; only a thread where another context (or none) is
-    current goes through numba. Under the simulator a call does nothing."""
+    cuCtxGetCurrent through cuda.bindings; a thread where no context, or another one, is current
+    goes through numba's `current_context()` as before (which makes numba's current where none is,
+    and leaves another one that a caller pushed). Under the simulator a call does nothing."""
 
     def __init__(self):
         self._get = None

@@ -79,7 +79,7 @@ def cuda_breakdown(engine, prompt: list[int]) -> dict:
     t5 = time.perf_counter()
     engine.kv_tokens = list(prompt)
     return {"host: prefix match (engine._restore)": (t1 - t0) * 1e3,
-            "host: prefill enqueue (sync, ids, state, graph)": (t2 - t1) * 1e3,
+            "host: prefill enqueue (sync, mirrors, graph launch)": (t2 - t1) * 1e3,
             "host: begin request (sampler params; the device runs the prefill)": (t3 - t2) * 1e3,
             "host: head enqueue": (t4 - t3) * 1e3,
             "host: wait for the device + read the token": (t5 - t4) * 1e3,
@@ -106,9 +106,9 @@ def direct_ms(engine, prompt: list[int]) -> float:
 def generate_parts(engine, prompt: list[int]) -> dict:
     """One warm request through Engine.generate (its prompt_ms, as the warm row times it), with host
     clocks around the back-end calls it makes on the way: which of them holds the time prompt_ms has
-    and cuda_breakdown's total has not. The wrappers are instance attributes (and the back-end
-    bound uploads of ids and state slots, h2d.Upload), removed before returning; each adds well under
-    a microsecond a call."""
+    and cuda_breakdown's total has not. The wrappers are instance attributes, removed before
+    returning; each adds well under a microsecond a call. (The ids and state slots are copied by the
+    prefill graph's own first nodes: no host call to time.)"""
     from genie_rt.engine import gpu_sampling
     be = engine.backend
     spent: dict[str, float] = {}
@@ -127,14 +127,11 @@ def generate_parts(engine, prompt: list[int]) -> dict:
         setattr(be, name, timed(name, getattr(be, name)))
     # (numba's Stream.synchronize: the prefill's sync before it rewrites the pinned mirrors, and the wait at the end)
     be.stream.synchronize = timed("stream.synchronize (numba)", be.stream.synchronize)
-    real_check, real_ws, real_ids, real_slots = (gpu_sampling.check_request, gpu_sampling.check_workspace,
-                                                 be._upload_ids, be._slot_uploads)
+    real_check, real_ws = gpu_sampling.check_request, gpu_sampling.check_workspace
     # (Engine.generate's prefill_sample(checked=True) runs check_workspace before the enqueue; check_request,
     # which calls it too, runs in set_request after it - so the second count includes the first's kind)
     gpu_sampling.check_request = timed("check_request (after the enqueue)", real_check)
     gpu_sampling.check_workspace = timed("check_workspace", real_ws)
-    be._upload_ids = timed("upload (ids, state slots)", real_ids)
-    be._slot_uploads = {k: timed("upload (ids, state slots)", v) for k, v in real_slots.items()}
     collections = gc.get_count()
     try:
         r = list(engine.generate(greedy_request(prompt)))[-1].result
@@ -143,7 +140,6 @@ def generate_parts(engine, prompt: list[int]) -> dict:
             delattr(be, name)
         del be.stream.synchronize
         gpu_sampling.check_request, gpu_sampling.check_workspace = real_check, real_ws
-        be._upload_ids, be._slot_uploads = real_ids, real_slots
     out = {"Engine.generate's prompt_ms": r.prompt_ms}
     out.update({f"  of which {k}": v for k, v in spent.items()})
     out["gc generation-0 count before (of 700)"] = float(collections[0])
