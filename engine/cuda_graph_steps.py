@@ -136,7 +136,8 @@ class GraphSteps:
             progress.start("compiling kernels" + (", capturing graphs" if self.use_graphs else ""),
                            len(keys) + 2 * len(modes), "graphs" if self.use_graphs else "sequences")
             for i, (n, splits, start, short) in enumerate(keys):
-                self._set_state(pos=start, last=0, splits=self._splits(n, start, short))
+                # (the mirror only: the graph's first nodes copy it, _record_prefill)
+                self._set_state(pos=start, last=0, splits=self._splits(n, start, short), copy=False)
                 self._warm_one(("prefill_short" if short else "prefill", n, splits),
                                lambda n=n, splits=splits, short=short: self._record_prefill(n, splits, short),
                                first_try_capture=i > 0 and not short)

@@ -585,4 +585,3 @@ def test_validate_tool_call_is_strict_about_arguments():
     with pytest.raises(ChatTemplateError, match=r"tool_calls\[0\] must be an object, got array"):
         validate_tool_call([1], where)
     assert decode_tool_arguments('{"on": true}', "x") == {"on": True}
-

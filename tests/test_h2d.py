@@ -93,7 +93,7 @@ def test_context_guard_makes_the_context_current_on_a_new_thread():
 
     def worker():
         try:
-            if not guard.__dict__.get("_get"):
+            if guard._get is None:
                 seen.append("simulator")
             else:
                 from cuda.bindings import driver as cu

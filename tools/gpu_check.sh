@@ -104,11 +104,12 @@ use_kernel_cache() {
   if [ -n "${KC:-}" ] && [ -f "$KC" ]; then mkdir -p /tmp/kcx && tar xzf "$KC" -C /tmp/kcx \
     && export GENIE_RT_KERNEL_CACHE=/tmp/kcx/kc; fi
 }
-# a 4B call's start: the kernel cache (use_kernel_cache), llama.cpp's build in the background (stage
-# lcpp, once a machine) and the synthetic Qwen3-4B file
+# a 4B call's start: the kernel cache (use_kernel_cache), on an H200 llama.cpp's build in the background
+# (stage lcpp, once a machine: only there do its numbers count, and beside it the H100 call of 2026-12-07
+# 16:13 UTC compiled too slowly for its prefix bench) and the synthetic Qwen3-4B file
 start_4b() {
   use_kernel_cache
-  [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null
+  if grep -q H200 "$OUT/gpu.txt"; then [ -f /tmp/lcpp-cuda/build.log ] || "$0" lcpp > /dev/null; fi
   [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 8 | tail -1
 }
 # CPUs 0-3 for genie-rt's bench while llama.cpp builds beside it on the others (stage lcpp):
@@ -340,9 +341,8 @@ for s in "$@"; do
       # the short prefill's late trigger, the bound uploads, CPU parity) in what is left of TEND s
       stage s33
       timeout 90 $PY -m pytest -q -p no:cacheprovider -p no:xdist tests/test_h2d.py 2>&1 | tail -2
+      start_4b
       H200=$(grep -c H200 "$OUT/gpu.txt")
-      if [ "$H200" -gt 0 ]; then start_4b; else use_kernel_cache   # llama.cpp's build only where its numbers count
-        [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 16 | tail -1; fi
       [ "$H200" -gt 0 ] && bench_4b ${BT:-220}
       # (the bench compiles no short-prefill kernel: this compiles them, ~2-3 min on a fresh machine; the
       # H100 call of 2026-12-07 16:13 UTC, with llama.cpp building beside it, did not finish within 220 s)
