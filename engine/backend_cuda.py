@@ -60,6 +60,10 @@ from .progress import NO_PROGRESS, Progress
 log = logging.getLogger("genie_rt.cuda")
 
 OUT_SLOTS = 64                    # host-mapped ring of sampled tokens
+# Lab knob: a request's sampler copies (gpu_sampling.set_request: six small copies) on a stream of their
+# own, beside the prefill, instead of on the stream between the prefill's graph and the head's, where
+# the device ran them one after another before the head (_begin_request). Not yet timed.
+SAMPLER_COPY_STREAM = True
 
 
 @dataclass
@@ -93,6 +97,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps, RingPositions):
         self.use_graphs = (not self.simulator) if use_graphs is None else use_graphs
         self.lay = lay = plan_layout(g, cfg, ecfg, plan.n_ctx)
         self.stream = cuda.stream()
+        self.copy_stream = cuda.stream()   # a request's sampler copies, beside a prefill (_begin_request)
         self._context = ContextGuard()
         self.mapped = bool(getattr(ecfg, "mapped_memory", False))
         self.arena = A = Arena(lay.layout, mapped=self.mapped)
@@ -295,16 +300,23 @@ class CUDABackend(ConstrainedSteps, GraphSteps, RingPositions):
         return copy
 
     def _begin_request(self, sampler, history, wait: bool = True) -> None:
-        """The request's sampler parameters and history to the device (gpu_sampling.set_request:
-        copies on the stream, after whatever is queued there). wait: synchronise the stream first,
-        as the callers that then rewrite a state slot's pinned mirror (_set_state) need; False
-        (prefill_sample, after its prefill is enqueued): the host work overlaps the device's."""
+        """The request's sampler parameters and history to the device (gpu_sampling.set_request).
+        wait: synchronise the stream first, as the callers that then rewrite a state slot's pinned
+        mirror (_set_state) need; False (prefill_sample, after its prefill is enqueued): the host
+        work overlaps the device's. SAMPLER_COPY_STREAM: the copies run on copy_stream, beside a
+        prefill (which reads none of what they write: the sampler's buffers, S_DRAWS and S_HIST),
+        and the stream waits for them (an event) before what comes next - the head and its draw;
+        else on the stream, after whatever is queued there."""
         from genie_rt.engine import gpu_sampling
         if self._req.sampler is sampler:
             return
         if wait:
             self.stream.synchronize()
-        gpu_sampling.set_request(self.sws, sampler.params, history, self.state, stream=self.stream)
+        side = SAMPLER_COPY_STREAM
+        gpu_sampling.set_request(self.sws, sampler.params, history, self.state,
+                                 stream=self.copy_stream if side else self.stream)
+        if side:
+            self.sws.host["copied"].wait(self.stream)
         self._req = _Request(sampler, sampler.params.is_greedy, 0)
 
     def _read_token(self) -> int:

@@ -32,59 +32,96 @@ def _check(result, what: str):
     return None
 
 
+# the graphs capturing now, by the id of their stream object: what `cut` ends a part of
+_CAPTURING: dict = {}
+
+
+def cut(stream) -> None:
+    """End the current part of the graph capturing on `stream` and begin the next one (nothing where
+    no graph captures there: an uncaptured run, or the simulator). See CUDAGraph.cut."""
+    graph = _CAPTURING.get(id(stream))
+    if graph is not None:
+        graph.cut()
+
+
 class CUDAGraph:
-    """A captured, instantiated graph bound to one stream."""
+    """A captured, instantiated graph bound to one stream: one part, or several (`cut`) launched in
+    order by one replay."""
 
     def __init__(self, stream):
         from cuda.bindings import driver
         self._driver = driver
         self.stream = stream
         self._hstream = driver.CUstream(int(stream.handle))
-        self._graph = None
-        self._exec = None
+        self._graphs = []       # the captured parts, in order
+        self._execs = []        # their instantiations
         self.n_nodes = 0
+
+    def _begin(self) -> None:
+        d = self._driver
+        _check(d.cuStreamBeginCapture(self._hstream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+               "cuStreamBeginCapture")
+
+    def cut(self) -> None:
+        """Inside capture(): what was recorded so far becomes a part of its own, launched before the
+        rest. cuGraphLaunch costs host time per node (~0.05-0.07 ms for the short prefill's ~370 on
+        H100 hosts, docs/decode-journal.md 7a), so a first part of a few dozen nodes lets the device
+        start while the host still launches the rest; the price is one boundary between graphs,
+        which a PDL edge does not cross (engine/cuda_short_prefill.py SPLIT_LAUNCH)."""
+        part = _check(self._driver.cuStreamEndCapture(self._hstream), "cuStreamEndCapture")
+        self._graphs.append(part)
+        self._begin()
 
     @contextmanager
     def capture(self):
         d = self._driver
-        _check(d.cuStreamBeginCapture(self._hstream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-               "cuStreamBeginCapture")
+        self._begin()
+        key = id(self.stream)
+        _CAPTURING[key] = self
         ok = False
         try:
             yield self
             ok = True
         finally:
+            _CAPTURING.pop(key, None)
             graph = _check(d.cuStreamEndCapture(self._hstream), "cuStreamEndCapture")
+            self._graphs.append(graph)
             if ok:
-                self._graph = graph
-                self._exec = _check(d.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
-                # the graph's work to the device now, not at its first launch: on an H100 (2026-12-07)
-                # a warm request's first use of the short prefill's graph after load took ~0.5 ms
-                # more than the next ones (docs/decode-journal.md 7; not yet measured with this). A
-                # driver (or a cuda.bindings without the call) that refuses costs nothing: the first
-                # launch uploads, as before
-                upload = getattr(d, "cuGraphUpload", None)
-                if upload is not None:
-                    upload(self._exec, self._hstream)
-                res = d.cuGraphGetNodes(graph, 0)   # (err, nodes, count) asking for the count only
-                if int(res[0]) == 0:
-                    self.n_nodes = int(res[-1])
-            elif graph is not None:
-                d.cuGraphDestroy(graph)
+                for part in self._graphs:
+                    self._execs.append(_check(d.cuGraphInstantiate(part, 0), "cuGraphInstantiate"))
+                    # the graph's work to the device now, not at its first launch: on an H100 (2026-12-07)
+                    # a warm request's first use of the short prefill's graph after load took ~0.5 ms
+                    # more than the next ones (docs/decode-journal.md 7a: 3.1 -> 2.67 ms with it). A
+                    # driver (or a cuda.bindings without the call) that refuses costs nothing: the first
+                    # launch uploads, as before
+                    upload = getattr(d, "cuGraphUpload", None)
+                    if upload is not None:
+                        upload(self._execs[-1], self._hstream)
+                    res = d.cuGraphGetNodes(part, 0)   # (err, nodes, count) asking for the count only
+                    if int(res[0]) == 0:
+                        self.n_nodes += int(res[-1])
+            else:
+                self.close()
+
+    @property
+    def parts(self) -> int:
+        return len(self._execs)
 
     def replay(self) -> None:
-        if self._exec is None:
+        if not self._execs:
             raise CUDAGraphError("replay() before a successful capture()")
-        _check(self._driver.cuGraphLaunch(self._exec, self._hstream), "cuGraphLaunch")
+        launch = self._driver.cuGraphLaunch
+        for e in self._execs:
+            _check(launch(e, self._hstream), "cuGraphLaunch")
 
     def close(self) -> None:
         d = self._driver
-        if self._exec is not None:
-            d.cuGraphExecDestroy(self._exec)
-            self._exec = None
-        if self._graph is not None:
-            d.cuGraphDestroy(self._graph)
-            self._graph = None
+        for e in self._execs:
+            d.cuGraphExecDestroy(e)
+        for g in self._graphs:
+            if g is not None:
+                d.cuGraphDestroy(g)
+        self._execs, self._graphs = [], []
 
     def __del__(self):
         try:

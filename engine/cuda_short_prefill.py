@@ -64,6 +64,13 @@ FUSED_W16 = True
 # docs/kernels/gemv.md 8k). Not yet timed in the GLU: `tools/lab_knobs.py
 # engine.cuda_short_prefill.GLU_KSPLIT=4 -- tools/profile_prefill.py --short ...`.
 GLU_KSPLIT = None
+# Lab knob: the graph captured as two parts launched one after the other (cuda_graph.CUDAGraph.cut),
+# the second from this layer's attention on (None: one graph). cuGraphLaunch takes host time per node
+# (0.05-0.07 ms for this graph's ~370 on H100 hosts, docs/decode-journal.md 7a); if the device starts
+# only once the whole launch is in, a first part of ~1.3 layers (~30 nodes, ~70 us of work) starts it
+# ~0.05 ms sooner, and the second part's launch runs while it works. The cut is before an attention,
+# which launches plainly: the second part's first node needs no PDL edge. Not yet timed.
+SPLIT_LAUNCH = None
 # the launches that have PDL builds: rmsnorm_q8k with a norm weight (norm) and without (q8k), q/k/v
 # in one launch (qkv), gemv_mma_k (gemv: attn_output, ffn_down), gate/up/SwiGLU (glu), rope_write
 PDL_KINDS = ("norm", "q8k", "qkv", "gemv", "glu", "rope")
@@ -202,6 +209,10 @@ class ShortPrefillOps(_Ops):
         (kvcache/attention_merge.merge_q8k): the O-projection after it quantizes nothing."""
         from genie_rt.kvcache.attention_merge import merge_q8k
         from genie_rt.kvcache.attention_prefill import prefill_attention
+
+        from .cuda_graph import cut
+        if a.index == SPLIT_LAUNCH:
+            cut(self.stream)                         # (nothing where no graph captures)
         self._reads_float(q)
         q3 = q.reshape(self.n, self.cfg.n_head, self.cfg.head_dim)
         plan = self.rt.lay.prefill_plans[a.index]

@@ -142,6 +142,31 @@ def test_simulated_prefill_sample_begins_the_request_after_enqueueing_the_prefil
     assert gpu.prefill_sample(tokens, 0, Sampler(SamplingParams(temperature=0)), list(tokens), checked=True) == top
 
 
+@pytest.mark.gpu
+def test_sampler_copies_beside_the_prefill_give_the_draws_of_copies_on_the_stream(fixture_gguf, monkeypatch):
+    """backend_cuda.SAMPLER_COPY_STREAM: a request's sampler copies run beside its prefill and the head
+    waits for them. Each request changes what the head must read (a ban of the last token by
+    logit_bias, a seeded draw with penalties over the history): the same tokens as with the copies on
+    the stream, request after request, and never a banned token."""
+    from genie_rt.engine import backend_cuda
+    from genie_rt.engine.sampling import Sampler, SamplingParams
+    gpu, _, _ = make_backends(fixture_gguf, "f16")
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, 256, n).astype(np.int32) for n in (3, 9, 20, 7)]
+    got = {}
+    for side in (True, False):
+        monkeypatch.setattr(backend_cuda, "SAMPLER_COPY_STREAM", side)
+        got[side], last = [], None
+        for i, tokens in enumerate(prompts * 2):
+            ban = {} if last is None else {last: float("-inf")}
+            params = (SamplingParams(temperature=0, logit_bias=ban) if i % 2 == 0 else
+                      SamplingParams(temperature=0.8, top_k=40, repeat_penalty=1.3, seed=i, logit_bias=ban))
+            last = gpu.prefill_sample(tokens, 0, Sampler(params), list(tokens))
+            assert last not in ban, (side, i)
+            got[side].append(last)
+    assert got[True] == got[False]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not SIM, reason="simulator test (on a GPU the engine's choices tests cover this)")
 def test_simulated_sample_logits(tmp_path):

@@ -231,3 +231,30 @@ def test_gpu_short_prefill_pdl_keeps_the_bits(tmp_path, monkeypatch):
             got[on].append(gpu.prefill(turn, 20))
     for a, b in zip(got[True], got[False]):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_short_prefill_split_launch_keeps_the_bits(tmp_path, monkeypatch):
+    # the short graph captured as two parts (cuda_short_prefill.SPLIT_LAUNCH: the second from layer 1's
+    # attention on) against one graph, on the two-layer file: turns of 1, 5 and 8 tokens after a
+    # prompt, the logits' bits equal replay after replay, and the decode step after a turn too (the
+    # K/V rows both parts wrote)
+    from test_backend_cuda import make_backends
+    from genie_rt.engine import cuda_short_prefill
+    path = _two_layers(tmp_path)
+    rng = np.random.default_rng(6)
+    prompt = rng.integers(0, 256, 20).astype(np.int32)
+    turns = [rng.integers(0, 256, n).astype(np.int32) for n in (1, 5, 8, 8)]
+    got = {}
+    for split in (1, None):
+        monkeypatch.setattr(cuda_short_prefill, "SPLIT_LAUNCH", split)
+        gpu, _, _ = make_backends(path, "f16", n_ctx=128, chunk=64, short_prefill=True)
+        graph = gpu._graphs[("prefill_short", 8, gpu._max_splits(8, True))]
+        assert graph.parts == (2 if split else 1)
+        got[split] = []
+        for turn in turns:
+            gpu.prefill(prompt, 0)
+            got[split].append(gpu.prefill(turn, 20))
+            got[split].append(gpu.decode(7, 20 + len(turn)))
+    for a, b in zip(got[1], got[None]):
+        np.testing.assert_array_equal(a, b)

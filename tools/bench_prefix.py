@@ -17,6 +17,11 @@ dominates on the CPU back-end).
     python tools/bench_prefix.py                        # CPU back-end, synthetic model
     python tools/bench_prefix.py --backend cuda -m qwen3-4b-q4_k_m.gguf
     python tools/bench_prefix.py --system-tokens 2000 --kv f16 --repeat 5
+
+--ab "M.K=V,M.K=V;M.K=V" (CUDA) then times warm requests, each after a cold one, with lab knobs set
+each ';'-separated way (tools/lab_knobs.py assignments) in one process: round after round, each way's
+short and bucket prefill graphs captured again after its knobs are set (a knob read at capture
+applies), so the ways see the same machine and the same drift.
 """
 from __future__ import annotations
 
@@ -193,6 +198,41 @@ def logits_agreement(engine, prompt: list[int], shared: int) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+def ab_ways(engine, specs: list, rounds: int, per: int, measure) -> dict:
+    """{way: [(prompt_ms, device graph ms), ...]} of warm requests after cold ones (measure(i) -> one
+    such pair) with each way's knobs set, the ways alternating round by round; every knob is put back
+    after. Each way's prefill graphs are captured again (an untimed warm request) after its knobs are
+    set."""
+    sys.path.insert(0, str(HERE))
+    from lab_knobs import apply, target
+    be = engine.backend
+    saved = {a.partition("=")[0]: getattr(*target(a)) for spec in specs for a in spec}
+
+    def drop_prefill_graphs():
+        for key in [k for k in be._graphs if k[0] in ("prefill", "prefill_short")]:
+            be._graphs.pop(key).close()
+    out = {",".join(spec) or "(as is)": [] for spec in specs}
+    try:
+        for r in range(rounds):
+            for spec in specs:
+                for path, value in saved.items():                  # every knob as it was, then this way's
+                    mod, name = target(path + "=0")
+                    setattr(mod, name, value)
+                for a in spec:
+                    apply(a)
+                be.synchronize()
+                drop_prefill_graphs()
+                measure(10_000 + 100 * r)                          # captures this way's graphs (untimed)
+                out[",".join(spec) or "(as is)"] += [measure(10_001 + 100 * r + i) for i in range(per)]
+    finally:
+        for path, value in saved.items():
+            mod, name = target(path + "=0")
+            setattr(mod, name, value)
+        be.synchronize()
+        drop_prefill_graphs()
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -215,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
                         "do), beside the back-to-back ones")
     p.add_argument("--no-pdl", action="store_true",
                    help="CUDA: EngineConfig.decode_pdl off (the decode step's and the short prefill's launches plain)")
+    p.add_argument("--ab", default=None, metavar="M.K=V,M.K=V;...",
+                   help="CUDA: also time warm requests (each after a cold one) with lab knobs set each "
+                        "';'-separated way, in alternating rounds (module docstring); an empty way is the "
+                        "knobs as they are")
+    p.add_argument("--ab-rounds", type=int, default=4, help="rounds of --ab (each way once a round)")
     args = p.parse_args(argv)
 
     from genie_rt.engine.config import EngineConfig
@@ -281,6 +326,21 @@ def main(argv: list[str] | None = None) -> int:
                     generated.append(following_cold(5000 + i, lambda p: prefill_ms(p)[0]))
                     nogc.append(following_cold(6000 + i, without_gc))
                     inside.append(following_cold(7000 + i, lambda p: generate_parts(engine, p)))
+            if args.ab:
+                other_ab = np.random.default_rng(args.seed + 2)
+
+                def ab_measure(first: int) -> tuple:
+                    """(prompt_ms, device ms of the prefill graph) of a warm turn after a cold one."""
+                    engine.kv_tokens = []
+                    head = [first % vocab]
+                    prefill_ms(system + head + [int(t) for t in other_ab.integers(0, vocab, args.user_tokens - 1)])
+                    prompt = system + [(first + 500) % vocab] + [int(t) for t in other_ab.integers(0, vocab, args.user_tokens - 1)]
+                    ms = prefill_ms(prompt)[0]
+                    engine.kv_tokens = []                # the breakdown's own turn, after another cold one
+                    prefill_ms(system + head)
+                    return ms, cuda_breakdown(engine, prompt)["device: prefill graph (events)"]
+                ab = ab_ways(engine, [[a for a in spec.split(",") if a] for spec in args.ab.split(";")],
+                             args.ab_rounds, args.repeat, ab_measure)
         info = engine.backend.device_info()
         agree = greedy_agreement(engine, system + user(997), system + user(998))
         cos = logits_agreement(engine, system + user(996), args.system_tokens)
@@ -317,6 +377,12 @@ def main(argv: list[str] | None = None) -> int:
               "(median ms; a call made twice is summed):")
         for key in inside[0]:
             print(f"    {key:44s} {statistics.median(p.get(key, 0.0) for p in inside):7.3f}")
+    if engine.backend.name == "cuda" and args.ab:
+        print(f"  lab knobs each way ({args.ab_rounds} rounds of {args.repeat}, alternating; warm requests after "
+              "a cold one): median prompt_ms, then the prefill graph by events (ms), each run in order")
+        for way, runs in ab.items():
+            print(f"    {way:60s} {statistics.median(m for m, _ in runs):7.3f} {statistics.median(d for _, d in runs):7.3f}"
+                  f"   [{' '.join(f'{m:.2f}' for m, _ in runs)}]")
     if args.host_profile:
         print(f"  the host's side of 100 warm requests (cProfile: its own overhead included), by own time:\n{host_profile}")
     same = sum(a == b for a, b in zip(*agree))
