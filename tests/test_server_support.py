@@ -6,16 +6,26 @@
   cannot show: tool calls, reasoning, failures, slow generations.
 - `sse_events(response)`: reads an SSE body the way a llama-server client does: only
   `data: ` lines, JSON or [DONE].
+- `serve_fixture_model` / `greedy_reference`: what test_server.py's and test_server_invalid.py's
+  `server` and `reference` fixtures are (the fixture model on the CPU back-end behind a real
+  uvicorn, and its greedy answer to GREEDY); `chat`, `stream_chat` and `metric_values` (a strict
+  Prometheus reader) are theirs too.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import math
+import re
 import socket
 import threading
 import time
 
+import httpx
+
+from genie_rt.engine.config import EngineConfig
 from genie_rt.engine.engine import Engine
+from genie_rt.server.app import ServerSettings, create_app
 
 import uvicorn
 
@@ -104,3 +114,72 @@ class ScriptedEngine:
         yield Done(GenerationResult(text=text, tokens=[0] * n, finish_reason=finish, stop_word=None,
                                     n_prompt=len(req.prompt), n_cached=0, prompt_ms=ms / 2,
                                     n_generated=n, gen_ms=ms / 2))
+
+
+N_CTX = 1024
+MESSAGES = [{"role": "system", "content": "You are a home assistant."},
+            {"role": "user", "content": "Turn on the kitchen light"}]
+# A random-weight model repeats itself at temperature 0; a presence penalty makes a reply varied
+# enough to test stop strings with.
+GREEDY = {"messages": MESSAGES, "max_tokens": 24, "temperature": 0, "presence_penalty": 1.0}
+
+
+def serve_fixture_model(fixture_gguf):
+    """(a generator for a module's `server` fixture) an httpx client of the fixture model on the CPU
+    back-end behind a real uvicorn."""
+    engine = Engine.load(fixture_gguf, EngineConfig(backend="cpu", n_ctx=N_CTX))
+    app = create_app(engine, ServerSettings(max_queue=4, model_path=str(fixture_gguf)))
+    with running_server(app) as (base, _, _):
+        with httpx.Client(base_url=base, timeout=60) as client:
+            yield client
+
+
+def greedy_reference(server) -> str:
+    """(a module's `reference` fixture) the greedy answer to GREEDY: every later check of 'the next
+    answer is unchanged' uses it."""
+    r = server.post("/v1/chat/completions", json=GREEDY)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+def chat(client, **fields) -> httpx.Response:
+    return client.post("/v1/chat/completions", json={**GREEDY, **fields})
+
+
+def stream_chat(client, **fields) -> tuple[httpx.Headers, list]:
+    with client.stream("POST", "/v1/chat/completions", json={**GREEDY, "stream": True, **fields}) as r:
+        assert r.status_code == 200, r.read()
+        return r.headers, sse_events(r)
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """A strict reader of Prometheus text format 0.0.4: fails on any malformed line."""
+    name_re = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+    sample = re.compile(rf"^({name_re})(\{{{name_re}=\"[^\"]*\"(,{name_re}=\"[^\"]*\")*\}})? (\S+)$")
+    values, typed = {}, set()
+    for line in text.splitlines():
+        if line.startswith("# HELP ") or not line:
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ")
+            assert kind in ("counter", "gauge"), line
+            typed.add(name)
+            continue
+        m = sample.match(line)
+        assert m, f"malformed metrics line: {line!r}"
+        assert m.group(1) in typed, f"{m.group(1)} has no TYPE line"
+        value = float(m.group(4))
+        assert not math.isnan(value)
+        values[m.group(1) + (m.group(2) or "")] = value
+    return values
+
+
+def wait_idle(client, timeout=10.0) -> dict:
+    """/metrics once the worker holds no request (it may still be between Done and idle)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metric_values(client.get("/metrics").text)
+        if m["llamacpp:requests_processing"] == 0 and m["llamacpp:requests_deferred"] == 0:
+            return m
+        assert time.monotonic() < deadline, "the worker is still busy"
+        time.sleep(0.02)
