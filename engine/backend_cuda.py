@@ -62,8 +62,9 @@ log = logging.getLogger("genie_rt.cuda")
 OUT_SLOTS = 64                    # host-mapped ring of sampled tokens
 # Lab knob: a request's sampler copies (gpu_sampling.set_request: six small copies) on a stream of their
 # own, beside the prefill, instead of on the stream between the prefill's graph and the head's, where
-# the device ran them one after another before the head (_begin_request). Not yet timed.
-SAMPLER_COPY_STREAM = True
+# the device ran them one after another before the head (_begin_request). Not yet timed or run on a
+# GPU (the simulator runs streams one after another): off.
+SAMPLER_COPY_STREAM = False
 
 
 @dataclass
