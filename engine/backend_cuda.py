@@ -2,7 +2,7 @@
 
 What lives where:
     engine/cuda_layout.py    every buffer laid out before anything is allocated; the budget
-    engine/cuda_weights.py   weights packed into the arena and bound to the typed weights
+    engine/cuda_weights.py   weights packed into the arena and bound to the typed weights; RoPE tables
     engine/cuda_ops.py       the op vocabulary as kernel launches (decode and prefill)
     engine/models/<arch>.py  the forward (`body`, `head`), the same code on every back-end
     engine/device_state.py   the slots of `state` that graphs read per step
@@ -47,7 +47,7 @@ from .arena import Arena
 from .config import EngineConfig, ModelConfig
 from .cuda_constrained import ConstrainedSteps
 from .cuda_graph_steps import GraphSteps
-from .cuda_layout import BUCKETS, MAX_BIAS, SHORT_ROWS, is_integrated, plan_layout, rope_keys
+from .cuda_layout import BUCKETS, MAX_BIAS, SHORT_ROWS, is_integrated, plan_layout
 from .cuda_rings import RingPositions
 from .device_state import N_SLOTS, S_LAST, S_POS, S_SPLIT, S_TOKEN
 from .gguf_file import GGUFFile
@@ -60,10 +60,8 @@ from .progress import NO_PROGRESS, Progress
 log = logging.getLogger("genie_rt.cuda")
 
 OUT_SLOTS = 64                    # host-mapped ring of sampled tokens
-# Lab knob: a request's sampler copies (gpu_sampling.set_request: six small copies) on a stream of their
-# own, beside the prefill, instead of on the stream between the prefill's graph and the head's, where
-# the device ran them one after another before the head (_begin_request). Not yet timed or run on a
-# GPU (the simulator runs streams one after another): off.
+# Lab knob: a request's six sampler copies (gpu_sampling.set_request) on a stream of their own beside the
+# prefill, not between its graph and the head's on the stream (_begin_request). Not yet run on a GPU: off.
 SAMPLER_COPY_STREAM = False
 
 
@@ -123,7 +121,7 @@ class CUDABackend(ConstrainedSteps, GraphSteps, RingPositions):
                 self.short_prefill, self.short_gemv = True, short_gemv_weights(self.weights)
             else:
                 log.warning("short prefill off for this model: %s", why)
-        self._upload_rope_tables()
+        self._rope = cuda_weights.upload_rope_tables(A, cfg, self.n_ctx, self.weights.rope_freqs, self.stream)
         self.kv = DeviceKVPool(lay.kv_shape, A["kv_pool"], stream=self.stream)
         self.kv_layers = [self.kv.layer(i) for i in range(cfg.n_layers)]
         self._init_rings(lay.kv_shape, cfg)
@@ -170,17 +168,6 @@ class CUDABackend(ConstrainedSteps, GraphSteps, RingPositions):
             if hasattr(m, "gemv"):
                 seen[m.name] = m
         return list(seen.values())
-
-    def _upload_rope_tables(self) -> None:
-        from genie_rt.kvcache.rope_write import rope_table
-        cfg, A = self.cfg, self.arena
-        self._rope = {}
-        for k, (base, scale, factors) in enumerate(rope_keys(cfg)):
-            cos, sin = rope_table(self.n_ctx, cfg.head_dim, base, freq_scale=scale,
-                                  freq_factors=self.weights.rope_freqs if factors else None)
-            A[f"rope.{k}.cos"].copy_to_device(cos, stream=self.stream)
-            A[f"rope.{k}.sin"].copy_to_device(sin, stream=self.stream)
-            self._rope[(base, scale, bool(factors))] = (A[f"rope.{k}.cos"], A[f"rope.{k}.sin"])
 
     def rope_table(self, a: AttnLayer):
         """(cos, sin) device tables [n_ctx, head_dim/2] of a layer's RoPE."""

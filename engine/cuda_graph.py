@@ -13,6 +13,11 @@ Nothing may allocate, synchronise or copy from pageable host memory during captu
 launchers used inside a captured region must be pure launches. A copy from a pinned mirror
 by a bound h2d.Upload (one cuMemcpyHtoDAsync) is allowed: it becomes a memcpy node that reads
 the mirror when the graph runs (a prefill's ids and state slots, CUDABackend._record_prefill).
+
+A capture may be cut into parts (`cut(stream)` between two launches of the recorded sequence): each
+part is its own graph, and one replay launches them in order on the stream. A launch's host time
+grows with its nodes, so a small first part can start the device sooner (a lab knob of the short
+prefill's graph: engine/cuda_short_prefill.py SPLIT_LAUNCH).
 """
 from __future__ import annotations
 

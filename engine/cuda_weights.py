@@ -9,7 +9,8 @@ BF16 weights to fp16: quant/mmq_float.py).
 
 `bind` gives each matrix a `CudaMatrix` (its GEMV view for decode and its planes for the
 GEMM), each 1-D tensor its float32 device array, and returns the stacked groups by the
-names they hold, which the prefill ops use for one GEMM over Wq|Wk|Wv.
+names they hold, which the prefill ops use for one GEMM over Wq|Wk|Wv. `upload_rope_tables`
+writes each RoPE variant's cos / sin tables (the frequency factors folded in on the host).
 """
 from __future__ import annotations
 
@@ -133,6 +134,21 @@ def bind(arena, lay: CudaLayout, g: GGUFFile, cfg, gemv_mode: str):
         return CudaMatrix(t.name, gemv_weight(where[t.name]), where[t.name])
 
     return bind_weights(g, cfg, bind_one), stacks
+
+
+def upload_rope_tables(arena, cfg, n_ctx: int, rope_freqs, stream) -> dict:
+    """Each RoPE variant's (cos, sin) tables [n_ctx, head_dim/2] into the arena (rope.K.cos / .sin,
+    cuda_layout.rope_keys); {(base, scale, has freq factors): (cos, sin) device views}."""
+    from genie_rt.kvcache.rope_write import rope_table
+
+    from .cuda_layout import rope_keys
+    tables = {}
+    for k, (base, scale, factors) in enumerate(rope_keys(cfg)):
+        cos, sin = rope_table(n_ctx, cfg.head_dim, base, freq_scale=scale, freq_factors=rope_freqs if factors else None)
+        arena[f"rope.{k}.cos"].copy_to_device(cos, stream=stream)
+        arena[f"rope.{k}.sin"].copy_to_device(sin, stream=stream)
+        tables[(base, scale, bool(factors))] = (arena[f"rope.{k}.cos"], arena[f"rope.{k}.sin"])
+    return tables
 
 
 class _Counted:

@@ -52,6 +52,8 @@
 #             bound copy on the device), on an H200 genie-rt bench (BT s), prefix reuse with --breakdown-after-cold
 #             (PXT s), on an H200 llama-bench, then the GPU tests the day's changes owe (the mma loop's splits
 #             by chunks, the short prefill, CPU parity, greedy text, prefix reuse; GK) in what is left of TEND s
+#   s36       s33 with the prefix bench's --ab of backend_cuda.SAMPLER_COPY_STREAM and cuda_short_prefill.SPLIT_LAUNCH
+#             (2026-12-07 evening: the warm request's critical path) and their GPU tests; TEND as s33's
 #   s33h      s33's test_h2d and prefix-reuse bench alone (a short call: no llama.cpp build, no bench); with TEND
 #             set, s33's GPU tests (GK) in what is left of TEND s
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
@@ -351,6 +353,19 @@ for s in "$@"; do
       [ "$H200" -gt 0 ] && { W=$(( ${TEND:-585} - 100 - SECONDS )); [ $W -gt 20 ] && LBT=90 LB_TESTS="-p 18,33,512 -n 128 -d 0,4096" llama_bench_4b $W; }
       W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 40 ] && par_tests $W gpu "${GK:-mma_loop or short or greedy or every_position or prefix}" \
         tests/test_attention_decode_mma.py tests/test_short_prefill.py tests/test_h2d.py tests/test_backend_cuda.py ;;
+    s36)
+      # 2026-12-07 evening (no device came to time them): s33, its prefix bench also timing the two lab knobs
+      # of the warm request's critical path against each other (bench_prefix --ab, alternating rounds): the
+      # sampler's copies on a stream of their own (backend_cuda.SAMPLER_COPY_STREAM) and the short graph
+      # launched as two parts from layer 1's or 2's attention on (cuda_short_prefill.SPLIT_LAUNCH); their GPU
+      # tests (sampler_copies, the short prefill's split launch) among s33's
+      stage s36
+      H200=$(grep -c H200 "$OUT/gpu.txt")
+      AB="engine.backend_cuda.SAMPLER_COPY_STREAM=False;engine.backend_cuda.SAMPLER_COPY_STREAM=True"
+      AB="$AB;engine.cuda_short_prefill.SPLIT_LAUNCH=1;engine.cuda_short_prefill.SPLIT_LAUNCH=2"
+      GK="${GK:-mma_loop or short or greedy or every_position or prefix or sampler_copies}" \
+        PXT=${PXT:-$([ "$H200" -gt 0 ] && echo 200 || echo 400)} \
+        PXARGS="--repeat 9 --ab $AB --ab-rounds $([ "$H200" -gt 0 ] && echo 2 || echo 4) ${PXARGS:-}" "$0" s33 ;;
     s33h)
       # s33's host-path part alone, for a short call: tests/test_h2d.py on the device, then prefix reuse with
       # --breakdown-after-cold (no llama.cpp build beside it)
