@@ -70,7 +70,7 @@ class CUDAGraph:
     def cut(self) -> None:
         """Inside capture(): what was recorded so far becomes a part of its own, launched before the
         rest. cuGraphLaunch costs host time per node (~0.05-0.07 ms for the short prefill's ~370 on
-        H100 hosts, docs/decode-journal.md 7a), so a first part of a few dozen nodes lets the device
+        H100 hosts, docs/decode-journal.md 7a), so a first part of a few nodes lets the device
         start while the host still launches the rest; the price is one boundary between graphs,
         which a PDL edge does not cross (engine/cuda_short_prefill.py SPLIT_LAUNCH)."""
         part = _check(self._driver.cuStreamEndCapture(self._hstream), "cuStreamEndCapture")
@@ -79,34 +79,51 @@ class CUDAGraph:
 
     @contextmanager
     def capture(self):
-        d = self._driver
+        """Record the launches of the with-block (cut into parts where `cut` is called), then
+        instantiate and upload each part. Any failure - in the block, in ending the capture or in
+        instantiating a part - destroys every part made and raises the first error."""
         self._begin()
         key = id(self.stream)
         _CAPTURING[key] = self
-        ok = False
         try:
             yield self
-            ok = True
-        finally:
+        except BaseException:
             _CAPTURING.pop(key, None)
-            graph = _check(d.cuStreamEndCapture(self._hstream), "cuStreamEndCapture")
-            self._graphs.append(graph)
-            if ok:
-                for part in self._graphs:
-                    self._execs.append(_check(d.cuGraphInstantiate(part, 0), "cuGraphInstantiate"))
-                    # the graph's work to the device now, not at its first launch: on an H100 (2026-12-07)
-                    # a warm request's first use of the short prefill's graph after load took ~0.5 ms
-                    # more than the next ones (docs/decode-journal.md 7a: 3.1 -> 2.67 ms with it). A
-                    # driver (or a cuda.bindings without the call) that refuses costs nothing: the first
-                    # launch uploads, as before
-                    upload = getattr(d, "cuGraphUpload", None)
-                    if upload is not None:
-                        upload(self._execs[-1], self._hstream)
-                    res = d.cuGraphGetNodes(part, 0)   # (err, nodes, count) asking for the count only
-                    if int(res[0]) == 0:
-                        self.n_nodes += int(res[-1])
-            else:
-                self.close()
+            self._abort()
+            raise
+        _CAPTURING.pop(key, None)
+        try:
+            self._graphs.append(_check(self._driver.cuStreamEndCapture(self._hstream), "cuStreamEndCapture"))
+            self._instantiate()
+        except BaseException:
+            self.close()
+            raise
+
+    def _abort(self) -> None:
+        """End a capture that failed (ignoring a stream that no longer captures) and destroy its parts."""
+        try:
+            res = self._driver.cuStreamEndCapture(self._hstream)
+            if isinstance(res, tuple) and int(res[0]) == 0 and res[1] is not None:
+                self._graphs.append(res[1])
+        except Exception:       # noqa: BLE001 - the block's error is the one to report
+            pass
+        self.close()
+
+    def _instantiate(self) -> None:
+        d = self._driver
+        for part in self._graphs:
+            self._execs.append(_check(d.cuGraphInstantiate(part, 0), "cuGraphInstantiate"))
+            # the graph's work to the device now, not at its first launch: on an H100 (2026-12-07)
+            # a warm request's first use of the short prefill's graph after load took ~0.5 ms
+            # more than the next ones (docs/decode-journal.md 7a: 3.1 -> 2.67 ms with it). A
+            # driver (or a cuda.bindings without the call) that refuses costs nothing: the first
+            # launch uploads, as before
+            upload = getattr(d, "cuGraphUpload", None)
+            if upload is not None:
+                upload(self._execs[-1], self._hstream)
+            res = d.cuGraphGetNodes(part, 0)   # (err, nodes, count) asking for the count only
+            if int(res[0]) == 0:
+                self.n_nodes += int(res[-1])
 
     @property
     def parts(self) -> int:
@@ -149,7 +166,7 @@ def time_us(fn, stream, per: int = 20, reps: int = 15) -> float:
             for _ in range(per):
                 fn()
         run = graph.replay
-    except CUDAGraphError as exc:
+    except Exception as exc:               # noqa: BLE001 - a launch the capture refused, or the capture's end
         print(f"  (no CUDA graph: {exc}; timing plain launches)")
         run, per = fn, 1
     run()

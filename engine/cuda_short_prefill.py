@@ -67,7 +67,7 @@ GLU_KSPLIT = None
 # Lab knob: the graph captured as two parts launched one after the other (cuda_graph.CUDAGraph.cut),
 # the second from this layer's attention on (None: one graph). cuGraphLaunch takes host time per node
 # (0.05-0.07 ms for this graph's ~370 on H100 hosts, docs/decode-journal.md 7a); if the device starts
-# only once the whole launch is in, a first part of ~1.3 layers (~30 nodes, ~70 us of work) starts it
+# only once the whole launch is in, a first part of ~1.3 layers (~15 nodes, ~70 us of work) starts it
 # ~0.05 ms sooner, and the second part's launch runs while it works. The cut is before an attention,
 # which launches plainly: the second part's first node needs no PDL edge. Not yet timed.
 SPLIT_LAUNCH = None

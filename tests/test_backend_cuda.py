@@ -147,9 +147,24 @@ def test_sampler_copies_beside_the_prefill_give_the_draws_of_copies_on_the_strea
     """backend_cuda.SAMPLER_COPY_STREAM: a request's sampler copies run beside its prefill and the head
     waits for them. Each request changes what the head must read (a ban of the last token by
     logit_bias, a seeded draw with penalties over the history): the same tokens as with the copies on
-    the stream, request after request, and never a banned token."""
-    from genie_rt.engine import backend_cuda
+    the stream, request after request, and never a banned token. A 20 ms sleep is queued before the
+    copies on whichever stream takes them, so they land long after the fixture's prefill: a head that
+    did not wait for them would read the last request's parameters."""
+    from numba import cuda
+
+    from genie_rt.engine import backend_cuda, gpu_sampling
     from genie_rt.engine.sampling import Sampler, SamplingParams
+
+    @cuda.jit
+    def sleep(n):
+        for _ in range(n):
+            cuda.nanosleep(1000)
+    real = gpu_sampling.set_request
+
+    def late(ws, params, history, state, stream=0):
+        sleep[1, 1, stream](20_000)
+        return real(ws, params, history, state, stream=stream)
+    monkeypatch.setattr(gpu_sampling, "set_request", late)
     gpu, _, _ = make_backends(fixture_gguf, "f16")
     rng = np.random.default_rng(11)
     prompts = [rng.integers(0, 256, n).astype(np.int32) for n in (3, 9, 20, 7)]

@@ -70,3 +70,15 @@ def test_ab_ways_put_the_knobs_back_when_a_measurement_fails():
     with pytest.raises(RuntimeError):
         ab_ways(engine, [["engine.cuda_short_prefill.SPLIT_LAUNCH=2"]], rounds=1, per=1, measure=measure)
     assert cuda_short_prefill.SPLIT_LAUNCH == split0
+
+
+def test_ab_ways_refuse_a_way_given_twice_or_a_bad_value_before_timing_anything():
+    engine, _ = _engine([])
+    timed = []
+    for specs in ([["engine.cuda_short_prefill.SPLIT_LAUNCH=1"], ["engine.cuda_short_prefill.SPLIT_LAUNCH=1"]],
+                  [[], []],
+                  [["engine.cuda_short_prefill.SPLIT_LAUNCH=1"], ["engine.cuda_short_prefill.SPLIT_LAUNCH=one"]],
+                  [["engine.cuda_short_prefill.NO_SUCH_KNOB=1"]]):
+        with pytest.raises(SystemExit):
+            ab_ways(engine, specs, rounds=1, per=1, measure=lambda i: timed.append(i) or (0.0, 0.0))
+    assert not timed

@@ -83,7 +83,29 @@ def test_an_uncut_capture_is_one_part_and_a_failed_one_destroys_its_parts():
         with bad.capture():
             cuda_graph.cut(stream)
             raise ValueError("a launch failed")
-    assert bad.parts == 0 and "destroy g1" in bad._driver.log and "destroy g2" in bad._driver.log
-    assert not cuda_graph._CAPTURING
+    assert "destroy g1" in bad._driver.log and "destroy g2" in bad._driver.log
+    assert bad._graphs == [] and bad._execs == [] and not cuda_graph._CAPTURING
     with pytest.raises(cuda_graph.CUDAGraphError):
         bad.replay()
+
+
+def test_a_part_that_fails_to_instantiate_destroys_the_parts_before_it():
+    stream = SimpleNamespace(handle=3)
+    g = _graph(stream)
+    real = g._driver.cuGraphInstantiate
+    g._driver.cuGraphInstantiate = lambda graph, flags: (1, None) if graph == "g2" else real(graph, flags)
+    with pytest.raises(cuda_graph.CUDAGraphError, match="cuGraphInstantiate"):
+        with g.capture():
+            cuda_graph.cut(stream)
+    assert {"destroy e1", "destroy g1", "destroy g2"} <= set(g._driver.log)
+    assert g._graphs == [] and g._execs == [] and not cuda_graph._CAPTURING
+
+
+def test_a_failed_block_is_the_error_raised_even_when_the_capture_cannot_end():
+    stream = SimpleNamespace(handle=4)
+    g = _graph(stream)
+    g._driver.cuStreamEndCapture = lambda s: (900, None)       # e.g. a capture the failed launch invalidated
+    with pytest.raises(KeyError):
+        with g.capture():
+            raise KeyError("the launch's own error")
+    assert g._graphs == [] and not cuda_graph._CAPTURING

@@ -203,8 +203,18 @@ def ab_ways(engine, specs: list, rounds: int, per: int, measure) -> dict:
     such pair) with each way's knobs set, the ways alternating round by round; every knob is put back
     after. Each way's prefill graphs are captured again (an untimed warm request) after its knobs are
     set."""
+    import ast
     sys.path.insert(0, str(HERE))
     from lab_knobs import apply, target
+    names = [",".join(spec) or "(as is)" for spec in specs]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"bench_prefix --ab: a way is given twice ({names})")
+    for a in (a for spec in specs for a in spec):            # every assignment checked before any timing
+        target(a)
+        try:
+            ast.literal_eval(a.partition("=")[2])
+        except (ValueError, SyntaxError):
+            raise SystemExit(f"bench_prefix --ab: {a!r} is not module.NAME=<a Python literal>") from None
     be = engine.backend
     saved = {a.partition("=")[0]: getattr(*target(a)) for spec in specs for a in spec}
 

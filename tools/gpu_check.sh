@@ -349,7 +349,8 @@ for s in "$@"; do
       # (the bench compiles no short-prefill kernel: this compiles them, ~2-3 min on a fresh machine; the
       # H100 call of 2026-12-07 16:13 UTC, with llama.cpp building beside it, did not finish within 220 s)
       timeout ${PXT:-$([ "$H200" -gt 0 ] && echo 160 || echo 400)} $PY tools/bench_prefix.py --backend cuda -m $MODEL4B \
-        --short-prefill --breakdown-after-cold ${PXARGS:-} 2>&1 | grep -v "^INFO numba" > "$OUT/prefix-short-after-cold.txt"; grep -E "warm|cold|greedy|cosine|of which|host|device" "$OUT/prefix-short-after-cold.txt" | head -40
+        --short-prefill --breakdown-after-cold ${PXARGS:-} 2>&1 | grep -v "^INFO numba" > "$OUT/prefix-short-after-cold.txt"
+      grep -E "warm|cold|greedy|cosine|of which|host|device|lab knobs|^    engine\." "$OUT/prefix-short-after-cold.txt" | head -48
       [ "$H200" -gt 0 ] && { W=$(( ${TEND:-585} - 100 - SECONDS )); [ $W -gt 20 ] && LBT=90 LB_TESTS="-p 18,33,512 -n 128 -d 0,4096" llama_bench_4b $W; }
       W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 40 ] && par_tests $W gpu "${GK:-mma_loop or short or greedy or every_position or prefix}" \
         tests/test_attention_decode_mma.py tests/test_short_prefill.py tests/test_h2d.py tests/test_backend_cuda.py ;;
@@ -365,7 +366,8 @@ for s in "$@"; do
       AB="$AB;engine.cuda_short_prefill.SPLIT_LAUNCH=1;engine.cuda_short_prefill.SPLIT_LAUNCH=2"
       GK="${GK:-mma_loop or short or greedy or every_position or prefix or sampler_copies}" \
         PXT=${PXT:-$([ "$H200" -gt 0 ] && echo 200 || echo 400)} \
-        PXARGS="--repeat 9 --ab $AB --ab-rounds $([ "$H200" -gt 0 ] && echo 2 || echo 4) ${PXARGS:-}" "$0" s33 ;;
+        PXARGS="--repeat 9 --ab $AB --ab-rounds $([ "$H200" -gt 0 ] && echo 2 || echo 3) ${PXARGS:-}" \
+        TEND=$(( ${TEND:-585} - SECONDS )) "$0" s33 ;;
     s33h)
       # s33's host-path part alone, for a short call: tests/test_h2d.py on the device, then prefix reuse with
       # --breakdown-after-cold (no llama.cpp build beside it)
