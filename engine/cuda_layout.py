@@ -47,6 +47,9 @@ BUCKETS = (16, 32, 40, 48, 64, 128, 256, 512)
 # With EngineConfig.short_prefill, a chunk of at most this many rows runs as the short prefill's one
 # graph instead (engine/cuda_short_prefill.py: gemv_mma_k's 8-token build)
 SHORT_ROWS = 8
+# the free memory a budget counts where the CUDA simulator reports infinity (tools run on the CPU with
+# NUMBA_ENABLE_CUDASIM=1, e.g. tools/bench_prefix.py --backend cuda on the fixture)
+SIMULATED_FREE = 1 << 36
 # Runtime overhead: what a process holds on the device beside the arena - the CUDA context,
 # modules, graphs, numba's and the driver's allocations. The context reserves local memory
 # (the per-thread stack, 1 KiB by default) for every thread the GPU can hold at once, so that
@@ -380,7 +383,9 @@ def cuda_budget(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig) -> MemoryBudg
         overhead, reserve = runtime_overhead(dev, False), RESERVE_DISCRETE
     else:
         free, _total = cuda.current_context().get_memory_info()
-        avail, where = int(free), f"GPU memory ({dev.name.decode() if isinstance(dev.name, bytes) else dev.name}, free)"
+        free = free if free < SIMULATED_FREE else SIMULATED_FREE     # (the simulator says infinity)
+        name = getattr(dev, "name", "CUDA simulator")
+        avail, where = int(free), f"GPU memory ({name.decode() if isinstance(name, bytes) else name}, free)"
         overhead, reserve = runtime_overhead(dev, False), RESERVE_DISCRETE
     if ecfg.reserve_bytes is not None:
         reserve = ecfg.reserve_bytes

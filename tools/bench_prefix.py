@@ -89,8 +89,8 @@ def cuda_breakdown(engine, prompt: list[int]) -> dict:
             "host: head enqueue": (t4 - t3) * 1e3,
             "host: wait for the device + read the token": (t5 - t4) * 1e3,
             "total (host clock)": (t5 - t0) * 1e3,
-            "device: prefill graph (events)": cuda.event_elapsed_time(e0, e1),
-            "device: head graph + sampling (events)": cuda.event_elapsed_time(e1, e2)}
+            "device: prefill graph (events)": e0.elapsed_time(e1),
+            "device: head graph + sampling (events)": e1.elapsed_time(e2)}
 
 
 def direct_ms(engine, prompt: list[int]) -> float:
