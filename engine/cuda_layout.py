@@ -19,6 +19,7 @@ part, from the very layout that will be allocated.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -383,7 +384,7 @@ def cuda_budget(g: GGUFFile, cfg: ModelConfig, ecfg: EngineConfig) -> MemoryBudg
         overhead, reserve = runtime_overhead(dev, False), RESERVE_DISCRETE
     else:
         free, _total = cuda.current_context().get_memory_info()
-        free = free if free < SIMULATED_FREE else SIMULATED_FREE     # (the simulator says infinity)
+        free = free if math.isfinite(free) else SIMULATED_FREE       # (the simulator says infinity)
         name = getattr(dev, "name", "CUDA simulator")
         avail, where = int(free), f"GPU memory ({name.decode() if isinstance(name, bytes) else name}, free)"
         overhead, reserve = runtime_overhead(dev, False), RESERVE_DISCRETE

@@ -78,6 +78,16 @@ def test_budget_on_a_discrete_gpu_counts_its_free_memory(tiny, monkeypatch):
     budget = lay.cuda_budget(g, cfg, ecfg)
     assert budget.available == 7 * GiB and "GPU memory" in budget.where and "H200" in budget.where
     assert (budget.overhead, budget.reserve) == (lay.runtime_overhead(DISCRETE, False), lay.RESERVE_DISCRETE)
+    # an H200's 139 GiB are all counted; only the simulator's infinity becomes SIMULATED_FREE, and a
+    # device without a name (the simulator's) is named so
+    monkeypatch.setattr(cuda, "current_context",
+                        lambda: SimpleNamespace(get_memory_info=lambda: (139 * GiB, 141 * GiB)))
+    assert lay.cuda_budget(g, cfg, ecfg).available == 139 * GiB
+    monkeypatch.setattr(lay, "device", lambda: SimpleNamespace(INTEGRATED=0))
+    monkeypatch.setattr(cuda, "current_context",
+                        lambda: SimpleNamespace(get_memory_info=lambda: (float("inf"), float("inf"))))
+    budget = lay.cuda_budget(g, cfg, ecfg)
+    assert budget.available == lay.SIMULATED_FREE and "CUDA simulator" in budget.where
 
 
 def _backend(path, device, monkeypatch, fadvise):
