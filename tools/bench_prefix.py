@@ -200,44 +200,31 @@ def logits_agreement(engine, prompt: list[int], shared: int) -> float:
 
 def ab_ways(engine, specs: list, rounds: int, per: int, measure) -> dict:
     """{way: [(prompt_ms, device graph ms), ...]} of warm requests after cold ones (measure(i) -> one
-    such pair) with each way's knobs set, the ways alternating round by round; every knob is put back
-    after. Each way's prefill graphs are captured again (an untimed warm request) after its knobs are
-    set."""
-    import ast
+    such pair) with each way's knobs set (tools/lab_knobs.py Ways), the ways alternating round by
+    round; every knob is put back after. Each way's prefill graphs are captured again (an untimed
+    warm request) after its knobs are set."""
     sys.path.insert(0, str(HERE))
-    from lab_knobs import apply, target
+    from lab_knobs import Ways
     names = [",".join(spec) or "(as is)" for spec in specs]
     if len(set(names)) != len(names):
         raise SystemExit(f"bench_prefix --ab: a way is given twice ({names})")
-    for a in (a for spec in specs for a in spec):            # every assignment checked before any timing
-        target(a)
-        try:
-            ast.literal_eval(a.partition("=")[2])
-        except (ValueError, SyntaxError):
-            raise SystemExit(f"bench_prefix --ab: {a!r} is not module.NAME=<a Python literal>") from None
+    knobs = Ways(specs)                                      # every assignment checked before any timing
     be = engine.backend
-    saved = {a.partition("=")[0]: getattr(*target(a)) for spec in specs for a in spec}
 
     def drop_prefill_graphs():
         for key in [k for k in be._graphs if k[0] in ("prefill", "prefill_short")]:
             be._graphs.pop(key).close()
-    out = {",".join(spec) or "(as is)": [] for spec in specs}
+    out = {name: [] for name in names}
     try:
         for r in range(rounds):
-            for spec in specs:
-                for path, value in saved.items():                  # every knob as it was, then this way's
-                    mod, name = target(path + "=0")
-                    setattr(mod, name, value)
-                for a in spec:
-                    apply(a)
+            for name, spec in zip(names, specs):
+                knobs.use(spec)
                 be.synchronize()
                 drop_prefill_graphs()
                 measure(10_000 + 100 * r)                          # captures this way's graphs (untimed)
-                out[",".join(spec) or "(as is)"] += [measure(10_001 + 100 * r + i) for i in range(per)]
+                out[name] += [measure(10_001 + 100 * r + i) for i in range(per)]
     finally:
-        for path, value in saved.items():
-            mod, name = target(path + "=0")
-            setattr(mod, name, value)
+        knobs.restore()
         be.synchronize()
         drop_prefill_graphs()
     return out

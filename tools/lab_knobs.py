@@ -35,15 +35,44 @@ def target(assignment: str) -> tuple:
     return mod, name
 
 
+def value(assignment: str):
+    """The value an assignment `module.NAME=value` sets; SystemExit where it is not a Python literal."""
+    target_name, _, text = assignment.partition("=")
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        raise SystemExit(f"lab_knobs: {text!r} (for {target_name}) is not a Python literal") from None
+
+
 def apply(assignment: str) -> None:
     mod, name = target(assignment)
-    target_name, _, value = assignment.partition("=")
-    try:
-        parsed = ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        raise SystemExit(f"lab_knobs: {value!r} (for {target_name}) is not a Python literal") from None
+    parsed = value(assignment)
     setattr(mod, name, parsed)
-    print(f"lab_knobs: genie_rt.{target_name} = {parsed!r}", file=sys.stderr)
+    print(f"lab_knobs: genie_rt.{assignment.partition('=')[0]} = {parsed!r}", file=sys.stderr)
+
+
+class Ways:
+    """Lab knobs set one way at a time (a way: a list of assignments) in one process, each way from the
+    values every knob had when this was made: `use(way)`, then `restore()` puts them all back. Every
+    assignment is checked here (the module, the attribute, a literal value), so a typo fails before
+    anything runs."""
+
+    def __init__(self, ways: list):
+        self._saved = {}
+        for way in ways:
+            for a in way:
+                mod, name = target(a)
+                value(a)
+                self._saved.setdefault((mod, name), getattr(mod, name))
+
+    def use(self, way: list) -> None:
+        self.restore()
+        for a in way:
+            apply(a)
+
+    def restore(self) -> None:
+        for (mod, name), kept in self._saved.items():
+            setattr(mod, name, kept)
 
 
 def main(argv: list[str]) -> int:

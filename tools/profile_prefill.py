@@ -156,25 +156,16 @@ def compare_knobs(be, n: int, splits: tuple, specs: list) -> dict:
     assignments, module.NAME=value) beside the default, twice in turn: ms each time, and whether
     the residual stream after the last layer has the default's bits. Every knob is put back."""
     import numpy as np
-    from lab_knobs import apply, target
-    saved = {}
-    for spec in specs:
-        for a in spec:
-            mod, name = target(a)
-            saved.setdefault((mod, name), getattr(mod, name))
+    from lab_knobs import Ways
+    knobs = Ways(specs)
 
     def setter(spec):
-        def setup():
-            for (mod, name), value in saved.items():
-                setattr(mod, name, value)
-            for a in spec:
-                apply(a)
-        return setup
+        return lambda: knobs.use(spec)
     try:
         res, bits = time_ways(be, n, splits, [("default", setter([]))] +
                               [(",".join(spec), setter(spec)) for spec in specs], "knobs ")
     finally:
-        setter([])()
+        knobs.restore()
     same = {k: bool(np.array_equal(v, bits["default"])) for k, v in bits.items()}
     ref = bits["default"].ravel().astype(np.float64)
     cos = {k: float(v.ravel() @ ref / (np.linalg.norm(v) * np.linalg.norm(ref) or 1.0)) for k, v in bits.items()}
@@ -221,13 +212,9 @@ def main(argv=None) -> int:
         p.error(f"--start must be >= 0, got {args.start}")
     args.pdl = args.pdl or ("on" if args.short else "off")
     knob_specs = [[a for a in spec.split(",") if a] for spec in args.knobs.split(";")] if args.knobs else []
-    for spec in knob_specs:                            # a typo fails now, not after the compile
-        for a in spec:
-            from lab_knobs import apply, target
-            mod, name = target(a)
-            keep = getattr(mod, name)
-            apply(a)                                   # (its value a Python literal)
-            setattr(mod, name, keep)
+    if knob_specs:                                     # a typo fails now, not after the compile
+        from lab_knobs import Ways
+        Ways(knob_specs)
     kind_specs = None
     if args.pdl_kinds is not None:
         from genie_rt.engine import cuda_short_prefill
