@@ -76,3 +76,18 @@ def fixture_gguf() -> pathlib.Path:
 def llamacpp_logits():
     import numpy as np
     return np.load(FIXTURES / "qwen3-micro-llamacpp-logits.npz")
+
+
+@pytest.fixture(scope="module")
+def server(fixture_gguf):
+    """An httpx client of the fixture model on the CPU back-end behind a real uvicorn, one per module
+    that asks (test_server.py, test_server_invalid.py; test_server_support.serve_fixture_model)."""
+    from test_server_support import serve_fixture_model
+    yield from serve_fixture_model(fixture_gguf)
+
+
+@pytest.fixture(scope="module")
+def reference(server) -> str:
+    """That server's greedy answer to test_server_support.GREEDY."""
+    from test_server_support import greedy_reference
+    return greedy_reference(server)

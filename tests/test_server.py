@@ -11,24 +11,13 @@ from __future__ import annotations
 
 import httpx
 import openai
-import pytest
 
 from genie_rt.engine.config import EngineConfig
 from genie_rt.engine.engine import Engine
 from genie_rt.server.app import create_app
 
-from test_server_support import (GREEDY, MESSAGES, N_CTX, chat, greedy_reference, metric_values, running_server,
-                                 serve_fixture_model, sse_events, stream_chat, wait_idle)
-
-
-@pytest.fixture(scope="module")
-def server(fixture_gguf):
-    yield from serve_fixture_model(fixture_gguf)
-
-
-@pytest.fixture(scope="module")
-def reference(server) -> str:
-    return greedy_reference(server)
+from test_server_support import (GREEDY, MESSAGES, N_CTX, chat, metric_values, running_server, sse_events,
+                                 stream_chat, wait_idle)
 
 
 # --- shapes ------------------------------------------------------------------------------------------

@@ -12,18 +12,7 @@ import time
 import httpx
 import pytest
 
-from test_server_support import (GREEDY, MESSAGES, N_CTX, chat, greedy_reference, metric_values, serve_fixture_model,
-                                 stream_chat, wait_idle)
-
-
-@pytest.fixture(scope="module")
-def server(fixture_gguf):
-    yield from serve_fixture_model(fixture_gguf)
-
-
-@pytest.fixture(scope="module")
-def reference(server) -> str:
-    return greedy_reference(server)
+from test_server_support import GREEDY, MESSAGES, N_CTX, chat, metric_values, stream_chat, wait_idle
 
 
 # --- invalid requests -------------------------------------------------------------------------------------

@@ -6,10 +6,10 @@
   cannot show: tool calls, reasoning, failures, slow generations.
 - `sse_events(response)`: reads an SSE body the way a llama-server client does: only
   `data: ` lines, JSON or [DONE].
-- `serve_fixture_model` / `greedy_reference`: what test_server.py's and test_server_invalid.py's
-  `server` and `reference` fixtures are (the fixture model on the CPU back-end behind a real
-  uvicorn, and its greedy answer to GREEDY); `chat`, `stream_chat` and `metric_values` (a strict
-  Prometheus reader) are theirs too.
+- `serve_fixture_model` / `greedy_reference`: what conftest.py's `server` and `reference` fixtures
+  are (the fixture model on the CPU back-end behind a real uvicorn, one per module, and its greedy
+  answer to GREEDY); `chat`, `stream_chat`, `metric_values` (a strict Prometheus reader) and
+  `wait_idle` are test_server.py's and test_server_invalid.py's.
 """
 from __future__ import annotations
 
