@@ -119,8 +119,11 @@ def _aligned(n):
 # (2026-12-05, tools/profile_decode.py --settings chain, docs/decode-journal.md 6g): 15 us faster at
 # depth 4,096, the same at 2,048, 15-25 us slower at 512 (the short graph's one-head blocks):
 # off. Its companion of that day, the new K/V row kept in shared memory (the "stash"), was no
-# faster at any depth and was removed (it stays in commit 4bb5b43).
-MERGE_PREFETCH = False
+# faster at any depth and was removed (it stays in commit 4bb5b43). A loop's name ("mma") turns it
+# on for that loop's plans alone: since 2026-12-05 positions below decode_short_ctx run the short
+# graph's one-head plan, and the long graph's plan on sm_90 is the mma loop, which the timing above
+# predates (profile_decode --depth 4096 --settings chain times it there).
+MERGE_PREFETCH: bool | str = False
 # Scores by dp4a (decode_kernel's qk8; int8 caches): q quantized to int8 a lane's 16 values at a
 # time, as llama.cpp's vector kernel does for quantized caches. Other numbers than the float q
 # (cosine, not bits). Timed on the H200 (2026-12-05): the 4B's step 25 us faster at depth 4,096
@@ -175,7 +178,7 @@ class DecodePlan:
         """The kernel of this plan; rope (a ROPE build, decode_rope_attention): "neox" | "normal"."""
         return decode_kernel(self.head_dim, self.heads_per_block, self.kv_dtype, self.warps,
                              self.rows_per_thread, self.window, self.scale, q8, pdl, self.loop,
-                             rope, bool(qk_norm), bool(ring), MERGE_PREFETCH,
+                             rope, bool(qk_norm), bool(ring), MERGE_PREFETCH in (True, self.loop),
                              QK_DP4A and self.kv_dtype == "int8", SKIP_RESCALE,
                              MMA_EVEN_SPLITS and self.loop == "mma")
 

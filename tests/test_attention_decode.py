@@ -183,9 +183,10 @@ def test_decode_pdl_build_of_the_warp_loop_gives_the_plain_bits(kv_dtype, pos, n
     assert_close(outs[1], ref, 2e-5 * np.abs(vd[0]).max(), 1e-5, "pdl build")
 
 
-def _knob_keeps_the_bits(monkeypatch, knob, n_ctx, pos, n_splits, warps, loop, pdl=False):
-    """The decode output with kvcache/attention.py's `knob` off and on (each build compiled anew):
-    the same bits, and within the float64 reference's bound."""
+def _knob_keeps_the_bits(monkeypatch, knob, n_ctx, pos, n_splits, warps, loop, pdl=False, on=True,
+                         tol=(2e-5, 1e-5)):
+    """The decode output with kvcache/attention.py's `knob` off and `on` (each build compiled anew):
+    the same bits, and within the float64 reference's bound (tol: atol / max |v|, rtol)."""
     import genie_rt.kvcache.attention as A
     pool, kd, vd = make_pool(2, 64, n_ctx, "int8", n_ctx, seed=pos)
     plan = plan_decode(4, 2, 64, "int8", n_ctx, n_splits=n_splits, warps=warps, rows_per_thread=1, loop=loop)
@@ -193,14 +194,14 @@ def _knob_keeps_the_bits(monkeypatch, knob, n_ctx, pos, n_splits, warps, loop, p
     q = cuda.to_device(np.random.default_rng(pos).standard_normal((4, 64)).astype(np.float32))
     state = cuda.to_device(np.array([pos], np.int32))
     outs = []
-    for on in (False, True):
-        monkeypatch.setattr(A, knob, on)
+    for value in (False, on):
+        monkeypatch.setattr(A, knob, value)
         out = cuda.device_array(4 * 64, np.float32)
         decode_attention(q, pool.layer(0), state, out, ws, pdl=pdl)
         outs.append(out.copy_to_host())
     assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
     assert_close(outs[1], decode_reference(q.copy_to_host(), kd[0], vd[0], pos),
-                 2e-5 * np.abs(vd[0]).max(), 1e-5, knob)
+                 tol[0] * np.abs(vd[0]).max(), tol[1], knob)
 
 
 @pytest.mark.parametrize("pos,n_splits", [(100, 20), pytest.param(127, 20, marks=pytest.mark.slow),
@@ -210,6 +211,18 @@ def test_decode_merge_prefetch_gives_the_same_bits(monkeypatch, pos, n_splits):
     # splits' (max, sum) and summed in the same order - 7 active splits (a group of four and
     # three more), 8 (two groups), 19 (past the prefetched 16), 3 (no whole group)
     _knob_keeps_the_bits(monkeypatch, "MERGE_PREFETCH", 512, pos, n_splits, 2, "warp")
+
+
+def test_decode_merge_prefetch_for_the_mma_loop_alone(monkeypatch):
+    # MERGE_PREFETCH = "mma": the long graph's tensor-core plan merges with the prefetch (the same
+    # bits as without: 19 splits busy, past the 16 prefetched), and a warp-loop plan builds without it
+    import genie_rt.kvcache.attention as A
+    _knob_keeps_the_bits(monkeypatch, "MERGE_PREFETCH", 512, 300, 20, 1, "mma", on="mma", tol=(2e-4, 1e-4))
+    built = []
+    monkeypatch.setattr(A, "decode_kernel", lambda *a: built.append(a[13]))
+    for loop in ("mma", "warp", "block"):
+        plan_decode(4, 2, 64, "int8", 512, n_splits=2, warps=2, rows_per_thread=1, loop=loop).kernel()
+    assert built == [True, False, False]
 
 
 @pytest.mark.parametrize("loop,pos,pdl", [("warp", 63, False), ("warp-nopf", 40, False), ("warp", 50, True)])

@@ -57,20 +57,22 @@ def test_gpu_decode_qwen3_4b_one_head_a_block(pool_4b, pos):
 @pytest.mark.parametrize("pos", [64, 100, 1023, 4095])
 def test_gpu_decode_qwen3_4b_merge_prefetch_same_bits(pool_4b, pos, monkeypatch):
     """kvcache/attention.py MERGE_PREFETCH (lab): the merge with its first partials loaded early
-    gives the bits of the merge without, at the 4B's shape (2 to 64 active splits, both plans)."""
+    gives the bits of the merge without, at the 4B's shape (2 to 64 active splits, both plans, and the
+    long graph's tensor-core plan with the knob at "mma")."""
     import genie_rt.kvcache.attention as A
     pool, kd, vd = pool_4b
     q = cuda.to_device(np.random.default_rng(pos).standard_normal((32, 128)).astype(np.float32))
     state = cuda.to_device(np.array([pos], np.int32))
-    for gh, n_splits in ((2, None), (2, 64), (1, None)):
-        plan = plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx, n_splits=n_splits, heads_per_block=gh)
+    for gh, n_splits, loop in ((2, None, None), (2, 64, None), (1, None, None), (None, None, "mma")):
+        kw = dict(heads_per_block=gh) if loop is None else dict(loop=loop)
+        plan = plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx, n_splits=n_splits, **kw)
         outs = []
-        for pf in (False, True):
+        for pf in (False, loop or True):
             monkeypatch.setattr(A, "MERGE_PREFETCH", pf)
             out = cuda.device_array(32 * 128, np.float32)
             decode_attention(q, pool.layer(0), state, out, DecodeWorkspace(plan))
             outs.append(out.copy_to_host())
-        assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32)), (gh, n_splits)
+        assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32)), (gh, n_splits, loop)
 
 
 @pytest.mark.gpu

@@ -131,6 +131,10 @@ shape_8x2_one_head = decode_kernel(128, 1, "int8", 8, 2, pdl=True, loop="warp", 
 chain_8x2 = decode_kernel(128, 2, "int8", 8, 2, pdl=True, loop="warp", rope="neox", q8=True, merge_pf=True)
 chain_8x2_one_head = decode_kernel(128, 1, "int8", 8, 2, pdl=True, loop="warp", rope="neox", q8=True,
                                    merge_pf=True)
+# the long graph's tensor-core loop (sm_90), the 4B's whole group of 4 heads a block, and with MERGE_PREFETCH "mma"
+mma_8x1 = decode_kernel(128, 4, "int8", 8, 1, pdl=True, loop="mma", rope="neox", q8=True, even_splits=True)
+chain_mma_8x1 = decode_kernel(128, 4, "int8", 8, 1, pdl=True, loop="mma", rope="neox", q8=True, even_splits=True,
+                              merge_pf=True)
 """
 
 
@@ -150,11 +154,13 @@ def test_default_attention_shapes_fit_the_split_sizing(tmp_path):
         pytest.skip("ptxas is not installed")
     assert default_shape(2) == (8, 2) and default_shape(4) == (4, 4)
     sig = rope_signature("int8", True)
-    names = ("shape_8x2", "shape_4x4", "shape_8x2_one_head", "chain_8x2", "chain_8x2_one_head")
+    names = ("shape_8x2", "shape_4x4", "shape_8x2_one_head", "chain_8x2", "chain_8x2_one_head", "mma_8x1",
+             "chain_mma_8x1")
     out = compile_in_subprocess(_SHAPE_SOURCE, {n: sig for n in names}, ccs=((9, 0),))
     # (the short-context graph's one-head blocks are sized as two heads' 8 x 2: they must fit that too)
     for name, (warps, rows) in (("shape_8x2", (8, 2)), ("shape_4x4", (4, 4)), ("shape_8x2_one_head", (8, 2)),
-                                ("chain_8x2", (8, 2)), ("chain_8x2_one_head", (8, 2))):
+                                ("chain_8x2", (8, 2)), ("chain_8x2_one_head", (8, 2)), ("mma_8x1", (8, 1)),
+                                ("chain_mma_8x1", (8, 1))):
         path = tmp_path / f"{name}.ptx"
         path.write_text(out[name][(9, 0)])
         res = subprocess.run([ptxas, "-arch=sm_90", "-v", str(path), "-o", str(tmp_path / "k.cubin")],
@@ -162,6 +168,9 @@ def test_default_attention_shapes_fit_the_split_sizing(tmp_path):
         assert res.returncode == 0, res.stderr[-2000:]
         regs = int(re.search(r"Used (\d+) registers", res.stderr).group(1))
         assert re.search(r"\b0 bytes spill stores", res.stderr), f"{name} spills: {res.stderr[-500:]}"
+        if "mma" in name:                     # one block of 8 warps an SM (_MMA_REGISTERS), with the knob too
+            assert blocks_at(regs, warps) == _blocks_per_sm(4, warps, rows, "mma") == 1, (name, regs)
+            continue
         if not name.startswith("chain"):      # the knobs' builds: 128 (two blocks an SM all the same)
             assert regs <= _REGISTERS[(2, rows)], f"{name}: {regs} registers > the table's {_REGISTERS[(2, rows)]}"
         assert blocks_at(regs, warps) == _blocks_per_sm(2, warps, rows), (name, regs)

@@ -54,6 +54,8 @@
 #             by chunks, the short prefill, CPU parity, greedy text, prefix reuse; GK) in what is left of TEND s
 #   s36       s33 with the prefix bench's --ab of backend_cuda.SAMPLER_COPY_STREAM and cuda_short_prefill.SPLIT_LAUNCH
 #             (2026-12-07 evening: the warm request's critical path) and their GPU tests; TEND as s33's
+#   s37       the long graph's merge prefetch (kvcache/attention.py MERGE_PREFETCH off / on / "mma"; 2026-12-07
+#             night): profile_decode --settings chain at depth 4,096 (PT s), then its GPU test (the same bits)
 #   s33h      s33's test_h2d and prefix-reuse bench alone (a short call: no llama.cpp build, no bench); with TEND
 #             set, s33's GPU tests (GK) in what is left of TEND s
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
@@ -368,6 +370,14 @@ for s in "$@"; do
         PXT=${PXT:-$([ "$H200" -gt 0 ] && echo 200 || echo 400)} \
         PXARGS="--repeat 9 --ab $AB --ab-rounds $([ "$H200" -gt 0 ] && echo 2 || echo 3) ${PXARGS:-}" \
         TEND=$(( ${TEND:-585} - SECONDS )) "$0" s33 ;;
+    s37)
+      # 2026-12-07 night: MERGE_PREFETCH was timed (2026-12-05) before the long graph's mma loop; the
+      # short graph (below decode_short_ctx) has its own plan since, so "mma" turns it on for the long one
+      stage s37
+      use_kernel_cache
+      [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 16 | tail -1
+      PT=${PT:-300} profile_4b "${PDEPTHS:-4096}" chain "" chain- 12
+      W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 40 ] && par_tests $W gpu merge_prefetch tests/test_attention_gpu.py ;;
     s33h)
       # s33's host-path part alone, for a short call: tests/test_h2d.py on the device, then prefix reuse with
       # --breakdown-after-cold (no llama.cpp build beside it)

@@ -156,9 +156,11 @@ def trip_settings(be, ways=TRIP_WAYS) -> dict:
 
 def attention_chain_settings(be) -> dict:
     """The step with the decode attention's merge prefetch (kvcache/attention.py MERGE_PREFETCH)
-    off (the default, the reference) and on: the same bits, then the times."""
+    off (the default, the reference), on, and on for the mma loop's plans alone: the same bits, then
+    the times."""
     from genie_rt.kvcache import attention as A
-    return knob_settings(be, A, ("MERGE_PREFETCH",), ((False,), (True,)), "the attention's merge prefetch")
+    return knob_settings(be, A, ("MERGE_PREFETCH",), ((False,), (True,), ("mma",)),
+                         "the attention's merge prefetch")
 
 
 def attention_knob_settings(be, name: str, values, min_cos: float | None = None) -> dict:
