@@ -87,6 +87,7 @@ from .gemv_mma_q6k import SIGNATURE as SIGNATURE_Q6K
 from .gemv_mma_k_w16 import _bases16, split16
 from .q8k_layout import (QK, SUB, TILE, dequantize_q8k, quantize_q8k, sizes, tile_blocks, tile_q8k,  # noqa: F401
                          tiled, untile_q8k, untiled, xd_base, xq_size, xq_word)
+from . import gemv_mma_q6k as Q6
 from .gemv_mma_q6k import mma_q6k_q8k_kernel
 
 SIGNATURE = ("void(uint32[::1], uint32[::1], int64, int64, uint32[::1], float32[::1], int32[::1], int64, "
@@ -389,12 +390,13 @@ def default_pipe(qtype, n_tok: int, w16: bool = False) -> bool:
 
 def default_w16(qtype, n_tok: int) -> bool:
     """Whether a build loads a Q4_K weight's quants 16 bytes a lane (W16, `make_weight_loads`): up to
-    8 tokens. Unpipelined at its k-split (`plan_ksplit` with 2,048 warps) it beat the pipelined
+    8 tokens; a Q6_K weight's (gemv_mma_q6k.make_row_loads) where the lab knob gemv_mma_q6k.W16 is on.
+    Unpipelined at its k-split (`plan_ksplit` with 2,048 warps) the Q4_K build beat the pipelined
     8-byte build at every Q4_K shape of the 4B (H100, 2026-12-06, three calls; 8 tokens, weights from
     DRAM, us): attn_q 5.18-5.21 against 5.50-5.53, ffn_gate 8.52-8.54 (k-split 4; the plan's 2 gave
     9.09) against 9.77-9.88, attn_output 5.67-5.77 against 6.65-6.73, ffn_down 10.18-10.32 against
     10.85-10.96 (docs/kernels/gemv.md 8k)."""
-    return n_tok <= 8 and qtype == QType.Q4_K
+    return n_tok <= 8 and (qtype == QType.Q4_K or (qtype == QType.Q6_K and Q6.W16))
 
 
 def default_build(w, n_tok: int, ksplit=None, pipe=None, w16=None) -> tuple:
@@ -402,19 +404,20 @@ def default_build(w, n_tok: int, ksplit=None, pipe=None, w16=None) -> tuple:
     default (`default_w16`, `default_pipe`, `plan_ksplit` - with twice the warps for the W16
     unpipelined build, which holds no next block in registers)."""
     q4 = w.qtype == QType.Q4_K
-    w16 = default_w16(w.qtype, n_tok) if w16 is None else bool(w16) and q4
+    w16 = default_w16(w.qtype, n_tok) if w16 is None else bool(w16)
     pipe = default_pipe(w.qtype, n_tok, w16) if pipe is None else bool(pipe)
-    if ksplit is None:
-        ksplit = plan_ksplit(w.rows, w.cols, n_tok, warps=2048 if w16 and not pipe else 1024)
+    if ksplit is None:   # (a Q6_K build is unpipelined either way: the 8-byte build's plan, loads aside)
+        ksplit = plan_ksplit(w.rows, w.cols, n_tok, warps=2048 if w16 and not pipe and q4 else 1024)
     return ksplit, pipe, w16
 
 
-def q8k_inputs(who: str, weights, xq, xd, xb, n_tok: int, cols: int, read_xb: bool, w16: bool = False):
+def q8k_inputs(who: str, weights, xq, xd, xb, n_tok: int, cols: int, read_xb: bool, w16: bool = False,
+               w16q6: bool = False):
     """The q8_K activations as the mma GEMV kernels read them - (xq as uint32 words, xd, xb), flat -
     after the checks every launcher makes: sizes (tiled: quant/q8k_layout.sizes) and dtypes (xb where read_xb: a Q4_K build reads
     it, None is refused), then on a GPU the start of every plane read by vector loads (xq 8 bytes
     where xb is read - the Q4_K builds' 8-byte loads - else 4; xb 16; each weight's: Q4_K quants 8
-    (16 for w16), Q6_K scales 16)."""
+    (16 for w16), Q6_K scales 16, and its ql and qh 16 for w16q6)."""
     nq, nd, nsum = sizes(n_tok, cols)                     # the tiled layout's (quant/q8k_layout.py)
     xq = _flat(xq, np.int8, nq, "xq", who).view(np.uint32)
     xd = _flat(xd, np.float32, nd, "xd", who)
@@ -424,8 +427,14 @@ def q8k_inputs(who: str, weights, xq, xd, xb, n_tok: int, cols: int, read_xb: bo
         xb = _flat(xb, np.int32, nsum, "xb", who)
     if not ptx.SIMULATOR:
         planes = [("xq", xq, 8 if read_xb else 4)] + ([("xb", xb, 16)] if read_xb else [])
-        planes += [(f"the {w.qtype.name} weight's quants plane", w.wa, 16 if w16 else 8) if w.qtype == QType.Q4_K else
-                   (f"the {w.qtype.name} weight's scales plane", w.wc, 16) for w in weights]
+        for w in weights:
+            if w.qtype == QType.Q4_K:
+                planes.append((f"the {w.qtype.name} weight's quants plane", w.wa, 16 if w16 else 8))
+            else:
+                planes.append((f"the {w.qtype.name} weight's scales plane", w.wc, 16))
+                if w16q6:
+                    planes += [(f"the {w.qtype.name} weight's ql plane", w.wa, 16),
+                               (f"the {w.qtype.name} weight's qh plane", w.wb, 16)]
         for name, a, align in planes:
             if a.__cuda_array_interface__["data"][0] % align:
                 raise ValueError(f"{who}: {name} must start on a {align}-byte boundary")
@@ -439,9 +448,10 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
     holds them (tiled, whole groups of 8 tokens: quant/q8k_layout.py; `quantize_q8k_tiled`;
     a Q6_K weight does not read
     xb, which may then be None); 1 <= n_tok <= 16 (above 8: the NT 16 build). ksplit: warps a
-    thread block (1..16), pipe: the kernel's PIPE, w16: a Q4_K weight's quants by 16-byte lane loads
-    (`make_weight_loads`; ignored for Q6_K) - each None: `default_build` (up to 8 tokens a Q4_K
-    weight takes W16 unpipelined, a Q6_K one the unpipelined build). Q6_K:
+    thread block (1..16), pipe: the kernel's PIPE, w16: the quants by 16-byte lane loads
+    (`make_weight_loads`; Q6_K: gemv_mma_q6k.make_row_loads) - each None: `default_build` (up to 8
+    tokens a Q4_K weight takes W16 unpipelined, a Q6_K one the unpipelined build, W16 where the lab
+    knob gemv_mma_q6k.W16 is on). Q6_K:
     quant/gemv_mma_q6k.py. ldy: y (and residual) hold token t's row at t * ldy of a 1-D array of
     at least (n_tok - 1) * ldy + rows values - a column slice of a wider buffer, e.g. q's columns of
     [q | k | v] (None: y is [n_tok, rows]). pdl: the programmatic-dependent-launch build and launch
@@ -457,7 +467,8 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
         raise ValueError(f"gemv_mma_k: ksplit {ksplit} must be 1..16")
     rows, cols = w.rows, w.cols
     q6 = w.qtype == QType.Q6_K
-    xq, xd, xb = q8k_inputs("gemv_mma_k", (w,), xq, xd, xb, n_tok, cols, read_xb=not q6, w16=w16)
+    xq, xd, xb = q8k_inputs("gemv_mma_k", (w,), xq, xd, xb, n_tok, cols, read_xb=not q6, w16=w16 and not q6,
+                            w16q6=w16 and q6)
     if ldy is None:
         ldy = rows
         yf = _flat(y, np.float32, n_tok * rows, "y", "gemv_mma_k")
@@ -475,9 +486,9 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
     pdl = bool(pdl)
     build = P.build(pdl)
     if q6:
-        kern = mma_q6k_q8k_kernel(ksplit, bool(pipe), nt, build)
+        kern = mma_q6k_q8k_kernel(ksplit, bool(pipe), nt, build, w16)
         if not ptx.SIMULATOR:
-            _fits(kern, SIGNATURE_Q6K, ("Q6_K", ksplit, bool(pipe), nt, build))
+            _fits(kern, SIGNATURE_Q6K, ("Q6_K", ksplit, bool(pipe), nt, build, w16))
         P.launch_or_plain(kern, grid, block, stream, SIGNATURE_Q6K, pdl, w.wa, w.wb, w.wc, w.wd, w.units, rows,
                           xq, xd, cols, n_tok, ldy, yf, rf, resid)
         return

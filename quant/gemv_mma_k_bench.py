@@ -63,7 +63,8 @@ def bench(argv=None) -> int:
     ap.add_argument("--ks", default="2,4,5,8,10,13,16", help="k-splits of the --trips sweep (those above "
                     "the row's 256-weight blocks are skipped)")
     ap.add_argument("--trips", default="block,pipe", help="the sweep's builds: block (PIPE off), pipe, and "
-                    "block16 / pipe16 (the Q4_K weights by 16-byte lane loads: gemv_mma_k.make_weight_loads W16); "
+                    "block16 / pipe16 (the weights by 16-byte lane loads: gemv_mma_k.make_weight_loads W16, "
+                    "gemv_mma_q6k.make_row_loads W16); "
                     "empty: no sweep")
     ap.add_argument("--tokens", default="1,2,4,8,16")
     ap.add_argument("--mma", action="store_true")
@@ -107,7 +108,7 @@ def bench(argv=None) -> int:
             cases += [(f"{trip}_ks{ks}", lambda ks=ks, trip=trip: gemv_mma_k(
                            nxt(), *kx, y, n_tok, ksplit=ks, stream=stream, pipe=trip.startswith("pipe"),
                            w16=trip.endswith("16")), kref, kbound)
-                      for trip in args.trips.split(",") if trip and not (trip.endswith("16") and qtype != QType.Q4_K)
+                      for trip in args.trips.split(",") if trip
                       for ks in (int(v) for v in args.ks.split(",")) if ks <= cols // QK]
             if args.pdl_build:
                 cases += [(f"pdlbuild_ks{default_build(gw, n_tok)[0]}",

@@ -50,3 +50,24 @@ def _split_pair(v, hi):
     own = (v[0], v[1])
     got = (r2, r3)
     return ((got if hi else own), (own if hi else got))
+
+
+@_dev
+def transpose4(v):
+    """The Q6_K W16 build's exchange (quant/gemv_mma_q6k.py): lane t of each quad (lanes 4g .. 4g + 3)
+    holds words 0..3 of a 16-byte group, group t of four; afterwards it holds word t of groups 0..3, in
+    that order - a 4 x 4 transpose in two rounds of two shuffles. Round one (with lane t ^ 2) swaps the
+    off-diagonal 2 x 2 blocks, round two (with t ^ 1) the off-diagonal words of each block."""
+    lane = cuda.laneid
+    lo = (lane & 2) == 0
+    s0 = v[2] if lo else v[0]
+    s1 = v[3] if lo else v[1]
+    r0 = uint32(cuda.shfl_xor_sync(0xFFFFFFFF, int32(s0), 2))
+    r1 = uint32(cuda.shfl_xor_sync(0xFFFFFFFF, int32(s1), 2))
+    a = (v[0], v[1], r0, r1) if lo else (r0, r1, v[2], v[3])
+    even = (lane & 1) == 0
+    s0 = a[1] if even else a[0]
+    s1 = a[3] if even else a[2]
+    r0 = uint32(cuda.shfl_xor_sync(0xFFFFFFFF, int32(s0), 1))
+    r1 = uint32(cuda.shfl_xor_sync(0xFFFFFFFF, int32(s1), 1))
+    return (a[0], r0, a[2], r1) if even else (r0, a[1], r1, a[3])

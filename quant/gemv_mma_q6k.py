@@ -29,6 +29,14 @@ words 8h + 4j + t.
 Rows, tokens, the k-split, PIPE, NT 16 and the shared-memory finish are gemv_mma_k.py's (see
 there); the entry point is `gemv_mma_k.gemv_mma_k`, which takes either format.
 
+W16 (a lab knob, `W16`): the 4-byte loads above read 16 bytes of a row a quad, so a warp instruction
+takes 8 rows' 16 bytes (8 lines for 512 bytes: the L1's wavefronts, what the Q4_K build's W16 cut,
+docs/kernels/gemv.md 8k). With W16 lane t of a quad loads ql words 4t .. 4t + 3 and 16 + 4t .. 19 + 4t
+of the block (groups t and 4 + t of the eight 16-byte groups (h, q & 1, j)) and qh words 4t .. 4t + 3
+(group t of (h, j)): three 16-byte loads a row and block instead of twelve. A 4 x 4 transpose over
+the quad (`gemv_mma_k_w16.transpose4`, four shuffles a group of four) then gives lane t word t of
+every group - the words the 4-byte loads give it, so the mma and the sums are the same, bit for bit.
+
 Status: checked in the simulator (tests/test_gemv_mma_q6k.py) and on an H100 (the short prefill's
 GPU tests); register counts from ptxas (kernels/gemv.md 8e); timed on the H100, 2026-12-06: 8 tokens
 of ffn_down 19.4 us unpipelined against the dp4a GEMV's 12.0 for one token (kernels/gemv.md 8h).
@@ -44,6 +52,7 @@ from genie_rt.engine import kernel_cache
 
 from . import ptx
 from .gemv_mma import LO4, ROWS, _dev, lanes, make_block_loop, make_finish
+from .gemv_mma_k_w16 import transpose4
 from .pdl import triggers as pdl_triggers
 from .q8k_layout import xd_base, xq_word
 from .pdl import weight_loads as pdl_weight_loads
@@ -51,14 +60,28 @@ from .pdl import weight_loads as pdl_weight_loads
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64, int64, uint32[::1], "
              "float32[::1], int64, int64, int64, float32[::1], float32[::1], int64)")
 HI2 = 0x03030303
+# Lab knob (2026-12-07 night; not yet timed on a GPU): up to 8 tokens, the Q6_K builds load their quants
+# 16 bytes a lane (W16, the docstring's last paragraph) - the default of gemv_mma_k.default_w16 for Q6_K
+# (the short graph's ffn_down) and of gemv_mma_qkv's Q6_K matrices (attn_v). Off until timed.
+W16 = False
 
 
-def make_row_loads(PDL: bool = False):
+def make_row_loads(PDL: bool = False, W16: bool = False):
     """row_loads(wa, wb, wc, wd, nblk, rr, qi, hi, blk): row rr's part of block blk for this lane -
     its 8 ql words (qi: the row's first, + t), its 4 qh words (hi likewise), the row's 16 scales
     (one 16-byte load: PDL ptx.ldw_v4, which stays above griddepcontrol.wait, else the read-only
-    ldg_v4, which ptxas sinks below it) and d's bits. The word loads are ordinary ones either way."""
+    ldg_v4, which ptxas sinks below it) and d's bits. The word loads are ordinary ones either way.
+    W16: ql and qh by three 16-byte loads of that kind (qi, hi: the row's first word + 4 t), raw -
+    `unpack16` gives the lane its 8 + 4 words."""
     ld4 = pdl_weight_loads(PDL)[1]
+    if W16:
+        @_dev
+        def row_loads16(wa, wb, wc, wd, nblk, rr, qi, hi, blk):
+            q = qi + uint32(32) * uint32(blk)
+            j = uint32(rr * nblk + blk)
+            return ((ld4(wa, q), ld4(wa, q + uint32(16))), ld4(wb, hi + uint32(16) * uint32(blk)),
+                    ld4(wc, j * uint32(4)), wd[j])
+        return row_loads16
 
     @_dev
     def row_loads(wa, wb, wc, wd, nblk, rr, qi, hi, blk):
@@ -155,13 +178,29 @@ def _tokens(acc, k0, W, T):
     acc[k0 + 3] += xd1 * (d1 * float32(S[3]))
 
 
-def make_block_parts(NT: int = 8, PDL: bool = False):
+@_dev
+def _unpack_row(r):
+    """A W16 row's raw loads -> the 8-byte build's (ql words, qh words, scales, d): lane t of a quad
+    loaded ql groups t and 4 + t and qh group t (16 bytes each); `transpose4` gives it word t of
+    every group - the words the 4-byte loads give it."""
+    return transpose4(r[0][0]) + transpose4(r[0][1]), transpose4(r[1]), r[2], r[3]
+
+
+@_dev
+def unpack16(W):
+    """W16: both rows' raw loads as `make_row_loads` returns them without it. Called by the trip's
+    multiply, not by the loads (as gemv_mma_k_w16.split16)."""
+    return _unpack_row(W[0]), _unpack_row(W[1])
+
+
+def make_block_parts(NT: int = 8, PDL: bool = False, W16: bool = False):
     """(wloads, tloads, block) for up to NT (8 or 16) tokens, gemv_mma.make_block_loop's three: the
     two rows' 28 weight loads a lane (`make_row_loads`: 24 quant words, two 16-byte scale loads, two d),
     the token's 18 (16 words, 2 block scales; NT 16: a second B fragment, tokens 8 .. 15) and the
     block's sixteen mma. The token
-    loads are ordinary (coherent) loads, so the PDL build reads them the same way."""
-    row_loads = make_row_loads(PDL)
+    loads are ordinary (coherent) loads, so the PDL build reads them the same way. W16: the quants
+    by 16-byte loads (`make_row_loads`), unpacked in the multiply."""
+    row_loads = make_row_loads(PDL, W16)
 
     @_dev
     def wloads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, blk):
@@ -175,7 +214,7 @@ def make_block_parts(NT: int = 8, PDL: bool = False):
 
         @_dev
         def block(acc, W, X):
-            _tokens(acc, 0, W, X)
+            _tokens(acc, 0, unpack16(W) if W16 else W, X)
     else:
         @_dev
         def tloads(wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb, blk):
@@ -183,25 +222,28 @@ def make_block_parts(NT: int = 8, PDL: bool = False):
 
         @_dev
         def block(acc, W, X):
-            _tokens(acc, 0, W, X[0])
-            _tokens(acc, 4, W, X[1])                 # the same A words: decoded again (registers)
+            Wu = unpack16(W) if W16 else W
+            _tokens(acc, 0, Wu, X[0])
+            _tokens(acc, 4, Wu, X[1])                # the same A words: decoded again (registers)
     return wloads, tloads, block
 
 
-def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
+def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False, W16: bool = False):
     """trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok): warp `warp`'s
     share of the blocks of the Q6_K rows tile * 16 .. + 15 into acc - gemv_mma_k.make_trips' contract
-    (xb is not read; PDL as there)."""
-    run = make_block_loop(*make_block_parts(NT, PDL), PIPE, PDL,
-                          wrest=make_block_parts(NT, False)[0] if PDL else None)   # (as gemv_mma_k's)
+    (xb is not read; PDL as there). W16: the quants by 16-byte lane loads (the module docstring)."""
+    run = make_block_loop(*make_block_parts(NT, PDL, W16), PIPE, PDL,
+                          wrest=make_block_parts(NT, False, W16)[0] if PDL else None)   # (as gemv_mma_k's)
+    tw = 4 if W16 else 1                     # a lane's first ql / qh word: 4 t (W16) or t
 
     @_dev
     def trips(acc, wa, wb, wc, wd, nu, rows, tile, warp, lane, xq, xd, xb, cols, n_tok):
         g, t, rr0, rr1, nblk, b_lo, b_hi, tb, ta, tc, tb2, ta2, tc2 = lanes(tile, warp, lane, rows, nu, n_tok, NW)
         nb = cols >> 8
         ut = uint32(t)
-        bases = (uint32(rr0 * nu * 4) + ut, uint32(rr1 * nu * 4) + ut,     # ql: 4 words a unit
-                 uint32(rr0 * nu * 2) + ut, uint32(rr1 * nu * 2) + ut)     # qh: 2 words a unit
+        uw = uint32(tw * t)
+        bases = (uint32(rr0 * nu * 4) + uw, uint32(rr1 * nu * 4) + uw,     # ql: 4 words a unit
+                 uint32(rr0 * nu * 2) + uw, uint32(rr1 * nu * 2) + uw)     # qh: 2 words a unit
         tok = (g < n_tok, xq_word(tb, cols) + ut, xd_base(ta, nb), xd_base(tc, nb))   # (quant/q8k_layout.py)
         tok2 = (g + 8 < n_tok, xq_word(tb2, cols) + ut, xd_base(ta2, nb), xd_base(tc2, nb))
         run(acc, (wa, wb, wc, wd, xq, xd, nblk, rr0, rr1, bases, tok, tok2, nb), b_lo, b_hi, nblk)
@@ -209,18 +251,19 @@ def make_trips(NW: int, NT: int = 8, PIPE: bool = True, PDL: bool = False):
 
 
 @functools.lru_cache(maxsize=None)
-def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: int = 0):
+def mma_q6k_q8k_kernel(KSPLIT: int = 4, PIPE: bool = True, NT: int = 8, PDL: int = 0, W16: bool = False):
     """y[t, r] = sum_c W[r, c] x[t, c] (+ res[t, r]) for t < n_tok <= NT (8 or 16), W Q6_K, x as
     q8_K; grid ceil(rows / 16) blocks of 32 * KSPLIT threads (KSPLIT 1..16). Arguments: wa, wb,
     wc, wd (the Q6_K GEMV planes ql, qh, sc, d), nu (ql units a row), rows, xq (uint32 words of
     the tiled int8 [xq_size(n_tok, cols)], gemv_mma_k.tile_q8k), xd (float32 [n_tok * cols / 256]), cols, n_tok, ldy, y (float32, token t's
-    row at t * ldy), res, resid. Rows, tokens, split, finish and PDL as gemv_mma_k.mma_q4k_q8k_kernel."""
+    row at t * ldy), res, resid. Rows, tokens, split, finish and PDL as gemv_mma_k.mma_q4k_q8k_kernel.
+    W16: the quants by 16-byte lane loads (the module docstring; the same bits)."""
     if NT not in (8, 16):
         raise ValueError(f"mma_q6k_q8k_kernel: NT {NT} must be 8 or 16")
     NW = KSPLIT
     NACC = NT // 2
     finish = make_finish(NW, NACC)
-    trips = make_trips(NW, NT, PIPE, PDL)
+    trips = make_trips(NW, NT, PIPE, PDL, W16)
     trigger_first, trigger_late = pdl_triggers(PDL)
 
     @cuda.jit

@@ -37,20 +37,22 @@ FORMATS = (QType.Q4_K, QType.Q6_K)
 
 
 @functools.lru_cache(maxsize=None)
-def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True, PDL: int = 0, W16: bool = False):
+def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True, PDL: int = 0, W16: bool = False,
+                   W16Q6: bool = False):
     """The kernel for the formats FMTS (three "Q4_K" / "Q6_K"): grid = the three matrices' tiles,
     32 * KSPLIT threads. Arguments: for each matrix its GEMV planes wa, wb, wc, wd and rows; then
     nu (units a row, the same for all: one input), xq, xd, xb (q8_K), cols, n_tok (<= 8), ldy, y
     ([q | k | v] rows of ldy floats). PIPE: the Q4_K matrices' (a Q6_K one's trips are unpipelined,
     as gemv_mma_k.default_pipe). PDL: as gemv_mma_k's. W16: the Q4_K matrices by 16-byte lane loads
     (quant/gemv_mma_k_w16.py;
-    the short graph's build, unpipelined, since 2026-12-06)."""
+    the short graph's build, unpipelined, since 2026-12-06). W16Q6: the Q6_K ones by 16-byte lane
+    loads (gemv_mma_q6k.make_row_loads; the lab knob gemv_mma_q6k.W16)."""
     if len(FMTS) != 3 or any(f not in ("Q4_K", "Q6_K") for f in FMTS):
         raise ValueError(f"mma_qkv_kernel: FMTS {FMTS} must be three of Q4_K, Q6_K")
     NW = KSPLIT
     finish = make_finish(NW, 4)
     # (PIPE is the Q4_K matrices'; the Q6_K trips are unpipelined: gemv_mma_k.default_pipe)
-    T0, T1, T2 = ((make_trips(NW, 8, PIPE, PDL, W16) if f == "Q4_K" else Q6.make_trips(NW, 8, False, PDL))
+    T0, T1, T2 = ((make_trips(NW, 8, PIPE, PDL, W16) if f == "Q4_K" else Q6.make_trips(NW, 8, False, PDL, W16Q6))
                   for f in FMTS)
     trigger_first, trigger_late = pdl_triggers(PDL)
 
@@ -83,14 +85,15 @@ def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True, PDL: int = 0
 
 
 def gemv_mma_qkv(ws, xq, xd, xb, y, n_tok: int, ldy: int | None = None, ksplit: int | None = None,
-                 pipe: bool = True, stream=0, pdl: bool = False, w16: bool = False) -> None:
+                 pipe: bool = True, stream=0, pdl: bool = False, w16: bool = False,
+                 w16q6: bool | None = None) -> None:
     """y[:, q | k | v] = x [Wq | Wk | Wv]^T for three GemvWeights (dp4a mode, Q4_K or Q6_K each, one
     column count) and q8_K activations (gemv_mma_k's xq, xd, xb; xb is read by the Q4_K ones);
     1 <= n_tok <= 8. y: [n_tok, ldy] rows (ldy None: the three matrices' rows), the first
     sum(rows) columns written. ksplit None: plan_ksplit of the three's rows. pdl: as gemv_mma_k's.
     w16: the Q4_K matrices by 16-byte lane loads (as gemv_mma_glu's; the short graph's since
-    2026-12-06: 8.9 against 9.5 us a layer on an H100). No allocation, no
-    synchronization."""
+    2026-12-06: 8.9 against 9.5 us a layer on an H100). w16q6: the Q6_K ones so (None: the lab knob
+    gemv_mma_q6k.W16). No allocation, no synchronization."""
     from . import pdl as P
     ws = tuple(ws)
     if len(ws) != 3:
@@ -110,13 +113,15 @@ def gemv_mma_qkv(ws, xq, xd, xb, y, n_tok: int, ldy: int | None = None, ksplit: 
     ksplit = plan_ksplit(total, cols, n_tok) if ksplit is None else ksplit
     if not 1 <= ksplit <= 16:
         raise ValueError(f"gemv_mma_qkv: ksplit {ksplit} must be 1..16")
-    xq, xd, xb = q8k_inputs("gemv_mma_qkv", ws, xq, xd, xb, n_tok, cols, read_xb=True, w16=bool(w16))  # (takes xb)
-    yf = _flat(y, np.float32, n_tok * ldy, "y", "gemv_mma_qkv")
     fmts = tuple(w.qtype.name for w in ws)
+    w16q6 = bool(Q6.W16 if w16q6 is None else w16q6) and "Q6_K" in fmts
+    xq, xd, xb = q8k_inputs("gemv_mma_qkv", ws, xq, xd, xb, n_tok, cols, read_xb=True, w16=bool(w16),  # (takes xb)
+                            w16q6=w16q6)
+    yf = _flat(y, np.float32, n_tok * ldy, "y", "gemv_mma_qkv")
     build = P.build(bool(pdl))
-    kern = mma_qkv_kernel(fmts, ksplit, bool(pipe), build, bool(w16))
+    kern = mma_qkv_kernel(fmts, ksplit, bool(pipe), build, bool(w16), w16q6)
     if not ptx.SIMULATOR:
-        _fits(kern, SIGNATURE, ("qkv " + "/".join(fmts), ksplit, bool(pipe), 8, build, bool(w16)))
+        _fits(kern, SIGNATURE, ("qkv " + "/".join(fmts), ksplit, bool(pipe), 8, build, bool(w16), w16q6))
     grid = sum((w.rows + ROWS - 1) // ROWS for w in ws)
     args = [a for w in ws for a in (w.wa, w.wb, w.wc, w.wd, w.rows)]
     P.launch_or_plain(kern, grid, 32 * ksplit, stream, SIGNATURE, bool(pdl), *args, ws[0].units, xq, xd, xb, cols,

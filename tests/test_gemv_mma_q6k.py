@@ -18,12 +18,12 @@ from genie_rt.quant.formats import QType
 from genie_rt.quant.gemv_bench import random_weight
 
 
-def _run(hw, x, n_tok, ksplit=None, pipe=None, resid=None):
+def _run(hw, x, n_tok, ksplit=None, pipe=None, resid=None, w16=False):
     gw = G.prepare_weight(G.to_device(hw), "dp4a")
     xq, xd, _ = K.quantize_q8k(x)
     y = cuda.to_device(resid) if resid is not None else cuda.device_array((n_tok, hw.rows), np.float32)
     K.gemv_mma_k(gw, cuda.to_device(K.tile_q8k(xq)), cuda.to_device(K.tile_blocks(xd, 1)), None, y, n_tok,
-                 residual=y if resid is not None else None, ksplit=ksplit, pipe=pipe)
+                 residual=y if resid is not None else None, ksplit=ksplit, pipe=pipe, w16=w16)
     return y.copy_to_host(), xq, xd
 
 
@@ -80,6 +80,34 @@ def test_gemv_mma_q6k_matches_numpy_and_the_exact_sums(rows, cols, n_tok, ksplit
     np.testing.assert_allclose(got, exact, rtol=2e-6, atol=2e-6 * float(np.abs(exact).max()))
 
 
+@pytest.mark.parametrize("rows,cols,n_tok,ksplit,pipe,resid", [
+    (21, 512, 3, 2, False, True),     # a partial second tile, two blocks over two warps
+    (20, 1280, 8, 3, False, False),   # 5 blocks over 3 warps, 8 tokens
+    (18, 768, 5, 4, True, False),     # pipelined, a warp without a block
+    (21, 768, 11, 2, False, True)])   # the 16-token build
+def test_q6k_w16_is_the_4_byte_build_bit_for_bit(rows, cols, n_tok, ksplit, pipe, resid):
+    # the lab build W16 (gemv_mma_q6k.W16: ql and qh by 16-byte lane loads, a 4 x 4 transpose over each
+    # quad) gives every lane the words the 4-byte loads give it: the same bits, every quant bit random
+    hw, x = _case(rows, cols, n_tok, 3 * rows + cols)
+    r = np.random.default_rng(5).standard_normal((n_tok, rows)).astype(np.float32)
+    outs = [_run(hw, x, n_tok, ksplit, pipe, r if resid else None, w16=w16)[0] for w16 in (False, True)]
+    assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
+
+
+def test_q6k_w16_lab_knob_is_the_default_build(monkeypatch):
+    # gemv_mma_q6k.W16 (a lab knob, off): default_build takes W16 for a Q6_K weight up to 8 tokens
+    # where it is on, with the 4-byte build's k-split (both unpipelined)
+    from types import SimpleNamespace
+
+    from genie_rt.quant import gemv_mma_q6k as Q6
+    w = SimpleNamespace(rows=2560, cols=9728, qtype=QType.Q6_K)
+    off = K.default_build(w, 8)
+    monkeypatch.setattr(Q6, "W16", True)
+    on = K.default_build(w, 8)
+    assert off[2] is False and on[2] is True and on[:2] == off[:2] and on[1] is False
+    assert K.default_build(w, 9)[2] is False
+
+
 def test_gemv_mma_q6k_reads_each_field_where_it_belongs():
     # one block, one row changed at a time: sub-block s's scale, d, a ql nibble, a qh bit pair -
     # the kernel's result follows numpy's for every change (a field read from the wrong place
@@ -129,9 +157,9 @@ def test_gemv_mma_q6k_ptx_uses_the_k16_mma_in_32_bits():
     from genie_rt.quant.gemv_mma_q6k import SIGNATURE
     src = ("from genie_rt.quant.gemv_mma_q6k import mma_q6k_q8k_kernel\n"
            "k6_pipe = mma_q6k_q8k_kernel(4, True)\nk6_block = mma_q6k_q8k_kernel(4, False)\n"
-           "k6_16 = mma_q6k_q8k_kernel(4, False, 16)\n")
-    out = compile_in_subprocess(src, {n: SIGNATURE for n in ("k6_pipe", "k6_block", "k6_16")})
-    for name, mmas in (("k6_pipe", 16), ("k6_block", 16), ("k6_16", 32)):
+           "k6_16 = mma_q6k_q8k_kernel(4, False, 16)\nk6_w16 = mma_q6k_q8k_kernel(4, False, 8, 0, True)\n")
+    out = compile_in_subprocess(src, {n: SIGNATURE for n in ("k6_pipe", "k6_block", "k6_16", "k6_w16")})
+    for name, mmas in (("k6_pipe", 16), ("k6_block", 16), ("k6_16", 32), ("k6_w16", 16)):
         for cc, text in out[name].items():
             where = f"{name} sm_{cc[0]}{cc[1]}"
             assert_no_f64(text, where=where)
@@ -141,3 +169,36 @@ def test_gemv_mma_q6k_ptx_uses_the_k16_mma_in_32_bits():
             assert loop.count("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32") == mmas - 1, where
             assert loop.count("ld.global") == 0, f"{where}: a load between the block's mmas"
             assert "mul.lo.s64" not in loop and "mul.wide" not in loop and "shr.s64" not in loop, where
+            if name == "k6_w16":             # ql, qh and the scales by 16-byte loads, 3 a row, 24 shuffles a block
+                assert text.count("ld.global.nc.v4.u32") == 2 * 4 and text.count("shfl.sync.bfly.b32") == 24, where
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [False, True])
+def test_gpu_q6k_w16_is_the_4_byte_build_at_the_4b_shapes(pdl):
+    # the lab knob gemv_mma_q6k.W16 on the device, at the short graph's Q6_K shapes (8 tokens): ffn_down
+    # 2,560 x 9,728 alone, and attn_v 1,024 x 2,560 in the q/k/v launch - the same bits as the 4-byte
+    # builds, plain and by the PDL build
+    from genie_rt.quant import pdl as P
+    from genie_rt.quant.gemv_mma_qkv import gemv_mma_qkv
+    if pdl and not P.available():
+        pytest.skip("PDL needs sm_90+")
+    hw, x = _case(2560, 9728, 8, 1)
+    gw = G.prepare_weight(G.to_device(hw), "dp4a")
+    q = [cuda.to_device(a) for a in K.quantize_q8k_tiled(x)]
+    outs = []
+    for w16 in (False, True):
+        y = cuda.device_array((8, 2560), np.float32)
+        K.gemv_mma_k(gw, *q, y, 8, w16=w16, pdl=pdl)
+        outs.append(y.copy_to_host())
+    assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
+    ws = [G.prepare_weight(G.to_device(random_weight(qt, r, 2560, np.random.default_rng(r))), "dp4a")
+          for qt, r in ((QType.Q4_K, 4096), (QType.Q4_K, 1024), (QType.Q6_K, 1024))]
+    x = np.random.default_rng(3).standard_normal((8, 2560)).astype(np.float32)
+    q = [cuda.to_device(a) for a in K.quantize_q8k_tiled(x)]
+    outs = []
+    for w16q6 in (False, True):
+        y = cuda.device_array((8, 6144), np.float32)
+        gemv_mma_qkv(ws, *q, y, 8, pipe=False, w16=True, w16q6=w16q6, pdl=pdl)
+        outs.append(y.copy_to_host())
+    assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))

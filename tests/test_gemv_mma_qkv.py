@@ -22,21 +22,23 @@ def _ws(spec, cols, seed):
             for i, (q, r) in enumerate(spec)]
 
 
-@pytest.mark.parametrize("pipe,w16", [(True, False), (False, False), (False, True)])
+@pytest.mark.parametrize("pipe,w16,w16q6", [(True, False, False), (False, False, False), (False, True, False),
+                                            (False, True, True)])
 @pytest.mark.parametrize("spec,cols,n_tok,ksplit,extra", [
     (((Q4, 32), (Q4, 16), (Q6, 16)), 512, 1, 2, 0),
     (((Q4, 21), (Q4, 9), (Q6, 9)), 768, 5, 3, 3),        # partial tiles, a wider output
     (((Q6, 16), (Q4, 20), (Q6, 5)), 256, 8, 1, 0),
     (((Q4, 48), (Q4, 16), (Q4, 16)), 512, 3, None, 1)])
-def test_qkv_is_gemv_mma_k_per_matrix(spec, cols, n_tok, ksplit, extra, pipe, w16):
-    # (w16: the Q4_K matrices by 16-byte loads, against gemv_mma_k's 8-byte build: the same bits)
+def test_qkv_is_gemv_mma_k_per_matrix(spec, cols, n_tok, ksplit, extra, pipe, w16, w16q6):
+    # (w16: the Q4_K matrices by 16-byte loads, w16q6 the Q6_K ones, against gemv_mma_k's 8- and 4-byte
+    # builds: the same bits)
     ws = _ws(spec, cols, cols + n_tok)
     x = np.random.default_rng(2).standard_normal((n_tok, cols)).astype(np.float32)
     q = [cuda.to_device(a) for a in K.quantize_q8k_tiled(x)]
     total = sum(w.rows for w in ws)
     ldy = total + extra
     y = cuda.to_device(np.full((n_tok, ldy), np.nan, np.float32))
-    gemv_mma_qkv(ws, *q, y, n_tok, ldy=ldy, ksplit=ksplit, pipe=pipe, w16=w16)
+    gemv_mma_qkv(ws, *q, y, n_tok, ldy=ldy, ksplit=ksplit, pipe=pipe, w16=w16, w16q6=w16q6)
     got = y.copy_to_host()
     ks = K.plan_ksplit(total, cols, n_tok) if ksplit is None else ksplit
     c = 0

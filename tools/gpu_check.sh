@@ -53,7 +53,8 @@
 #             (PXT s), on an H200 llama-bench, then the GPU tests the day's changes owe (the mma loop's splits
 #             by chunks, the short prefill, CPU parity, greedy text, prefix reuse; GK) in what is left of TEND s
 #   s36       s33 with the prefix bench's --ab of backend_cuda.SAMPLER_COPY_STREAM and cuda_short_prefill.SPLIT_LAUNCH
-#             (2026-12-07 evening: the warm request's critical path) and their GPU tests; TEND as s33's
+#             (2026-12-07 evening: the warm request's critical path) and gemv_mma_q6k.W16 (night: the Q6_K quants
+#             by 16-byte loads), and their GPU tests; TEND as s33's
 #   s37       the long graph's merge prefetch (kvcache/attention.py MERGE_PREFETCH off / on / "mma"; 2026-12-07
 #             night): profile_decode --settings chain at depth 4,096 (PT s), then its GPU test (the same bits)
 #   s33h      s33's test_h2d and prefix-reuse bench alone (a short call: no llama.cpp build, no bench); with TEND
@@ -355,7 +356,8 @@ for s in "$@"; do
       grep -E "warm|cold|greedy|cosine|of which|host|device|lab knobs|^    engine\." "$OUT/prefix-short-after-cold.txt" | head -48
       [ "$H200" -gt 0 ] && { W=$(( ${TEND:-585} - 100 - SECONDS )); [ $W -gt 20 ] && LBT=90 LB_TESTS="-p 18,33,512 -n 128 -d 0,4096" llama_bench_4b $W; }
       W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 40 ] && par_tests $W gpu "${GK:-mma_loop or short or greedy or every_position or prefix}" \
-        tests/test_attention_decode_mma.py tests/test_short_prefill.py tests/test_h2d.py tests/test_backend_cuda.py ;;
+        tests/test_attention_decode_mma.py tests/test_short_prefill.py tests/test_h2d.py tests/test_backend_cuda.py \
+        ${GFILES:-} ;;
     s36)
       # 2026-12-07 evening (no device came to time them): s33, its prefix bench also timing the two lab knobs
       # of the warm request's critical path against each other (bench_prefix --ab, alternating rounds): the
@@ -366,10 +368,11 @@ for s in "$@"; do
       H200=$(grep -c H200 "$OUT/gpu.txt")
       AB="engine.backend_cuda.SAMPLER_COPY_STREAM=False;engine.backend_cuda.SAMPLER_COPY_STREAM=True"
       AB="$AB;engine.cuda_short_prefill.SPLIT_LAUNCH=1;engine.cuda_short_prefill.SPLIT_LAUNCH=2"
-      GK="${GK:-mma_loop or short or greedy or every_position or prefix or sampler_copies}" \
+      AB="$AB;quant.gemv_mma_q6k.W16=True"     # (2026-12-07 night: the Q6_K quants by 16-byte lane loads)
+      GK="${GK:-mma_loop or short or greedy or every_position or prefix or sampler_copies or w16}" \
         PXT=${PXT:-$([ "$H200" -gt 0 ] && echo 200 || echo 400)} \
         PXARGS="--repeat 9 --ab $AB --ab-rounds $([ "$H200" -gt 0 ] && echo 2 || echo 3) ${PXARGS:-}" \
-        TEND=$(( ${TEND:-585} - SECONDS )) "$0" s33 ;;
+        GFILES="tests/test_gemv_mma_q6k.py" TEND=$(( ${TEND:-585} - SECONDS )) "$0" s33 ;;
     s37)
       # 2026-12-07 night: MERGE_PREFETCH was timed (2026-12-05) before the long graph's mma loop; the
       # short graph (below decode_short_ctx) has its own plan since, so "mma" turns it on for the long one

@@ -67,6 +67,11 @@ MMA["mma_qkv_q4k_q4k_q6k_w16"] = (MQ.mma_qkv_kernel(("Q4_K", "Q4_K", "Q6_K"), 4,
 MMA["mma_q6k_nt8_pipe"] = (M6.mma_q6k_q8k_kernel(4, True, 8, False), M6.SIGNATURE, None)
 MMA["mma_q4k_nt16"] = (MK.mma_q4k_q8k_kernel(4, False, 16, False), MK.SIGNATURE, None)
 MMA["mma_q6k_nt16"] = (M6.mma_q6k_q8k_kernel(4, False, 16, False), M6.SIGNATURE, None)
+# the Q6_K quants by 16-byte lane loads (lab knob gemv_mma_q6k.W16): ffn_down's build, its PDL build, and q/k/v's
+MMA["mma_q6k_nt8_w16"] = (M6.mma_q6k_q8k_kernel(4, False, 8, False, True), M6.SIGNATURE, None)
+MMA["mma_q6k_nt8_w16_pdl"] = (M6.mma_q6k_q8k_kernel(4, False, 8, 2, True), M6.SIGNATURE, None)
+MMA["mma_qkv_q4k_q4k_q6k_w16q6"] = (MQ.mma_qkv_kernel(("Q4_K", "Q4_K", "Q6_K"), 4, False, False, True, True),
+                                    MQ.SIGNATURE, None)
 for _name, (_k, _sig, _cap) in MMA.items():
     globals()[_name] = _k
 '''
