@@ -56,7 +56,7 @@
 #             (2026-12-07 evening: the warm request's critical path) and gemv_mma_q6k.W16 (night: the Q6_K quants
 #             by 16-byte loads), and their GPU tests; TEND as s33's
 #   s37       the long graph's merge prefetch (kvcache/attention.py MERGE_PREFETCH off / on / "mma"; 2026-12-07
-#             night): profile_decode --settings chain at depth 4,096 (PT s), then its GPU test (the same bits)
+#             night): profile_decode --settings chain at depth 4,096 (PT s), then its GPU test (the same bits) and s36's
 #   s33h      s33's test_h2d and prefix-reuse bench alone (a short call: no llama.cpp build, no bench); with TEND
 #             set, s33's GPU tests (GK) in what is left of TEND s
 #   plan      tools/check_plan.py: `genie-rt info`'s plan against the real allocation (synthetic
@@ -370,7 +370,7 @@ for s in "$@"; do
       AB="$AB;engine.cuda_short_prefill.SPLIT_LAUNCH=1;engine.cuda_short_prefill.SPLIT_LAUNCH=2"
       AB="$AB;quant.gemv_mma_q6k.W16=True"     # (2026-12-07 night: the Q6_K quants by 16-byte lane loads)
       GK="${GK:-mma_loop or short or greedy or every_position or prefix or sampler_copies or w16}" \
-        PXT=${PXT:-$([ "$H200" -gt 0 ] && echo 200 || echo 400)} \
+        PXT=${PXT:-$([ "$H200" -gt 0 ] && echo 240 || echo 400)} \
         PXARGS="--repeat 9 --ab $AB --ab-rounds $([ "$H200" -gt 0 ] && echo 2 || echo 3) ${PXARGS:-}" \
         GFILES="tests/test_gemv_mma_q6k.py" TEND=$(( ${TEND:-585} - SECONDS )) "$0" s33 ;;
     s37)
@@ -380,7 +380,11 @@ for s in "$@"; do
       use_kernel_cache
       [ -f $MODEL4B ] || $PY tools/synth_gguf.py --shape 4b -o $MODEL4B --threads 16 | tail -1
       PT=${PT:-300} profile_4b "${PDEPTHS:-4096}" chain "" chain- 12
-      W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 40 ] && par_tests $W gpu merge_prefetch tests/test_attention_gpu.py ;;
+      # then its GPU test, and s36's (which a call of s36 may not have had the time for)
+      W=$(( ${TEND:-585} - SECONDS )); [ $W -gt 40 ] && par_tests $W gpu \
+        "merge_prefetch or ${GK:-mma_loop or short or greedy or every_position or prefix or sampler_copies or w16}" \
+        tests/test_attention_gpu.py tests/test_attention_decode_mma.py tests/test_short_prefill.py tests/test_h2d.py \
+        tests/test_backend_cuda.py tests/test_gemv_mma_q6k.py ;;
     s33h)
       # s33's host-path part alone, for a short call: tests/test_h2d.py on the device, then prefix reuse with
       # --breakdown-after-cold (no llama.cpp build beside it)
