@@ -193,20 +193,25 @@ mma_q4k_late = mma_q4k_q8k_kernel(4, False, 8, 2, True)
 mma_q6k_late = mma_q6k_q8k_kernel(4, False, 8, 2)
 mma_glu_late = mma_glu_q4k_q8k_kernel(2, False, "silu", 2, None, True)
 mma_qkv_late = mma_qkv_kernel(("Q4_K", "Q4_K", "Q6_K"), 4, False, 2, True)
+mma_q6k_w16 = mma_q6k_q8k_kernel(4, False, 8, True, True)
+mma_q6k_w16_late = mma_q6k_q8k_kernel(4, False, 8, 2, True)
 """
 # their late-trigger builds (quant/pdl.TRIGGER_LATE, lab): the trigger after every mma of the last trip
 MMA_LATE = {"mma_q4k_late": "mma_q4k", "mma_q6k_late": "mma_q6k", "mma_glu_late": "mma_glu",
-            "mma_qkv_late": "mma_qkv"}
+            "mma_qkv_late": "mma_qkv", "mma_q6k_w16_late": "mma_q6k_w16"}
 # the short prefill's builds (engine/cuda_short_prefill.py): before the wait only the first 256-weight
 # block's weights - Q4_K 8 quant loads + 2 headers for the lane's two rows, Q6_K 2 x (8 ql, 4 qh, the
-# scales, d), both weights of the GLU; the q8_K norm its lane's 8 norm weights (two 16-byte loads)
-MMA_PRE_WAIT = {"mma_q4k": 10, "mma_q4k_16": 10, "mma_q6k": 28, "mma_glu": 20, "mma_qkv": 10, "norm_q8k": 2}
+# scales, d; the lab build W16 2 x (2 ql, 1 qh 16-byte loads, the scales, d)), both weights of the GLU; the
+# q8_K norm its lane's 8 norm weights (two 16-byte loads)
+MMA_PRE_WAIT = {"mma_q4k": 10, "mma_q4k_16": 10, "mma_q6k": 28, "mma_glu": 20, "mma_qkv": 10, "norm_q8k": 2,
+                "mma_q6k_w16": 10}
 
 
 @pytest.mark.slow
 def test_short_prefill_pdl_builds_read_only_weights_before_the_wait():
     from genie_rt.quant import gemv_mma_glu, gemv_mma_k, gemv_mma_q6k, gemv_mma_qkv, quantize_q8k
     sigs = {"mma_q4k": gemv_mma_k.SIGNATURE, "mma_q4k_16": gemv_mma_k.SIGNATURE, "mma_q6k": gemv_mma_q6k.SIGNATURE,
+            "mma_q6k_w16": gemv_mma_q6k.SIGNATURE,
             "mma_glu": gemv_mma_glu.SIGNATURE, "mma_qkv": gemv_mma_qkv.SIGNATURE, "norm_q8k": quantize_q8k.SIGNATURE,
             "mma_q4k_plain": gemv_mma_k.SIGNATURE}
     sigs.update({late: sigs[base] for late, base in MMA_LATE.items()})
