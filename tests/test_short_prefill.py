@@ -157,6 +157,31 @@ def test_simulated_short_prefill_fused_w16_knob_keeps_the_bits(tmp_path, monkeyp
     np.testing.assert_array_equal(got[True], got[False])
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: test_gpu_short_prefill_q6k_w16_keeps_the_bits)")
+def test_simulated_short_prefill_q6k_w16_knob_keeps_the_bits(tmp_path, monkeypatch):
+    # the lab knob gemv_mma_q6k.W16: the Q6_K matrices (attn_v in the q/k/v launch, ffn_down alone) by
+    # 16-byte loads - the 4-byte build's words after the quad's transpose, so the logits keep their bits
+    from genie_rt.quant import gemv_mma_k, gemv_mma_q6k
+    from test_backend_cuda import make_backends
+    path = _tiny(tmp_path)
+    built, got = [], {}
+    real = gemv_mma_k.mma_q6k_q8k_kernel
+
+    def spy(*a):
+        built.append(a[4] if len(a) > 4 else False)
+        return real(*a)
+    monkeypatch.setattr(gemv_mma_k, "mma_q6k_q8k_kernel", spy)
+    for knob in (False, True):
+        monkeypatch.setattr(gemv_mma_q6k, "W16", knob)
+        gpu, _, _ = make_backends(path, "f16", n_ctx=64, chunk=16, warm=False, short_prefill=True)
+        gpu.prefill(PROMPT, 0)
+        built.clear()
+        got[knob] = gpu.prefill(TURN, len(PROMPT))
+        assert built and all(w is knob for w in built), built      # ffn_down (Q6_K) took the knob's build
+    np.testing.assert_array_equal(got[True], got[False])
+
+
 def test_short_prefill_pdl_knob_names_known_kinds():
     from genie_rt.engine.cuda_short_prefill import PDL_KINDS, pdl_kinds
     assert pdl_kinds(False) == frozenset() and pdl_kinds(True) == frozenset(PDL_KINDS)
@@ -229,6 +254,30 @@ def test_gpu_short_prefill_pdl_keeps_the_bits(tmp_path, monkeypatch):
         for turn in turns:
             gpu.prefill(prompt, 0)
             got[on].append(gpu.prefill(turn, 20))
+    for a, b in zip(got[True], got[False]):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.gpu
+def test_gpu_short_prefill_q6k_w16_keeps_the_bits(tmp_path, monkeypatch):
+    # the lab knob gemv_mma_q6k.W16 (the Q6_K quants by 16-byte loads) in the short graph, with its PDL
+    # builds where the device has them, on the two-layer file (Q6_K attn_v and ffn_down): turns of 1, 5
+    # and 8 tokens after a prompt, the logits' bits and the decode step's after each turn equal
+    from test_backend_cuda import make_backends
+    from genie_rt.quant import gemv_mma_q6k
+    path = _two_layers(tmp_path)
+    rng = np.random.default_rng(7)
+    prompt = rng.integers(0, 256, 20).astype(np.int32)
+    turns = [rng.integers(0, 256, n).astype(np.int32) for n in (1, 5, 8, 8)]
+    got = {}
+    for on in (True, False):
+        monkeypatch.setattr(gemv_mma_q6k, "W16", on)
+        gpu, _, _ = make_backends(path, "f16", n_ctx=128, chunk=64, short_prefill=True)
+        got[on] = []
+        for turn in turns:
+            gpu.prefill(prompt, 0)
+            got[on].append(gpu.prefill(turn, 20))
+            got[on].append(gpu.decode(7, 20 + len(turn)))
     for a, b in zip(got[True], got[False]):
         np.testing.assert_array_equal(a, b)
 
