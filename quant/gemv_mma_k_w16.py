@@ -9,6 +9,9 @@ upper 8 bytes (two shuffles a load) and each picks its halves (`split16`). A lan
 (0, 16, 8, 24)[t] .. + 7 of an even chunk and (8, 24, 0, 16)[t] .. + 7 of an odd one; the token
 loads read the q8 values at the same bytes (`_bases16`), so the integer sums are the 8-byte
 build's, in the same order. Timed in docs/kernels/gemv.md 8k.
+
+`transpose4` is the Q6_K build's exchange (quant/gemv_mma_q6k.py W16, docs/kernels/gemv.md 8n): a 4 x 4
+transpose of words over each lane quad.
 """
 from __future__ import annotations
 

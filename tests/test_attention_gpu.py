@@ -63,7 +63,8 @@ def test_gpu_decode_qwen3_4b_merge_prefetch_same_bits(pool_4b, pos, monkeypatch)
     pool, kd, vd = pool_4b
     q = cuda.to_device(np.random.default_rng(pos).standard_normal((32, 128)).astype(np.float32))
     state = cuda.to_device(np.array([pos], np.int32))
-    for gh, n_splits, loop in ((2, None, None), (2, 64, None), (1, None, None), (None, None, "mma")):
+    ways = ((2, None, None), (2, 64, None), (1, None, None))
+    for gh, n_splits, loop in ways + (((None, None, "mma"),) if pool.shape.dtype == "int8" else ()):  # (mma: int8 only)
         kw = dict(heads_per_block=gh) if loop is None else dict(loop=loop)
         plan = plan_decode(32, 8, 128, pool.shape.dtype, pool.n_ctx, n_splits=n_splits, **kw)
         outs = []

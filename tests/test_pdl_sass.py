@@ -41,10 +41,12 @@ from genie_rt.quant.gemv_mma_k import mma_q4k_q8k_kernel
 from genie_rt.quant.gemv_mma_q6k import mma_q6k_q8k_kernel
 mma_q4k = mma_q4k_q8k_kernel(4, True, 8, True)
 mma_q6k = mma_q6k_q8k_kernel(4, False, 8, True)
+mma_q6k_w16 = mma_q6k_q8k_kernel(4, False, 8, True, True)
 mma_glu = mma_glu_q4k_q8k_kernel(2, True, "silu", True)
 """
 _GEMVS = ("gemv_q4k_early2", "gemv_q6k_early1", "gemv_q6k_early2", "gemv_q6k_early2_cap96", "head_q6k_lpr16",
-          "qkv", "swiglu", "swiglu_pair", "mma_q4k", "mma_q6k", "mma_glu")       # mma_*: the short prefill's (PDL knob)
+          "qkv", "swiglu", "swiglu_pair", "mma_q4k", "mma_q6k", "mma_glu",
+          "mma_q6k_w16")       # mma_*: the short prefill's (PDL knob; mma_q6k_w16: the lab knob gemv_mma_q6k.W16)
 
 @pytest.fixture(scope="module")
 def sass(tmp_path_factory):
@@ -58,7 +60,8 @@ def sass(tmp_path_factory):
                                          "head_q6k_lpr16", "unpinned_q4k")}
     sigs.update(qkv=gemv.SIG_QKV, swiglu=gemv.SIG_SWIGLU, swiglu_pair=gemv.SIG_SWIGLU,
                 norm=KERNEL_SIGNATURES["_rmsnorm_q8_r4_kernel"][0], attention=rope_signature("int8", True),
-                mma_q4k=gemv_mma_k.SIGNATURE, mma_q6k=gemv_mma_q6k.SIGNATURE, mma_glu=gemv_mma_glu.SIGNATURE)
+                mma_q4k=gemv_mma_k.SIGNATURE, mma_q6k=gemv_mma_q6k.SIGNATURE, mma_glu=gemv_mma_glu.SIGNATURE,
+                mma_q6k_w16=gemv_mma_q6k.SIGNATURE)
     ptx = compile_in_subprocess(_SOURCE, sigs, ccs=((9, 0),))
     d = tmp_path_factory.mktemp("sass")
     out = {}

@@ -264,20 +264,27 @@ def test_gpu_short_prefill_q6k_w16_keeps_the_bits(tmp_path, monkeypatch):
     # builds where the device has them, on the two-layer file (Q6_K attn_v and ffn_down): turns of 1, 5
     # and 8 tokens after a prompt, the logits' bits and the decode step's after each turn equal
     from test_backend_cuda import make_backends
-    from genie_rt.quant import gemv_mma_q6k
+    from genie_rt.quant import gemv_mma_k, gemv_mma_q6k, gemv_mma_qkv
     path = _two_layers(tmp_path)
     rng = np.random.default_rng(7)
     prompt = rng.integers(0, 256, 20).astype(np.int32)
     turns = [rng.integers(0, 256, n).astype(np.int32) for n in (1, 5, 8, 8)]
-    got = {}
+    got, built = {}, []
+    real_k, real_qkv = gemv_mma_k.mma_q6k_q8k_kernel, gemv_mma_qkv.mma_qkv_kernel
+    monkeypatch.setattr(gemv_mma_k, "mma_q6k_q8k_kernel", lambda *a: built.append(("ffn_down", a[4])) or real_k(*a))
+    monkeypatch.setattr(gemv_mma_qkv, "mma_qkv_kernel",
+                        lambda *a: built.append(("qkv", a[5])) or real_qkv(*a) if "Q6_K" in a[0] else real_qkv(*a))
     for on in (True, False):
         monkeypatch.setattr(gemv_mma_q6k, "W16", on)
+        built.clear()
         gpu, _, _ = make_backends(path, "f16", n_ctx=128, chunk=64, short_prefill=True)
         got[on] = []
         for turn in turns:
             gpu.prefill(prompt, 0)
             got[on].append(gpu.prefill(turn, 20))
             got[on].append(gpu.decode(7, 20 + len(turn)))
+        # (the Q6_K matrices took the knob's builds: ffn_down alone, attn_v in the q/k/v launch)
+        assert {k for k, _ in built} == {"ffn_down", "qkv"} and all(w is on for _, w in built), built
     for a, b in zip(got[True], got[False]):
         np.testing.assert_array_equal(a, b)
 

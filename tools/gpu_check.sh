@@ -372,7 +372,7 @@ for s in "$@"; do
       GK="${GK:-mma_loop or short or greedy or every_position or prefix or sampler_copies or w16}" \
         PXT=${PXT:-$([ "$H200" -gt 0 ] && echo 240 || echo 400)} \
         PXARGS="--repeat 9 --ab $AB --ab-rounds $([ "$H200" -gt 0 ] && echo 2 || echo 3) ${PXARGS:-}" \
-        GFILES="tests/test_gemv_mma_q6k.py" TEND=$(( ${TEND:-585} - SECONDS )) "$0" s33 ;;
+        GFILES="${GFILES:-tests/test_gemv_mma_q6k.py}" TEND=$(( ${TEND:-585} - SECONDS )) "$0" s33 ;;
     s37)
       # 2026-12-07 night: MERGE_PREFETCH was timed (2026-12-05) before the long graph's mma loop; the
       # short graph (below decode_short_ctx) has its own plan since, so "mma" turns it on for the long one
