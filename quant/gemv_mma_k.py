@@ -390,7 +390,7 @@ def default_pipe(qtype, n_tok: int, w16: bool = False) -> bool:
 
 def default_w16(qtype, n_tok: int) -> bool:
     """Whether a build loads a Q4_K weight's quants 16 bytes a lane (W16, `make_weight_loads`): up to
-    8 tokens; a Q6_K weight's (gemv_mma_q6k.make_row_loads) where the lab knob gemv_mma_q6k.W16 is on.
+    8 tokens; a Q6_K weight's (gemv_mma_q6k.make_row_loads) where the knob gemv_mma_q6k.W16 is on (the default).
     Unpipelined at its k-split (`plan_ksplit` with 2,048 warps) the Q4_K build beat the pipelined
     8-byte build at every Q4_K shape of the 4B (H100, 2026-12-06, three calls; 8 tokens, weights from
     DRAM, us): attn_q 5.18-5.21 against 5.50-5.53, ffn_gate 8.52-8.54 (k-split 4; the plan's 2 gave
@@ -450,8 +450,8 @@ def gemv_mma_k(w, xq, xd, xb, y, n_tok: int, residual=None, ksplit: int | None =
     xb, which may then be None); 1 <= n_tok <= 16 (above 8: the NT 16 build). ksplit: warps a
     thread block (1..16), pipe: the kernel's PIPE, w16: the quants by 16-byte lane loads
     (`make_weight_loads`; Q6_K: gemv_mma_q6k.make_row_loads) - each None: `default_build` (up to 8
-    tokens a Q4_K weight takes W16 unpipelined, a Q6_K one the unpipelined build, W16 where the lab
-    knob gemv_mma_q6k.W16 is on). Q6_K:
+    tokens a Q4_K weight takes W16 unpipelined, a Q6_K one the unpipelined build, W16 where the
+    knob gemv_mma_q6k.W16 is on, the default). Q6_K:
     quant/gemv_mma_q6k.py. ldy: y (and residual) hold token t's row at t * ldy of a 1-D array of
     at least (n_tok - 1) * ldy + rows values - a column slice of a wider buffer, e.g. q's columns of
     [q | k | v] (None: y is [n_tok, rows]). pdl: the programmatic-dependent-launch build and launch

@@ -29,7 +29,7 @@ words 8h + 4j + t.
 Rows, tokens, the k-split, PIPE, NT 16 and the shared-memory finish are gemv_mma_k.py's (see
 there); the entry point is `gemv_mma_k.gemv_mma_k`, which takes either format.
 
-W16 (a lab knob, `W16`): the 4-byte loads above read 16 bytes of a row a quad, so a warp instruction
+W16 (the default since 2026-12-08, the knob `W16`): the 4-byte loads above read 16 bytes of a row a quad, so a warp instruction
 takes 8 rows' 16 bytes (8 lines for 512 bytes: the L1's wavefronts, what the Q4_K build's W16 cut,
 docs/kernels/gemv.md 8k). With W16 lane t of a quad loads ql words 4t .. 4t + 3 and 16 + 4t .. 19 + 4t
 of the block (groups t and 4 + t of the eight 16-byte groups (h, q & 1, j)) and qh words 4t .. 4t + 3
@@ -60,10 +60,12 @@ from .pdl import weight_loads as pdl_weight_loads
 SIGNATURE = ("void(uint32[::1], uint32[::1], uint32[::1], uint16[::1], int64, int64, uint32[::1], "
              "float32[::1], int64, int64, int64, float32[::1], float32[::1], int64)")
 HI2 = 0x03030303
-# Lab knob (2026-12-07 night; not yet timed on a GPU): up to 8 tokens, the Q6_K builds load their quants
-# 16 bytes a lane (W16, the docstring's last paragraph) - the default of gemv_mma_k.default_w16 for Q6_K
-# (the short graph's ffn_down) and of gemv_mma_qkv's Q6_K matrices (attn_v). Off until timed.
-W16 = False
+# Up to 8 tokens, the Q6_K builds load their quants 16 bytes a lane (W16, the docstring's last paragraph):
+# the default of gemv_mma_k.default_w16 for Q6_K (the short graph's ffn_down) and of gemv_mma_qkv's Q6_K
+# matrices (attn_v). H100, 2026-12-08 00:50 UTC, 8 tokens, weights from DRAM: ffn_down 2,560 x 9,728 14.60 us
+# against 17.75 (k-split 8), attn_v 4.26 against 4.19; the 4B's warm request 2.434 ms against 2.532, its
+# short graph 2.250 against 2.303 by events (docs/kernels/gemv.md 8n). On; False (a knob) for the 4-byte build.
+W16 = True
 
 
 def make_row_loads(PDL: bool = False, W16: bool = False):

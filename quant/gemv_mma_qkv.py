@@ -46,7 +46,7 @@ def mma_qkv_kernel(FMTS: tuple, KSPLIT: int = 4, PIPE: bool = True, PDL: int = 0
     as gemv_mma_k.default_pipe). PDL: as gemv_mma_k's. W16: the Q4_K matrices by 16-byte lane loads
     (quant/gemv_mma_k_w16.py;
     the short graph's build, unpipelined, since 2026-12-06). W16Q6: the Q6_K ones by 16-byte lane
-    loads (gemv_mma_q6k.make_row_loads; the lab knob gemv_mma_q6k.W16)."""
+    loads (gemv_mma_q6k.make_row_loads; the knob gemv_mma_q6k.W16, on)."""
     if len(FMTS) != 3 or any(f not in ("Q4_K", "Q6_K") for f in FMTS):
         raise ValueError(f"mma_qkv_kernel: FMTS {FMTS} must be three of Q4_K, Q6_K")
     NW = KSPLIT

@@ -94,13 +94,15 @@ def test_q6k_w16_is_the_4_byte_build_bit_for_bit(rows, cols, n_tok, ksplit, pipe
     assert np.array_equal(outs[0].view(np.int32), outs[1].view(np.int32))
 
 
-def test_q6k_w16_lab_knob_is_the_default_build(monkeypatch):
-    # gemv_mma_q6k.W16 (a lab knob, off): default_build takes W16 for a Q6_K weight up to 8 tokens
-    # where it is on, with the 4-byte build's k-split (both unpipelined)
+def test_q6k_w16_knob_is_the_default_build(monkeypatch):
+    # gemv_mma_q6k.W16 (on since 2026-12-08; a knob): default_build takes W16 for a Q6_K weight up to 8
+    # tokens where it is on, with the 4-byte build's k-split (both unpipelined), and the 4-byte build where off
     from types import SimpleNamespace
 
     from genie_rt.quant import gemv_mma_q6k as Q6
+    assert Q6.W16 is True
     w = SimpleNamespace(rows=2560, cols=9728, qtype=QType.Q6_K)
+    monkeypatch.setattr(Q6, "W16", False)
     off = K.default_build(w, 8)
     monkeypatch.setattr(Q6, "W16", True)
     on = K.default_build(w, 8)
@@ -176,7 +178,7 @@ def test_gemv_mma_q6k_ptx_uses_the_k16_mma_in_32_bits():
 @pytest.mark.gpu
 @pytest.mark.parametrize("pdl", [False, True])
 def test_gpu_q6k_w16_is_the_4_byte_build_at_the_4b_shapes(pdl):
-    # the lab knob gemv_mma_q6k.W16 on the device, at the short graph's Q6_K shapes (8 tokens): ffn_down
+    # the knob gemv_mma_q6k.W16 on the device, at the short graph's Q6_K shapes (8 tokens): ffn_down
     # 2,560 x 9,728 alone, and attn_v 1,024 x 2,560 in the q/k/v launch - the same bits as the 4-byte
     # builds, plain and by the PDL build
     from genie_rt.quant import pdl as P

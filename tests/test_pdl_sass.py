@@ -46,7 +46,7 @@ mma_glu = mma_glu_q4k_q8k_kernel(2, True, "silu", True)
 """
 _GEMVS = ("gemv_q4k_early2", "gemv_q6k_early1", "gemv_q6k_early2", "gemv_q6k_early2_cap96", "head_q6k_lpr16",
           "qkv", "swiglu", "swiglu_pair", "mma_q4k", "mma_q6k", "mma_glu",
-          "mma_q6k_w16")       # mma_*: the short prefill's (PDL knob; mma_q6k_w16: the lab knob gemv_mma_q6k.W16)
+          "mma_q6k_w16")       # mma_*: the short prefill's (PDL knob; mma_q6k_w16: the knob gemv_mma_q6k.W16)
 
 @pytest.fixture(scope="module")
 def sass(tmp_path_factory):

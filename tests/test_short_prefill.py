@@ -160,7 +160,7 @@ def test_simulated_short_prefill_fused_w16_knob_keeps_the_bits(tmp_path, monkeyp
 @pytest.mark.slow
 @pytest.mark.skipif(not SIM, reason="simulator test (on a GPU: test_gpu_short_prefill_q6k_w16_keeps_the_bits)")
 def test_simulated_short_prefill_q6k_w16_knob_keeps_the_bits(tmp_path, monkeypatch):
-    # the lab knob gemv_mma_q6k.W16: the Q6_K matrices (attn_v in the q/k/v launch, ffn_down alone) by
+    # the knob gemv_mma_q6k.W16: the Q6_K matrices (attn_v in the q/k/v launch, ffn_down alone) by
     # 16-byte loads - the 4-byte build's words after the quad's transpose, so the logits keep their bits
     from genie_rt.quant import gemv_mma_k, gemv_mma_q6k
     from test_backend_cuda import make_backends
@@ -260,7 +260,7 @@ def test_gpu_short_prefill_pdl_keeps_the_bits(tmp_path, monkeypatch):
 
 @pytest.mark.gpu
 def test_gpu_short_prefill_q6k_w16_keeps_the_bits(tmp_path, monkeypatch):
-    # the lab knob gemv_mma_q6k.W16 (the Q6_K quants by 16-byte loads) in the short graph, with its PDL
+    # the knob gemv_mma_q6k.W16 (the Q6_K quants by 16-byte loads) in the short graph, with its PDL
     # builds where the device has them, on the two-layer file (Q6_K attn_v and ffn_down): turns of 1, 5
     # and 8 tokens after a prompt, the logits' bits and the decode step's after each turn equal
     from test_backend_cuda import make_backends
