@@ -47,6 +47,25 @@ def _two_layers(tmp_path):
     return path
 
 
+def _prompt_and_turns(seed):
+    """The GPU bits tests' 20-token prompt and turns of 1, 5, 8 and 8 tokens after it."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(0, 256, 20).astype(np.int32)
+    return prompt, [rng.integers(0, 256, n).astype(np.int32) for n in (1, 5, 8, 8)]
+
+
+def _turns(gpu, prompt, turns, decode=True):
+    """Each turn's logits after the prompt, and (decode) the decode step's after the turn: the K/V rows
+    it wrote."""
+    out = []
+    for turn in turns:
+        gpu.prefill(prompt, 0)
+        out.append(gpu.prefill(turn, len(prompt)))
+        if decode:
+            out.append(gpu.decode(7, len(prompt) + len(turn)))
+    return out
+
+
 def _m(name, qtype, cols):
     return SimpleNamespace(name=name, packed=SimpleNamespace(qtype=qtype, cols=cols))
 
@@ -243,17 +262,12 @@ def test_gpu_short_prefill_pdl_keeps_the_bits(tmp_path, monkeypatch):
         pytest.skip("no programmatic dependent launch on this device (sm_90+)")
     monkeypatch.setattr(cuda_short_prefill, "PDL", True)       # (the default)
     path = _two_layers(tmp_path)
-    rng = np.random.default_rng(5)
-    prompt = rng.integers(0, 256, 20).astype(np.int32)
-    turns = [rng.integers(0, 256, n).astype(np.int32) for n in (1, 5, 8, 8)]
+    prompt, turns = _prompt_and_turns(5)
     got = {}
     for on in (True, False):
         gpu, _, _ = make_backends(path, "f16", n_ctx=128, chunk=64, short_prefill=True, decode_pdl=on)
         assert gpu.short_prefill
-        got[on] = []
-        for turn in turns:
-            gpu.prefill(prompt, 0)
-            got[on].append(gpu.prefill(turn, 20))
+        got[on] = _turns(gpu, prompt, turns, decode=False)
     for a, b in zip(got[True], got[False]):
         np.testing.assert_array_equal(a, b)
 
@@ -266,9 +280,7 @@ def test_gpu_short_prefill_q6k_w16_keeps_the_bits(tmp_path, monkeypatch):
     from test_backend_cuda import make_backends
     from genie_rt.quant import gemv_mma_k, gemv_mma_q6k, gemv_mma_qkv
     path = _two_layers(tmp_path)
-    rng = np.random.default_rng(7)
-    prompt = rng.integers(0, 256, 20).astype(np.int32)
-    turns = [rng.integers(0, 256, n).astype(np.int32) for n in (1, 5, 8, 8)]
+    prompt, turns = _prompt_and_turns(7)
     got, built = {}, []
     real_k, real_qkv = gemv_mma_k.mma_q6k_q8k_kernel, gemv_mma_qkv.mma_qkv_kernel
     monkeypatch.setattr(gemv_mma_k, "mma_q6k_q8k_kernel", lambda *a: built.append(("ffn_down", a[4])) or real_k(*a))
@@ -278,11 +290,7 @@ def test_gpu_short_prefill_q6k_w16_keeps_the_bits(tmp_path, monkeypatch):
         monkeypatch.setattr(gemv_mma_q6k, "W16", on)
         built.clear()
         gpu, _, _ = make_backends(path, "f16", n_ctx=128, chunk=64, short_prefill=True)
-        got[on] = []
-        for turn in turns:
-            gpu.prefill(prompt, 0)
-            got[on].append(gpu.prefill(turn, 20))
-            got[on].append(gpu.decode(7, 20 + len(turn)))
+        got[on] = _turns(gpu, prompt, turns)
         # (the Q6_K matrices took the knob's builds: ffn_down alone, attn_v in the q/k/v launch)
         assert {k for k, _ in built} == {"ffn_down", "qkv"} and all(w is on for _, w in built), built
     for a, b in zip(got[True], got[False]):
@@ -298,19 +306,13 @@ def test_gpu_short_prefill_split_launch_keeps_the_bits(tmp_path, monkeypatch):
     from test_backend_cuda import make_backends
     from genie_rt.engine import cuda_short_prefill
     path = _two_layers(tmp_path)
-    rng = np.random.default_rng(6)
-    prompt = rng.integers(0, 256, 20).astype(np.int32)
-    turns = [rng.integers(0, 256, n).astype(np.int32) for n in (1, 5, 8, 8)]
+    prompt, turns = _prompt_and_turns(6)
     got = {}
     for split in (1, None):
         monkeypatch.setattr(cuda_short_prefill, "SPLIT_LAUNCH", split)
         gpu, _, _ = make_backends(path, "f16", n_ctx=128, chunk=64, short_prefill=True)
         graph = gpu._graphs[("prefill_short", 8, gpu._max_splits(8, True))]
         assert graph.parts == (2 if split else 1)
-        got[split] = []
-        for turn in turns:
-            gpu.prefill(prompt, 0)
-            got[split].append(gpu.prefill(turn, 20))
-            got[split].append(gpu.decode(7, 20 + len(turn)))
+        got[split] = _turns(gpu, prompt, turns)
     for a, b in zip(got[1], got[None]):
         np.testing.assert_array_equal(a, b)
