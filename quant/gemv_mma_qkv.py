@@ -92,7 +92,7 @@ def gemv_mma_qkv(ws, xq, xd, xb, y, n_tok: int, ldy: int | None = None, ksplit: 
     1 <= n_tok <= 8. y: [n_tok, ldy] rows (ldy None: the three matrices' rows), the first
     sum(rows) columns written. ksplit None: plan_ksplit of the three's rows. pdl: as gemv_mma_k's.
     w16: the Q4_K matrices by 16-byte lane loads (as gemv_mma_glu's; the short graph's since
-    2026-12-06: 8.9 against 9.5 us a layer on an H100). w16q6: the Q6_K ones so (None: the lab knob
+    2026-12-06: 8.9 against 9.5 us a layer on an H100). w16q6: the Q6_K ones so (None: the knob
     gemv_mma_q6k.W16). No allocation, no synchronization."""
     from . import pdl as P
     ws = tuple(ws)

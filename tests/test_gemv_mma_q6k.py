@@ -86,7 +86,7 @@ def test_gemv_mma_q6k_matches_numpy_and_the_exact_sums(rows, cols, n_tok, ksplit
     (18, 768, 5, 4, True, False),     # pipelined, a warp without a block
     (21, 768, 11, 2, False, True)])   # the 16-token build
 def test_q6k_w16_is_the_4_byte_build_bit_for_bit(rows, cols, n_tok, ksplit, pipe, resid):
-    # the lab build W16 (gemv_mma_q6k.W16: ql and qh by 16-byte lane loads, a 4 x 4 transpose over each
+    # the build W16 (gemv_mma_q6k.W16, the default: ql and qh by 16-byte lane loads, a 4 x 4 transpose over each
     # quad) gives every lane the words the 4-byte loads give it: the same bits, every quant bit random
     hw, x = _case(rows, cols, n_tok, 3 * rows + cols)
     r = np.random.default_rng(5).standard_normal((n_tok, rows)).astype(np.float32)

@@ -201,7 +201,7 @@ MMA_LATE = {"mma_q4k_late": "mma_q4k", "mma_q6k_late": "mma_q6k", "mma_glu_late"
             "mma_qkv_late": "mma_qkv", "mma_q6k_w16_late": "mma_q6k_w16"}
 # the short prefill's builds (engine/cuda_short_prefill.py): before the wait only the first 256-weight
 # block's weights - Q4_K 8 quant loads + 2 headers for the lane's two rows, Q6_K 2 x (8 ql, 4 qh, the
-# scales, d; the lab build W16 2 x (2 ql, 1 qh 16-byte loads, the scales, d)), both weights of the GLU; the
+# scales, d; the W16 build (the default) 2 x (2 ql, 1 qh 16-byte loads, the scales, d)), both weights of the GLU; the
 # q8_K norm its lane's 8 norm weights (two 16-byte loads)
 MMA_PRE_WAIT = {"mma_q4k": 10, "mma_q4k_16": 10, "mma_q6k": 28, "mma_glu": 20, "mma_qkv": 10, "norm_q8k": 2,
                 "mma_q6k_w16": 10}
